@@ -1,0 +1,9 @@
+//! Portable numeric kernels over slices: GEMM (with packing in caller scratch), and the `Real` trait that
+//! lets every op run in f32 (production) and f64 (the finite-difference reference path).
+//! Kernels know nothing of graphs or plans.
+
+pub mod gemm;
+mod real;
+
+pub use gemm::{gemm, gemm_scratch_len, MatRef};
+pub use real::Real;

@@ -1,0 +1,43 @@
+//! # frugal-core
+//!
+//! The portable heart of frugal: it trains neural networks inside one caller-owned byte arena whose size
+//! is known before the first step.
+//!
+//! Data flow (see `DESIGN.md` in the repository):
+//! [`ModelSpec`](model::ModelSpec) → [`Graph`](graph::Graph) (ops, tensors, in-place/view sharing) →
+//! [`Schedule`](plan::Schedule) (execution orders) → [`TensorLife`](plan::TensorLife) →
+//! [`Layout`](plan::Layout) (offsets) → [`Plan`](plan::Plan) → [`Executor`](exec::Executor).
+//!
+//! Layers of the crate, bottom to top: `kernels` (slices in, slices out) → `ops` (one layer kind,
+//! forward and backward) → `graph`/`plan` (what runs when, where each tensor lives) → `exec` (runs a
+//! plan over an arena). Nothing below imports from above.
+//!
+//! The crate is `#![no_std]`; `alloc` (default) enables the planner, `std` enables run-time SIMD
+//! detection on hosts.
+#![cfg_attr(not(any(test, feature = "std")), no_std)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+#[cfg(feature = "alloc")]
+extern crate alloc;
+
+pub mod backend;
+pub mod budget;
+pub mod kernels;
+pub mod ops;
+pub mod rng;
+
+#[cfg(feature = "alloc")]
+pub mod exec;
+#[cfg(feature = "alloc")]
+pub mod format;
+#[cfg(feature = "alloc")]
+pub mod graph;
+#[cfg(feature = "alloc")]
+pub mod model;
+#[cfg(feature = "alloc")]
+pub mod optim;
+#[cfg(feature = "alloc")]
+pub mod plan;
+
+pub use budget::{Budget, BudgetError};

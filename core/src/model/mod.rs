@@ -1,0 +1,227 @@
+//! `ModelSpec`: what a model is — input shape, layers (a DAG), which layers train, loss and optimizer.
+//! Hosts build it from TOML; `no_std` targets decode it from the binary format in [`crate::format`].
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::fmt;
+
+/// Per-sample shape `C×H×W` (a vector of `F` features is `F×1×1`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Dims {
+    /// Channels (or features).
+    pub c: u32,
+    /// Height.
+    pub h: u32,
+    /// Width.
+    pub w: u32,
+}
+
+impl Dims {
+    /// `c×h×w`.
+    pub const fn new(c: u32, h: u32, w: u32) -> Self {
+        Self { c, h, w }
+    }
+    /// A flat vector of `f` features.
+    pub const fn flat(f: u32) -> Self {
+        Self { c: f, h: 1, w: 1 }
+    }
+    /// Elements per sample (saturating; shapes are validated to fit in `u32` products elsewhere).
+    pub fn numel(&self) -> usize {
+        self.c as usize * self.h as usize * self.w as usize
+    }
+}
+
+impl fmt::Display for Dims {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}×{}×{}", self.c, self.h, self.w)
+    }
+}
+
+/// Where a layer reads an input from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Src {
+    /// The model input batch.
+    Input,
+    /// The output of layer `i` (which must come earlier in the list).
+    Layer(u32),
+}
+
+/// A 2-D window parameter (height, width).
+pub type Pair = [u32; 2];
+
+/// The kind of a layer with its hyper-parameters. Weight layouts follow PyTorch: Linear `[out, in]`,
+/// Conv2d `[out, in/groups, kh, kw]`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LayerKind {
+    /// Fully connected over the flattened per-sample features.
+    Linear {
+        /// Output features.
+        out: u32,
+        /// Has a bias.
+        bias: bool,
+    },
+    /// 2-D convolution (dilation 1). `groups == in_channels == out` is depthwise.
+    Conv2d {
+        /// Output channels.
+        out: u32,
+        /// Kernel (h, w).
+        kernel: Pair,
+        /// Stride (h, w).
+        stride: Pair,
+        /// Zero padding (h, w).
+        padding: Pair,
+        /// Channel groups.
+        groups: u32,
+        /// Has a bias.
+        bias: bool,
+    },
+    /// Max pooling (no padding).
+    MaxPool2d {
+        /// Window.
+        kernel: Pair,
+        /// Stride.
+        stride: Pair,
+    },
+    /// Average pooling (no padding).
+    AvgPool2d {
+        /// Window.
+        kernel: Pair,
+        /// Stride.
+        stride: Pair,
+    },
+    /// Mean over H×W per channel → `C×1×1`.
+    GlobalAvgPool,
+    /// max(0, x).
+    Relu,
+    /// min(max(0, x), 6).
+    Relu6,
+    /// 1 / (1 + e^-x).
+    Sigmoid,
+    /// tanh(x).
+    Tanh,
+    /// `C×H×W` → `(CHW)×1×1`; a view, zero bytes.
+    Flatten,
+    /// Any shape with the same element count; a view, zero bytes.
+    Reshape {
+        /// New per-sample shape.
+        to: Dims,
+    },
+    /// Element-wise sum of two inputs of equal shape (residual connections).
+    Add,
+    /// Batch normalisation over (N, H, W) per channel; running statistics updated in training mode.
+    /// A frozen BatchNorm runs in eval mode (running statistics, no update).
+    BatchNorm2d {
+        /// Added to the variance.
+        eps: f32,
+        /// Running-statistics momentum (PyTorch convention: new = (1-m)·old + m·batch).
+        momentum: f32,
+    },
+    /// Inverted dropout with probability `p`; masks are regenerated from a seed, never stored.
+    Dropout {
+        /// Drop probability in [0, 1).
+        p: f32,
+    },
+}
+
+impl LayerKind {
+    /// Name used in the text format and in messages.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            LayerKind::Linear { .. } => "linear",
+            LayerKind::Conv2d { .. } => "conv2d",
+            LayerKind::MaxPool2d { .. } => "maxpool2d",
+            LayerKind::AvgPool2d { .. } => "avgpool2d",
+            LayerKind::GlobalAvgPool => "global_avgpool",
+            LayerKind::Relu => "relu",
+            LayerKind::Relu6 => "relu6",
+            LayerKind::Sigmoid => "sigmoid",
+            LayerKind::Tanh => "tanh",
+            LayerKind::Flatten => "flatten",
+            LayerKind::Reshape { .. } => "reshape",
+            LayerKind::Add => "add",
+            LayerKind::BatchNorm2d { .. } => "batchnorm2d",
+            LayerKind::Dropout { .. } => "dropout",
+        }
+    }
+}
+
+/// One layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerSpec {
+    /// Unique name; parameters are called `{name}.weight`, `{name}.bias`, and for BatchNorm also
+    /// `{name}.running_mean`, `{name}.running_var` (PyTorch `state_dict` names).
+    pub name: String,
+    /// Kind and hyper-parameters.
+    pub kind: LayerKind,
+    /// Inputs (one, or two for `Add`).
+    pub inputs: Vec<Src>,
+    /// Whether its parameters train. A frozen layer computes no weight gradient and saves no input for one.
+    pub trainable: bool,
+}
+
+/// The training loss, fused with the last layer's derivative.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LossKind {
+    /// Mean squared error over all output elements (targets are f32 of the output shape).
+    Mse,
+    /// Softmax + cross-entropy, mean over the batch (targets are class indices).
+    SoftmaxCrossEntropy,
+}
+
+/// The optimizer and its hyper-parameters (PyTorch semantics).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum OptimizerSpec {
+    /// SGD with optional momentum (dampening 0, not Nesterov) and L2 weight decay.
+    Sgd {
+        /// Learning rate.
+        lr: f32,
+        /// Momentum (0 = none, no state).
+        momentum: f32,
+        /// L2 weight decay added to the gradient.
+        weight_decay: f32,
+    },
+    /// Adam (not AdamW): L2 weight decay added to the gradient; eps added after bias correction.
+    Adam {
+        /// Learning rate.
+        lr: f32,
+        /// β₁.
+        beta1: f32,
+        /// β₂.
+        beta2: f32,
+        /// ε.
+        eps: f32,
+        /// L2 weight decay.
+        weight_decay: f32,
+    },
+}
+
+impl OptimizerSpec {
+    /// How many f32 state tensors of a parameter's size the optimizer keeps.
+    pub fn state_slots(&self) -> usize {
+        match self {
+            OptimizerSpec::Sgd { momentum, .. } if *momentum != 0.0 => 1,
+            OptimizerSpec::Sgd { .. } => 0,
+            OptimizerSpec::Adam { .. } => 2,
+        }
+    }
+    /// Learning rate.
+    pub fn lr(&self) -> f32 {
+        match self {
+            OptimizerSpec::Sgd { lr, .. } | OptimizerSpec::Adam { lr, .. } => *lr,
+        }
+    }
+}
+
+/// A whole model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelSpec {
+    /// Per-sample input shape.
+    pub input: Dims,
+    /// Layers in a topological order; the last one's output is the prediction.
+    pub layers: Vec<LayerSpec>,
+    /// Loss.
+    pub loss: LossKind,
+    /// Optimizer.
+    pub optimizer: OptimizerSpec,
+    /// Seed for weight initialisation and dropout.
+    pub seed: u64,
+}
