@@ -1,1 +1,668 @@
-//! (being written)
+//! Executor: runs a [`Plan`] over a caller-owned `&mut [u8]` arena. A training step is a loop over the
+//! plan's instructions; every tensor is a slice of the arena at its planned offset, so a step allocates
+//! nothing. Hosts never reach inside: they hand in a batch and read back a loss.
+mod arena;
+
+use core::fmt;
+
+pub use arena::carve;
+use arena::{f32s, f32s_ro, u32s};
+
+use crate::backend::{Backend, CpuBackend, Placement};
+use crate::budget::BudgetError;
+use crate::graph::{scratch_slot, Graph, Node, NodeOp, TensorId, TensorKind};
+use crate::model::LossKind;
+use crate::ops;
+use crate::optim::{self, StepCtx};
+use crate::plan::{Instr, Phase, Plan, ALIGN, LOSS_NODE};
+use crate::rng::{hash2, Rng};
+
+/// The targets of a batch.
+#[derive(Clone, Copy, Debug)]
+pub enum Target<'a> {
+    /// Class indices (softmax cross-entropy).
+    Classes(&'a [u32]),
+    /// Regression targets with the prediction's shape (MSE).
+    Values(&'a [f32]),
+}
+
+/// What one step measured.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepStats {
+    /// Mean loss over the batch.
+    pub loss: f32,
+    /// Samples whose arg-max prediction equals the class (cross-entropy only).
+    pub correct: usize,
+    /// Samples in the batch.
+    pub samples: usize,
+}
+
+/// Why a step could not run. A rejected step leaves the weights untouched.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExecError {
+    /// The arena is smaller than the plan.
+    Budget(BudgetError),
+    /// The batch does not match the plan (wrong length, too many samples, bad label).
+    BadBatch(&'static str, usize),
+    /// The input or the loss is NaN or infinite; the step was rejected before any update.
+    NonFinite(&'static str),
+    /// A plan instruction is inconsistent (overlapping regions, unknown node): a planner bug or a corrupt plan.
+    BadPlan(&'static str),
+    /// An instruction is placed on a backend this executor does not have.
+    Placement(Placement),
+    /// A named tensor does not exist or has another size.
+    Tensor(&'static str),
+}
+
+impl fmt::Display for ExecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExecError::Budget(b) => write!(f, "{b}"),
+            ExecError::BadBatch(what, v) => write!(f, "bad batch: {what} ({v})"),
+            ExecError::NonFinite(what) => write!(f, "{what} is NaN or infinite; the step was rejected and the weights are unchanged"),
+            ExecError::BadPlan(what) => write!(f, "inconsistent plan: {what}"),
+            ExecError::Placement(p) => write!(f, "no backend for placement {p:?}"),
+            ExecError::Tensor(what) => write!(f, "tensor access: {what}"),
+        }
+    }
+}
+
+#[cfg(feature = "std")]
+impl std::error::Error for ExecError {}
+
+impl From<BudgetError> for ExecError {
+    fn from(b: BudgetError) -> Self {
+        ExecError::Budget(b)
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Train,
+    Eval,
+}
+
+/// Runs a plan. Holds only counters; the arena is passed to every call.
+pub struct Executor<'p, B: Backend = CpuBackend> {
+    plan: &'p Plan,
+    backend: B,
+    /// Optimizer steps taken (Adam's t).
+    steps: u32,
+}
+
+impl<'p> Executor<'p, CpuBackend> {
+    /// An executor on the CPU backend. Checks that `arena` can hold the plan.
+    pub fn new(plan: &'p Plan, arena: &[u8]) -> Result<Self, ExecError> {
+        Self::with_backend(plan, arena, CpuBackend)
+    }
+}
+
+fn base_of(arena: &[u8]) -> usize {
+    arena.as_ptr().align_offset(ALIGN).min(ALIGN)
+}
+
+impl<'p, B: Backend> Executor<'p, B> {
+    /// An executor on `backend`.
+    pub fn with_backend(plan: &'p Plan, arena: &[u8], backend: B) -> Result<Self, ExecError> {
+        let needed = plan.arena_bytes + base_of(arena);
+        if arena.len() < needed {
+            return Err(ExecError::Budget(BudgetError::TooSmall { needed: plan.needed_bytes(), given: arena.len() }));
+        }
+        Ok(Self { plan, backend, steps: 0 })
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> &'p Plan {
+        self.plan
+    }
+
+    /// Optimizer steps taken so far.
+    pub fn steps(&self) -> u32 {
+        self.steps
+    }
+
+    /// Sets the step counter (when resuming from a checkpoint).
+    pub fn set_steps(&mut self, steps: u32) {
+        self.steps = steps;
+    }
+
+    fn arena<'a>(&self, arena: &'a mut [u8]) -> Result<&'a mut [u8], ExecError> {
+        let b = base_of(arena);
+        let end = b + self.plan.arena_bytes;
+        if arena.len() < end {
+            return Err(ExecError::Budget(BudgetError::TooSmall { needed: self.plan.needed_bytes(), given: arena.len() }));
+        }
+        Ok(&mut arena[b..end])
+    }
+
+    /// Initialises every parameter like PyTorch's defaults (uniform ±1/√fan_in for weights and biases;
+    /// BatchNorm γ=1, β=0, running mean 0, running var 1) and zeroes the optimizer state.
+    pub fn init_params(&mut self, arena: &mut [u8], seed: u64) -> Result<(), ExecError> {
+        let plan = self.plan;
+        let arena = self.arena(arena)?;
+        let mut rng = Rng::new(seed);
+        for node in &plan.graph.nodes {
+            let fan_in = match &node.op {
+                NodeOp::Linear { fin, .. } => *fin,
+                NodeOp::Conv(g) => g.cin / g.groups * g.kh * g.kw,
+                _ => 0,
+            };
+            for (k, p) in node.params.iter().enumerate() {
+                let v = tensor_mut(plan, arena, p.value)?;
+                if let NodeOp::BatchNorm { .. } = node.op {
+                    v.fill(if k == 0 { 1.0 } else { 0.0 });
+                } else {
+                    let bound = 1.0 / libm::sqrtf(fan_in.max(1) as f32);
+                    for x in v.iter_mut() {
+                        *x = rng.uniform(-bound, bound);
+                    }
+                }
+                for &s in &p.state {
+                    tensor_mut(plan, arena, s)?.fill(0.0);
+                }
+            }
+            for (k, &s) in node.stats.iter().enumerate() {
+                tensor_mut(plan, arena, s)?.fill(if k == 0 { 0.0 } else { 1.0 });
+            }
+        }
+        self.steps = 0;
+        Ok(())
+    }
+
+    /// The persistent tensors a checkpoint holds: parameters and BatchNorm statistics, with their
+    /// `state_dict` names and shapes.
+    pub fn state_tensors(&self) -> impl Iterator<Item = (alloc::string::String, alloc::vec::Vec<usize>, TensorId)> + 'p {
+        let g: &'p Graph = &self.plan.graph;
+        g.nodes.iter().flat_map(move |n| {
+            let params = n.params.iter().map(|p| (p.name.clone(), p.shape.clone(), p.value));
+            let stats = n.stats.iter().map(move |&s| {
+                let name = g.tensors[s as usize].name.clone();
+                let c = g.tensors[s as usize].bytes / 4;
+                (name, alloc::vec![c], s)
+            });
+            params.chain(stats)
+        })
+    }
+
+    /// Reads a persistent tensor.
+    pub fn read<'a>(&self, arena: &'a mut [u8], t: TensorId) -> Result<&'a [f32], ExecError> {
+        let plan = self.plan;
+        let a = self.arena(arena)?;
+        tensor_mut(plan, a, t).map(|s| &*s)
+    }
+
+    /// Overwrites a persistent tensor (loading weights); `data` must have its exact length.
+    pub fn write(&mut self, arena: &mut [u8], t: TensorId, data: &[f32]) -> Result<(), ExecError> {
+        let plan = self.plan;
+        let a = self.arena(arena)?;
+        let dst = tensor_mut(plan, a, t)?;
+        if dst.len() != data.len() {
+            return Err(ExecError::Tensor("length differs from the planned tensor"));
+        }
+        dst.copy_from_slice(data);
+        Ok(())
+    }
+
+    fn check_batch(&self, x: &[f32], target: Option<Target<'_>>) -> Result<usize, ExecError> {
+        let g = &self.plan.graph;
+        let per = g.input_dims.numel();
+        if x.is_empty() || x.len() % per != 0 {
+            return Err(ExecError::BadBatch("input length is not a multiple of the sample size", x.len()));
+        }
+        let n = x.len() / per;
+        if n > g.batch {
+            return Err(ExecError::BadBatch("more samples than the planned batch", n));
+        }
+        if x.iter().any(|v| !v.is_finite()) {
+            return Err(ExecError::NonFinite("the input batch"));
+        }
+        let classes = g.pred_dims().numel();
+        match (g.loss, target) {
+            (_, None) => {}
+            (LossKind::SoftmaxCrossEntropy, Some(Target::Classes(y))) => {
+                if y.len() != n {
+                    return Err(ExecError::BadBatch("label count differs from the sample count", y.len()));
+                }
+                if let Some(&bad) = y.iter().find(|&&c| c as usize >= classes) {
+                    return Err(ExecError::BadBatch("label is not below the number of classes", bad as usize));
+                }
+            }
+            (LossKind::Mse, Some(Target::Values(t))) => {
+                if t.len() != n * classes {
+                    return Err(ExecError::BadBatch("target length differs from the prediction size", t.len()));
+                }
+                if t.iter().any(|v| !v.is_finite()) {
+                    return Err(ExecError::NonFinite("the targets"));
+                }
+            }
+            _ => return Err(ExecError::BadBatch("target kind does not match the loss", 0)),
+        }
+        if n < 2 && g.nodes.iter().any(|nd| matches!(nd.op, NodeOp::BatchNorm { train: true, hw: 1, .. })) {
+            return Err(ExecError::BadBatch("batch norm in training mode needs more than one value per channel", n));
+        }
+        Ok(n)
+    }
+
+    /// One training step (forward, loss, backward, update) on `n = x.len() / sample_size` samples.
+    /// Non-finite input or loss rejects the step before any weight changes.
+    pub fn train_step(&mut self, arena: &mut [u8], x: &[f32], target: Target<'_>) -> Result<StepStats, ExecError> {
+        let n = self.check_batch(x, Some(target))?;
+        let plan = self.plan;
+        let a = self.arena(arena)?;
+        let mut stats = StepStats { samples: n, ..StepStats::default() };
+        let ctx = StepCtx { t: self.steps + 1 };
+        let step_seed = hash2(plan.graph.seed, self.steps as u64);
+        for ins in &plan.program {
+            if ins.placement != Placement::Cpu && ins.placement != self.backend.placement() {
+                return Err(ExecError::Placement(ins.placement));
+            }
+            if ins.phase == Phase::Loss {
+                let (loss, correct) = run_loss(plan, a, n, target, true)?;
+                if !loss.is_finite() {
+                    return Err(ExecError::NonFinite("the loss"));
+                }
+                stats.loss = loss;
+                stats.correct = correct;
+                continue;
+            }
+            run_instr(plan, a, ins, n, x, Mode::Train, step_seed, ctx)?;
+        }
+        self.steps += 1;
+        Ok(stats)
+    }
+
+    /// Forward pass in evaluation mode (BatchNorm uses running statistics, no dropout) and the loss
+    /// without derivatives. Returns the summed loss and the correct count.
+    pub fn evaluate(&mut self, arena: &mut [u8], x: &[f32], target: Target<'_>) -> Result<StepStats, ExecError> {
+        let n = self.check_batch(x, Some(target))?;
+        let plan = self.plan;
+        let a = self.arena(arena)?;
+        self.forward(a, x, n)?;
+        let (loss, correct) = run_loss(plan, a, n, target, false)?;
+        Ok(StepStats { loss, correct, samples: n })
+    }
+
+    /// Forward pass in evaluation mode; returns the prediction (`n × outputs`), a slice of the arena.
+    pub fn predict<'a>(&mut self, arena: &'a mut [u8], x: &[f32]) -> Result<&'a [f32], ExecError> {
+        let n = self.check_batch(x, None)?;
+        let plan = self.plan;
+        let a = self.arena(arena)?;
+        self.forward(a, x, n)?;
+        let pred = plan.graph.pred();
+        let len = n * plan.graph.pred_dims().numel();
+        match plan.region(pred) {
+            Some((off, _)) => f32s_ro(&a[off..off + 4 * len]),
+            None => Err(ExecError::BadPlan("the prediction is not in the arena")),
+        }
+    }
+
+    fn forward(&mut self, a: &mut [u8], x: &[f32], n: usize) -> Result<(), ExecError> {
+        let plan = self.plan;
+        for ins in plan.program.iter().filter(|i| i.phase == Phase::Forward) {
+            run_instr(plan, a, ins, n, x, Mode::Eval, 0, StepCtx { t: self.steps.max(1) })?;
+        }
+        Ok(())
+    }
+}
+
+/// Whole tensor `t` as a mutable f32 slice.
+fn tensor_mut<'a>(plan: &Plan, arena: &'a mut [u8], t: TensorId) -> Result<&'a mut [f32], ExecError> {
+    let (off, len) = plan.region(t).ok_or(ExecError::Tensor("tensor is not in the arena"))?;
+    let s = arena.get_mut(off..off + len).ok_or(ExecError::BadPlan("tensor outside the arena"))?;
+    f32s(s)
+}
+
+/// (offset, bytes) of the first `elems` elements of `t`, or (0, 0) for none/external.
+fn reg(plan: &Plan, t: Option<TensorId>, elems: usize) -> (usize, usize) {
+    match t.and_then(|t| plan.region(t)) {
+        Some((off, bytes)) => (off, (elems * 4).min(bytes)),
+        None => (0, 0),
+    }
+}
+
+fn whole(plan: &Plan, t: Option<TensorId>) -> (usize, usize) {
+    t.and_then(|t| plan.region(t)).unwrap_or((0, 0))
+}
+
+fn same(plan: &Plan, a: TensorId, b: TensorId) -> bool {
+    matches!((plan.region(a), plan.region(b)), (Some(x), Some(y)) if x.0 == y.0)
+}
+
+fn is_ext(plan: &Plan, t: TensorId) -> bool {
+    plan.graph.tensors[t as usize].kind == TensorKind::External
+}
+
+fn opt_f32(s: &mut [u8]) -> Result<Option<&mut [f32]>, ExecError> {
+    if s.is_empty() {
+        Ok(None)
+    } else {
+        f32s(s).map(Some)
+    }
+}
+
+fn run_loss(plan: &Plan, a: &mut [u8], n: usize, target: Target<'_>, train: bool) -> Result<(f32, usize), ExecError> {
+    let g = &plan.graph;
+    let per = g.pred_dims().numel();
+    let pred = g.pred();
+    if same(plan, pred, g.d_pred) && train {
+        let [p] = carve(a, [reg(plan, Some(pred), n * per)])?;
+        let p = f32s(p)?;
+        return Ok(match (g.loss, target) {
+            (LossKind::SoftmaxCrossEntropy, Target::Classes(y)) => ops::softmax_ce_inplace(n, per, p, y),
+            (LossKind::Mse, Target::Values(t)) => (ops::mse_inplace(p, t), 0),
+            _ => return Err(ExecError::BadBatch("target kind does not match the loss", 0)),
+        });
+    }
+    let [p, d] = carve(a, [reg(plan, Some(pred), n * per), if train { reg(plan, Some(g.d_pred), n * per) } else { (0, 0) }])?;
+    let p = f32s(p)?;
+    Ok(match (g.loss, target, train) {
+        (LossKind::SoftmaxCrossEntropy, Target::Classes(y), true) => ops::softmax_ce(n, per, p, y, f32s(d)?),
+        (LossKind::SoftmaxCrossEntropy, Target::Classes(y), false) => {
+            let (sum, c) = ops::softmax_ce_eval(n, per, p, y);
+            (sum / n as f32, c)
+        }
+        (LossKind::Mse, Target::Values(t), true) => (ops::mse(p, t, f32s(d)?), 0),
+        (LossKind::Mse, Target::Values(t), false) => (ops::mse_eval(p, t), 0),
+        _ => return Err(ExecError::BadBatch("target kind does not match the loss", 0)),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_instr(
+    plan: &Plan,
+    a: &mut [u8],
+    ins: &Instr,
+    n: usize,
+    xext: &[f32],
+    mode: Mode,
+    step_seed: u64,
+    ctx: StepCtx,
+) -> Result<(), ExecError> {
+    if ins.node == LOSS_NODE {
+        return Err(ExecError::BadPlan("loss instruction in the wrong place"));
+    }
+    let node: &Node = plan.graph.nodes.get(ins.node as usize).ok_or(ExecError::BadPlan("node index out of range"))?;
+    match ins.phase {
+        Phase::Forward => forward(plan, a, node, n, xext, mode, step_seed),
+        Phase::GradW => grad_w(plan, a, node, n, xext),
+        Phase::GradX => grad_x(plan, a, node, n, step_seed),
+        Phase::Apply => apply(plan, a, node, ctx),
+        Phase::Loss => Err(ExecError::BadPlan("loss instruction in the wrong place")),
+    }
+}
+
+/// The input slice of a node: from the arena, or the host's batch for the model input.
+fn input<'a>(plan: &Plan, t: TensorId, buf: &'a mut [u8], xext: &'a [f32], elems: usize) -> Result<&'a [f32], ExecError> {
+    if is_ext(plan, t) {
+        xext.get(..elems).ok_or(ExecError::BadBatch("input shorter than the model input", xext.len()))
+    } else {
+        Ok(f32s(buf)?)
+    }
+}
+
+fn forward(plan: &Plan, a: &mut [u8], node: &Node, n: usize, xext: &[f32], mode: Mode, step_seed: u64) -> Result<(), ExecError> {
+    let xin = node.inputs[0];
+    let in_elems = n * node.in_dims[0].numel();
+    let out_elems = n * node.out_dims.numel();
+    let w = node.params.first().map(|p| p.value);
+    let b = node.params.get(1).map(|p| p.value);
+    let s = node.scratch[scratch_slot::FWD];
+    match &node.op {
+        NodeOp::Linear { fin, fout } => {
+            let [xb, wb, bb, yb, sb] =
+                carve(a, [reg(plan, Some(xin), in_elems), whole(plan, w), whole(plan, b), reg(plan, Some(node.out), out_elems), whole(plan, s)])?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            ops::linear_fwd(n, *fin, *fout, x, f32s(wb)?, opt_f32(bb)?.map(|b| &*b), f32s(yb)?, f32s(sb)?);
+        }
+        NodeOp::Conv(g) => {
+            let [xb, wb, bb, yb, sb] =
+                carve(a, [reg(plan, Some(xin), in_elems), whole(plan, w), whole(plan, b), reg(plan, Some(node.out), out_elems), whole(plan, s)])?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            ops::conv_fwd(g, n, x, f32s(wb)?, opt_f32(bb)?.map(|b| &*b), f32s(yb)?, f32s(sb)?);
+        }
+        NodeOp::MaxPool(g) => {
+            let [xb, yb, ib] = carve(a, [reg(plan, Some(xin), in_elems), reg(plan, Some(node.out), out_elems), reg(plan, node.saved.first().copied(), out_elems)])?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            ops::maxpool_fwd(g, n, x, f32s(yb)?, u32s(ib)?);
+        }
+        NodeOp::AvgPool(g) => {
+            let [xb, yb] = carve(a, [reg(plan, Some(xin), in_elems), reg(plan, Some(node.out), out_elems)])?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            ops::avgpool_fwd(g, n, x, f32s(yb)?);
+        }
+        NodeOp::GlobalAvgPool { c, hw } => {
+            let [xb, yb] = carve(a, [reg(plan, Some(xin), in_elems), reg(plan, Some(node.out), out_elems)])?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            ops::global_avgpool_fwd(n, *c, *hw, x, f32s(yb)?);
+        }
+        NodeOp::Act(act) => {
+            if same(plan, xin, node.out) {
+                let [yb] = carve(a, [reg(plan, Some(node.out), out_elems)])?;
+                ops::act_fwd_inplace(*act, f32s(yb)?);
+            } else {
+                let [xb, yb] = carve(a, [reg(plan, Some(xin), in_elems), reg(plan, Some(node.out), out_elems)])?;
+                let x = input(plan, xin, xb, xext, in_elems)?;
+                ops::act_fwd(*act, x, f32s(yb)?);
+            }
+        }
+        NodeOp::Dropout { p } => {
+            let seed = hash2(step_seed, node.layer as u64);
+            let p = if mode == Mode::Eval { 0.0 } else { *p };
+            if same(plan, xin, node.out) {
+                let [yb] = carve(a, [reg(plan, Some(node.out), out_elems)])?;
+                ops::dropout_fwd_inplace(p, seed, f32s(yb)?);
+            } else {
+                let [xb, yb] = carve(a, [reg(plan, Some(xin), in_elems), reg(plan, Some(node.out), out_elems)])?;
+                let x = input(plan, xin, xb, xext, in_elems)?;
+                ops::dropout_fwd(p, seed, x, f32s(yb)?);
+            }
+        }
+        NodeOp::View => {
+            // Same bytes as the input: either merged (nothing to do) or the input is external and the
+            // output is external too. A view that could not merge would be a planner bug.
+            if !is_ext(plan, node.out) && !same(plan, xin, node.out) {
+                return Err(ExecError::BadPlan("a view is not merged with its input"));
+            }
+        }
+        NodeOp::Add => {
+            let bin = node.inputs[1];
+            if same(plan, xin, node.out) {
+                let [yb, bb] = carve(a, [reg(plan, Some(node.out), out_elems), reg(plan, Some(bin), in_elems)])?;
+                let bx = input(plan, bin, bb, xext, in_elems)?;
+                ops::add_fwd_inplace(f32s(yb)?, bx);
+            } else {
+                let [ab, bb, yb] = carve(a, [reg(plan, Some(xin), in_elems), reg(plan, Some(bin), in_elems), reg(plan, Some(node.out), out_elems)])?;
+                let ax = input(plan, xin, ab, xext, in_elems)?;
+                // Only one input can be the external batch, so a second borrow of `xext` is fine.
+                let bx = input(plan, bin, bb, xext, in_elems)?;
+                ops::add_fwd(ax, bx, f32s(yb)?);
+            }
+        }
+        NodeOp::BatchNorm { c, hw, eps, momentum, train } => {
+            let [xb, gb, bb, rmb, rvb, yb, mb, ib] = carve(
+                a,
+                [
+                    reg(plan, Some(xin), in_elems),
+                    whole(plan, w),
+                    whole(plan, b),
+                    whole(plan, node.stats.first().copied()),
+                    whole(plan, node.stats.get(1).copied()),
+                    reg(plan, Some(node.out), out_elems),
+                    whole(plan, node.saved.first().copied()),
+                    whole(plan, node.saved.get(1).copied()),
+                ],
+            )?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            if *train && mode == Mode::Train {
+                ops::bn_fwd_train(n, *c, *hw, x, f32s(gb)?, f32s(bb)?, f32s(yb)?, f32s(mb)?, f32s(ib)?, f32s(rmb)?, f32s(rvb)?, *momentum, *eps);
+            } else {
+                ops::bn_fwd_eval(n, *c, *hw, x, f32s(gb)?, f32s(bb)?, f32s(rmb)?, f32s(rvb)?, *eps, f32s(yb)?);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn grad_w(plan: &Plan, a: &mut [u8], node: &Node, n: usize, xext: &[f32]) -> Result<(), ExecError> {
+    let xin = node.inputs[0];
+    let in_elems = n * node.in_dims[0].numel();
+    let out_elems = n * node.out_dims.numel();
+    let dw = node.params.first().and_then(|p| p.grad);
+    let db = node.params.get(1).and_then(|p| p.grad);
+    let s = node.scratch[scratch_slot::GRAD_W];
+    let dy = node.d_out.ok_or(ExecError::BadPlan("gradient without an output derivative"))?;
+    match &node.op {
+        NodeOp::Linear { fin, fout } => {
+            let [xb, dyb, dwb, dbb, sb] = carve(a, [reg(plan, Some(xin), in_elems), reg(plan, Some(dy), out_elems), whole(plan, dw), whole(plan, db), whole(plan, s)])?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            ops::linear_grad_w(n, *fin, *fout, x, f32s(dyb)?, f32s(dwb)?, opt_f32(dbb)?, f32s(sb)?);
+        }
+        NodeOp::Conv(g) => {
+            let [xb, dyb, dwb, dbb, sb] = carve(a, [reg(plan, Some(xin), in_elems), reg(plan, Some(dy), out_elems), whole(plan, dw), whole(plan, db), whole(plan, s)])?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            ops::conv_grad_w(g, n, x, f32s(dyb)?, f32s(dwb)?, opt_f32(dbb)?, f32s(sb)?);
+        }
+        NodeOp::BatchNorm { c, hw, .. } => {
+            let [xb, dyb, mb, ib, dgb, dbb] = carve(
+                a,
+                [
+                    reg(plan, Some(xin), in_elems),
+                    reg(plan, Some(dy), out_elems),
+                    whole(plan, node.saved.first().copied()),
+                    whole(plan, node.saved.get(1).copied()),
+                    whole(plan, dw),
+                    whole(plan, db),
+                ],
+            )?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            ops::bn_grad_w(n, *c, *hw, x, f32s(dyb)?, f32s(mb)?, f32s(ib)?, f32s(dgb)?, f32s(dbb)?);
+        }
+        _ => return Err(ExecError::BadPlan("gradient phase on a layer without parameters")),
+    }
+    Ok(())
+}
+
+fn grad_x(plan: &Plan, a: &mut [u8], node: &Node, n: usize, step_seed: u64) -> Result<(), ExecError> {
+    let in_elems = n * node.in_dims[0].numel();
+    let out_elems = n * node.out_dims.numel();
+    let dy = node.d_out.ok_or(ExecError::BadPlan("derivative without an output derivative"))?;
+    let (dx, acc) = match node.d_in.first().copied().flatten() {
+        Some(d) => (Some(d.0), d.1),
+        None => (None, false),
+    };
+    let w = node.params.first().map(|p| p.value);
+    let s = node.scratch[scratch_slot::GRAD_X];
+    match &node.op {
+        NodeOp::Linear { fin, fout } => {
+            let [dyb, wb, dxb, sb] = carve(a, [reg(plan, Some(dy), out_elems), whole(plan, w), reg(plan, dx, in_elems), whole(plan, s)])?;
+            ops::linear_grad_x(n, *fin, *fout, f32s(dyb)?, f32s(wb)?, f32s(dxb)?, acc, f32s(sb)?);
+        }
+        NodeOp::Conv(g) => {
+            let [dyb, wb, dxb, sb] = carve(a, [reg(plan, Some(dy), out_elems), whole(plan, w), reg(plan, dx, in_elems), whole(plan, s)])?;
+            ops::conv_grad_x(g, n, f32s(dyb)?, f32s(wb)?, f32s(dxb)?, acc, f32s(sb)?);
+        }
+        NodeOp::MaxPool(g) => {
+            let [dyb, ib, dxb] = carve(a, [reg(plan, Some(dy), out_elems), reg(plan, node.saved.first().copied(), out_elems), reg(plan, dx, in_elems)])?;
+            ops::maxpool_grad_x(g, n, f32s(dyb)?, u32s(ib)?, f32s(dxb)?, acc);
+        }
+        NodeOp::AvgPool(g) => {
+            let [dyb, dxb] = carve(a, [reg(plan, Some(dy), out_elems), reg(plan, dx, in_elems)])?;
+            ops::avgpool_grad_x(g, n, f32s(dyb)?, f32s(dxb)?, acc);
+        }
+        NodeOp::GlobalAvgPool { c, hw } => {
+            let [dyb, dxb] = carve(a, [reg(plan, Some(dy), out_elems), reg(plan, dx, in_elems)])?;
+            ops::global_avgpool_grad_x(n, *c, *hw, f32s(dyb)?, f32s(dxb)?, acc);
+        }
+        NodeOp::Act(act) => {
+            let dx = dx.ok_or(ExecError::BadPlan("activation derivative without a target"))?;
+            if same(plan, dy, dx) {
+                let [yb, db] = carve(a, [reg(plan, Some(node.out), out_elems), reg(plan, Some(dx), in_elems)])?;
+                ops::act_grad_inplace(*act, f32s(yb)?, f32s(db)?);
+            } else {
+                let [yb, dyb, dxb] = carve(a, [reg(plan, Some(node.out), out_elems), reg(plan, Some(dy), out_elems), reg(plan, Some(dx), in_elems)])?;
+                ops::act_grad(*act, f32s(yb)?, f32s(dyb)?, f32s(dxb)?, acc);
+            }
+        }
+        NodeOp::Dropout { p } => {
+            let dx = dx.ok_or(ExecError::BadPlan("dropout derivative without a target"))?;
+            let seed = hash2(step_seed, node.layer as u64);
+            if same(plan, dy, dx) {
+                let [db] = carve(a, [reg(plan, Some(dx), in_elems)])?;
+                ops::dropout_grad_inplace(*p, seed, f32s(db)?);
+            } else {
+                let [dyb, dxb] = carve(a, [reg(plan, Some(dy), out_elems), reg(plan, Some(dx), in_elems)])?;
+                ops::dropout_grad(*p, seed, f32s(dyb)?, f32s(dxb)?, acc);
+            }
+        }
+        NodeOp::View => {
+            let dx = dx.ok_or(ExecError::BadPlan("view derivative without a target"))?;
+            if !same(plan, dy, dx) {
+                let [dyb, dxb] = carve(a, [reg(plan, Some(dy), out_elems), reg(plan, Some(dx), in_elems)])?;
+                ops::copy_or_acc(f32s(dyb)?, f32s(dxb)?, acc);
+            }
+        }
+        NodeOp::Add => {
+            let (db_t, acc_b) = match node.d_in.get(1).copied().flatten() {
+                Some(d) => (Some(d.0), d.1),
+                None => (None, false),
+            };
+            // Second input first: the first one may be the output derivative itself (in place).
+            if let Some(dbt) = db_t {
+                let [dyb, dbb] = carve(a, [reg(plan, Some(dy), out_elems), reg(plan, Some(dbt), in_elems)])?;
+                ops::copy_or_acc(f32s(dyb)?, f32s(dbb)?, acc_b);
+            }
+            if let Some(dat) = dx {
+                if !same(plan, dy, dat) {
+                    let [dyb, dab] = carve(a, [reg(plan, Some(dy), out_elems), reg(plan, Some(dat), in_elems)])?;
+                    ops::copy_or_acc(f32s(dyb)?, f32s(dab)?, acc);
+                }
+            }
+        }
+        NodeOp::BatchNorm { c, hw, eps, train, .. } => {
+            let xin = node.inputs[0];
+            if *train {
+                let [xb, dyb, mb, ib, gb, dxb] = carve(
+                    a,
+                    [
+                        reg(plan, Some(xin), in_elems),
+                        reg(plan, Some(dy), out_elems),
+                        whole(plan, node.saved.first().copied()),
+                        whole(plan, node.saved.get(1).copied()),
+                        whole(plan, w),
+                        reg(plan, dx, in_elems),
+                    ],
+                )?;
+                ops::bn_grad_x(n, *c, *hw, f32s(xb)?, f32s(dyb)?, f32s(mb)?, f32s(ib)?, f32s(gb)?, f32s(dxb)?, acc);
+            } else {
+                let [dyb, gb, rvb, dxb] =
+                    carve(a, [reg(plan, Some(dy), out_elems), whole(plan, w), whole(plan, node.stats.get(1).copied()), reg(plan, dx, in_elems)])?;
+                ops::bn_grad_x_eval(n, *c, *hw, f32s(dyb)?, f32s(gb)?, f32s(rvb)?, *eps, f32s(dxb)?, acc);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn apply(plan: &Plan, a: &mut [u8], node: &Node, ctx: StepCtx) -> Result<(), ExecError> {
+    let opt = &plan.graph.optimizer;
+    for p in &node.params {
+        let Some(g) = p.grad else { continue };
+        match p.state.as_slice() {
+            [] => {
+                let [wb, gb] = carve(a, [whole(plan, Some(p.value)), whole(plan, Some(g))])?;
+                optim::apply(opt, ctx, f32s(wb)?, f32s(gb)?, &mut []);
+            }
+            [s0] => {
+                let [wb, gb, s0b] = carve(a, [whole(plan, Some(p.value)), whole(plan, Some(g)), whole(plan, Some(*s0))])?;
+                optim::apply(opt, ctx, f32s(wb)?, f32s(gb)?, &mut [f32s(s0b)?]);
+            }
+            [s0, s1] => {
+                let [wb, gb, s0b, s1b] =
+                    carve(a, [whole(plan, Some(p.value)), whole(plan, Some(g)), whole(plan, Some(*s0)), whole(plan, Some(*s1))])?;
+                optim::apply(opt, ctx, f32s(wb)?, f32s(gb)?, &mut [f32s(s0b)?, f32s(s1b)?]);
+            }
+            _ => return Err(ExecError::BadPlan("more optimizer state slots than any optimizer uses")),
+        }
+    }
+    Ok(())
+}

@@ -1,1 +1,665 @@
-//! (being written)
+//! Graph: a [`ModelSpec`] realised for one batch size — ops with resolved geometry, every tensor a
+//! training step touches (weights, gradients, activations, derivatives, scratch, optimizer state), and
+//! which tensors may share storage (modify-view for in-place ops, read-only view for reshapes).
+use alloc::format;
+use alloc::string::String;
+use alloc::vec;
+use alloc::vec::Vec;
+use core::fmt;
+
+use crate::model::{Dims, LayerKind, LossKind, ModelSpec, OptimizerSpec, Src};
+use crate::ops::{self, Act, ConvGeom, PoolGeom};
+
+/// Index of a tensor in [`Graph::tensors`].
+pub type TensorId = u32;
+
+/// What a tensor holds; decides its lifetime class and its colour in pictures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TensorKind {
+    /// Trainable or frozen parameter (lives across steps).
+    Weight,
+    /// Parameter gradient (compute-gradient → apply).
+    Gradient,
+    /// Forward output, or something saved from forward for backward.
+    Activation,
+    /// dL/d(activation) during backward.
+    Derivative,
+    /// Per-instruction workspace (im2col columns, GEMM packing).
+    Scratch,
+    /// Optimizer state (momentum, Adam moments; lives across steps).
+    OptState,
+    /// Non-trained persistent statistics (BatchNorm running mean/var).
+    Stat,
+    /// The input batch or the targets: held by the host, outside the arena.
+    External,
+}
+
+impl TensorKind {
+    /// Lower-case name for tables and pictures.
+    pub fn name(self) -> &'static str {
+        match self {
+            TensorKind::Weight => "weight",
+            TensorKind::Gradient => "gradient",
+            TensorKind::Activation => "activation",
+            TensorKind::Derivative => "derivative",
+            TensorKind::Scratch => "scratch",
+            TensorKind::OptState => "opt_state",
+            TensorKind::Stat => "stat",
+            TensorKind::External => "external",
+        }
+    }
+    /// Lives across training steps (valid at every execution order).
+    pub fn persistent(self) -> bool {
+        matches!(self, TensorKind::Weight | TensorKind::OptState | TensorKind::Stat)
+    }
+}
+
+/// How a tensor may share storage with another (NNTrainer's tensor create modes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Share {
+    /// Its own storage.
+    Own,
+    /// Modify view of the target: an in-place op writes it over the target, allowed only if the target is
+    /// no longer read afterwards (NNTrainer Algorithm 1, line 17).
+    ModifyView(TensorId),
+    /// Read-only view of the target (same bytes, other shape): always merged.
+    ReadView(TensorId),
+    /// Held by the host, not in the arena (place-holder).
+    External,
+}
+
+/// One tensor.
+#[derive(Clone, Debug)]
+pub struct TensorInfo {
+    /// Human-readable name, e.g. `conv1.weight`, `relu1.out`, `d(relu1.out)`.
+    pub name: String,
+    /// Role.
+    pub kind: TensorKind,
+    /// Size in bytes at the planned batch.
+    pub bytes: usize,
+    /// Sharing request.
+    pub share: Share,
+}
+
+/// A layer's computation with every shape resolved.
+#[derive(Clone, Debug)]
+pub enum NodeOp {
+    /// Fully connected.
+    Linear {
+        /// Input features.
+        fin: usize,
+        /// Output features.
+        fout: usize,
+    },
+    /// Convolution.
+    Conv(ConvGeom),
+    /// Max pooling.
+    MaxPool(PoolGeom),
+    /// Average pooling.
+    AvgPool(PoolGeom),
+    /// Global average pooling.
+    GlobalAvgPool {
+        /// Channels.
+        c: usize,
+        /// Pixels per channel.
+        hw: usize,
+    },
+    /// Element-wise activation.
+    Act(Act),
+    /// Flatten/Reshape: no computation.
+    View,
+    /// Residual sum.
+    Add,
+    /// BatchNorm2d; `train` false means eval mode (frozen layer).
+    BatchNorm {
+        /// Channels.
+        c: usize,
+        /// Pixels per channel.
+        hw: usize,
+        /// Variance epsilon.
+        eps: f32,
+        /// Running-statistics momentum.
+        momentum: f32,
+        /// Training-mode statistics.
+        train: bool,
+    },
+    /// Inverted dropout.
+    Dropout {
+        /// Drop probability.
+        p: f32,
+    },
+}
+
+/// A trainable or frozen parameter of a node.
+#[derive(Clone, Debug)]
+pub struct Param {
+    /// `state_dict` name, e.g. `conv1.weight`.
+    pub name: String,
+    /// PyTorch shape.
+    pub shape: Vec<usize>,
+    /// The values.
+    pub value: TensorId,
+    /// Its gradient (trainable only).
+    pub grad: Option<TensorId>,
+    /// Optimizer state slots (trainable only).
+    pub state: Vec<TensorId>,
+}
+
+/// Indices of the optional per-phase scratch tensors in [`Node::scratch`].
+pub mod scratch_slot {
+    /// Forward.
+    pub const FWD: usize = 0;
+    /// Compute gradient.
+    pub const GRAD_W: usize = 1;
+    /// Compute derivative.
+    pub const GRAD_X: usize = 2;
+}
+
+/// One layer, realised.
+#[derive(Clone, Debug)]
+pub struct Node {
+    /// Layer index in the spec.
+    pub layer: u32,
+    /// Layer name.
+    pub name: String,
+    /// Computation.
+    pub op: NodeOp,
+    /// Input activations (the model input is an external tensor).
+    pub inputs: Vec<TensorId>,
+    /// Per-sample shape of each input.
+    pub in_dims: Vec<Dims>,
+    /// Output activation.
+    pub out: TensorId,
+    /// Per-sample output shape.
+    pub out_dims: Dims,
+    /// Parameters: weight then bias (Linear/Conv), gamma then beta (BatchNorm).
+    pub params: Vec<Param>,
+    /// Persistent statistics (BatchNorm running mean, running var).
+    pub stats: Vec<TensorId>,
+    /// Tensors saved in forward for backward (max-pool argmax; BatchNorm mean, inverse std).
+    pub saved: Vec<TensorId>,
+    /// dL/d(out), when anything upstream needs gradients.
+    pub d_out: Option<TensorId>,
+    /// dL/d(input i) and whether this node accumulates into it (another consumer wrote it first).
+    pub d_in: Vec<Option<(TensorId, bool)>>,
+    /// Scratch per phase (see [`scratch_slot`]).
+    pub scratch: [Option<TensorId>; 3],
+    /// Parameters train.
+    pub trainable: bool,
+}
+
+impl Node {
+    /// Has a compute-gradient phase.
+    pub fn has_grad_w(&self) -> bool {
+        self.params.iter().any(|p| p.grad.is_some())
+    }
+    /// Has a compute-derivative phase (some input needs a derivative and this node must compute it).
+    pub fn has_grad_x(&self, g: &Graph) -> bool {
+        self.d_in.iter().enumerate().any(|(i, d)| match d {
+            Some((t, _)) => !(matches!(self.op, NodeOp::View) && g.is_view_of(*t, self.d_out, i)),
+            None => false,
+        })
+    }
+}
+
+/// Why a [`ModelSpec`] cannot be realised.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GraphError {
+    /// The model has no layers.
+    Empty,
+    /// A layer's configuration does not fit its input.
+    Layer {
+        /// Layer index.
+        index: usize,
+        /// Layer name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The batch size is zero.
+    ZeroBatch,
+    /// A tensor's size overflows the address space.
+    TooLarge {
+        /// Which tensor.
+        tensor: String,
+    },
+    /// The loss does not fit the last layer.
+    Loss(String),
+}
+
+impl fmt::Display for GraphError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GraphError::Empty => write!(f, "the model has no layers"),
+            GraphError::Layer { index, name, reason } => write!(f, "layers[{index}] ({name:?}): {reason}"),
+            GraphError::ZeroBatch => write!(f, "the batch size must be at least 1"),
+            GraphError::TooLarge { tensor } => write!(f, "tensor {tensor} is too large for this machine's address space"),
+            GraphError::Loss(r) => write!(f, "loss: {r}"),
+        }
+    }
+}
+
+#[cfg(feature = "std")]
+impl std::error::Error for GraphError {}
+
+/// A realised model for one batch size.
+#[derive(Clone, Debug)]
+pub struct Graph {
+    /// Planned batch size (steps may run fewer samples).
+    pub batch: usize,
+    /// Every tensor.
+    pub tensors: Vec<TensorInfo>,
+    /// Layers in execution order.
+    pub nodes: Vec<Node>,
+    /// The input batch (external).
+    pub input: TensorId,
+    /// The targets (external): class indices or regression targets.
+    pub target: TensorId,
+    /// Per-sample input shape.
+    pub input_dims: Dims,
+    /// Loss.
+    pub loss: LossKind,
+    /// Optimizer.
+    pub optimizer: OptimizerSpec,
+    /// Seed (init, dropout).
+    pub seed: u64,
+    /// dL/d(prediction), written by the fused loss.
+    pub d_pred: TensorId,
+    /// Scratch of the loss instruction, if any.
+    pub loss_scratch: Option<TensorId>,
+}
+
+fn err(index: usize, name: &str, reason: impl Into<String>) -> GraphError {
+    GraphError::Layer { index, name: String::from(name), reason: reason.into() }
+}
+
+impl Graph {
+    /// Realises `spec` for batches of `batch` samples.
+    pub fn new(spec: &ModelSpec, batch: usize) -> Result<Graph, GraphError> {
+        Builder::new(spec, batch)?.build()
+    }
+
+    /// True when derivative `t` (the derivative of input `i` of a view node) is a read-only view of `d_out`.
+    fn is_view_of(&self, t: TensorId, d_out: Option<TensorId>, _i: usize) -> bool {
+        matches!((self.tensors[t as usize].share, d_out), (Share::ReadView(v), Some(d)) if v == d)
+    }
+
+    /// All parameters with their node index.
+    pub fn params(&self) -> impl Iterator<Item = (usize, &Param)> {
+        self.nodes.iter().enumerate().flat_map(|(i, n)| n.params.iter().map(move |p| (i, p)))
+    }
+
+    /// The prediction (last node's output).
+    pub fn pred(&self) -> TensorId {
+        self.nodes.last().map(|n| n.out).unwrap_or(self.input)
+    }
+
+    /// Per-sample prediction shape.
+    pub fn pred_dims(&self) -> Dims {
+        self.nodes.last().map(|n| n.out_dims).unwrap_or(self.input_dims)
+    }
+}
+
+struct Builder<'a> {
+    spec: &'a ModelSpec,
+    batch: usize,
+    tensors: Vec<TensorInfo>,
+}
+
+impl<'a> Builder<'a> {
+    fn new(spec: &'a ModelSpec, batch: usize) -> Result<Self, GraphError> {
+        if spec.layers.is_empty() {
+            return Err(GraphError::Empty);
+        }
+        if batch == 0 {
+            return Err(GraphError::ZeroBatch);
+        }
+        Ok(Self { spec, batch, tensors: Vec::new() })
+    }
+
+    fn tensor(&mut self, name: String, kind: TensorKind, elems: usize, share: Share) -> Result<TensorId, GraphError> {
+        let bytes = elems.checked_mul(4).ok_or_else(|| GraphError::TooLarge { tensor: name.clone() })?;
+        if bytes > isize::MAX as usize / 2 {
+            return Err(GraphError::TooLarge { tensor: name });
+        }
+        self.tensors.push(TensorInfo { name, kind, bytes, share });
+        Ok((self.tensors.len() - 1) as TensorId)
+    }
+
+    /// `batch × per-sample` elements, checked.
+    fn batched(&self, d: Dims, name: &str) -> Result<usize, GraphError> {
+        (d.c as usize)
+            .checked_mul(d.h as usize)
+            .and_then(|v| v.checked_mul(d.w as usize))
+            .and_then(|v| v.checked_mul(self.batch))
+            .ok_or_else(|| GraphError::TooLarge { tensor: String::from(name) })
+    }
+
+    fn build(mut self) -> Result<Graph, GraphError> {
+        let spec = self.spec;
+        let n = self.batch;
+        if spec.input.numel() == 0 {
+            return Err(GraphError::Loss(String::from("the input shape has a zero dimension")));
+        }
+        let in_elems = self.batched(spec.input, "input")?;
+        let input = self.tensor(String::from("input"), TensorKind::External, in_elems, Share::External)?;
+        let target = self.tensor(String::from("target"), TensorKind::External, 0, Share::External)?;
+        let slots = spec.optimizer.state_slots();
+
+        // Forward pass: resolve shapes, create outputs, parameters, saved tensors and scratch.
+        let mut nodes: Vec<Node> = Vec::with_capacity(spec.layers.len());
+        let mut requires_grad: Vec<bool> = Vec::with_capacity(spec.layers.len());
+        for (li, l) in spec.layers.iter().enumerate() {
+            let name = l.name.as_str();
+            let arity = if matches!(l.kind, LayerKind::Add) { 2 } else { 1 };
+            if l.inputs.len() != arity {
+                return Err(err(li, name, format!("{} takes {arity} input(s), got {}", l.kind.type_name(), l.inputs.len())));
+            }
+            let mut inputs = Vec::new();
+            let mut in_dims = Vec::new();
+            let mut in_rg = false;
+            for s in &l.inputs {
+                match *s {
+                    Src::Input => {
+                        inputs.push(input);
+                        in_dims.push(spec.input);
+                    }
+                    Src::Layer(j) if (j as usize) < li => {
+                        let p: &Node = &nodes[j as usize];
+                        inputs.push(p.out);
+                        in_dims.push(p.out_dims);
+                        in_rg |= requires_grad[j as usize];
+                    }
+                    Src::Layer(j) => {
+                        return Err(err(li, name, format!("input refers to layer {j}, which does not come before it")))
+                    }
+                }
+            }
+            let x = in_dims[0];
+            let fin = x.numel();
+            let bad = |r: &str| err(li, name, String::from(r));
+            let (op, out_dims) = match &l.kind {
+                LayerKind::Linear { out, .. } => {
+                    if *out == 0 {
+                        return Err(bad("out must be at least 1"));
+                    }
+                    (NodeOp::Linear { fin, fout: *out as usize }, Dims::flat(*out))
+                }
+                LayerKind::Conv2d { out, kernel, stride, padding, groups, .. } => {
+                    let g = ConvGeom::new(
+                        x.c as usize,
+                        x.h as usize,
+                        x.w as usize,
+                        *out as usize,
+                        kernel[0] as usize,
+                        kernel[1] as usize,
+                        stride[0] as usize,
+                        stride[1] as usize,
+                        padding[0] as usize,
+                        padding[1] as usize,
+                        *groups as usize,
+                    )
+                    .ok_or_else(|| {
+                        err(
+                            li,
+                            name,
+                            format!(
+                                "conv2d with out={out}, kernel={kernel:?}, stride={stride:?}, padding={padding:?}, groups={groups} does not fit input {x} (zero size, groups not dividing channels, or kernel larger than the padded input)"
+                            ),
+                        )
+                    })?;
+                    let od = Dims::new(g.cout as u32, g.oh as u32, g.ow as u32);
+                    (NodeOp::Conv(g), od)
+                }
+                LayerKind::MaxPool2d { kernel, stride } | LayerKind::AvgPool2d { kernel, stride } => {
+                    let g = PoolGeom::new(
+                        x.c as usize,
+                        x.h as usize,
+                        x.w as usize,
+                        kernel[0] as usize,
+                        kernel[1] as usize,
+                        stride[0] as usize,
+                        stride[1] as usize,
+                    )
+                    .ok_or_else(|| err(li, name, format!("pooling window {kernel:?} stride {stride:?} does not fit input {x}")))?;
+                    let od = Dims::new(g.c as u32, g.oh as u32, g.ow as u32);
+                    if matches!(l.kind, LayerKind::MaxPool2d { .. }) {
+                        (NodeOp::MaxPool(g), od)
+                    } else {
+                        (NodeOp::AvgPool(g), od)
+                    }
+                }
+                LayerKind::GlobalAvgPool => {
+                    (NodeOp::GlobalAvgPool { c: x.c as usize, hw: x.h as usize * x.w as usize }, Dims::flat(x.c))
+                }
+                LayerKind::Relu => (NodeOp::Act(Act::Relu), x),
+                LayerKind::Relu6 => (NodeOp::Act(Act::Relu6), x),
+                LayerKind::Sigmoid => (NodeOp::Act(Act::Sigmoid), x),
+                LayerKind::Tanh => (NodeOp::Act(Act::Tanh), x),
+                LayerKind::Flatten => (NodeOp::View, Dims::flat(fin as u32)),
+                LayerKind::Reshape { to } => {
+                    if to.numel() != fin {
+                        return Err(err(li, name, format!("reshape to {to} has {} elements, input {x} has {fin}", to.numel())));
+                    }
+                    (NodeOp::View, *to)
+                }
+                LayerKind::Add => {
+                    if in_dims[0] != in_dims[1] {
+                        return Err(err(li, name, format!("add needs equal shapes, got {} and {}", in_dims[0], in_dims[1])));
+                    }
+                    if inputs[0] == inputs[1] {
+                        return Err(bad("add needs two different inputs"));
+                    }
+                    (NodeOp::Add, x)
+                }
+                LayerKind::BatchNorm2d { eps, momentum } => {
+                    if !(eps.is_finite() && *eps > 0.0) || !(0.0..=1.0).contains(momentum) {
+                        return Err(bad("batchnorm2d needs eps > 0 and momentum in [0, 1]"));
+                    }
+                    let train = l.trainable;
+                    (
+                        NodeOp::BatchNorm { c: x.c as usize, hw: x.h as usize * x.w as usize, eps: *eps, momentum: *momentum, train },
+                        x,
+                    )
+                }
+                LayerKind::Dropout { p } => {
+                    if !(0.0..1.0).contains(p) {
+                        return Err(bad("dropout p must be in [0, 1)"));
+                    }
+                    (NodeOp::Dropout { p: *p }, x)
+                }
+            };
+            let out_elems = self.batched(out_dims, name)?;
+            let share = match op {
+                NodeOp::View => Share::ReadView(inputs[0]),
+                NodeOp::Act(_) | NodeOp::Dropout { .. } | NodeOp::Add => Share::ModifyView(inputs[0]),
+                _ => Share::Own,
+            };
+            // A view of the external input is itself external.
+            let share = match share {
+                Share::ReadView(t) | Share::ModifyView(t) if self.tensors[t as usize].kind == TensorKind::External => {
+                    if matches!(op, NodeOp::View) {
+                        Share::External
+                    } else {
+                        Share::Own
+                    }
+                }
+                s => s,
+            };
+            let out_kind = if share == Share::External { TensorKind::External } else { TensorKind::Activation };
+            let out = self.tensor(format!("{name}.out"), out_kind, out_elems, share)?;
+
+            // Parameters.
+            let mut params = Vec::new();
+            let mut stats = Vec::new();
+            let mut saved = Vec::new();
+            let trainable = l.trainable;
+            let mut shapes: Vec<(&str, Vec<usize>)> = Vec::new();
+            match (&l.kind, &op) {
+                (LayerKind::Linear { bias, .. }, NodeOp::Linear { fin, fout }) => {
+                    shapes.push(("weight", vec![*fout, *fin]));
+                    if *bias {
+                        shapes.push(("bias", vec![*fout]));
+                    }
+                }
+                (LayerKind::Conv2d { bias, .. }, NodeOp::Conv(g)) => {
+                    shapes.push(("weight", vec![g.cout, g.cin / g.groups, g.kh, g.kw]));
+                    if *bias {
+                        shapes.push(("bias", vec![g.cout]));
+                    }
+                }
+                (_, NodeOp::BatchNorm { c, .. }) => {
+                    shapes.push(("weight", vec![*c]));
+                    shapes.push(("bias", vec![*c]));
+                }
+                _ => {}
+            }
+            for (pname, shape) in shapes {
+                let elems = shape.iter().product::<usize>();
+                let full = format!("{name}.{pname}");
+                let value = self.tensor(full.clone(), TensorKind::Weight, elems, Share::Own)?;
+                let (grad, state) = if trainable {
+                    let g = self.tensor(format!("grad({full})"), TensorKind::Gradient, elems, Share::Own)?;
+                    let mut st = Vec::new();
+                    for s in 0..slots {
+                        st.push(self.tensor(format!("{full}.state{s}"), TensorKind::OptState, elems, Share::Own)?);
+                    }
+                    (Some(g), st)
+                } else {
+                    (None, Vec::new())
+                };
+                params.push(Param { name: full, shape, value, grad, state });
+            }
+            match op {
+                NodeOp::BatchNorm { c, train, .. } => {
+                    stats.push(self.tensor(format!("{name}.running_mean"), TensorKind::Stat, c, Share::Own)?);
+                    stats.push(self.tensor(format!("{name}.running_var"), TensorKind::Stat, c, Share::Own)?);
+                    if train {
+                        saved.push(self.tensor(format!("{name}.mean"), TensorKind::Activation, c, Share::Own)?);
+                        saved.push(self.tensor(format!("{name}.invstd"), TensorKind::Activation, c, Share::Own)?);
+                    }
+                }
+                NodeOp::MaxPool(_) => {
+                    saved.push(self.tensor(format!("{name}.argmax"), TensorKind::Activation, out_elems, Share::Own)?);
+                }
+                _ => {}
+            }
+            let rg = in_rg || params.iter().any(|p| p.grad.is_some());
+            requires_grad.push(rg);
+            nodes.push(Node {
+                layer: li as u32,
+                name: String::from(name),
+                op,
+                inputs,
+                in_dims,
+                out,
+                out_dims,
+                params,
+                stats,
+                saved,
+                d_out: None,
+                d_in: Vec::new(),
+                scratch: [None; 3],
+                trainable,
+            });
+        }
+
+        // Loss compatibility.
+        let last = nodes.last().map(|n| (n.out, n.out_dims)).ok_or(GraphError::Empty)?;
+        if spec.loss == LossKind::SoftmaxCrossEntropy && last.1.numel() < 2 {
+            return Err(GraphError::Loss(format!("cross_entropy needs at least 2 classes, the last layer gives {}", last.1)));
+        }
+        if !requires_grad.last().copied().unwrap_or(false) {
+            return Err(GraphError::Loss(String::from("no layer is trainable: nothing to train")));
+        }
+
+        // Backward pass: derivative tensors. d(t) exists for every activation t that requires grad.
+        let mut deriv: hashbrown::HashMap<TensorId, (TensorId, bool)> = hashbrown::HashMap::new();
+        let pred_elems = self.batched(last.1, "prediction")?;
+        let d_pred = self.tensor(format!("d({})", self.tensors[last.0 as usize].name), TensorKind::Derivative, pred_elems, Share::ModifyView(last.0))?;
+        deriv.insert(last.0, (d_pred, false));
+        // Number of consumers of each tensor (to decide whether a view's derivative can be a view).
+        let mut consumers: hashbrown::HashMap<TensorId, u32> = hashbrown::HashMap::new();
+        for nd in &nodes {
+            for &t in &nd.inputs {
+                *consumers.entry(t).or_insert(0) += 1;
+            }
+        }
+        for ni in (0..nodes.len()).rev() {
+            let d_out = deriv.get(&nodes[ni].out).map(|d| d.0);
+            nodes[ni].d_out = d_out;
+            let mut d_in = Vec::new();
+            for (k, &t) in nodes[ni].inputs.clone().iter().enumerate() {
+                let src_rg = match spec.layers[ni].inputs[k] {
+                    Src::Input => false,
+                    Src::Layer(j) => requires_grad[j as usize],
+                };
+                if !src_rg || d_out.is_none() {
+                    d_in.push(None);
+                    continue;
+                }
+                if let Some(&(dt, _)) = deriv.get(&t) {
+                    // Another consumer (later in forward order) already writes it: accumulate.
+                    d_in.push(Some((dt, true)));
+                    continue;
+                }
+                let elems = self.batched(nodes[ni].in_dims[k], "derivative")?;
+                let d_out_id = d_out.unwrap_or(d_pred);
+                let share = match nodes[ni].op {
+                    NodeOp::View if consumers.get(&t).copied() == Some(1) => Share::ReadView(d_out_id),
+                    NodeOp::Act(_) | NodeOp::Dropout { .. } => Share::ModifyView(d_out_id),
+                    NodeOp::Add if k == 0 => Share::ModifyView(d_out_id),
+                    _ => Share::Own,
+                };
+                let dt = self.tensor(format!("d({})", self.tensors[t as usize].name), TensorKind::Derivative, elems, share)?;
+                deriv.insert(t, (dt, false));
+                d_in.push(Some((dt, false)));
+            }
+            nodes[ni].d_in = d_in;
+        }
+
+        // Scratch per phase.
+        for ni in 0..nodes.len() {
+            let (fwd, gw, gx) = match &nodes[ni].op {
+                NodeOp::Linear { fin, fout } => {
+                    let s = ops::linear_scratch_len(n, *fin, *fout);
+                    (s, s, s)
+                }
+                NodeOp::Conv(g) => {
+                    let s = ops::conv_scratch_len(g, n);
+                    (s, s, s)
+                }
+                _ => (0, 0, 0),
+            };
+            let has_gw = nodes[ni].has_grad_w();
+            let has_gx = nodes[ni].d_in.iter().any(|d| d.is_some());
+            let name = nodes[ni].name.clone();
+            if fwd > 0 {
+                nodes[ni].scratch[scratch_slot::FWD] =
+                    Some(self.tensor(format!("{name}.scratch(F)"), TensorKind::Scratch, fwd, Share::Own)?);
+            }
+            if gw > 0 && has_gw {
+                nodes[ni].scratch[scratch_slot::GRAD_W] =
+                    Some(self.tensor(format!("{name}.scratch(CG)"), TensorKind::Scratch, gw, Share::Own)?);
+            }
+            if gx > 0 && has_gx {
+                nodes[ni].scratch[scratch_slot::GRAD_X] =
+                    Some(self.tensor(format!("{name}.scratch(CD)"), TensorKind::Scratch, gx, Share::Own)?);
+            }
+        }
+
+        Ok(Graph {
+            batch: n,
+            tensors: self.tensors,
+            nodes,
+            input,
+            target,
+            input_dims: spec.input,
+            loss: spec.loss,
+            optimizer: spec.optimizer,
+            seed: spec.seed,
+            d_pred,
+            loss_scratch: None,
+        })
+    }
+}

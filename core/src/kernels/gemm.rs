@@ -2,8 +2,42 @@
 //! transposes cost nothing. The fast path packs panels of A and B into caller-provided scratch (from the
 //! arena), so a GEMM never allocates.
 //!
-//! PLACEHOLDER: reference loop; the packed SIMD implementation replaces `sgemm` keeping this signature.
+//! # Design (BLIS-style, loops mirrored so the broadcast operand A is the L1-resident one)
+//!
+//! ```text
+//! for jc in n by NC:                      B block (KC×NC, packed once per (jc, pc)) lives in L2
+//!   for pc in k by KC:
+//!     pack B[pc.., jc..] into column panels of NR (last panel only as wide as needed)
+//!     for ir in m by MR:
+//!       pack A[ir.., pc..] into one MR×KC panel (stays in L1)
+//!       for jr in NC by NR:
+//!         micro-kernel: C[ir.., jc+jr..] (+)= Apanel · Bpanel   (register tile MR×NR, FMA)
+//! ```
+//!
+//! C is row-major, so the SIMD direction is along `n`: the micro-kernels load NR-wide rows of the packed
+//! B panel and broadcast single elements of the packed A panel. Edge tiles use exact-height kernel
+//! variants (monomorphised for every row count ≤ MR) and masked (or, for AVX2, mask-moved) loads and
+//! stores of C for partial columns, so no temporary tile and no wasted work on rows.
+//!
+//! | kernel    | MR × NR | register tile                    | selected when                          |
+//! |-----------|---------|----------------------------------|----------------------------------------|
+//! | `avx512`  | 8 × 48  | 24 zmm accumulators, 3 zmm of B  | x86-64 with AVX-512F (+AVX2, FMA)       |
+//! | `avx2`    | 6 × 16  | 12 ymm accumulators, 2 ymm of B  | x86-64 with AVX2 + FMA                  |
+//! | `portable`| 4 × 8   | plain Rust arrays, autovectorised| everything else, and always under Miri |
+//!
+//! (`portable` is 4 × 4 on 32-bit Arm, whose FPU has 32 single registers.)
+//!
+//! Kernel choice: with the crate feature `std` the CPU is probed once (`is_x86_feature_detected!`) and the
+//! choice cached in an atomic; without `std` it is fixed at compile time by `cfg(target_feature)`.
+//!
+//! Blocking: `KC = 256`, `NC = 1008` (a multiple of every NR); both are balanced so the blocks are
+//! near-equal (k = 784 → 4 blocks of 196, not 3 of 256 and one of 16). See [`gemm_scratch_len`].
 use super::Real;
+
+#[cfg(test)]
+mod tests;
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+mod x86;
 
 /// A read-only matrix view: element (i, j) is `data[i * rs + j * cs]`.
 #[derive(Clone, Copy, Debug)]
@@ -27,10 +61,104 @@ impl<'a, T> MatRef<'a, T> {
     }
 }
 
-/// Scratch elements (f32) that [`gemm`] needs for an `m×n×k` product; the plan reserves this much.
-pub fn gemm_scratch_len(_m: usize, _n: usize, _k: usize) -> usize {
-    0
+// ---------------------------------------------------------------------------------------------------------
+// Blocking and the scratch formula
+// ---------------------------------------------------------------------------------------------------------
+
+/// Depth (k) block cap: an MR×KC panel of A (8 KiB for the AVX-512 kernel) stays in L1.
+const KC: usize = 256;
+/// Column (n) block cap: a KC×NC block of B (≤ 1 MiB) stays in L2. Multiple of every kernel's NR.
+const NC: usize = 1008;
+/// Packed regions start on a 64-byte boundary when the scratch has room for it (≤ 15 elements of slack).
+const ALIGN: usize = 16;
+
+/// Register-tile geometry of one micro-kernel.
+#[derive(Clone, Copy, Debug)]
+struct Spec {
+    /// Rows of the register tile (height of a packed A panel).
+    mr: usize,
+    /// Columns of the register tile (width of a full packed B panel).
+    nr: usize,
+    /// Granularity of the last, partial B panel's width (the SIMD width; `nr` for the portable kernel).
+    vl: usize,
 }
+
+#[cfg(target_arch = "arm")]
+const PORTABLE_NR: usize = 4;
+#[cfg(not(target_arch = "arm"))]
+const PORTABLE_NR: usize = 8;
+const PORTABLE_MR: usize = 4;
+
+const SPEC_PORTABLE: Spec = Spec { mr: PORTABLE_MR, nr: PORTABLE_NR, vl: PORTABLE_NR };
+const SPEC_AVX2: Spec = Spec { mr: 6, nr: 16, vl: 8 };
+const SPEC_AVX512: Spec = Spec { mr: 8, nr: 48, vl: 16 };
+/// Every kernel this crate has on any target: the scratch formula is the maximum over them, so a plan
+/// sized on one machine is valid (fast path included) on every other.
+const ALL_SPECS: [Spec; 3] = [SPEC_PORTABLE, SPEC_AVX2, SPEC_AVX512];
+
+fn div_ceil(a: usize, b: usize) -> usize {
+    a.div_ceil(b)
+}
+fn round_up(a: usize, b: usize) -> usize {
+    a.div_ceil(b) * b
+}
+/// Splits `len` into `ceil(len / cap)` near-equal blocks and returns the block size.
+fn balanced(len: usize, cap: usize) -> usize {
+    div_ceil(len, div_ceil(len, cap))
+}
+
+/// The block sizes used for one product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Blocking {
+    /// Depth block (every k block but the last has exactly this size).
+    kc: usize,
+    /// Column block, a multiple of NR (every n block but the last has exactly this size).
+    nc: usize,
+    /// Elements of the packed A region (`mr·kc` rounded up to [`ALIGN`]).
+    a_len: usize,
+    /// Elements of the packed B region.
+    b_len: usize,
+}
+
+impl Blocking {
+    /// Block sizes for `n×k` with caps `kc_cap`, `nc_cap` (`nc_cap` a multiple of `spec.nr`).
+    fn new(spec: Spec, n: usize, k: usize, kc_cap: usize, nc_cap: usize) -> Self {
+        let kc = balanced(k, kc_cap);
+        let nc = round_up(balanced(n, nc_cap), spec.nr);
+        // The widest block is min(nc, n) columns: full panels of nr, then one panel rounded up to vl.
+        let b_len = kc * round_up(nc.min(n), spec.vl);
+        let a_len = round_up(spec.mr * kc, ALIGN);
+        Self { kc, nc, a_len, b_len }
+    }
+    fn len(&self) -> usize {
+        self.a_len + self.b_len
+    }
+}
+
+/// Scratch elements one kernel needs for `m×n×k` (0 when there is nothing to multiply).
+fn spec_scratch_len(spec: Spec, m: usize, n: usize, k: usize) -> usize {
+    if m == 0 || n == 0 || k == 0 {
+        return 0;
+    }
+    (ALIGN - 1) + Blocking::new(spec, n, k, KC, NC).len()
+}
+
+/// Scratch elements (f32) that [`gemm`] needs for an `m×n×k` product; the plan reserves this much.
+///
+/// With `kc = ceil(k / ceil(k/256))` (≤ 256, ≤ k) and `nc = min(n, ceil(n / ceil(n/1008)) rounded up to
+/// 48)` (≤ 1008), this is the maximum over all kernels of
+/// `15 + round_up(MR·kc, 16) + kc·round_up(nc, VL)`, i.e. for the AVX-512 kernel (the largest)
+/// `15 + round_up(8·kc, 16) + kc·round_up(nc, 16)`: at most 15 + 2048 + 258 048 elements (≈ 1 MiB)
+/// however large the product, and proportional to the operands when they are small (8×9×784 → 4 719
+/// elements, 18 KiB). It does not depend on the CPU, so a plan made on one machine holds on another.
+/// It is 0 when `m`, `n` or `k` is 0. A shorter scratch still works (smaller blocks, or an unpacked loop).
+pub fn gemm_scratch_len(m: usize, n: usize, k: usize) -> usize {
+    ALL_SPECS.iter().map(|&s| spec_scratch_len(s, m, n, k)).max().unwrap_or(0)
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Public entry points
+// ---------------------------------------------------------------------------------------------------------
 
 /// `C = A·B` (or `C += A·B` when `accumulate`) for any [`Real`]; `C` is row-major with row stride `ldc`.
 #[allow(clippy::too_many_arguments)]
@@ -48,7 +176,91 @@ pub fn gemm<T: Real>(
     T::gemm(m, n, k, a, b, c, ldc, accumulate, scratch)
 }
 
-/// f32 GEMM (fast path).
+/// The f32 micro-kernel families. [`sgemm`] uses [`SgemmKernel::selected`]; [`sgemm_with`] forces one
+/// (benchmarks, tests).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SgemmKernel {
+    /// Plain Rust (autovectorised), every target.
+    Portable,
+    /// x86-64 AVX2 + FMA, 6×16 register tile.
+    Avx2,
+    /// x86-64 AVX-512F, 8×48 register tile.
+    Avx512,
+}
+
+impl SgemmKernel {
+    /// Short name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Portable => "portable",
+            Self::Avx2 => "avx2+fma",
+            Self::Avx512 => "avx512f",
+        }
+    }
+
+    /// Whether this kernel can run on this CPU (and build).
+    pub fn is_available(self) -> bool {
+        match self {
+            Self::Portable => true,
+            #[cfg(all(target_arch = "x86_64", not(miri)))]
+            Self::Avx2 => x86::Avx2::new().is_some(),
+            #[cfg(all(target_arch = "x86_64", not(miri)))]
+            Self::Avx512 => x86::Avx512::new().is_some(),
+            #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+            _ => false,
+        }
+    }
+
+    /// The fastest available kernel (probed once and cached with `std`; fixed at compile time without).
+    pub fn selected() -> Self {
+        #[cfg(all(feature = "std", target_arch = "x86_64", not(miri)))]
+        {
+            use core::sync::atomic::{AtomicU8, Ordering};
+            static CHOICE: AtomicU8 = AtomicU8::new(0);
+            let v = CHOICE.load(Ordering::Relaxed);
+            let kind = match v {
+                1 => Self::Portable,
+                2 => Self::Avx2,
+                3 => Self::Avx512,
+                _ => {
+                    let best = Self::best();
+                    // Races are benign: every thread computes the same answer.
+                    CHOICE.store(
+                        match best {
+                            Self::Portable => 1,
+                            Self::Avx2 => 2,
+                            Self::Avx512 => 3,
+                        },
+                        Ordering::Relaxed,
+                    );
+                    best
+                }
+            };
+            kind
+        }
+        #[cfg(not(all(feature = "std", target_arch = "x86_64", not(miri))))]
+        {
+            Self::best()
+        }
+    }
+
+    fn best() -> Self {
+        if Self::Avx512.is_available() {
+            Self::Avx512
+        } else if Self::Avx2.is_available() {
+            Self::Avx2
+        } else {
+            Self::Portable
+        }
+    }
+}
+
+/// f32 GEMM (fast path): packs into `scratch` (see [`gemm_scratch_len`]) and runs the best micro-kernel
+/// for this CPU. Never allocates. A `scratch` shorter than [`gemm_scratch_len`] is allowed: smaller blocks
+/// are used, and with (almost) none an unpacked loop.
+///
+/// # Panics
+/// When an operand is too short for the addressed elements, or `ldc < n` with `m > 1` (rows of C overlap).
 #[allow(clippy::too_many_arguments)]
 pub fn sgemm(
     m: usize,
@@ -59,9 +271,72 @@ pub fn sgemm(
     c: &mut [f32],
     ldc: usize,
     accumulate: bool,
-    _scratch: &mut [f32],
+    scratch: &mut [f32],
 ) {
-    gemm_reference(m, n, k, a, b, c, ldc, accumulate)
+    sgemm_with(SgemmKernel::selected(), m, n, k, a, b, c, ldc, accumulate, scratch)
+}
+
+/// [`sgemm`] with a chosen kernel family; falls back to [`SgemmKernel::Portable`] when `kernel` is not
+/// available on this CPU.
+///
+/// # Panics
+/// As [`sgemm`].
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_with(
+    kernel: SgemmKernel,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef<'_, f32>,
+    b: MatRef<'_, f32>,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+    scratch: &mut [f32],
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(m == 1 || ldc >= n, "sgemm: ldc ({ldc}) < n ({n})");
+    let c_need = (m - 1).checked_mul(ldc).and_then(|x| x.checked_add(n));
+    assert!(c_need.is_some_and(|need| c.len() >= need), "sgemm: C too short");
+    if k == 0 {
+        if !accumulate {
+            for i in 0..m {
+                c[i * ldc..i * ldc + n].fill(0.0);
+            }
+        }
+        return;
+    }
+    // These two checks are what makes every packing read below in bounds: any element (i, p) with
+    // i < m, p < k has index ≤ (m-1)·rs + (k-1)·cs < len, and that sum does not overflow.
+    assert!(addressable(a, m, k), "sgemm: A too short for its strides");
+    assert!(addressable(b, k, n), "sgemm: B too short for its strides");
+    let p = Problem { m, n, k, a, b, ldc, accumulate };
+    match kernel {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        SgemmKernel::Avx512 => {
+            if let Some(kern) = x86::Avx512::new() {
+                return drive(kern, &p, c, scratch);
+            }
+        }
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        SgemmKernel::Avx2 => {
+            if let Some(kern) = x86::Avx2::new() {
+                return drive(kern, &p, c, scratch);
+            }
+        }
+        _ => {}
+    }
+    drive(Portable, &p, c, scratch)
+}
+
+/// Whether every element (i < rows, j < cols) of `x` is inside `x.data` (rows, cols ≥ 1).
+fn addressable(x: MatRef<'_, f32>, rows: usize, cols: usize) -> bool {
+    (rows - 1)
+        .checked_mul(x.rs)
+        .and_then(|r| (cols - 1).checked_mul(x.cs).and_then(|c| r.checked_add(c)))
+        .is_some_and(|last| last < x.data.len())
 }
 
 /// Plain triple loop, the oracle for every fast kernel and the f64 path.
@@ -84,6 +359,209 @@ pub fn gemm_reference<T: Real>(
             }
             let dst = &mut c[i * ldc + j];
             *dst = if accumulate { *dst + s } else { s };
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The blocked driver, generic over the micro-kernel family
+// ---------------------------------------------------------------------------------------------------------
+
+/// One validated product (`m, n, k ≥ 1`, operands addressable, `C` long enough, `ldc ≥ n` if `m > 1`).
+struct Problem<'a> {
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef<'a, f32>,
+    b: MatRef<'a, f32>,
+    ldc: usize,
+    accumulate: bool,
+}
+
+/// A micro-kernel family: packing routines plus the register-tile kernel.
+///
+/// Packed layouts: an A panel holds `mr` rows: element (r, p) at `p·mr + r`, rows past the edge zero.
+/// A B panel of width `w` (`nr`, or less for the last panel, a multiple of `vl`) holds element (p, j)
+/// at `p·w + j`, columns past the edge zero. Panel `q` of a B block starts at `q·nr·kc`.
+trait Kernel: Copy {
+    const SPEC: Spec;
+    /// Packs one A panel: `rows ≤ mr` lanes with stride `ls`, `kc` deep with stride `ps`, starting at
+    /// `base` in `src`, into `dst[..mr·kc]`.
+    #[allow(clippy::too_many_arguments)]
+    fn pack_a(self, src: &[f32], base: usize, ls: usize, ps: usize, rows: usize, kc: usize, dst: &mut [f32]);
+    /// Packs a B block of `nc` columns (stride `ls`), `kc` deep (stride `ps`), into consecutive panels.
+    #[allow(clippy::too_many_arguments)]
+    fn pack_b(self, src: &[f32], base: usize, ls: usize, ps: usize, nc: usize, kc: usize, dst: &mut [f32]);
+    /// `C[rows×cols] (+)= Apanel·Bpanel` where `c` starts at the tile's first element (row stride `ldc`),
+    /// `b` is a panel of width `w`.
+    #[allow(clippy::too_many_arguments)]
+    fn tile(self, kc: usize, a: &[f32], b: &[f32], w: usize, c: &mut [f32], ldc: usize, rows: usize, cols: usize, acc: bool);
+}
+
+/// Width of the B panel starting at column `j` of a block of `nc` columns.
+fn panel_width(spec: Spec, nc: usize, j: usize) -> usize {
+    spec.nr.min(round_up(nc - j, spec.vl))
+}
+
+/// Packs the B block panel by panel with `pack_panel(src, base, ls, ps, lanes, w, kc, dst)`.
+#[allow(clippy::too_many_arguments)]
+fn pack_b_panels(
+    spec: Spec,
+    src: &[f32],
+    base: usize,
+    ls: usize,
+    ps: usize,
+    nc: usize,
+    kc: usize,
+    dst: &mut [f32],
+    mut pack_panel: impl FnMut(&[f32], usize, usize, usize, usize, usize, usize, &mut [f32]),
+) {
+    for j in (0..nc).step_by(spec.nr) {
+        let w = panel_width(spec, nc, j);
+        let lanes = spec.nr.min(nc - j);
+        pack_panel(src, base + j * ls, ls, ps, lanes, w, kc, &mut dst[j * kc..j * kc + w * kc]);
+    }
+}
+
+fn drive<K: Kernel>(kern: K, p: &Problem<'_>, c: &mut [f32], scratch: &mut [f32]) {
+    let spec = K::SPEC;
+    let Some((blk, off)) = fit(spec, p.n, p.k, scratch) else {
+        return unpacked(p, c);
+    };
+    let (apack, rest) = scratch[off..].split_at_mut(blk.a_len);
+    let bpack = &mut rest[..blk.b_len];
+    let (m, n, k, a, b, ldc) = (p.m, p.n, p.k, p.a, p.b, p.ldc);
+    for jc in (0..n).step_by(blk.nc) {
+        let nc = blk.nc.min(n - jc);
+        for (pi, pc) in (0..k).step_by(blk.kc).enumerate() {
+            let kc = blk.kc.min(k - pc);
+            let acc = p.accumulate || pi > 0;
+            kern.pack_b(b.data, pc * b.rs + jc * b.cs, b.cs, b.rs, nc, kc, bpack);
+            for ir in (0..m).step_by(spec.mr) {
+                let rows = spec.mr.min(m - ir);
+                let ap = &mut apack[..spec.mr * kc];
+                kern.pack_a(a.data, ir * a.rs + pc * a.cs, a.rs, a.cs, rows, kc, ap);
+                for jr in (0..nc).step_by(spec.nr) {
+                    let cols = spec.nr.min(nc - jr);
+                    let w = panel_width(spec, nc, jr);
+                    let bp = &bpack[jr * kc..jr * kc + w * kc];
+                    let c0 = ir * ldc + jc + jr;
+                    let ct = &mut c[c0..c0 + (rows - 1) * ldc + cols];
+                    kern.tile(kc, ap, bp, w, ct, ldc, rows, cols, acc);
+                }
+            }
+        }
+    }
+}
+
+/// Block sizes that fit `scratch`, and the offset of the (64-byte aligned when possible) packed region.
+/// `None` when not even a one-deep panel pair fits.
+fn fit(spec: Spec, n: usize, k: usize, scratch: &[f32]) -> Option<(Blocking, usize)> {
+    let len = scratch.len();
+    let off = match scratch.as_ptr().align_offset(64) {
+        o if o < ALIGN => o,
+        _ => 0,
+    };
+    let ideal = Blocking::new(spec, n, k, KC, NC);
+    for o in [off, 0] {
+        if o + ideal.len() <= len {
+            return Some((ideal, o));
+        }
+    }
+    // Degrade: one B panel per block and as deep a k block as fits.
+    let w = spec.nr.min(round_up(n, spec.vl));
+    let per_k = round_up(spec.mr, ALIGN) + w; // generous: a_len rounds mr·kc up to ALIGN
+    let kc_cap = (len / per_k).min(KC);
+    if kc_cap == 0 {
+        return None;
+    }
+    let blk = Blocking::new(spec, n, k, kc_cap, spec.nr);
+    (blk.len() <= len).then_some((blk, 0))
+}
+
+/// Correct, slower product without packing, for a scratch too short to hold even one panel pair.
+fn unpacked(p: &Problem<'_>, c: &mut [f32]) {
+    let (a, b) = (p.a, p.b);
+    for i in 0..p.m {
+        let row = &mut c[i * p.ldc..i * p.ldc + p.n];
+        if b.cs == 1 {
+            // Row of C as a sum of scaled rows of B: contiguous, vectorisable.
+            let mut t = [0.0f32; 64];
+            for j0 in (0..p.n).step_by(64) {
+                let cols = 64.min(p.n - j0);
+                let t = &mut t[..cols];
+                t.fill(0.0);
+                for q in 0..p.k {
+                    let x = a.data[i * a.rs + q * a.cs];
+                    let br = &b.data[q * b.rs + j0..q * b.rs + j0 + cols];
+                    for (t, &y) in t.iter_mut().zip(br) {
+                        *t += x * y;
+                    }
+                }
+                let dst = &mut row[j0..j0 + cols];
+                for (d, &s) in dst.iter_mut().zip(t.iter()) {
+                    *d = if p.accumulate { *d + s } else { s };
+                }
+            }
+        } else {
+            for (j, d) in row.iter_mut().enumerate() {
+                let mut s = 0.0f32;
+                for q in 0..p.k {
+                    s += a.data[i * a.rs + q * a.cs] * b.data[q * b.rs + j * b.cs];
+                }
+                *d = if p.accumulate { *d + s } else { s };
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Portable kernel (safe Rust; LLVM vectorises the fixed-size tile loops)
+// ---------------------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug)]
+struct Portable;
+
+/// Packs `lanes` lanes (stride `ls`) × `kc` depth (stride `ps`) from `src[base..]` into `dst` with lane
+/// stride 1 and depth stride `w`, zero-filling lanes `lanes..w`. Safe, bounds-checked, any strides.
+#[allow(clippy::too_many_arguments)]
+fn pack_panel_generic(src: &[f32], base: usize, ls: usize, ps: usize, lanes: usize, w: usize, kc: usize, dst: &mut [f32]) {
+    for (p, d) in dst.chunks_exact_mut(w).take(kc).enumerate() {
+        let s0 = base + p * ps;
+        if ls == 1 {
+            d[..lanes].copy_from_slice(&src[s0..s0 + lanes]);
+        } else {
+            for (l, x) in d[..lanes].iter_mut().enumerate() {
+                *x = src[s0 + l * ls];
+            }
+        }
+        d[lanes..].fill(0.0);
+    }
+}
+
+impl Kernel for Portable {
+    const SPEC: Spec = SPEC_PORTABLE;
+    fn pack_a(self, src: &[f32], base: usize, ls: usize, ps: usize, rows: usize, kc: usize, dst: &mut [f32]) {
+        pack_panel_generic(src, base, ls, ps, rows, PORTABLE_MR, kc, dst)
+    }
+    fn pack_b(self, src: &[f32], base: usize, ls: usize, ps: usize, nc: usize, kc: usize, dst: &mut [f32]) {
+        pack_b_panels(Self::SPEC, src, base, ls, ps, nc, kc, dst, pack_panel_generic)
+    }
+    fn tile(self, kc: usize, a: &[f32], b: &[f32], w: usize, c: &mut [f32], ldc: usize, rows: usize, cols: usize, acc: bool) {
+        debug_assert_eq!(w, PORTABLE_NR);
+        let mut t = [[0.0f32; PORTABLE_NR]; PORTABLE_MR];
+        for (ap, bp) in a.chunks_exact(PORTABLE_MR).zip(b.chunks_exact(PORTABLE_NR)).take(kc) {
+            for (tr, &x) in t.iter_mut().zip(ap) {
+                for (tv, &y) in tr.iter_mut().zip(bp) {
+                    *tv += x * y;
+                }
+            }
+        }
+        for (r, tr) in t.iter().enumerate().take(rows) {
+            let dst = &mut c[r * ldc..r * ldc + cols];
+            for (d, &s) in dst.iter_mut().zip(tr) {
+                *d = if acc { *d + s } else { s };
+            }
         }
     }
 }

@@ -1,1 +1,53 @@
-//! (being written)
+//! Optimizers, PyTorch semantics (`foreach=False` single-tensor paths). Their state tensors are planned in
+//! the arena like any other tensor; the executor passes slices.
+use crate::model::OptimizerSpec;
+
+/// Per-step scalars the update needs (Adam's step count).
+#[derive(Clone, Copy, Debug)]
+pub struct StepCtx {
+    /// 1-based step number.
+    pub t: u32,
+}
+
+/// Updates `w` in place from its gradient `g` and optimizer `state` slices (as many as
+/// [`OptimizerSpec::state_slots`]).
+pub fn apply(spec: &OptimizerSpec, ctx: StepCtx, w: &mut [f32], g: &[f32], state: &mut [&mut [f32]]) {
+    match *spec {
+        OptimizerSpec::Sgd { lr, momentum, weight_decay } => {
+            if momentum != 0.0 {
+                let [buf] = state else { return };
+                for ((w, &g), b) in w.iter_mut().zip(g).zip(buf.iter_mut()) {
+                    let d = if weight_decay != 0.0 { g + weight_decay * *w } else { g };
+                    // The first step's buffer is zero, so μ·0 + d = d: PyTorch's clone of d, bit for bit.
+                    *b = *b * momentum + d;
+                    *w += -lr * *b;
+                }
+            } else {
+                for (w, &g) in w.iter_mut().zip(g) {
+                    let d = if weight_decay != 0.0 { g + weight_decay * *w } else { g };
+                    *w += -lr * d;
+                }
+            }
+        }
+        OptimizerSpec::Adam { lr, beta1, beta2, eps, weight_decay } => {
+            let [m, v] = state else { return };
+            // PyTorch computes the bias corrections in Python floats (f64).
+            let t = ctx.t as i32;
+            let bc1 = 1.0 - libm::pow(beta1 as f64, t as f64);
+            let bc2 = 1.0 - libm::pow(beta2 as f64, t as f64);
+            let step_size = (lr as f64 / bc1) as f32;
+            let bc2_sqrt = libm::sqrt(bc2) as f32;
+            let w1 = 1.0 - beta1;
+            let w2 = 1.0 - beta2;
+            for (((w, &g), m), v) in w.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+                let g = if weight_decay != 0.0 { g + weight_decay * *w } else { g };
+                // exp_avg.lerp_(grad, 1-β1): weight < 0.5 uses self + w·(end − self).
+                *m = if w1 < 0.5 { *m + w1 * (g - *m) } else { g - (g - *m) * (1.0 - w1) };
+                *v = *v * beta2 + w2 * g * g;
+                let denom = libm::sqrtf(*v) / bc2_sqrt + eps;
+                // addcdiv_(m, denom, value=-step_size) computes (value·m)/denom.
+                *w += (-step_size * *m) / denom;
+            }
+        }
+    }
+}

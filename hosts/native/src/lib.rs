@@ -1,1 +1,23 @@
-//! frugal native host library.
+//! frugal native host library: everything the `frugal` binary needs that is not training itself.
+//!
+//! - [`spec_toml`] (feature `toml`, on by default): the TOML model description
+//!   (`docs/model-format.md`) → [`frugal_core::model::ModelSpec`] + a [`spec_toml::TrainConfig`].
+//! - [`data`]: data sets — the bundled UCI digits, MNIST-style IDX files, numeric CSV — and batching.
+//! - [`checkpoint`]: safetensors weights in and out (atomic writes).
+//! - [`svg`]: pictures — the arena layout over execution order, training curves.
+//! - [`progress`]: per-epoch progress bars that stay quiet in CI logs.
+//! - [`fsutil`]: crash-safe file writes.
+//!
+//! Library errors are typed enums whose messages name the file, the field or place, and the reason.
+#![warn(missing_docs)]
+
+pub mod checkpoint;
+pub mod data;
+pub mod fsutil;
+pub mod progress;
+#[cfg(feature = "toml")]
+pub mod spec_toml;
+pub mod svg;
+
+#[cfg(test)]
+mod testutil;

@@ -1,0 +1,73 @@
+//! Carving disjoint, typed slices out of the arena — in safe code. The planner guarantees that tensors an
+//! instruction touches at once never overlap; `carve` checks it again, so a corrupt plan is an error,
+//! never aliasing.
+use super::ExecError;
+
+/// Splits `arena` into `K` disjoint mutable slices at `(offset, len)` byte ranges (in any order). A
+/// zero-length request yields an empty slice. Overlapping or out-of-range requests are errors.
+pub fn carve<'a, const K: usize>(arena: &'a mut [u8], reqs: [(usize, usize); K]) -> Result<[&'a mut [u8]; K], ExecError> {
+    let mut order: [usize; K] = core::array::from_fn(|i| i);
+    order.sort_unstable_by_key(|&i| reqs[i].0);
+    let mut out: [&'a mut [u8]; K] = core::array::from_fn(|_| <&mut [u8]>::default());
+    let mut rest: &'a mut [u8] = arena;
+    let mut base = 0usize;
+    for &i in &order {
+        let (off, len) = reqs[i];
+        if len == 0 {
+            continue;
+        }
+        if off < base {
+            return Err(ExecError::BadPlan("two tensors of one instruction overlap in the arena"));
+        }
+        let r = core::mem::take(&mut rest);
+        if off - base > r.len() || len > r.len() - (off - base) {
+            return Err(ExecError::BadPlan("tensor outside the arena"));
+        }
+        let (_, tail) = r.split_at_mut(off - base);
+        let (mine, tail) = tail.split_at_mut(len);
+        out[i] = mine;
+        rest = tail;
+        base = off + len;
+    }
+    Ok(out)
+}
+
+/// Bytes as f32 (the planner aligns every offset to 64 bytes).
+pub fn f32s(b: &mut [u8]) -> Result<&mut [f32], ExecError> {
+    bytemuck::try_cast_slice_mut(b).map_err(|_| ExecError::BadPlan("tensor is not 4-byte aligned"))
+}
+
+/// Read-only bytes as f32.
+pub fn f32s_ro(b: &[u8]) -> Result<&[f32], ExecError> {
+    bytemuck::try_cast_slice(b).map_err(|_| ExecError::BadPlan("tensor is not 4-byte aligned"))
+}
+
+/// Bytes as u32 (max-pool arg-max indices).
+pub fn u32s(b: &mut [u8]) -> Result<&mut [u32], ExecError> {
+    bytemuck::try_cast_slice_mut(b).map_err(|_| ExecError::BadPlan("tensor is not 4-byte aligned"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn carve_returns_requested_ranges_in_request_order() {
+        let mut a = [0u8; 64];
+        for (i, v) in a.iter_mut().enumerate() {
+            *v = i as u8;
+        }
+        let [x, y, z] = carve(&mut a, [(32, 4), (0, 8), (8, 0)]).unwrap();
+        assert_eq!(x, &[32, 33, 34, 35]);
+        assert_eq!(y.len(), 8);
+        assert!(z.is_empty());
+    }
+
+    #[test]
+    fn carve_rejects_overlap_and_out_of_range() {
+        let mut a = [0u8; 64];
+        assert!(carve(&mut a, [(0, 16), (8, 16)]).is_err());
+        assert!(carve(&mut a, [(60, 8)]).is_err());
+        assert!(carve(&mut a, [(usize::MAX, 1)]).is_err());
+    }
+}

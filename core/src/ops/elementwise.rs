@@ -1,0 +1,189 @@
+//! Element-wise helpers: the `Add` layer (forward and backward), copies that optionally accumulate into
+//! a gradient with several consumers, scaling, and lane-split reductions used by the other ops.
+//!
+//! Slices of different lengths are processed over their common prefix (callers pass equal lengths).
+use crate::kernels::Real;
+
+/// Number of independent accumulators in the reductions: breaks the add dependency chain (and lets
+/// LLVM vectorise, since float addition is never reassociated on its own) and shortens the rounding
+/// chains by the same factor.
+const LANES: usize = 8;
+
+/// `y = a + b` (the `Add` layer; `y` does not alias either input).
+pub fn add_fwd<T: Real>(a: &[T], b: &[T], y: &mut [T]) {
+    for ((y, &a), &b) in y.iter_mut().zip(a).zip(b) {
+        *y = a + b;
+    }
+}
+
+/// `y += b` where `y` holds the first operand on entry (the `Add` layer computed in place).
+pub fn add_fwd_inplace<T: Real>(y: &mut [T], b: &[T]) {
+    for (y, &b) in y.iter_mut().zip(b) {
+        *y += b;
+    }
+}
+
+/// `dst = src`, or `dst += src` when `accumulate` (how an op hands a gradient to an input that has
+/// several consumers, e.g. both operands of `Add` receive `dy`).
+pub fn copy_or_acc<T: Real>(src: &[T], dst: &mut [T], accumulate: bool) {
+    if accumulate {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d += s;
+        }
+    } else {
+        let len = src.len().min(dst.len());
+        dst[..len].copy_from_slice(&src[..len]);
+    }
+}
+
+/// `x *= s` in place.
+pub fn scale<T: Real>(s: T, x: &mut [T]) {
+    for v in x.iter_mut() {
+        *v *= s;
+    }
+}
+
+/// `y = s·x`, or `y += s·x` when `accumulate`.
+pub fn scale_into<T: Real>(s: T, x: &[T], y: &mut [T], accumulate: bool) {
+    if accumulate {
+        for (y, &x) in y.iter_mut().zip(x) {
+            *y += s * x;
+        }
+    } else {
+        for (y, &x) in y.iter_mut().zip(x) {
+            *y = s * x;
+        }
+    }
+}
+
+/// `y += alpha·x`.
+pub fn axpy<T: Real>(alpha: T, x: &[T], y: &mut [T]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y += alpha * x;
+    }
+}
+
+/// Sets every element to `v`.
+pub fn fill<T: Real>(x: &mut [T], v: T) {
+    for e in x.iter_mut() {
+        *e = v;
+    }
+}
+
+/// Sum of the elements (eight interleaved partial sums, then a pairwise combine).
+pub fn sum<T: Real>(x: &[T]) -> T {
+    let mut acc = [T::ZERO; LANES];
+    let mut chunks = x.chunks_exact(LANES);
+    for ch in &mut chunks {
+        for l in 0..LANES {
+            acc[l] += ch[l];
+        }
+    }
+    for (l, &v) in chunks.remainder().iter().enumerate() {
+        acc[l] += v;
+    }
+    combine(acc)
+}
+
+/// Dot product `Σ a_i·b_i` over the common length (eight interleaved partial sums).
+pub fn dot<T: Real>(a: &[T], b: &[T]) -> T {
+    let len = a.len().min(b.len());
+    let (a, b) = (&a[..len], &b[..len]);
+    let mut acc = [T::ZERO; LANES];
+    let mut ca = a.chunks_exact(LANES);
+    let mut cb = b.chunks_exact(LANES);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for l in 0..LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    for (l, (&x, &y)) in ca.remainder().iter().zip(cb.remainder()).enumerate() {
+        acc[l] += x * y;
+    }
+    combine(acc)
+}
+
+/// Pairwise reduction of the lane accumulators.
+#[inline(always)]
+pub(crate) fn combine<T: Real>(a: [T; LANES]) -> T {
+    ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+}
+
+/// |x| (not in [`Real`]).
+#[inline(always)]
+pub(crate) fn abs<T: Real>(x: T) -> T {
+    if x < T::ZERO {
+        -x
+    } else {
+        x
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::testutil::*;
+
+    #[test]
+    fn add_and_inplace_agree() {
+        let mut rng = crate::rng::Rng::new(1);
+        let a = rand_vec(&mut rng, 37, -1.0, 1.0);
+        let b = rand_vec(&mut rng, 37, -1.0, 1.0);
+        let mut y = vec![0.0; 37];
+        add_fwd(&a, &b, &mut y);
+        let mut y2 = a.clone();
+        add_fwd_inplace(&mut y2, &b);
+        assert_eq!(y, y2);
+        for i in 0..37 {
+            assert_eq!(y[i], a[i] + b[i]);
+        }
+        // f32 vs f64: one rounding of an exact sum, ≤ 2^-24 relative.
+        let (a32, b32) = (to_f32(&a), to_f32(&b));
+        let mut y32 = vec![0.0f32; 37];
+        add_fwd(&a32, &b32, &mut y32);
+        assert_close("add f32", &widen(&y32), &y, 1e-7, 1e-3);
+    }
+
+    #[test]
+    fn add_grad_fd() {
+        // The Add layer's backward is copy_or_acc(dy) into both operands; check against finite
+        // differences of L = Σ (a+b)·r (linear, so central differences are exact up to rounding).
+        let mut rng = crate::rng::Rng::new(2);
+        let a = rand_vec(&mut rng, 23, -1.0, 1.0);
+        let b = rand_vec(&mut rng, 23, -1.0, 1.0);
+        let r = rand_vec(&mut rng, 23, -1.0, 1.0);
+        let loss = |a: &[f64], b: &[f64]| {
+            let mut y = vec![0.0; a.len()];
+            add_fwd(a, b, &mut y);
+            dot(&y, &r)
+        };
+        let mut da = vec![0.0; 23];
+        copy_or_acc(&r, &mut da, false);
+        let pre = rand_vec(&mut rng, 23, -1.0, 1.0);
+        let mut db = pre.clone();
+        copy_or_acc(&r, &mut db, true);
+        let db: Vec<f64> = db.iter().zip(&pre).map(|(d, p)| d - p).collect();
+        let fa = fd_grad(&a, |x| loss(x, &b));
+        let fb = fd_grad(&b, |x| loss(&a, x));
+        assert_close("add da", &da, &fa, FD_TOL, FD_FLOOR);
+        assert_close("add db", &db, &fb, FD_TOL, FD_FLOOR);
+    }
+
+    #[test]
+    fn reductions() {
+        let x: Vec<f64> = (1..=21).map(|v| v as f64).collect();
+        assert_eq!(sum(&x), 231.0);
+        assert_eq!(dot(&x, &x), (21 * 22 * 43 / 6) as f64);
+        let mut y = x.clone();
+        scale(2.0, &mut y);
+        assert_eq!(y[20], 42.0);
+        axpy(-2.0, &x, &mut y);
+        assert!(y.iter().all(|&v| v == 0.0));
+        scale_into(3.0, &x, &mut y, false);
+        scale_into(1.0, &x, &mut y, true);
+        assert_eq!(y[3], 16.0);
+        fill(&mut y, 5.0);
+        assert_eq!(sum(&y), 105.0);
+        assert_eq!(abs(-3.0f32), 3.0);
+    }
+}

@@ -1,0 +1,315 @@
+//! Max, average and global-average pooling (no padding, floor mode: PyTorch defaults). NCHW; every
+//! `(sample, channel)` plane is pooled independently.
+use super::elementwise::{fill, sum};
+use crate::kernels::Real;
+
+/// Pooling window geometry for one sample (`c` planes of `h×w` → `c` planes of `oh×ow`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolGeom {
+    /// Channels.
+    pub c: usize,
+    /// Input height.
+    pub h: usize,
+    /// Input width.
+    pub w: usize,
+    /// Window height.
+    pub kh: usize,
+    /// Window width.
+    pub kw: usize,
+    /// Vertical stride.
+    pub sh: usize,
+    /// Horizontal stride.
+    pub sw: usize,
+    /// Output height `(h − kh)/sh + 1`.
+    pub oh: usize,
+    /// Output width `(w − kw)/sw + 1`.
+    pub ow: usize,
+}
+
+impl PoolGeom {
+    /// Validates and derives the output size. `None` for zero sizes, a window larger than the input,
+    /// or a plane too large for `u32` argmax indices.
+    pub fn new(c: usize, h: usize, w: usize, kh: usize, kw: usize, sh: usize, sw: usize) -> Option<Self> {
+        if c == 0 || h == 0 || w == 0 || kh == 0 || kw == 0 || sh == 0 || sw == 0 || kh > h || kw > w {
+            return None;
+        }
+        if h.checked_mul(w)? > u32::MAX as usize {
+            return None;
+        }
+        let oh = (h - kh) / sh + 1;
+        let ow = (w - kw) / sw + 1;
+        Some(Self { c, h, w, kh, kw, sh, sw, oh, ow })
+    }
+    /// Input elements per sample.
+    pub fn in_len(&self) -> usize {
+        self.c * self.h * self.w
+    }
+    /// Output elements per sample (also the argmax elements per sample).
+    pub fn out_len(&self) -> usize {
+        self.c * self.oh * self.ow
+    }
+}
+
+/// Max pooling of `n` samples. `argmax[o]` receives the index of the chosen element within its
+/// `h×w` plane (`iy·w + ix`); the first maximum in row-major window order wins, and a NaN wins
+/// (PyTorch semantics).
+pub fn maxpool_fwd<T: Real>(g: &PoolGeom, n: usize, x: &[T], y: &mut [T], argmax: &mut [u32]) {
+    let (hw, ohow) = (g.h * g.w, g.oh * g.ow);
+    let planes = n * g.c;
+    let xs = x[..planes * hw].chunks_exact(hw);
+    let ys = y[..planes * ohow].chunks_exact_mut(ohow);
+    let is = argmax[..planes * ohow].chunks_exact_mut(ohow);
+    for ((xp, yp), ap) in xs.zip(ys).zip(is) {
+        let rows = yp.chunks_exact_mut(g.ow).zip(ap.chunks_exact_mut(g.ow));
+        for (oy, (yr, ar)) in rows.enumerate() {
+            let iy0 = oy * g.sh;
+            for (ox, (yo, ao)) in yr.iter_mut().zip(ar.iter_mut()).enumerate() {
+                let ix0 = ox * g.sw;
+                let mut best = iy0 * g.w + ix0;
+                let mut m = xp[best];
+                for i in 0..g.kh {
+                    let row = (iy0 + i) * g.w + ix0;
+                    for (j, &v) in xp[row..row + g.kw].iter().enumerate() {
+                        // `v > m`, or v is NaN (the only value unordered with itself).
+                        if v > m || v.partial_cmp(&v).is_none() {
+                            m = v;
+                            best = row + j;
+                        }
+                    }
+                }
+                *yo = m;
+                *ao = best as u32;
+            }
+        }
+    }
+}
+
+/// Max-pooling backward: routes each `dy` to its argmax (`dx` zeroed first unless `accumulate`).
+/// Out-of-plane argmax values are ignored.
+pub fn maxpool_grad_x<T: Real>(g: &PoolGeom, n: usize, dy: &[T], argmax: &[u32], dx: &mut [T], accumulate: bool) {
+    let (hw, ohow) = (g.h * g.w, g.oh * g.ow);
+    let planes = n * g.c;
+    let dx = &mut dx[..planes * hw];
+    if !accumulate {
+        fill(dx, T::ZERO);
+    }
+    let ds = dy[..planes * ohow].chunks_exact(ohow);
+    let is = argmax[..planes * ohow].chunks_exact(ohow);
+    for ((dp, ap), xp) in ds.zip(is).zip(dx.chunks_exact_mut(hw)) {
+        for (&d, &a) in dp.iter().zip(ap) {
+            if let Some(t) = xp.get_mut(a as usize) {
+                *t += d;
+            }
+        }
+    }
+}
+
+/// Average pooling: each output is the window sum divided by `kh·kw` (no padding, so PyTorch's
+/// `count_include_pad` is moot).
+pub fn avgpool_fwd<T: Real>(g: &PoolGeom, n: usize, x: &[T], y: &mut [T]) {
+    let (hw, ohow) = (g.h * g.w, g.oh * g.ow);
+    let planes = n * g.c;
+    let cnt = T::from_usize(g.kh * g.kw);
+    let xs = x[..planes * hw].chunks_exact(hw);
+    let ys = y[..planes * ohow].chunks_exact_mut(ohow);
+    for (xp, yp) in xs.zip(ys) {
+        for (oy, yr) in yp.chunks_exact_mut(g.ow).enumerate() {
+            let iy0 = oy * g.sh;
+            for (ox, yo) in yr.iter_mut().enumerate() {
+                let ix0 = ox * g.sw;
+                let mut s = T::ZERO;
+                for i in 0..g.kh {
+                    let row = (iy0 + i) * g.w + ix0;
+                    for &v in &xp[row..row + g.kw] {
+                        s += v;
+                    }
+                }
+                *yo = s / cnt;
+            }
+        }
+    }
+}
+
+/// Average-pooling backward: `dx[window] += dy/(kh·kw)` (`dx` zeroed first unless `accumulate`).
+pub fn avgpool_grad_x<T: Real>(g: &PoolGeom, n: usize, dy: &[T], dx: &mut [T], accumulate: bool) {
+    let (hw, ohow) = (g.h * g.w, g.oh * g.ow);
+    let planes = n * g.c;
+    let cnt = T::from_usize(g.kh * g.kw);
+    let dx = &mut dx[..planes * hw];
+    if !accumulate {
+        fill(dx, T::ZERO);
+    }
+    let ds = dy[..planes * ohow].chunks_exact(ohow);
+    for (dp, xp) in ds.zip(dx.chunks_exact_mut(hw)) {
+        for (oy, dr) in dp.chunks_exact(g.ow).enumerate() {
+            let iy0 = oy * g.sh;
+            for (ox, &d) in dr.iter().enumerate() {
+                let ix0 = ox * g.sw;
+                let v = d / cnt;
+                for i in 0..g.kh {
+                    let row = (iy0 + i) * g.w + ix0;
+                    for t in &mut xp[row..row + g.kw] {
+                        *t += v;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Global average pooling: `y[s, c] = mean over the h·w plane` (`x` is `[n, c, hw]`, `y` is `[n, c]`).
+pub fn global_avgpool_fwd<T: Real>(n: usize, c: usize, hw: usize, x: &[T], y: &mut [T]) {
+    if hw == 0 {
+        return;
+    }
+    let cnt = T::from_usize(hw);
+    for (xp, yo) in x[..n * c * hw].chunks_exact(hw).zip(&mut y[..n * c]) {
+        *yo = sum(xp) / cnt;
+    }
+}
+
+/// Global average pooling backward: `dx = dy/hw` broadcast over each plane (or added when `accumulate`).
+pub fn global_avgpool_grad_x<T: Real>(n: usize, c: usize, hw: usize, dy: &[T], dx: &mut [T], accumulate: bool) {
+    if hw == 0 {
+        return;
+    }
+    let cnt = T::from_usize(hw);
+    for (xp, &d) in dx[..n * c * hw].chunks_exact_mut(hw).zip(&dy[..n * c]) {
+        let v = d / cnt;
+        if accumulate {
+            xp.iter_mut().for_each(|t| *t += v);
+        } else {
+            fill(xp, v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::testutil::*;
+    use crate::rng::Rng;
+
+    fn geoms() -> Vec<(PoolGeom, usize)> {
+        vec![
+            (PoolGeom::new(2, 6, 8, 2, 2, 2, 2).unwrap(), 3), // non-overlapping
+            (PoolGeom::new(3, 7, 6, 3, 2, 2, 1).unwrap(), 2), // overlapping, non-square, ragged edge
+            (PoolGeom::new(1, 5, 5, 3, 3, 1, 1).unwrap(), 2), // heavily overlapping
+        ]
+    }
+
+    #[test]
+    fn geometry() {
+        let g = PoolGeom::new(3, 7, 6, 3, 2, 2, 1).unwrap();
+        assert_eq!((g.oh, g.ow), (3, 5));
+        assert!(PoolGeom::new(1, 2, 2, 3, 1, 1, 1).is_none());
+        assert!(PoolGeom::new(1, 2, 2, 1, 1, 0, 1).is_none());
+        assert!(PoolGeom::new(0, 2, 2, 1, 1, 1, 1).is_none());
+    }
+
+    #[test]
+    fn maxpool_fd_exact_accumulate_f32() {
+        let mut rng = Rng::new(40);
+        for (g, n) in geoms() {
+            let x = distinct_vec(&mut rng, n * g.in_len());
+            let r = rand_vec(&mut rng, n * g.out_len(), -1.0, 1.0);
+            let mut y = vec![0.0; n * g.out_len()];
+            let mut am = vec![0u32; n * g.out_len()];
+            maxpool_fwd(&g, n, &x, &mut y, &mut am);
+            let mut dx = vec![7.0; n * g.in_len()];
+            maxpool_grad_x(&g, n, &r, &am, &mut dx, false);
+            let pre = rand_vec(&mut rng, n * g.in_len(), -1.0, 1.0);
+            let mut dacc = pre.clone();
+            maxpool_grad_x(&g, n, &r, &am, &mut dacc, true);
+            let fd = fd_grad(&x, |x| {
+                let mut y = vec![0.0; n * g.out_len()];
+                let mut am = vec![0u32; n * g.out_len()];
+                maxpool_fwd(&g, n, x, &mut y, &mut am);
+                dotf(&y, &r)
+            });
+            assert_close("maxpool dx", &dx, &fd, FD_TOL, FD_FLOOR);
+            assert_close("maxpool dx acc", &sub(&dacc, &pre), &fd, FD_TOL, FD_FLOOR);
+            // f32: max selection is exact, so outputs and gradients are bit-identical.
+            let mut y32 = vec![0.0f32; n * g.out_len()];
+            let mut am32 = vec![0u32; n * g.out_len()];
+            maxpool_fwd(&g, n, &to_f32(&x), &mut y32, &mut am32);
+            assert_eq!(widen(&y32), y);
+            assert_eq!(am32, am);
+        }
+    }
+
+    #[test]
+    fn maxpool_first_max_wins() {
+        let g = PoolGeom::new(1, 2, 4, 2, 2, 2, 2).unwrap();
+        let x = [1.0f32, 3.0, 5.0, 5.0, 3.0, 2.0, 5.0, 4.0];
+        let (mut y, mut am) = ([0.0f32; 2], [0u32; 2]);
+        maxpool_fwd(&g, 1, &x, &mut y, &mut am);
+        assert_eq!(y, [3.0, 5.0]);
+        assert_eq!(am, [1, 2]);
+    }
+
+    #[test]
+    fn avgpool_fd_accumulate_f32() {
+        let mut rng = Rng::new(41);
+        for (g, n) in geoms() {
+            let x = rand_vec(&mut rng, n * g.in_len(), -1.0, 1.0);
+            let r = rand_vec(&mut rng, n * g.out_len(), -1.0, 1.0);
+            let mut dx = vec![7.0; n * g.in_len()];
+            avgpool_grad_x(&g, n, &r, &mut dx, false);
+            let pre = rand_vec(&mut rng, n * g.in_len(), -1.0, 1.0);
+            let mut dacc = pre.clone();
+            avgpool_grad_x(&g, n, &r, &mut dacc, true);
+            let fd = fd_grad(&x, |x| {
+                let mut y = vec![0.0; n * g.out_len()];
+                avgpool_fwd(&g, n, x, &mut y);
+                dotf(&y, &r)
+            });
+            assert_close("avgpool dx", &dx, &fd, FD_TOL, FD_FLOOR);
+            assert_close("avgpool dx acc", &sub(&dacc, &pre), &fd, FD_TOL, FD_FLOOR);
+            // f32: ≤ 9-term sums of O(1) values then a division: ≤ ~10 ulps of the largest term;
+            // 1e-5 relative with a 1e-2 floor covers cancellation in near-zero averages.
+            let mut y = vec![0.0; n * g.out_len()];
+            avgpool_fwd(&g, n, &x, &mut y);
+            let mut y32 = vec![0.0f32; n * g.out_len()];
+            avgpool_fwd(&g, n, &to_f32(&x), &mut y32);
+            assert_close("avgpool f32", &widen(&y32), &y, 1e-5, 1e-2);
+            let mut dx32 = vec![0.0f32; n * g.in_len()];
+            avgpool_grad_x(&g, n, &to_f32(&r), &mut dx32, false);
+            assert_close("avgpool grad f32", &widen(&dx32), &dx, 1e-5, 1e-2);
+        }
+        // Exact: 2×2 mean.
+        let g = PoolGeom::new(1, 2, 2, 2, 2, 1, 1).unwrap();
+        let mut y = [0.0f32];
+        avgpool_fwd(&g, 1, &[1.0, 2.0, 3.0, 6.0], &mut y);
+        assert_eq!(y, [3.0]);
+    }
+
+    #[test]
+    fn global_avgpool_fd_accumulate_f32() {
+        let mut rng = Rng::new(42);
+        let (n, c, hw) = (3, 4, 13);
+        let x = rand_vec(&mut rng, n * c * hw, -1.0, 1.0);
+        let r = rand_vec(&mut rng, n * c, -1.0, 1.0);
+        let mut dx = vec![0.0; n * c * hw];
+        global_avgpool_grad_x(n, c, hw, &r, &mut dx, false);
+        let pre = rand_vec(&mut rng, n * c * hw, -1.0, 1.0);
+        let mut dacc = pre.clone();
+        global_avgpool_grad_x(n, c, hw, &r, &mut dacc, true);
+        let fd = fd_grad(&x, |x| {
+            let mut y = vec![0.0; n * c];
+            global_avgpool_fwd(n, c, hw, x, &mut y);
+            dotf(&y, &r)
+        });
+        assert_close("gap dx", &dx, &fd, FD_TOL, FD_FLOOR);
+        assert_close("gap dx acc", &sub(&dacc, &pre), &fd, FD_TOL, FD_FLOOR);
+        let mut y = vec![0.0; n * c];
+        global_avgpool_fwd(n, c, hw, &x, &mut y);
+        let mut y32 = vec![0.0f32; n * c];
+        global_avgpool_fwd(n, c, hw, &to_f32(&x), &mut y32);
+        // 13-term sums: as for avgpool.
+        assert_close("gap f32", &widen(&y32), &y, 1e-5, 1e-2);
+        let mut y1 = [0.0f64];
+        global_avgpool_fwd(1, 1, 4, &[1.0, 2.0, 3.0, 6.0], &mut y1);
+        assert_eq!(y1, [3.0]);
+    }
+}

@@ -1,0 +1,197 @@
+//! Planner properties on random DAG models.
+use alloc::format;
+use alloc::vec;
+use alloc::vec::Vec;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::exec::{Executor, Target};
+use crate::model::{Dims, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpec, Src};
+
+/// Builds a random but valid model from a list of choices: conv/bn/act/pool/residual blocks on a small
+/// image, then flatten and a linear head.
+fn random_model(choices: &[(u8, u8, bool)], c0: u32, hw: u32, optimizer: u8) -> ModelSpec {
+    let mut layers: Vec<LayerSpec> = Vec::new();
+    let mut shape = Dims::new(c0, hw, hw);
+    let mut same_shape: Vec<(usize, Dims)> = Vec::new();
+    let mut push = |layers: &mut Vec<LayerSpec>, kind: LayerKind, inputs: Vec<Src>, trainable: bool| {
+        let name = format!("l{}", layers.len());
+        layers.push(LayerSpec { name, kind, inputs, trainable });
+        Src::Layer(layers.len() as u32 - 1)
+    };
+    let mut cur = Src::Input;
+    for &(op, arg, trainable) in choices {
+        match op % 8 {
+            0 => {
+                let out = 1 + (arg % 4) as u32;
+                let k = if arg % 2 == 0 { 3 } else { 1 };
+                cur = push(
+                    &mut layers,
+                    LayerKind::Conv2d { out, kernel: [k, k], stride: [1, 1], padding: [k / 2, k / 2], groups: 1, bias: arg % 3 != 0 },
+                    vec![cur],
+                    trainable,
+                );
+                shape = Dims::new(out, shape.h, shape.w);
+            }
+            1 => {
+                let c = shape.c;
+                cur = push(
+                    &mut layers,
+                    LayerKind::Conv2d { out: c, kernel: [3, 3], stride: [1, 1], padding: [1, 1], groups: c, bias: false },
+                    vec![cur],
+                    trainable,
+                );
+            }
+            2 => cur = push(&mut layers, LayerKind::BatchNorm2d { eps: 1e-5, momentum: 0.1 }, vec![cur], trainable),
+            3 => {
+                let k = [LayerKind::Relu, LayerKind::Relu6, LayerKind::Sigmoid, LayerKind::Tanh][(arg % 4) as usize].clone();
+                cur = push(&mut layers, k, vec![cur], true);
+            }
+            4 if shape.h >= 2 => {
+                let k = if arg % 2 == 0 {
+                    LayerKind::MaxPool2d { kernel: [2, 2], stride: [2, 2] }
+                } else {
+                    LayerKind::AvgPool2d { kernel: [2, 2], stride: [2, 2] }
+                };
+                cur = push(&mut layers, k, vec![cur], true);
+                shape = Dims::new(shape.c, shape.h / 2, shape.w / 2);
+                same_shape.clear();
+            }
+            5 => {
+                if let Some(&(j, d)) = same_shape.iter().rev().nth((arg % 2) as usize) {
+                    if d == shape && Src::Layer(j as u32) != cur {
+                        cur = push(&mut layers, LayerKind::Add, vec![Src::Layer(j as u32), cur], true);
+                    }
+                }
+            }
+            6 => cur = push(&mut layers, LayerKind::Dropout { p: 0.25 }, vec![cur], true),
+            _ => {}
+        }
+        if let Src::Layer(j) = cur {
+            same_shape.push((j as usize, shape));
+        }
+    }
+    cur = push(&mut layers, LayerKind::Flatten, vec![cur], true);
+    push(&mut layers, LayerKind::Linear { out: 3, bias: true }, vec![cur], true);
+    let optimizer = match optimizer % 3 {
+        0 => OptimizerSpec::Sgd { lr: 0.05, momentum: 0.0, weight_decay: 0.0 },
+        1 => OptimizerSpec::Sgd { lr: 0.05, momentum: 0.9, weight_decay: 1e-3 },
+        _ => OptimizerSpec::Adam { lr: 1e-2, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 },
+    };
+    ModelSpec { input: Dims::new(c0, hw, hw), layers, loss: LossKind::SoftmaxCrossEntropy, optimizer, seed: 5 }
+}
+
+fn check_layout(p: &Plan) {
+    assert!(p.arena_bytes >= p.lower_bound, "arena {} below lower bound {}", p.arena_bytes, p.lower_bound);
+    for (i, a) in p.lives.iter().enumerate() {
+        assert_eq!(p.offsets[i] % ALIGN, 0);
+        assert!(p.offsets[i] + a.bytes <= p.arena_bytes);
+        for (j, b) in p.lives.iter().enumerate().skip(i + 1) {
+            let live_together = a.first <= b.last && b.first <= a.last;
+            let disjoint = p.offsets[i] + a.bytes <= p.offsets[j] || p.offsets[j] + b.bytes <= p.offsets[i];
+            assert!(!live_together || disjoint, "{} and {} overlap while both live", a.name, b.name);
+        }
+    }
+}
+
+fn run_steps(p: &Plan, steps: usize) -> Vec<f32> {
+    let mut arena = vec![0xA5u8; p.needed_bytes()];
+    let mut ex = Executor::new(p, &arena).unwrap();
+    ex.init_params(&mut arena, 9).unwrap();
+    let per = p.graph.input_dims.numel();
+    let n = p.graph.batch;
+    let mut rng = crate::rng::Rng::new(3);
+    let x: Vec<f32> = (0..n * per).map(|_| rng.uniform(-1.0, 1.0)).collect();
+    let y: Vec<u32> = (0..n).map(|i| (i % 3) as u32).collect();
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        out.push(ex.train_step(&mut arena, &x, Target::Classes(&y)).unwrap().loss);
+    }
+    for (_, _, t) in ex.state_tensors().collect::<Vec<_>>() {
+        out.extend_from_slice(ex.read(&mut arena, t).unwrap());
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// No two storages alive at the same execution order overlap; the arena is never below the bound.
+    #[test]
+    fn random_dags_never_overlap_live_tensors(
+        choices in proptest::collection::vec((any::<u8>(), any::<u8>(), any::<bool>()), 1..12),
+        c0 in 1u32..4, hw in 2u32..7, batch in 2usize..6, opt in any::<u8>(),
+    ) {
+        let spec = random_model(&choices, c0, hw, opt);
+        let g = match Graph::new(&spec, batch) { Ok(g) => g, Err(_) => return Ok(()) };
+        check_layout(&Plan::new(g));
+    }
+
+    /// In-place and view sharing never changes the maths: bit-identical losses and weights to a plan where
+    /// every tensor has its own storage.
+    #[test]
+    fn sharing_is_bit_exact(
+        choices in proptest::collection::vec((any::<u8>(), any::<u8>(), any::<bool>()), 1..10),
+        c0 in 1u32..3, hw in 2u32..6, batch in 2usize..5, opt in any::<u8>(),
+    ) {
+        let spec = random_model(&choices, c0, hw, opt);
+        let g = match Graph::new(&spec, batch) { Ok(g) => g, Err(_) => return Ok(()) };
+        let shared = Plan::new(g.clone());
+        let unshared = Plan::with_sharing(g, false);
+        prop_assert!(shared.arena_bytes <= unshared.arena_bytes);
+        let a = run_steps(&shared, 3);
+        let b = run_steps(&unshared, 3);
+        prop_assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(&b) {
+            prop_assert_eq!(x.to_bits(), y.to_bits());
+        }
+    }
+}
+
+#[test]
+fn relu_after_conv_shares_its_input_and_derivative() {
+    let spec = random_model(&[(0, 2, true), (3, 0, true)], 1, 4, 0);
+    let g = Graph::new(&spec, 2).unwrap();
+    let p = Plan::new(g);
+    let conv = &p.graph.nodes[0];
+    let relu = &p.graph.nodes[1];
+    assert_eq!(p.storage_of[conv.out as usize], p.storage_of[relu.out as usize]);
+    let d_relu_in = relu.d_in[0].unwrap().0;
+    assert_eq!(p.storage_of[d_relu_in as usize], p.storage_of[relu.d_out.unwrap() as usize]);
+}
+
+#[test]
+fn in_place_is_refused_when_the_input_is_still_needed() {
+    // conv → relu → add(conv.out, relu.out): relu may not overwrite conv.out, the add reads it later.
+    let mut spec = random_model(&[(0, 2, true)], 1, 4, 0);
+    spec.layers.truncate(1);
+    spec.layers.push(LayerSpec { name: "r".into(), kind: LayerKind::Relu, inputs: vec![Src::Layer(0)], trainable: true });
+    spec.layers.push(LayerSpec { name: "a".into(), kind: LayerKind::Add, inputs: vec![Src::Layer(0), Src::Layer(1)], trainable: true });
+    spec.layers.push(LayerSpec { name: "f".into(), kind: LayerKind::Flatten, inputs: vec![Src::Layer(2)], trainable: true });
+    spec.layers.push(LayerSpec { name: "fc".into(), kind: LayerKind::Linear { out: 3, bias: true }, inputs: vec![Src::Layer(3)], trainable: true });
+    let p = Plan::new(Graph::new(&spec, 2).unwrap());
+    let (c, r) = (&p.graph.nodes[0], &p.graph.nodes[1]);
+    assert_ne!(p.storage_of[c.out as usize], p.storage_of[r.out as usize]);
+    check_layout(&p);
+}
+
+#[test]
+fn frozen_layers_keep_no_gradient_and_no_saved_input() {
+    let mut spec = random_model(&[(0, 2, false), (3, 0, true)], 1, 4, 0);
+    spec.layers[0].trainable = false;
+    let g = Graph::new(&spec, 2).unwrap();
+    let conv = &g.nodes[0];
+    assert!(conv.params.iter().all(|p| p.grad.is_none() && p.state.is_empty()));
+    assert!(conv.d_in.iter().all(|d| d.is_none()));
+    let sched = Schedule::new(&g);
+    assert!(!sched.program.iter().any(|i| i.node == 0 && i.phase != Phase::Forward));
+}
+
+#[test]
+fn lower_bound_counts_peak_of_overlapping_lives() {
+    let l = |first, last, bytes| TensorLife { name: "t".into(), kind: TensorKind::Activation, bytes, first, last };
+    let lives = [l(0, 2, 64), l(1, 3, 128), l(3, 4, 64), l(5, 5, 512)];
+    assert_eq!(lower_bound(&lives), 512);
+    assert_eq!(lower_bound(&lives[..3]), 192);
+}
