@@ -1,1 +1,53 @@
-fn main() {}
+//! `cargo xtask <task>`:
+//! - `test`: everything CI checks — fmt, clippy, the workspace tests, and `frugal-core` built without
+//!   `std` for `thumbv7em-none-eabihf` and `wasm32-unknown-unknown`.
+//! - `bench memory [--only id,id] [--steps N]`: the reference workloads, each in a fresh process: arena,
+//!   lower bound, peak RSS over the process baseline, ms/step at one thread, beside PyTorch's and the
+//!   best peer's numbers measured on this machine kind.
+mod bench;
+
+use std::process::{Command, ExitCode};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let r = match args.first().map(String::as_str) {
+        Some("test") => test(),
+        Some("bench") => bench::main(&args[1..]),
+        Some("__bench-one") => bench::child(&args[1..]),
+        _ => {
+            eprintln!("usage: cargo xtask test | cargo xtask bench memory [--only linear,conv2d,...] [--steps N]");
+            Err("unknown task".into())
+        }
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn cargo(args: &[&str]) -> Result<(), String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    eprintln!("\n$ cargo {}", args.join(" "));
+    let st = Command::new(&cargo).args(args).status().map_err(|e| format!("cannot run cargo: {e}"))?;
+    if st.success() {
+        Ok(())
+    } else {
+        Err(format!("`cargo {}` failed ({st})", args.join(" ")))
+    }
+}
+
+fn test() -> Result<(), String> {
+    cargo(&["fmt", "--all", "--check"])?;
+    cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    cargo(&["test", "--workspace"])?;
+    for target in ["thumbv7em-none-eabihf", "wasm32-unknown-unknown"] {
+        cargo(&["build", "-p", "frugal-core", "--no-default-features", "--target", target])
+            .map_err(|e| format!("{e}\n(hint: `rustup target add {target}`)"))?;
+        cargo(&["build", "-p", "frugal-core", "--no-default-features", "--features", "alloc", "--target", target])?;
+    }
+    eprintln!("\nall checks passed");
+    Ok(())
+}

@@ -34,16 +34,25 @@ pub fn carve<'a, const K: usize>(arena: &'a mut [u8], reqs: [(usize, usize); K])
 
 /// Bytes as f32 (the planner aligns every offset to 64 bytes).
 pub fn f32s(b: &mut [u8]) -> Result<&mut [f32], ExecError> {
+    if b.is_empty() {
+        return Ok(&mut []); // an empty default slice has an unaligned dangling pointer
+    }
     bytemuck::try_cast_slice_mut(b).map_err(|_| ExecError::BadPlan("tensor is not 4-byte aligned"))
 }
 
 /// Read-only bytes as f32.
 pub fn f32s_ro(b: &[u8]) -> Result<&[f32], ExecError> {
+    if b.is_empty() {
+        return Ok(&[]);
+    }
     bytemuck::try_cast_slice(b).map_err(|_| ExecError::BadPlan("tensor is not 4-byte aligned"))
 }
 
 /// Bytes as u32 (max-pool arg-max indices).
 pub fn u32s(b: &mut [u8]) -> Result<&mut [u32], ExecError> {
+    if b.is_empty() {
+        return Ok(&mut []);
+    }
     bytemuck::try_cast_slice_mut(b).map_err(|_| ExecError::BadPlan("tensor is not 4-byte aligned"))
 }
 

@@ -76,6 +76,30 @@ impl From<BudgetError> for ExecError {
     }
 }
 
+/// Sees the arena after every instruction of a step (tests, tracing, memory instrumentation). The
+/// arena slice is the aligned arena, so [`Plan::region`] offsets index it directly.
+pub trait Observer {
+    /// Called after instruction `eo` ran.
+    fn after(&mut self, eo: usize, ins: &Instr, arena: &[u8]);
+}
+
+impl Observer for () {
+    #[inline]
+    fn after(&mut self, _: usize, _: &Instr, _: &[u8]) {}
+}
+
+impl<F: FnMut(usize, &Instr, &[u8])> Observer for F {
+    fn after(&mut self, eo: usize, ins: &Instr, arena: &[u8]) {
+        self(eo, ins, arena)
+    }
+}
+
+/// Tensor `t` (whole) from an aligned arena slice as handed to an [`Observer`].
+pub fn view<'a>(plan: &Plan, arena: &'a [u8], t: TensorId) -> Option<&'a [f32]> {
+    let (off, len) = plan.region(t)?;
+    f32s_ro(arena.get(off..off + len)?).ok()
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Train,
@@ -246,13 +270,24 @@ impl<'p, B: Backend> Executor<'p, B> {
     /// One training step (forward, loss, backward, update) on `n = x.len() / sample_size` samples.
     /// Non-finite input or loss rejects the step before any weight changes.
     pub fn train_step(&mut self, arena: &mut [u8], x: &[f32], target: Target<'_>) -> Result<StepStats, ExecError> {
+        self.train_step_observed(arena, x, target, &mut ())
+    }
+
+    /// [`Executor::train_step`] calling `obs` after every instruction.
+    pub fn train_step_observed(
+        &mut self,
+        arena: &mut [u8],
+        x: &[f32],
+        target: Target<'_>,
+        obs: &mut impl Observer,
+    ) -> Result<StepStats, ExecError> {
         let n = self.check_batch(x, Some(target))?;
         let plan = self.plan;
         let a = self.arena(arena)?;
         let mut stats = StepStats { samples: n, ..StepStats::default() };
         let ctx = StepCtx { t: self.steps + 1 };
         let step_seed = hash2(plan.graph.seed, self.steps as u64);
-        for ins in &plan.program {
+        for (eo, ins) in plan.program.iter().enumerate() {
             if ins.placement != Placement::Cpu && ins.placement != self.backend.placement() {
                 return Err(ExecError::Placement(ins.placement));
             }
@@ -263,9 +298,10 @@ impl<'p, B: Backend> Executor<'p, B> {
                 }
                 stats.loss = loss;
                 stats.correct = correct;
-                continue;
+            } else {
+                run_instr(plan, a, ins, n, x, Mode::Train, step_seed, ctx)?;
             }
-            run_instr(plan, a, ins, n, x, Mode::Train, step_seed, ctx)?;
+            obs.after(eo, ins, a);
         }
         self.steps += 1;
         Ok(stats)

@@ -157,9 +157,6 @@ impl Writer {
     fn u8(&mut self, v: u8) {
         self.0.push(v)
     }
-    fn u16(&mut self, v: u16) {
-        self.0.extend_from_slice(&v.to_le_bytes())
-    }
     fn u32(&mut self, v: u32) {
         self.0.extend_from_slice(&v.to_le_bytes())
     }

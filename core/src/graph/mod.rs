@@ -574,12 +574,12 @@ impl<'a> Builder<'a> {
         }
 
         // Backward pass: derivative tensors. d(t) exists for every activation t that requires grad.
-        let mut deriv: hashbrown::HashMap<TensorId, (TensorId, bool)> = hashbrown::HashMap::new();
+        let mut deriv: alloc::collections::BTreeMap<TensorId, (TensorId, bool)> = alloc::collections::BTreeMap::new();
         let pred_elems = self.batched(last.1, "prediction")?;
         let d_pred = self.tensor(format!("d({})", self.tensors[last.0 as usize].name), TensorKind::Derivative, pred_elems, Share::ModifyView(last.0))?;
         deriv.insert(last.0, (d_pred, false));
         // Number of consumers of each tensor (to decide whether a view's derivative can be a view).
-        let mut consumers: hashbrown::HashMap<TensorId, u32> = hashbrown::HashMap::new();
+        let mut consumers: alloc::collections::BTreeMap<TensorId, u32> = alloc::collections::BTreeMap::new();
         for nd in &nodes {
             for &t in &nd.inputs {
                 *consumers.entry(t).or_insert(0) += 1;

@@ -53,11 +53,19 @@ pub struct MatRef<'a, T> {
 impl<'a, T> MatRef<'a, T> {
     /// Row-major matrix with `cols` columns.
     pub fn row_major(data: &'a [T], cols: usize) -> Self {
-        Self { data, rs: cols, cs: 1 }
+        Self {
+            data,
+            rs: cols,
+            cs: 1,
+        }
     }
     /// The transpose of a row-major matrix with `cols` columns (i.e. column-major view).
     pub fn row_major_t(data: &'a [T], cols: usize) -> Self {
-        Self { data, rs: 1, cs: cols }
+        Self {
+            data,
+            rs: 1,
+            cs: cols,
+        }
     }
 }
 
@@ -89,9 +97,21 @@ const PORTABLE_NR: usize = 4;
 const PORTABLE_NR: usize = 8;
 const PORTABLE_MR: usize = 4;
 
-const SPEC_PORTABLE: Spec = Spec { mr: PORTABLE_MR, nr: PORTABLE_NR, vl: PORTABLE_NR };
-const SPEC_AVX2: Spec = Spec { mr: 6, nr: 16, vl: 8 };
-const SPEC_AVX512: Spec = Spec { mr: 8, nr: 48, vl: 16 };
+const SPEC_PORTABLE: Spec = Spec {
+    mr: PORTABLE_MR,
+    nr: PORTABLE_NR,
+    vl: PORTABLE_NR,
+};
+const SPEC_AVX2: Spec = Spec {
+    mr: 6,
+    nr: 16,
+    vl: 8,
+};
+const SPEC_AVX512: Spec = Spec {
+    mr: 8,
+    nr: 48,
+    vl: 16,
+};
 /// Every kernel this crate has on any target: the scratch formula is the maximum over them, so a plan
 /// sized on one machine is valid (fast path included) on every other.
 const ALL_SPECS: [Spec; 3] = [SPEC_PORTABLE, SPEC_AVX2, SPEC_AVX512];
@@ -128,7 +148,12 @@ impl Blocking {
         // The widest block is min(nc, n) columns: full panels of nr, then one panel rounded up to vl.
         let b_len = kc * round_up(nc.min(n), spec.vl);
         let a_len = round_up(spec.mr * kc, ALIGN);
-        Self { kc, nc, a_len, b_len }
+        Self {
+            kc,
+            nc,
+            a_len,
+            b_len,
+        }
     }
     fn len(&self) -> usize {
         self.a_len + self.b_len
@@ -153,7 +178,11 @@ fn spec_scratch_len(spec: Spec, m: usize, n: usize, k: usize) -> usize {
 /// elements, 18 KiB). It does not depend on the CPU, so a plan made on one machine holds on another.
 /// It is 0 when `m`, `n` or `k` is 0. A shorter scratch still works (smaller blocks, or an unpacked loop).
 pub fn gemm_scratch_len(m: usize, n: usize, k: usize) -> usize {
-    ALL_SPECS.iter().map(|&s| spec_scratch_len(s, m, n, k)).max().unwrap_or(0)
+    ALL_SPECS
+        .iter()
+        .map(|&s| spec_scratch_len(s, m, n, k))
+        .max()
+        .unwrap_or(0)
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -213,7 +242,7 @@ impl SgemmKernel {
 
     /// The fastest available kernel (probed once and cached with `std`; fixed at compile time without).
     pub fn selected() -> Self {
-        #[cfg(all(feature = "std", target_arch = "x86_64", not(miri)))]
+        #[cfg(all(any(feature = "std", test), target_arch = "x86_64", not(miri)))]
         {
             use core::sync::atomic::{AtomicU8, Ordering};
             static CHOICE: AtomicU8 = AtomicU8::new(0);
@@ -238,7 +267,7 @@ impl SgemmKernel {
             };
             kind
         }
-        #[cfg(not(all(feature = "std", target_arch = "x86_64", not(miri))))]
+        #[cfg(not(all(any(feature = "std", test), target_arch = "x86_64", not(miri))))]
         {
             Self::best()
         }
@@ -273,7 +302,18 @@ pub fn sgemm(
     accumulate: bool,
     scratch: &mut [f32],
 ) {
-    sgemm_with(SgemmKernel::selected(), m, n, k, a, b, c, ldc, accumulate, scratch)
+    sgemm_with(
+        SgemmKernel::selected(),
+        m,
+        n,
+        k,
+        a,
+        b,
+        c,
+        ldc,
+        accumulate,
+        scratch,
+    )
 }
 
 /// [`sgemm`] with a chosen kernel family; falls back to [`SgemmKernel::Portable`] when `kernel` is not
@@ -299,7 +339,10 @@ pub fn sgemm_with(
     }
     assert!(m == 1 || ldc >= n, "sgemm: ldc ({ldc}) < n ({n})");
     let c_need = (m - 1).checked_mul(ldc).and_then(|x| x.checked_add(n));
-    assert!(c_need.is_some_and(|need| c.len() >= need), "sgemm: C too short");
+    assert!(
+        c_need.is_some_and(|need| c.len() >= need),
+        "sgemm: C too short"
+    );
     if k == 0 {
         if !accumulate {
             for i in 0..m {
@@ -312,7 +355,15 @@ pub fn sgemm_with(
     // i < m, p < k has index ≤ (m-1)·rs + (k-1)·cs < len, and that sum does not overflow.
     assert!(addressable(a, m, k), "sgemm: A too short for its strides");
     assert!(addressable(b, k, n), "sgemm: B too short for its strides");
-    let p = Problem { m, n, k, a, b, ldc, accumulate };
+    let p = Problem {
+        m,
+        n,
+        k,
+        a,
+        b,
+        ldc,
+        accumulate,
+    };
     match kernel {
         #[cfg(all(target_arch = "x86_64", not(miri)))]
         SgemmKernel::Avx512 => {
@@ -378,24 +429,66 @@ struct Problem<'a> {
     accumulate: bool,
 }
 
+/// One register tile's operands: `C[rows×cols] (+)= A·B` over `kc` depth steps, where `C` (passed
+/// alongside) starts at the tile's first element with row stride `ldc`.
+#[derive(Clone, Copy, Debug)]
+struct Tile<'a> {
+    kc: usize,
+    /// A rows: element (r, p) at `r·a_rs + p·a_ps`; a packed panel (`a_rs = 1`, `a_ps = mr`) or A in place.
+    a: &'a [f32],
+    a_rs: usize,
+    a_ps: usize,
+    /// B rows: element (p, j) at `p·ldb + j`; either a packed panel (`ldb` its width) or B in place.
+    b: &'a [f32],
+    ldb: usize,
+    /// Whether every B row holds `round_up(cols, vl)` readable elements (a zero-padded packed panel).
+    b_padded: bool,
+    ldc: usize,
+    rows: usize,
+    cols: usize,
+    /// Add to C instead of overwriting it.
+    acc: bool,
+}
+
 /// A micro-kernel family: packing routines plus the register-tile kernel.
 ///
-/// Packed layouts: an A panel holds `mr` rows: element (r, p) at `p·mr + r`, rows past the edge zero.
-/// A B panel of width `w` (`nr`, or less for the last panel, a multiple of `vl`) holds element (p, j)
-/// at `p·w + j`, columns past the edge zero. Panel `q` of a B block starts at `q·nr·kc`.
+/// Packed layouts: an A panel holds `mr` rows: element (r, p) at `p·mr + r`. A B panel of width `w`
+/// (`nr`, or less for the last panel, a multiple of `vl`) holds element (p, j) at `p·w + j`. Panel `q`
+/// of a B block starts at `q·nr·kc`. Rows/columns past the edge are zero where a kernel reads them
+/// (portable: both; AVX2: B columns), else left as they were (exact-height kernels, masked loads).
 trait Kernel: Copy {
     const SPEC: Spec;
+    /// Whether [`Kernel::tile`] can read a row-major B in place (`b_padded == false`).
+    const B_IN_PLACE: bool;
+    /// Whether [`Kernel::tile`] can read A in place (any `a_rs`, `a_ps`).
+    const A_IN_PLACE: bool;
     /// Packs one A panel: `rows ≤ mr` lanes with stride `ls`, `kc` deep with stride `ps`, starting at
     /// `base` in `src`, into `dst[..mr·kc]`.
     #[allow(clippy::too_many_arguments)]
-    fn pack_a(self, src: &[f32], base: usize, ls: usize, ps: usize, rows: usize, kc: usize, dst: &mut [f32]);
+    fn pack_a(
+        self,
+        src: &[f32],
+        base: usize,
+        ls: usize,
+        ps: usize,
+        rows: usize,
+        kc: usize,
+        dst: &mut [f32],
+    );
     /// Packs a B block of `nc` columns (stride `ls`), `kc` deep (stride `ps`), into consecutive panels.
     #[allow(clippy::too_many_arguments)]
-    fn pack_b(self, src: &[f32], base: usize, ls: usize, ps: usize, nc: usize, kc: usize, dst: &mut [f32]);
-    /// `C[rows×cols] (+)= Apanel·Bpanel` where `c` starts at the tile's first element (row stride `ldc`),
-    /// `b` is a panel of width `w`.
-    #[allow(clippy::too_many_arguments)]
-    fn tile(self, kc: usize, a: &[f32], b: &[f32], w: usize, c: &mut [f32], ldc: usize, rows: usize, cols: usize, acc: bool);
+    fn pack_b(
+        self,
+        src: &[f32],
+        base: usize,
+        ls: usize,
+        ps: usize,
+        nc: usize,
+        kc: usize,
+        dst: &mut [f32],
+    );
+    /// Runs one register tile.
+    fn tile(self, t: &Tile<'_>, c: &mut [f32]);
 }
 
 /// Width of the B panel starting at column `j` of a block of `nc` columns.
@@ -419,35 +512,91 @@ fn pack_b_panels(
     for j in (0..nc).step_by(spec.nr) {
         let w = panel_width(spec, nc, j);
         let lanes = spec.nr.min(nc - j);
-        pack_panel(src, base + j * ls, ls, ps, lanes, w, kc, &mut dst[j * kc..j * kc + w * kc]);
+        pack_panel(
+            src,
+            base + j * ls,
+            ls,
+            ps,
+            lanes,
+            w,
+            kc,
+            &mut dst[j * kc..j * kc + w * kc],
+        );
     }
 }
 
+/// A row-major B is read in place instead of packed when A has at most this many rows (so each B element
+/// feeds at most 64 FMAs, too few to pay for copying it) and either A has at most 8 rows (one panel: B is
+/// read exactly once) or B's row stride is at most [`B_IN_PLACE_MAX_RS`] elements (larger strides, above
+/// all powers of two ≥ 1024, defeat the caches and prefetchers; packing wins there).
+const B_IN_PLACE_MAX_M: usize = 64;
+/// See [`B_IN_PLACE_MAX_M`].
+const B_IN_PLACE_MAX_RS: usize = 512;
+/// A row-major B of at most this many elements (32 KiB, small k) is always read in place: it stays in L1.
+const B_IN_PLACE_L1: usize = 8192;
+/// A (row- or column-major) is read in place instead of packed when C has at most this many columns: each
+/// A panel then feeds at most two register tiles, too few to pay for copying it.
+const A_IN_PLACE_MAX_N: usize = 96;
+
 fn drive<K: Kernel>(kern: K, p: &Problem<'_>, c: &mut [f32], scratch: &mut [f32]) {
     let spec = K::SPEC;
-    let Some((blk, off)) = fit(spec, p.n, p.k, scratch) else {
+    let (m, n, k, a, b, ldc) = (p.m, p.n, p.k, p.a, p.b, p.ldc);
+    let b_in_place = K::B_IN_PLACE
+        && b.cs == 1
+        && (k * n <= B_IN_PLACE_L1
+            || (m <= B_IN_PLACE_MAX_M && (m <= 8 || b.rs <= B_IN_PLACE_MAX_RS)));
+    let a_in_place = K::A_IN_PLACE && (a.rs == 1 || a.cs == 1) && n <= A_IN_PLACE_MAX_N;
+    let Some((blk, off)) = fit(spec, n, k, !a_in_place, !b_in_place, scratch) else {
         return unpacked(p, c);
     };
+    let mr = spec.mr;
     let (apack, rest) = scratch[off..].split_at_mut(blk.a_len);
     let bpack = &mut rest[..blk.b_len];
-    let (m, n, k, a, b, ldc) = (p.m, p.n, p.k, p.a, p.b, p.ldc);
     for jc in (0..n).step_by(blk.nc) {
         let nc = blk.nc.min(n - jc);
         for (pi, pc) in (0..k).step_by(blk.kc).enumerate() {
             let kc = blk.kc.min(k - pc);
-            let acc = p.accumulate || pi > 0;
-            kern.pack_b(b.data, pc * b.rs + jc * b.cs, b.cs, b.rs, nc, kc, bpack);
-            for ir in (0..m).step_by(spec.mr) {
-                let rows = spec.mr.min(m - ir);
-                let ap = &mut apack[..spec.mr * kc];
-                kern.pack_a(a.data, ir * a.rs + pc * a.cs, a.rs, a.cs, rows, kc, ap);
+            if !b_in_place {
+                kern.pack_b(b.data, pc * b.rs + jc * b.cs, b.cs, b.rs, nc, kc, bpack);
+            }
+            for ir in (0..m).step_by(mr) {
+                let rows = mr.min(m - ir);
+                let a0 = ir * a.rs + pc * a.cs;
+                let (at, a_rs, a_ps) = if a_in_place {
+                    (
+                        &a.data[a0..a0 + (rows - 1) * a.rs + (kc - 1) * a.cs + 1],
+                        a.rs,
+                        a.cs,
+                    )
+                } else {
+                    let ap = &mut apack[..spec.mr * kc];
+                    kern.pack_a(a.data, a0, a.rs, a.cs, rows, kc, ap);
+                    (&*ap, 1, spec.mr)
+                };
                 for jr in (0..nc).step_by(spec.nr) {
                     let cols = spec.nr.min(nc - jr);
-                    let w = panel_width(spec, nc, jr);
-                    let bp = &bpack[jr * kc..jr * kc + w * kc];
+                    let (bt, ldb) = if b_in_place {
+                        let b0 = pc * b.rs + jc + jr;
+                        (&b.data[b0..b0 + (kc - 1) * b.rs + cols], b.rs)
+                    } else {
+                        let w = panel_width(spec, nc, jr);
+                        (&bpack[jr * kc..jr * kc + w * kc], w)
+                    };
+                    let t = Tile {
+                        kc,
+                        a: at,
+                        a_rs,
+                        a_ps,
+                        b: bt,
+                        ldb,
+                        b_padded: !b_in_place,
+                        ldc,
+                        rows,
+                        cols,
+                        acc: p.accumulate || pi > 0,
+                    };
                     let c0 = ir * ldc + jc + jr;
-                    let ct = &mut c[c0..c0 + (rows - 1) * ldc + cols];
-                    kern.tile(kc, ap, bp, w, ct, ldc, rows, cols, acc);
+                    kern.tile(&t, &mut c[c0..c0 + (rows - 1) * ldc + cols]);
                 }
             }
         }
@@ -455,27 +604,44 @@ fn drive<K: Kernel>(kern: K, p: &Problem<'_>, c: &mut [f32], scratch: &mut [f32]
 }
 
 /// Block sizes that fit `scratch`, and the offset of the (64-byte aligned when possible) packed region.
-/// `None` when not even a one-deep panel pair fits.
-fn fit(spec: Spec, n: usize, k: usize, scratch: &[f32]) -> Option<(Blocking, usize)> {
+/// Regions not packed (`pack_a`, `pack_b` false) get no room. `None` when not even a one-deep panel pair
+/// fits.
+fn fit(
+    spec: Spec,
+    n: usize,
+    k: usize,
+    pack_a: bool,
+    pack_b: bool,
+    scratch: &[f32],
+) -> Option<(Blocking, usize)> {
     let len = scratch.len();
     let off = match scratch.as_ptr().align_offset(64) {
         o if o < ALIGN => o,
         _ => 0,
     };
-    let ideal = Blocking::new(spec, n, k, KC, NC);
+    let strip = |mut blk: Blocking| {
+        if !pack_a {
+            blk.a_len = 0;
+        }
+        if !pack_b {
+            blk.b_len = 0;
+        }
+        blk
+    };
+    let ideal = strip(Blocking::new(spec, n, k, KC, NC));
     for o in [off, 0] {
         if o + ideal.len() <= len {
             return Some((ideal, o));
         }
     }
     // Degrade: one B panel per block and as deep a k block as fits.
-    let w = spec.nr.min(round_up(n, spec.vl));
-    let per_k = round_up(spec.mr, ALIGN) + w; // generous: a_len rounds mr·kc up to ALIGN
+    let per_k = if pack_a { round_up(spec.mr, ALIGN) } else { 0 } // generous: a_len rounds up to ALIGN
+        + if pack_b { spec.nr.min(round_up(n, spec.vl)) } else { 0 };
     let kc_cap = (len / per_k).min(KC);
     if kc_cap == 0 {
         return None;
     }
-    let blk = Blocking::new(spec, n, k, kc_cap, spec.nr);
+    let blk = strip(Blocking::new(spec, n, k, kc_cap, spec.nr));
     (blk.len() <= len).then_some((blk, 0))
 }
 
@@ -525,7 +691,16 @@ struct Portable;
 /// Packs `lanes` lanes (stride `ls`) × `kc` depth (stride `ps`) from `src[base..]` into `dst` with lane
 /// stride 1 and depth stride `w`, zero-filling lanes `lanes..w`. Safe, bounds-checked, any strides.
 #[allow(clippy::too_many_arguments)]
-fn pack_panel_generic(src: &[f32], base: usize, ls: usize, ps: usize, lanes: usize, w: usize, kc: usize, dst: &mut [f32]) {
+fn pack_panel_generic(
+    src: &[f32],
+    base: usize,
+    ls: usize,
+    ps: usize,
+    lanes: usize,
+    w: usize,
+    kc: usize,
+    dst: &mut [f32],
+) {
     for (p, d) in dst.chunks_exact_mut(w).take(kc).enumerate() {
         let s0 = base + p * ps;
         if ls == 1 {
@@ -535,32 +710,74 @@ fn pack_panel_generic(src: &[f32], base: usize, ls: usize, ps: usize, lanes: usi
                 *x = src[s0 + l * ls];
             }
         }
-        d[lanes..].fill(0.0);
+        if lanes < w {
+            d[lanes..].fill(0.0);
+        }
     }
+}
+
+/// The register tile `Σ_p a[p] ⊗ b[p]`. Fixed-size rows and a separate function (so nothing around it
+/// keeps the accumulators in memory) let LLVM unroll it completely and keep the tile in vector registers.
+#[inline(never)]
+fn portable_product(a: &[[f32; PORTABLE_MR]], b: &[[f32; PORTABLE_NR]]) -> [[f32; PORTABLE_NR]; PORTABLE_MR] {
+    let mut acc = [[0.0f32; PORTABLE_NR]; PORTABLE_MR];
+    for (ap, bp) in a.iter().zip(b) {
+        for (row, &x) in acc.iter_mut().zip(ap) {
+            for (s, &y) in row.iter_mut().zip(bp) {
+                *s += x * y;
+            }
+        }
+    }
+    acc
 }
 
 impl Kernel for Portable {
     const SPEC: Spec = SPEC_PORTABLE;
-    fn pack_a(self, src: &[f32], base: usize, ls: usize, ps: usize, rows: usize, kc: usize, dst: &mut [f32]) {
+    const B_IN_PLACE: bool = false;
+    const A_IN_PLACE: bool = false;
+    fn pack_a(
+        self,
+        src: &[f32],
+        base: usize,
+        ls: usize,
+        ps: usize,
+        rows: usize,
+        kc: usize,
+        dst: &mut [f32],
+    ) {
         pack_panel_generic(src, base, ls, ps, rows, PORTABLE_MR, kc, dst)
     }
-    fn pack_b(self, src: &[f32], base: usize, ls: usize, ps: usize, nc: usize, kc: usize, dst: &mut [f32]) {
-        pack_b_panels(Self::SPEC, src, base, ls, ps, nc, kc, dst, pack_panel_generic)
+    fn pack_b(
+        self,
+        src: &[f32],
+        base: usize,
+        ls: usize,
+        ps: usize,
+        nc: usize,
+        kc: usize,
+        dst: &mut [f32],
+    ) {
+        pack_b_panels(
+            Self::SPEC,
+            src,
+            base,
+            ls,
+            ps,
+            nc,
+            kc,
+            dst,
+            pack_panel_generic,
+        )
     }
-    fn tile(self, kc: usize, a: &[f32], b: &[f32], w: usize, c: &mut [f32], ldc: usize, rows: usize, cols: usize, acc: bool) {
-        debug_assert_eq!(w, PORTABLE_NR);
-        let mut t = [[0.0f32; PORTABLE_NR]; PORTABLE_MR];
-        for (ap, bp) in a.chunks_exact(PORTABLE_MR).zip(b.chunks_exact(PORTABLE_NR)).take(kc) {
-            for (tr, &x) in t.iter_mut().zip(ap) {
-                for (tv, &y) in tr.iter_mut().zip(bp) {
-                    *tv += x * y;
-                }
-            }
-        }
-        for (r, tr) in t.iter().enumerate().take(rows) {
-            let dst = &mut c[r * ldc..r * ldc + cols];
-            for (d, &s) in dst.iter_mut().zip(tr) {
-                *d = if acc { *d + s } else { s };
+    fn tile(self, t: &Tile<'_>, c: &mut [f32]) {
+        debug_assert!(t.b_padded && t.ldb == PORTABLE_NR && t.a_rs == 1 && t.a_ps == PORTABLE_MR);
+        let (a, _) = t.a.as_chunks::<PORTABLE_MR>();
+        let (b, _) = t.b.as_chunks::<PORTABLE_NR>();
+        let acc = portable_product(&a[..t.kc], &b[..t.kc]);
+        for (r, row) in acc.iter().enumerate().take(t.rows) {
+            let dst = &mut c[r * t.ldc..r * t.ldc + t.cols];
+            for (d, &s) in dst.iter_mut().zip(row) {
+                *d = if t.acc { *d + s } else { s };
             }
         }
     }

@@ -24,7 +24,11 @@ fn keep_scale<T: Real>(p: f32) -> T {
 pub fn dropout_fwd<T: Real>(p: f32, seed: u64, x: &[T], y: &mut [T]) {
     let s = keep_scale::<T>(p);
     for (i, (y, &x)) in y.iter_mut().zip(x).enumerate() {
-        *y = if dropout_keep(p, seed, i) { x * s } else { T::ZERO };
+        *y = if dropout_keep(p, seed, i) {
+            x * s
+        } else {
+            T::ZERO
+        };
     }
 }
 
@@ -32,7 +36,11 @@ pub fn dropout_fwd<T: Real>(p: f32, seed: u64, x: &[T], y: &mut [T]) {
 pub fn dropout_fwd_inplace<T: Real>(p: f32, seed: u64, y: &mut [T]) {
     let s = keep_scale::<T>(p);
     for (i, y) in y.iter_mut().enumerate() {
-        *y = if dropout_keep(p, seed, i) { *y * s } else { T::ZERO };
+        *y = if dropout_keep(p, seed, i) {
+            *y * s
+        } else {
+            T::ZERO
+        };
     }
 }
 
@@ -47,7 +55,11 @@ pub fn dropout_grad<T: Real>(p: f32, seed: u64, dy: &[T], dx: &mut [T], accumula
         }
     } else {
         for (i, (dx, &dy)) in dx.iter_mut().zip(dy).enumerate() {
-            *dx = if dropout_keep(p, seed, i) { dy * s } else { T::ZERO };
+            *dx = if dropout_keep(p, seed, i) {
+                dy * s
+            } else {
+                T::ZERO
+            };
         }
     }
 }
@@ -58,6 +70,7 @@ pub fn dropout_grad_inplace<T: Real>(p: f32, seed: u64, d: &mut [T]) {
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)]
 mod tests {
     use super::*;
     use crate::ops::testutil::*;

@@ -109,17 +109,8 @@ pub(crate) fn combine<T: Real>(a: [T; LANES]) -> T {
     ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
 }
 
-/// |x| (not in [`Real`]).
-#[inline(always)]
-pub(crate) fn abs<T: Real>(x: T) -> T {
-    if x < T::ZERO {
-        -x
-    } else {
-        x
-    }
-}
-
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)]
 mod tests {
     use super::*;
     use crate::ops::testutil::*;
@@ -184,6 +175,5 @@ mod tests {
         assert_eq!(y[3], 16.0);
         fill(&mut y, 5.0);
         assert_eq!(sum(&y), 105.0);
-        assert_eq!(abs(-3.0f32), 3.0);
     }
 }

@@ -58,16 +58,16 @@ pub fn linear_grad_w<T: Real>(
         dw[..fout * fin].iter_mut().for_each(|v| *v = T::ZERO);
     } else {
         gemm(
-        fout,
-        fin,
-        n,
-        MatRef::row_major_t(dy, fout),
-        MatRef::row_major(x, fin),
-        &mut dw[..fout * fin],
-        fin,
-        false,
-        scratch,
-    );
+            fout,
+            fin,
+            n,
+            MatRef::row_major_t(dy, fout),
+            MatRef::row_major(x, fin),
+            &mut dw[..fout * fin],
+            fin,
+            false,
+            scratch,
+        );
     }
     if let Some(db) = db {
         let db = &mut db[..fout];
@@ -108,6 +108,7 @@ pub fn linear_grad_x<T: Real>(
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)]
 mod tests {
     use super::*;
     use crate::ops::testutil::*;
@@ -147,7 +148,8 @@ mod tests {
             let c = case(&mut rng, n, fin, fout);
             let r = rand_vec(&mut rng, n * fout, -1.0, 1.0);
             let mut s = vec![0.0; linear_scratch_len(n, fin, fout)];
-            let (mut dw, mut db, mut dx) = (vec![9.0; fout * fin], vec![9.0; fout], vec![9.0; n * fin]);
+            let (mut dw, mut db, mut dx) =
+                (vec![9.0; fout * fin], vec![9.0; fout], vec![9.0; n * fin]);
             linear_grad_w(n, fin, fout, &c.x, &r, &mut dw, Some(&mut db), &mut s);
             linear_grad_x(n, fin, fout, &r, &c.w, &mut dx, false, &mut s);
             let pre = rand_vec(&mut rng, n * fin, -1.0, 1.0);
@@ -170,7 +172,16 @@ mod tests {
         let w = [1.0f32, 0.0, 2.0, -1.0, 0.0, 3.0];
         let mut y = [0.0f32; 3];
         let mut s = vec![0.0f32; linear_scratch_len(1, 2, 3)];
-        linear_fwd(1, 2, 3, &[1.0, 2.0], &w, Some(&[0.5, 0.0, -1.0]), &mut y, &mut s);
+        linear_fwd(
+            1,
+            2,
+            3,
+            &[1.0, 2.0],
+            &w,
+            Some(&[0.5, 0.0, -1.0]),
+            &mut y,
+            &mut s,
+        );
         assert_eq!(y, [1.5, 0.0, 5.0]);
         linear_fwd(1, 2, 3, &[1.0, 2.0], &w, None, &mut y, &mut s);
         assert_eq!(y, [1.0, 0.0, 6.0]);
@@ -195,9 +206,22 @@ mod tests {
         let mut s = vec![0.0; linear_scratch_len(n, fin, fout)];
         let mut s32 = vec![0.0f32; linear_scratch_len(n, fin, fout)];
         let (mut dw, mut db, mut dx) = (vec![0.0; fout * fin], vec![0.0; fout], vec![0.0; n * fin]);
-        let (mut dw32, mut db32, mut dx32) = (vec![0f32; fout * fin], vec![0f32; fout], vec![0f32; n * fin]);
+        let (mut dw32, mut db32, mut dx32) = (
+            vec![0f32; fout * fin],
+            vec![0f32; fout],
+            vec![0f32; n * fin],
+        );
         linear_grad_w(n, fin, fout, &c.x, &r, &mut dw, Some(&mut db), &mut s);
-        linear_grad_w(n, fin, fout, &x32, &r32, &mut dw32, Some(&mut db32), &mut s32);
+        linear_grad_w(
+            n,
+            fin,
+            fout,
+            &x32,
+            &r32,
+            &mut dw32,
+            Some(&mut db32),
+            &mut s32,
+        );
         linear_grad_x(n, fin, fout, &r, &c.w, &mut dx, false, &mut s);
         linear_grad_x(n, fin, fout, &r32, &w32, &mut dx32, false, &mut s32);
         assert_close("linear dw f32", &widen(&dw32), &dw, 2e-5, 1e-2);

@@ -31,30 +31,46 @@ pub fn softmax_ce<T: Real>(
     labels: &[u32],
     dlogits: &mut [T],
 ) -> (T, usize) {
+    let len = n * classes;
+    dlogits[..len].copy_from_slice(&logits[..len]);
+    softmax_ce_inplace(n, classes, dlogits, labels)
+}
+
+/// [`softmax_ce`] with the logits overwritten by their gradient (`z` holds the logits on entry and
+/// `dlogits` on return).
+pub fn softmax_ce_inplace<T: Real>(
+    n: usize,
+    classes: usize,
+    z: &mut [T],
+    labels: &[u32],
+) -> (T, usize) {
     let labels = &labels[..n];
-    let valid = labels.iter().filter(|&&l| (l as usize) < classes).count();
     if classes == 0 {
         return (T::ZERO, 0);
     }
-    let inv = if valid > 0 { T::ONE / T::from_usize(valid) } else { T::ZERO };
+    let valid = labels.iter().filter(|&&l| (l as usize) < classes).count();
+    let inv = if valid > 0 {
+        T::ONE / T::from_usize(valid)
+    } else {
+        T::ZERO
+    };
     let mut loss = T::ZERO;
     let mut correct = 0;
-    let rows = logits[..n * classes].chunks_exact(classes);
-    let drows = dlogits[..n * classes].chunks_exact_mut(classes);
-    for ((z, d), &label) in rows.zip(drows).zip(labels) {
+    for (d, &label) in z[..n * classes].chunks_exact_mut(classes).zip(labels) {
         let label = label as usize;
         if label >= classes {
             d.iter_mut().for_each(|v| *v = T::ZERO);
             continue;
         }
-        let (m, am) = max_argmax(z);
+        let (m, am) = max_argmax(d);
+        let zl = d[label] - m;
         let mut s = T::ZERO;
-        for (d, &v) in d.iter_mut().zip(z) {
-            let e = (v - m).exp();
-            *d = e;
+        for v in d.iter_mut() {
+            let e = (*v - m).exp();
+            *v = e;
             s += e;
         }
-        loss += s.ln() - (z[label] - m);
+        loss += s.ln() - zl;
         correct += usize::from(am == label);
         let k = inv / s;
         d.iter_mut().for_each(|v| *v *= k);
@@ -65,13 +81,21 @@ pub fn softmax_ce<T: Real>(
 
 /// Softmax cross-entropy without gradient: returns `(SUM of per-sample losses, correct count)` so that
 /// evaluation can aggregate over batches of any size. Invalid labels are skipped as in [`softmax_ce`].
-pub fn softmax_ce_eval<T: Real>(n: usize, classes: usize, logits: &[T], labels: &[u32]) -> (T, usize) {
+pub fn softmax_ce_eval<T: Real>(
+    n: usize,
+    classes: usize,
+    logits: &[T],
+    labels: &[u32],
+) -> (T, usize) {
     if classes == 0 {
         return (T::ZERO, 0);
     }
     let mut loss = T::ZERO;
     let mut correct = 0;
-    for (z, &label) in logits[..n * classes].chunks_exact(classes).zip(&labels[..n]) {
+    for (z, &label) in logits[..n * classes]
+        .chunks_exact(classes)
+        .zip(&labels[..n])
+    {
         let label = label as usize;
         if label >= classes {
             continue;
@@ -91,25 +115,35 @@ pub fn softmax_ce_eval<T: Real>(n: usize, classes: usize, logits: &[T], labels: 
 /// Returns 0 for empty input.
 pub fn mse<T: Real>(pred: &[T], target: &[T], dpred: &mut [T]) -> T {
     let len = pred.len().min(target.len()).min(dpred.len());
+    dpred[..len].copy_from_slice(&pred[..len]);
+    mse_inplace(&mut dpred[..len], &target[..len])
+}
+
+/// [`mse`] with the predictions overwritten by their gradient (`d` holds `pred` on entry, `dpred` on
+/// return).
+pub fn mse_inplace<T: Real>(d: &mut [T], target: &[T]) -> T {
+    let len = d.len().min(target.len());
     if len == 0 {
         return T::ZERO;
     }
-    let d = &mut dpred[..len];
-    for ((d, &p), &t) in d.iter_mut().zip(pred).zip(target) {
-        *d = p - t;
+    let d = &mut d[..len];
+    for (d, &t) in d.iter_mut().zip(target) {
+        *d -= t;
     }
-    let inv = T::ONE / T::from_usize(len);
-    let loss = dot(d, d) * inv;
-    let k = (T::ONE + T::ONE) * inv;
+    let cnt = T::from_usize(len);
+    let loss = dot(d, d) / cnt;
+    let k = (T::ONE + T::ONE) / cnt;
     d.iter_mut().for_each(|v| *v *= k);
     loss
 }
 
-/// SUM of squared errors `Σ (pred − target)²` (divide by the element count for the mean); a sum so
-/// that evaluation can aggregate over batches, like [`softmax_ce_eval`].
+/// Mean squared error without gradient (same value as [`mse`]); 0 for empty input.
 pub fn mse_eval<T: Real>(pred: &[T], target: &[T]) -> T {
     const L: usize = 8;
     let len = pred.len().min(target.len());
+    if len == 0 {
+        return T::ZERO;
+    }
     let (pred, target) = (&pred[..len], &target[..len]);
     let mut acc = [T::ZERO; L];
     let mut cp = pred.chunks_exact(L);
@@ -124,10 +158,11 @@ pub fn mse_eval<T: Real>(pred: &[T], target: &[T]) -> T {
         let e = p - t;
         acc[l] += e * e;
     }
-    super::elementwise::combine(acc)
+    super::elementwise::combine(acc) / T::from_usize(len)
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)]
 mod tests {
     use super::*;
     use crate::ops::testutil::*;
@@ -146,9 +181,21 @@ mod tests {
         assert_eq!(correct, 2);
         let e = [(-2.0f64).exp(), (-1.0f64).exp(), 1.0];
         let s: f64 = e.iter().sum();
-        let want = [e[0] / s / 2.0, e[1] / s / 2.0, (e[2] / s - 1.0) / 2.0, -1.0 / 3.0, 1.0 / 6.0, 1.0 / 6.0];
+        let want = [
+            e[0] / s / 2.0,
+            e[1] / s / 2.0,
+            (e[2] / s - 1.0) / 2.0,
+            -1.0 / 3.0,
+            1.0 / 6.0,
+            1.0 / 6.0,
+        ];
         for i in 0..6 {
-            assert!((d[i] - want[i]).abs() < 1e-16, "{i}: {} vs {}", d[i], want[i]);
+            assert!(
+                (d[i] - want[i]).abs() < 1e-16,
+                "{i}: {} vs {}",
+                d[i],
+                want[i]
+            );
         }
         let (sum, c) = softmax_ce_eval(2, 3, &z, &[2, 0]);
         assert!((sum - (l0 + l1)).abs() < 1e-15);
@@ -167,7 +214,8 @@ mod tests {
         let (loss, correct) = softmax_ce(2, 3, &z, &[7, 2], &mut d);
         assert_eq!(&d[..3], &[0.0; 3]);
         let mut d1 = [0.0f32; 3];
-        let (l1, c1) = softmax_ce(1, 3, &z[..3], &[2], &mut d1);
+        let (l1, c1) = softmax_ce(1, 3, &z[3..], &[2], &mut d1);
+        assert_eq!(&d[3..], &d1);
         assert_eq!((loss, correct), (l1, c1));
         assert_eq!(softmax_ce(1, 3, &z, &[3], &mut d).0, 0.0);
     }
@@ -185,6 +233,9 @@ mod tests {
             softmax_ce(n, k, z, &labels, &mut t).0
         });
         assert_close("softmax_ce dlogits", &d, &fd, FD_TOL, FD_FLOOR);
+        let mut zi = z.clone();
+        assert_eq!(softmax_ce_inplace(n, k, &mut zi, &labels).0, loss);
+        assert_eq!(zi, d, "in-place equals out-of-place");
         let (sum, _) = softmax_ce_eval(n, k, &z, &labels);
         assert!((sum / n as f64 - loss).abs() < 1e-14);
         // f32: exp/log ≈ 1 ulp each, sums of 7 terms: errors of a few 1e-7 relative; 2e-6 is safe.
@@ -202,7 +253,10 @@ mod tests {
         let l = mse(&[1.0, 2.0, 4.0], &[0.0, 2.0, 1.0], &mut d);
         assert_eq!(l, 10.0 / 3.0);
         assert_eq!(d, [2.0 / 3.0, 0.0, 2.0]);
-        assert_eq!(mse_eval(&[1.0, 2.0, 4.0], &[0.0, 2.0, 1.0]), 10.0);
+        assert_eq!(mse_eval(&[1.0, 2.0, 4.0], &[0.0, 2.0, 1.0]), 10.0 / 3.0);
+        let mut ip = [1.0f64, 2.0, 4.0];
+        assert_eq!(mse_inplace(&mut ip, &[0.0, 2.0, 1.0]), 10.0 / 3.0);
+        assert_eq!(ip, d);
         assert_eq!(mse::<f32>(&[], &[], &mut []), 0.0);
 
         let mut rng = Rng::new(31);
@@ -212,7 +266,7 @@ mod tests {
         let l = mse(&p, &t, &mut d);
         let fd = fd_grad(&p, |p| mse(p, &t, &mut vec![0.0; 29]));
         assert_close("mse dpred", &d, &fd, FD_TOL, FD_FLOOR);
-        assert!((mse_eval(&p, &t) / 29.0 - l).abs() < 1e-14);
+        assert!((mse_eval(&p, &t) - l).abs() < 1e-14);
         // f32: 29 squared terms, 8 lanes: ≤ ~6 roundings per lane chain ⇒ ≲ 1e-6 relative.
         let mut d32 = vec![0.0f32; 29];
         let l32 = mse(&to_f32(&p), &to_f32(&t), &mut d32);

@@ -29,8 +29,25 @@ pub struct PoolGeom {
 impl PoolGeom {
     /// Validates and derives the output size. `None` for zero sizes, a window larger than the input,
     /// or a plane too large for `u32` argmax indices.
-    pub fn new(c: usize, h: usize, w: usize, kh: usize, kw: usize, sh: usize, sw: usize) -> Option<Self> {
-        if c == 0 || h == 0 || w == 0 || kh == 0 || kw == 0 || sh == 0 || sw == 0 || kh > h || kw > w {
+    pub fn new(
+        c: usize,
+        h: usize,
+        w: usize,
+        kh: usize,
+        kw: usize,
+        sh: usize,
+        sw: usize,
+    ) -> Option<Self> {
+        if c == 0
+            || h == 0
+            || w == 0
+            || kh == 0
+            || kw == 0
+            || sh == 0
+            || sw == 0
+            || kh > h
+            || kw > w
+        {
             return None;
         }
         if h.checked_mul(w)? > u32::MAX as usize {
@@ -38,7 +55,17 @@ impl PoolGeom {
         }
         let oh = (h - kh) / sh + 1;
         let ow = (w - kw) / sw + 1;
-        Some(Self { c, h, w, kh, kw, sh, sw, oh, ow })
+        Some(Self {
+            c,
+            h,
+            w,
+            kh,
+            kw,
+            sh,
+            sw,
+            oh,
+            ow,
+        })
     }
     /// Input elements per sample.
     pub fn in_len(&self) -> usize {
@@ -52,41 +79,152 @@ impl PoolGeom {
 
 /// Max pooling of `n` samples. `argmax[o]` receives the index of the chosen element within its
 /// `h×w` plane (`iy·w + ix`); the first maximum in row-major window order wins, and a NaN wins
-/// (PyTorch semantics).
+/// (PyTorch semantics: `val > max || isnan(val)`).
+///
+/// Works one output row at a time, sweeping the window taps in row-major order over the whole row:
+/// every step is a branch-free select over contiguous (or strided) data, which vectorises, instead of a
+/// data-dependent branch per element (unpredictable on real activations).
 pub fn maxpool_fwd<T: Real>(g: &PoolGeom, n: usize, x: &[T], y: &mut [T], argmax: &mut [u32]) {
     let (hw, ohow) = (g.h * g.w, g.oh * g.ow);
     let planes = n * g.c;
+    let span = (g.ow - 1) * g.sw + 1;
     let xs = x[..planes * hw].chunks_exact(hw);
     let ys = y[..planes * ohow].chunks_exact_mut(ohow);
     let is = argmax[..planes * ohow].chunks_exact_mut(ohow);
     for ((xp, yp), ap) in xs.zip(ys).zip(is) {
         let rows = yp.chunks_exact_mut(g.ow).zip(ap.chunks_exact_mut(g.ow));
         for (oy, (yr, ar)) in rows.enumerate() {
-            let iy0 = oy * g.sh;
-            for (ox, (yo, ao)) in yr.iter_mut().zip(ar.iter_mut()).enumerate() {
-                let ix0 = ox * g.sw;
-                let mut best = iy0 * g.w + ix0;
-                let mut m = xp[best];
-                for i in 0..g.kh {
-                    let row = (iy0 + i) * g.w + ix0;
-                    for (j, &v) in xp[row..row + g.kw].iter().enumerate() {
-                        // `v > m`, or v is NaN (the only value unordered with itself).
-                        if v > m || v.partial_cmp(&v).is_none() {
-                            m = v;
-                            best = row + j;
-                        }
+            let row0 = oy * g.sh * g.w;
+            if g.kh == 2 && g.kw == 2 && g.sw == 2 {
+                // The common 2×2/stride-2 window: one fused pass, pairs read with `chunks_exact(2)`
+                // (2·ow ≤ w, so both rows hold exactly the pairs needed).
+                let a = &xp[row0..row0 + 2 * g.ow];
+                let b = &xp[row0 + g.w..row0 + g.w + 2 * g.ow];
+                max_2x2_row(a, b, row0 as u32, g.w as u32, yr, ar);
+                continue;
+            }
+            for i in 0..g.kh {
+                for j in 0..g.kw {
+                    let base = row0 + i * g.w + j;
+                    let xr = &xp[base..base + span];
+                    if i == 0 && j == 0 {
+                        init_row(xr, g.sw, base as u32, yr, ar);
+                    } else if g.sw == 1 {
+                        max_row(xr.iter(), 1, base as u32, yr, ar);
+                    } else {
+                        max_row(xr.iter().step_by(g.sw), g.sw as u32, base as u32, yr, ar);
                     }
                 }
-                *yo = m;
-                *ao = best as u32;
             }
         }
     }
 }
 
+/// `take` for max pooling: `v > m`, or `v` is NaN (the only value unordered with itself).
+#[inline(always)]
+fn takes<T: Real>(v: T, m: T) -> bool {
+    (v > m) | v.partial_cmp(&v).is_none()
+}
+
+/// One 2×2/stride-2 output row: `a`, `b` are the two input rows (2·ow values each), `row0` the plane
+/// index of `a[0]`, `w` the plane width.
+///
+/// Rows are short (7 outputs on a 14-wide map), so a vectorised loop would spend most of its time in
+/// the scalar remainder, where the compiler turns the selects back into branches — unpredictable on
+/// real data. Instead the row is covered by fixed chunks of [`PCH`] outputs (straight-line code the
+/// SLP vectoriser turns into blends), the last chunk overlapping the previous one: recomputing an output
+/// is idempotent. Rows shorter than a chunk use the scalar loop.
+#[inline(always)]
+fn max_2x2_row<T: Real>(a: &[T], b: &[T], row0: u32, w: u32, yr: &mut [T], ar: &mut [u32]) {
+    let ow = yr.len();
+    if ow < PCH {
+        max_2x2_span(a, b, row0, w, yr, ar);
+        return;
+    }
+    let mut o = 0;
+    loop {
+        let s = o.min(ow - PCH);
+        let (ya, aa) = (&mut yr[s..s + PCH], &mut ar[s..s + PCH]);
+        max_2x2_span(
+            &a[2 * s..2 * s + 2 * PCH],
+            &b[2 * s..2 * s + 2 * PCH],
+            row0 + 2 * s as u32,
+            w,
+            ya,
+            aa,
+        );
+        o += PCH;
+        if o >= ow {
+            break;
+        }
+    }
+}
+
+/// Outputs per chunk of [`max_2x2_row`] (one SSE vector of f32).
+const PCH: usize = 4;
+
+#[inline(always)]
+fn max_2x2_span<T: Real>(a: &[T], b: &[T], row0: u32, w: u32, yr: &mut [T], ar: &mut [u32]) {
+    let mut i0 = row0;
+    for (((yo, ao), pa), pb) in yr
+        .iter_mut()
+        .zip(ar.iter_mut())
+        .zip(a.chunks_exact(2))
+        .zip(b.chunks_exact(2))
+    {
+        let (mut m, mut id) = (pa[0], i0);
+        let t = takes(pa[1], m);
+        m = if t { pa[1] } else { m };
+        id = if t { i0 + 1 } else { id };
+        let t = takes(pb[0], m);
+        m = if t { pb[0] } else { m };
+        id = if t { i0 + w } else { id };
+        let t = takes(pb[1], m);
+        m = if t { pb[1] } else { m };
+        id = if t { i0 + w + 1 } else { id };
+        *yo = m;
+        *ao = id;
+        i0 = i0.wrapping_add(2);
+    }
+}
+
+#[inline(always)]
+fn init_row<T: Real>(xr: &[T], sw: usize, base: u32, yr: &mut [T], ar: &mut [u32]) {
+    let mut idx = base;
+    for ((yo, ao), &v) in yr.iter_mut().zip(ar.iter_mut()).zip(xr.iter().step_by(sw)) {
+        *yo = v;
+        *ao = idx;
+        idx = idx.wrapping_add(sw as u32);
+    }
+}
+
+#[inline(always)]
+fn max_row<'a, T: Real>(
+    xr: impl Iterator<Item = &'a T>,
+    sw: u32,
+    base: u32,
+    yr: &mut [T],
+    ar: &mut [u32],
+) {
+    let mut idx = base;
+    for ((yo, ao), &v) in yr.iter_mut().zip(ar.iter_mut()).zip(xr) {
+        let take = takes(v, *yo);
+        *yo = if take { v } else { *yo };
+        *ao = if take { idx } else { *ao };
+        idx = idx.wrapping_add(sw);
+    }
+}
+
 /// Max-pooling backward: routes each `dy` to its argmax (`dx` zeroed first unless `accumulate`).
 /// Out-of-plane argmax values are ignored.
-pub fn maxpool_grad_x<T: Real>(g: &PoolGeom, n: usize, dy: &[T], argmax: &[u32], dx: &mut [T], accumulate: bool) {
+pub fn maxpool_grad_x<T: Real>(
+    g: &PoolGeom,
+    n: usize,
+    dy: &[T],
+    argmax: &[u32],
+    dx: &mut [T],
+    accumulate: bool,
+) {
     let (hw, ohow) = (g.h * g.w, g.oh * g.ow);
     let planes = n * g.c;
     let dx = &mut dx[..planes * hw];
@@ -105,27 +243,32 @@ pub fn maxpool_grad_x<T: Real>(g: &PoolGeom, n: usize, dy: &[T], argmax: &[u32],
 }
 
 /// Average pooling: each output is the window sum divided by `kh·kw` (no padding, so PyTorch's
-/// `count_include_pad` is moot).
+/// `count_include_pad` is moot). Row-at-a-time like [`maxpool_fwd`].
 pub fn avgpool_fwd<T: Real>(g: &PoolGeom, n: usize, x: &[T], y: &mut [T]) {
     let (hw, ohow) = (g.h * g.w, g.oh * g.ow);
     let planes = n * g.c;
     let cnt = T::from_usize(g.kh * g.kw);
+    let span = (g.ow - 1) * g.sw + 1;
     let xs = x[..planes * hw].chunks_exact(hw);
     let ys = y[..planes * ohow].chunks_exact_mut(ohow);
     for (xp, yp) in xs.zip(ys) {
         for (oy, yr) in yp.chunks_exact_mut(g.ow).enumerate() {
-            let iy0 = oy * g.sh;
-            for (ox, yo) in yr.iter_mut().enumerate() {
-                let ix0 = ox * g.sw;
-                let mut s = T::ZERO;
-                for i in 0..g.kh {
-                    let row = (iy0 + i) * g.w + ix0;
-                    for &v in &xp[row..row + g.kw] {
-                        s += v;
+            let row0 = oy * g.sh * g.w;
+            fill(yr, T::ZERO);
+            for i in 0..g.kh {
+                for j in 0..g.kw {
+                    let base = row0 + i * g.w + j;
+                    let xr = &xp[base..base + span];
+                    if g.sw == 1 {
+                        yr.iter_mut().zip(xr).for_each(|(y, &v)| *y += v);
+                    } else {
+                        yr.iter_mut()
+                            .zip(xr.iter().step_by(g.sw))
+                            .for_each(|(y, &v)| *y += v);
                     }
                 }
-                *yo = s / cnt;
             }
+            yr.iter_mut().for_each(|y| *y = *y / cnt);
         }
     }
 }
@@ -135,6 +278,7 @@ pub fn avgpool_grad_x<T: Real>(g: &PoolGeom, n: usize, dy: &[T], dx: &mut [T], a
     let (hw, ohow) = (g.h * g.w, g.oh * g.ow);
     let planes = n * g.c;
     let cnt = T::from_usize(g.kh * g.kw);
+    let span = (g.ow - 1) * g.sw + 1;
     let dx = &mut dx[..planes * hw];
     if !accumulate {
         fill(dx, T::ZERO);
@@ -142,14 +286,18 @@ pub fn avgpool_grad_x<T: Real>(g: &PoolGeom, n: usize, dy: &[T], dx: &mut [T], a
     let ds = dy[..planes * ohow].chunks_exact(ohow);
     for (dp, xp) in ds.zip(dx.chunks_exact_mut(hw)) {
         for (oy, dr) in dp.chunks_exact(g.ow).enumerate() {
-            let iy0 = oy * g.sh;
-            for (ox, &d) in dr.iter().enumerate() {
-                let ix0 = ox * g.sw;
-                let v = d / cnt;
-                for i in 0..g.kh {
-                    let row = (iy0 + i) * g.w + ix0;
-                    for t in &mut xp[row..row + g.kw] {
-                        *t += v;
+            let row0 = oy * g.sh * g.w;
+            for i in 0..g.kh {
+                for j in 0..g.kw {
+                    let base = row0 + i * g.w + j;
+                    let xr = &mut xp[base..base + span];
+                    if g.sw == 1 {
+                        xr.iter_mut().zip(dr).for_each(|(t, &d)| *t += d / cnt);
+                    } else {
+                        xr.iter_mut()
+                            .step_by(g.sw)
+                            .zip(dr)
+                            .for_each(|(t, &d)| *t += d / cnt);
                     }
                 }
             }
@@ -169,7 +317,14 @@ pub fn global_avgpool_fwd<T: Real>(n: usize, c: usize, hw: usize, x: &[T], y: &m
 }
 
 /// Global average pooling backward: `dx = dy/hw` broadcast over each plane (or added when `accumulate`).
-pub fn global_avgpool_grad_x<T: Real>(n: usize, c: usize, hw: usize, dy: &[T], dx: &mut [T], accumulate: bool) {
+pub fn global_avgpool_grad_x<T: Real>(
+    n: usize,
+    c: usize,
+    hw: usize,
+    dy: &[T],
+    dx: &mut [T],
+    accumulate: bool,
+) {
     if hw == 0 {
         return;
     }
@@ -185,6 +340,7 @@ pub fn global_avgpool_grad_x<T: Real>(n: usize, c: usize, hw: usize, dy: &[T], d
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)]
 mod tests {
     use super::*;
     use crate::ops::testutil::*;

@@ -31,7 +31,9 @@ pub fn distinct_vec(rng: &mut Rng, len: usize) -> Vec<f64> {
         let j = rng.below(i as u64 + 1) as usize;
         p.swap(i, j);
     }
-    p.iter().map(|&v| ((2 * v) as f64 / len as f64 - 1.0) as f32 as f64).collect()
+    p.iter()
+        .map(|&v| ((2 * v) as f64 / len as f64 - 1.0) as f32 as f64)
+        .collect()
 }
 
 /// f64 → f32.

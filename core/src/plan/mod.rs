@@ -192,8 +192,9 @@ pub fn lifetimes(g: &Graph, s: &Schedule) -> Lifetimes {
     lifetimes_with(g, s, true)
 }
 
-/// [`lifetimes`] with sharing switchable off (`merge = false`: every tensor gets its own storage), which
-/// tests use as the oracle for in-place correctness.
+/// [`lifetimes`] with in-place sharing switchable off (`merge = false`: modify views get their own
+/// storage; read-only views still merge, they are zero-byte by definition), which tests use as the oracle
+/// for in-place correctness.
 pub fn lifetimes_with(g: &Graph, s: &Schedule, merge: bool) -> Lifetimes {
     let nt = g.tensors.len();
     let end = s.program.len().saturating_sub(1) as Eo;
@@ -227,9 +228,9 @@ pub fn lifetimes_with(g: &Graph, s: &Schedule, merge: bool) -> Lifetimes {
     let mut glast = last.clone();
     let mut order: Vec<usize> = (0..nt).filter(|&t| first[t] != Eo::MAX).collect();
     order.sort_by_key(|&t| (first[t], t));
-    for &t in order.iter().filter(|_| merge) {
+    for &t in &order {
         let (target, modify) = match g.tensors[t].share {
-            Share::ModifyView(j) => (j, true),
+            Share::ModifyView(j) if merge => (j, true),
             Share::ReadView(j) => (j, false),
             _ => continue,
         };
@@ -250,7 +251,7 @@ pub fn lifetimes_with(g: &Graph, s: &Schedule, merge: bool) -> Lifetimes {
     }
     let mut storage_of = vec![None; nt];
     let mut lives: Vec<TensorLife> = Vec::new();
-    let mut root_storage: hashbrown::HashMap<u32, u32> = hashbrown::HashMap::new();
+    let mut root_storage: alloc::collections::BTreeMap<u32, u32> = alloc::collections::BTreeMap::new();
     for &t in &order {
         if g.tensors[t].kind == TensorKind::External || g.tensors[t].bytes == 0 {
             continue;

@@ -15,7 +15,7 @@ fn random_model(choices: &[(u8, u8, bool)], c0: u32, hw: u32, optimizer: u8) -> 
     let mut layers: Vec<LayerSpec> = Vec::new();
     let mut shape = Dims::new(c0, hw, hw);
     let mut same_shape: Vec<(usize, Dims)> = Vec::new();
-    let mut push = |layers: &mut Vec<LayerSpec>, kind: LayerKind, inputs: Vec<Src>, trainable: bool| {
+    let push = |layers: &mut Vec<LayerSpec>, kind: LayerKind, inputs: Vec<Src>, trainable: bool| {
         let name = format!("l{}", layers.len());
         layers.push(LayerSpec { name, kind, inputs, trainable });
         Src::Layer(layers.len() as u32 - 1)
@@ -195,3 +195,4 @@ fn lower_bound_counts_peak_of_overlapping_lives() {
     assert_eq!(lower_bound(&lives), 512);
     assert_eq!(lower_bound(&lives[..3]), 192);
 }
+

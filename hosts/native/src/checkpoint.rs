@@ -2,7 +2,7 @@
 //! `state_dict` names (`{layer}.weight`, `{layer}.bias`, `{layer}.running_mean`, …).
 //!
 //! Loading accepts F32, F16 and BF16 tensors (converted to f32); saving writes F32 through
-//! [`write_atomic`](crate::fsutil::write_atomic), so a crash never leaves a torn checkpoint.
+//! [`crate::fsutil::write_atomic`], so a crash never leaves a torn checkpoint.
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::io;
@@ -270,15 +270,18 @@ mod tests {
         assert!(e.to_string().contains("tensor \"a\""), "{e}");
         assert!(e.to_string().contains("does not match 2 values"), "{e}");
         // Duplicate names.
-        let e = save_safetensors(&p, &[("a", &[1], &[1.0]), ("a", &[1], &[2.0])], None)
-            .unwrap_err();
+        let e =
+            save_safetensors(&p, &[("a", &[1], &[1.0]), ("a", &[1], &[2.0])], None).unwrap_err();
         assert!(e.to_string().contains("name given twice"), "{e}");
         // The target's directory vanished mid-way: the write fails, nothing else is touched.
         let e = save_safetensors(&d.join("gone/m.safetensors"), &[("a", &[1], &[1.0])], None)
             .unwrap_err();
         assert!(matches!(e, CheckpointError::Io { .. }));
         assert_eq!(std::fs::read(&p).unwrap(), before);
-        let names: Vec<_> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names.len(), 1, "temporary files left behind: {names:?}");
         std::fs::remove_dir_all(d).unwrap();
     }
@@ -311,7 +314,10 @@ mod tests {
     fn other_dtypes_are_rejected_by_name() {
         let data = [0u8; 16];
         let bytes = safetensors::serialize(
-            [("steps", TensorView::new(Dtype::I64, vec![2], &data).unwrap())],
+            [(
+                "steps",
+                TensorView::new(Dtype::I64, vec![2], &data).unwrap(),
+            )],
             None,
         )
         .unwrap();
@@ -326,7 +332,11 @@ mod tests {
     fn garbage_is_a_format_error() {
         let e = parse_safetensors(b"hello", "g.safetensors").unwrap_err();
         assert!(matches!(e, CheckpointError::Format { .. }));
-        assert!(e.to_string().starts_with("g.safetensors: not a valid safetensors file"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("g.safetensors: not a valid safetensors file"),
+            "{e}"
+        );
         let mut bytes = sample();
         bytes.truncate(bytes.len() - 1);
         let e = parse_safetensors(&bytes, "t.safetensors").unwrap_err();
@@ -336,7 +346,10 @@ mod tests {
     #[test]
     fn missing_file_names_the_path() {
         let e = load_safetensors(Path::new("/nonexistent/w.safetensors")).unwrap_err();
-        assert!(e.to_string().starts_with("/nonexistent/w.safetensors: "), "{e}");
+        assert!(
+            e.to_string().starts_with("/nonexistent/w.safetensors: "),
+            "{e}"
+        );
     }
 
     proptest! {

@@ -107,7 +107,9 @@ impl Dataset {
         };
         let per = dims.c as u128 * dims.h as u128 * dims.w as u128;
         if per == 0 || per > u32::MAX as u128 {
-            return Err(mismatch(format!("sample shape {dims} is empty or too large")));
+            return Err(mismatch(format!(
+                "sample shape {dims} is empty or too large"
+            )));
         }
         let numel = per as usize;
         if x.len() != y.len().saturating_mul(numel) {
@@ -122,7 +124,12 @@ impl Dataset {
                 "label {l} of sample {i} is not below the class count {classes}"
             )));
         }
-        Ok(Self { dims, classes, x, y })
+        Ok(Self {
+            dims,
+            classes,
+            x,
+            y,
+        })
     }
 
     /// Number of samples.
@@ -205,7 +212,10 @@ fn idx_header<'a>(
     if bytes.len() < 4 {
         return Err(idx_err(
             file,
-            format!("{} bytes is too short for the 4-byte IDX magic", bytes.len()),
+            format!(
+                "{} bytes is too short for the 4-byte IDX magic",
+                bytes.len()
+            ),
         ));
     }
     let magic = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
@@ -356,7 +366,11 @@ pub fn load_idx(images_path: &Path, labels_path: &Path, max: f32) -> Result<Data
 pub fn digits() -> (Dataset, Dataset) {
     macro_rules! bundled {
         ($f:literal) => {
-            include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/digits/", $f))
+            include_bytes!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../data/digits/",
+                $f
+            ))
         };
     }
     let load = |images: &[u8], labels: &[u8], iname: &str, lname: &str| {
@@ -384,7 +398,11 @@ pub fn digits() -> (Dataset, Dataset) {
 }
 
 /// Loads a numeric CSV file; see [`parse_csv`].
-pub fn load_csv(path: &Path, label_column: usize, dims: Option<Dims>) -> Result<Dataset, DataError> {
+pub fn load_csv(
+    path: &Path,
+    label_column: usize,
+    dims: Option<Dims>,
+) -> Result<Dataset, DataError> {
     let bytes = read_file(path)?;
     parse_csv(&bytes, &path.display().to_string(), label_column, dims)
 }
@@ -408,8 +426,15 @@ pub fn parse_csv(
         reason,
     };
     let text = std::str::from_utf8(bytes).map_err(|e| {
-        let line = 1 + bytes[..e.valid_up_to()].iter().filter(|&&b| b == b'\n').count();
-        err(line, None, format!("not UTF-8 text (byte offset {})", e.valid_up_to()))
+        let line = 1 + bytes[..e.valid_up_to()]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count();
+        err(
+            line,
+            None,
+            format!("not UTF-8 text (byte offset {})", e.valid_up_to()),
+        )
     })?;
     let mut x = Vec::new();
     let mut y = Vec::new();
@@ -470,7 +495,11 @@ pub fn parse_csv(
                 .parse()
                 .map_err(|_| err(line, column, format!("\"{cell}\" is not a number")))?;
             if !v.is_finite() {
-                return Err(err(line, column, format!("\"{cell}\" is not a finite number")));
+                return Err(err(
+                    line,
+                    column,
+                    format!("\"{cell}\" is not a finite number"),
+                ));
             }
             if ci == label_column {
                 if v < 0.0 || v.fract() != 0.0 || v > u32::MAX as f64 - 1.0 {
@@ -534,8 +563,12 @@ mod tests {
 
     #[test]
     fn idx_errors_name_file_and_reason() {
-        let e = read_idx_images(&idx(0x803, &[1437, 8, 8], &[0; 1000]), "digits-train-images.idx", 16.0)
-            .unwrap_err();
+        let e = read_idx_images(
+            &idx(0x803, &[1437, 8, 8], &[0; 1000]),
+            "digits-train-images.idx",
+            16.0,
+        )
+        .unwrap_err();
         assert_eq!(
             e.to_string(),
             "digits-train-images.idx: header says 1437 images of 8×8 but file holds 1000 bytes of data"
@@ -582,7 +615,10 @@ mod tests {
             "set: label 3 of sample 1 is not below the class count 3"
         );
         let e = Dataset::new(Dims::flat(2), 3, vec![0.0; 3], vec![1, 2], "set").unwrap_err();
-        assert!(e.to_string().contains("3 values do not make 2 samples"), "{e}");
+        assert!(
+            e.to_string().contains("3 values do not make 2 samples"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -646,18 +682,30 @@ mod tests {
     #[test]
     fn csv_errors_name_line_and_column() {
         let e = parse_csv(b"h1,h2\n1,2\n0,nan\n", "t.csv", 0, None).unwrap_err();
-        assert_eq!(e.to_string(), "t.csv: line 3, column 2: \"nan\" is not a finite number");
+        assert_eq!(
+            e.to_string(),
+            "t.csv: line 3, column 2: \"nan\" is not a finite number"
+        );
         let e = parse_csv(b"1,2\n0,inf\n", "t.csv", 0, None).unwrap_err();
-        assert_eq!(e.to_string(), "t.csv: line 2, column 2: \"inf\" is not a finite number");
+        assert_eq!(
+            e.to_string(),
+            "t.csv: line 2, column 2: \"inf\" is not a finite number"
+        );
         let e = parse_csv(b"1,2\n0,x\n", "t.csv", 0, None).unwrap_err();
-        assert_eq!(e.to_string(), "t.csv: line 2, column 2: \"x\" is not a number");
+        assert_eq!(
+            e.to_string(),
+            "t.csv: line 2, column 2: \"x\" is not a number"
+        );
         let e = parse_csv(b"1,2\n0.5,1\n", "t.csv", 0, None).unwrap_err();
         assert_eq!(
             e.to_string(),
             "t.csv: line 2, column 1: label \"0.5\" is not a non-negative integer"
         );
         let e = parse_csv(b"1,2\n0,1,2\n", "t.csv", 0, None).unwrap_err();
-        assert_eq!(e.to_string(), "t.csv: line 2: 3 columns, but the first data row has 2");
+        assert_eq!(
+            e.to_string(),
+            "t.csv: line 2: 3 columns, but the first data row has 2"
+        );
         let e = parse_csv(b"1,2\n", "t.csv", 2, None).unwrap_err();
         assert!(e.to_string().contains("line 1: label_column 2"), "{e}");
         let e = parse_csv(b"1,2,3\n", "t.csv", 0, Some(Dims::flat(3))).unwrap_err();
@@ -668,9 +716,15 @@ mod tests {
         let e = parse_csv(b"a,b\n", "t.csv", 0, None).unwrap_err();
         assert!(e.to_string().contains("no data rows"), "{e}");
         let e = parse_csv(b"1,2\n\xff,1\n", "t.csv", 0, None).unwrap_err();
-        assert_eq!(e.to_string(), "t.csv: line 2: not UTF-8 text (byte offset 4)");
+        assert_eq!(
+            e.to_string(),
+            "t.csv: line 2: not UTF-8 text (byte offset 4)"
+        );
         let e = parse_csv(b"1,1e39\n", "t.csv", 0, None).unwrap_err();
-        assert!(e.to_string().contains("column 2: \"1e39\" overflows f32"), "{e}");
+        assert!(
+            e.to_string().contains("column 2: \"1e39\" overflows f32"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -680,7 +734,10 @@ mod tests {
         std::fs::write(d.join("l.idx"), idx(0x801, &[1], &[4])).unwrap();
         std::fs::write(d.join("t.csv"), "0,1.5\n1,2.5\n").unwrap();
         let ds = load_idx(&d.join("i.idx"), &d.join("l.idx"), 255.0).unwrap();
-        assert_eq!((ds.x.clone(), ds.y.clone(), ds.classes), (vec![1.0, 0.0], vec![4], 5));
+        assert_eq!(
+            (ds.x.clone(), ds.y.clone(), ds.classes),
+            (vec![1.0, 0.0], vec![4], 5)
+        );
         let ds = load_csv(&d.join("t.csv"), 0, None).unwrap();
         assert_eq!(ds.y, vec![0, 1]);
         let e = load_csv(&d.join("missing.csv"), 0, None).unwrap_err();

@@ -15,9 +15,13 @@ pub mod checkpoint;
 pub mod data;
 pub mod fsutil;
 pub mod progress;
+pub mod report;
 #[cfg(feature = "toml")]
 pub mod spec_toml;
 pub mod svg;
+#[cfg(feature = "toml")]
+pub mod train;
+pub mod workloads;
 
 #[cfg(test)]
 mod testutil;

@@ -5,7 +5,6 @@
 //! what is wrong; unknown keys are rejected per layer type.
 use std::fmt;
 use std::io;
-use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use frugal_core::model::{Dims, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpec, Src};
@@ -62,9 +61,9 @@ pub struct SpecError {
     /// The model file, when read from disk ([`load_model`]).
     pub file: Option<PathBuf>,
     /// 1-based line of the offending key or value.
-    pub line: Option<usize>,
+    pub line: Option<u32>,
     /// 1-based column (in characters).
-    pub column: Option<usize>,
+    pub column: Option<u32>,
     /// The field, e.g. `optimizer.lr` or `layers[3] ("conv2").kernel`; empty for the whole file.
     pub field: String,
     /// What is wrong.
@@ -84,7 +83,7 @@ pub enum SpecErrorKind {
         /// The key as written.
         key: String,
         /// The keys that are allowed here.
-        allowed: Vec<&'static str>,
+        allowed: &'static [&'static str],
     },
     /// A required key is absent.
     Missing(&'static str),
@@ -155,10 +154,16 @@ impl fmt::Display for SpecErrorKind {
                 write!(f, "must be {must_be}, got {value}")
             }
             SpecErrorKind::DuplicateName { name, first } => {
-                write!(f, "duplicate layer name \"{name}\" (already used by layers[{first}])")
+                write!(
+                    f,
+                    "duplicate layer name \"{name}\" (already used by layers[{first}])"
+                )
             }
             SpecErrorKind::UnknownInput(name) => {
-                write!(f, "input \"{name}\" is neither \"input\" nor the name of a layer")
+                write!(
+                    f,
+                    "input \"{name}\" is neither \"input\" nor the name of a layer"
+                )
             }
             SpecErrorKind::LaterInput { name, index } => write!(
                 f,
@@ -297,22 +302,22 @@ fn parse_optimizer(t: &Tbl<'_, '_>) -> Result<OptimizerSpec, SpecError> {
     const SGD: &[&str] = &["type", "lr", "momentum", "weight_decay"];
     let adam = t.req_enum("type", &["adam", "sgd"])? == 0;
     t.check_keys(if adam { ADAM } else { SGD })?;
-    let lr = t
-        .req_float("lr", Range::Positive)?
-        .expect("required");
-    let wd = t.opt_float("weight_decay", Range::NonNegative)?.unwrap_or(0.0);
+    let lr = t.req_float("lr", Limit::Positive)?.expect("required");
+    let wd = t
+        .opt_float("weight_decay", Limit::NonNegative)?
+        .unwrap_or(0.0);
     Ok(if adam {
         OptimizerSpec::Adam {
             lr,
-            beta1: t.opt_float("beta1", Range::UnitOpen)?.unwrap_or(0.9),
-            beta2: t.opt_float("beta2", Range::UnitOpen)?.unwrap_or(0.999),
-            eps: t.opt_float("eps", Range::Positive)?.unwrap_or(1e-8),
+            beta1: t.opt_float("beta1", Limit::UnitOpen)?.unwrap_or(0.9),
+            beta2: t.opt_float("beta2", Limit::UnitOpen)?.unwrap_or(0.999),
+            eps: t.opt_float("eps", Limit::Positive)?.unwrap_or(1e-8),
             weight_decay: wd,
         }
     } else {
         OptimizerSpec::Sgd {
             lr,
-            momentum: t.opt_float("momentum", Range::UnitOpen)?.unwrap_or(0.0),
+            momentum: t.opt_float("momentum", Limit::UnitOpen)?.unwrap_or(0.0),
             weight_decay: wd,
         }
     })
@@ -335,18 +340,27 @@ const LAYER_TYPES: &[&str] = &[
     "dropout",
 ];
 
-/// Keys every layer takes, then the keys specific to each type.
-const COMMON_KEYS: &[&str] = &["name", "type", "inputs", "trainable"];
-
-fn type_keys(ty: &str) -> &'static [&'static str] {
+/// The keys a layer of type `ty` takes: those every layer takes, then its own.
+fn layer_keys(ty: &str) -> &'static [&'static str] {
     match ty {
-        "linear" => &["out", "bias"],
-        "conv2d" => &["out", "kernel", "stride", "padding", "groups", "bias"],
-        "maxpool2d" | "avgpool2d" => &["kernel", "stride"],
-        "reshape" => &["to"],
-        "batchnorm2d" => &["eps", "momentum"],
-        "dropout" => &["p"],
-        _ => &[],
+        "linear" => &["name", "type", "inputs", "trainable", "out", "bias"],
+        "conv2d" => &[
+            "name",
+            "type",
+            "inputs",
+            "trainable",
+            "out",
+            "kernel",
+            "stride",
+            "padding",
+            "groups",
+            "bias",
+        ],
+        "maxpool2d" | "avgpool2d" => &["name", "type", "inputs", "trainable", "kernel", "stride"],
+        "reshape" => &["name", "type", "inputs", "trainable", "to"],
+        "batchnorm2d" => &["name", "type", "inputs", "trainable", "eps", "momentum"],
+        "dropout" => &["name", "type", "inputs", "trainable", "p"],
+        _ => &["name", "type", "inputs", "trainable"],
     }
 }
 
@@ -394,6 +408,9 @@ fn parse_layers(root: &Tbl<'_, '_>) -> Result<Vec<LayerSpec>, SpecError> {
             path: format!("layers[{i}]"),
             span: item.span(),
         };
+        if let Some(DeValue::String(n)) = lt.get("name").map(|v| v.get_ref()) {
+            lt.path = format!("layers[{i}] (\"{n}\")");
+        }
         let ty_idx = lt.req_enum("type", LAYER_TYPES)?;
         let ty = LAYER_TYPES[ty_idx];
         let name = match lt.get("name") {
@@ -422,8 +439,7 @@ fn parse_layers(root: &Tbl<'_, '_>) -> Result<Vec<LayerSpec>, SpecError> {
             None => format!("{ty}{i}"),
         };
         lt.path = format!("layers[{i}] (\"{name}\")");
-        let allowed: Vec<&'static str> = COMMON_KEYS.iter().chain(type_keys(ty)).copied().collect();
-        lt.check_keys(&allowed)?;
+        lt.check_keys(layer_keys(ty))?;
         if let Some(first) = names.iter().position(|n| *n == name) {
             let span = lt.get("name").map_or(item.span(), |v| v.span());
             return Err(lt.err(
@@ -505,11 +521,11 @@ fn parse_kind(t: &Tbl<'_, '_>, ty: &str) -> Result<LayerKind, SpecError> {
         },
         "add" => LayerKind::Add,
         "batchnorm2d" => LayerKind::BatchNorm2d {
-            eps: t.opt_float("eps", Range::Positive)?.unwrap_or(1e-5),
-            momentum: t.opt_float("momentum", Range::UnitClosed)?.unwrap_or(0.1),
+            eps: t.opt_float("eps", Limit::Positive)?.unwrap_or(1e-5),
+            momentum: t.opt_float("momentum", Limit::UnitClosed)?.unwrap_or(0.1),
         },
         "dropout" => LayerKind::Dropout {
-            p: t.opt_float("p", Range::UnitOpen)?.unwrap_or(0.5),
+            p: t.opt_float("p", Limit::UnitOpen)?.unwrap_or(0.5),
         },
         _ => unreachable!("type checked against LAYER_TYPES"),
     })
@@ -589,7 +605,11 @@ fn parse_train(t: &Tbl<'_, '_>) -> Result<TrainConfig, SpecError> {
                         "dataset",
                         SpecErrorKind::UnknownValue {
                             value: s.to_string(),
-                            known: &["digits", "{ idx_images, idx_labels }", "{ csv, label_column }"],
+                            known: &[
+                                "digits",
+                                "{ idx_images, idx_labels }",
+                                "{ csv, label_column }",
+                            ],
                         },
                     ));
                 }
@@ -607,7 +627,12 @@ fn parse_train(t: &Tbl<'_, '_>) -> Result<TrainConfig, SpecError> {
                     DatasetSource::Csv {
                         path: dt.req_path("csv")?,
                         label_column: dt
-                            .opt_int("label_column", 0, u32::MAX as u128, "a non-negative integer")?
+                            .opt_int(
+                                "label_column",
+                                0,
+                                u32::MAX as u128,
+                                "a non-negative integer",
+                            )?
                             .unwrap_or(0) as usize,
                     }
                 } else if dt.get("idx_images").is_some() || dt.get("idx_labels").is_some() {
@@ -621,8 +646,7 @@ fn parse_train(t: &Tbl<'_, '_>) -> Result<TrainConfig, SpecError> {
                         v.span(),
                         "dataset",
                         SpecErrorKind::Invalid(
-                            "a dataset table needs either idx_images and idx_labels, or csv"
-                                .into(),
+                            "a dataset table needs either idx_images and idx_labels, or csv".into(),
                         ),
                     ));
                 }
@@ -654,7 +678,7 @@ struct Cx<'s> {
 }
 
 impl Cx<'_> {
-    fn pos(&self, offset: usize) -> (usize, usize) {
+    fn pos(&self, offset: usize) -> (u32, u32) {
         let mut offset = offset.min(self.text.len());
         while !self.text.is_char_boundary(offset) {
             offset -= 1;
@@ -662,13 +686,17 @@ impl Cx<'_> {
         let before = &self.text[..offset];
         let line = before.matches('\n').count() + 1;
         let line_start = before.rfind('\n').map_or(0, |p| p + 1);
-        (line, before[line_start..].chars().count() + 1)
+        let col = before[line_start..].chars().count() + 1;
+        (
+            u32::try_from(line).unwrap_or(u32::MAX),
+            u32::try_from(col).unwrap_or(u32::MAX),
+        )
     }
 }
 
 /// Valid ranges for floating-point fields (all must also be finite).
 #[derive(Clone, Copy)]
-enum Range {
+enum Limit {
     /// > 0.
     Positive,
     /// ≥ 0.
@@ -679,23 +707,23 @@ enum Range {
     UnitClosed,
 }
 
-impl Range {
+impl Limit {
     fn ok(self, v: f64) -> bool {
         v.is_finite()
             && match self {
-                Range::Positive => v > 0.0 && (v as f32) > 0.0,
-                Range::NonNegative => v >= 0.0,
-                Range::UnitOpen => (0.0..1.0).contains(&v) && (v as f32) < 1.0,
-                Range::UnitClosed => (0.0..=1.0).contains(&v),
+                Limit::Positive => v > 0.0 && (v as f32) > 0.0,
+                Limit::NonNegative => v >= 0.0,
+                Limit::UnitOpen => (0.0..1.0).contains(&v) && (v as f32) < 1.0,
+                Limit::UnitClosed => (0.0..=1.0).contains(&v),
             }
             && (v as f32).is_finite()
     }
     fn text(self) -> &'static str {
         match self {
-            Range::Positive => "a finite number > 0",
-            Range::NonNegative => "a finite number ≥ 0",
-            Range::UnitOpen => "in [0, 1)",
-            Range::UnitClosed => "in [0, 1]",
+            Limit::Positive => "a finite number > 0",
+            Limit::NonNegative => "a finite number ≥ 0",
+            Limit::UnitOpen => "in [0, 1)",
+            Limit::UnitClosed => "in [0, 1]",
         }
     }
 }
@@ -751,7 +779,7 @@ impl<'a, 'i> Tbl<'a, 'i> {
     }
 
     /// Rejects the first (in source order) key not in `allowed`.
-    fn check_keys(&self, allowed: &[&'static str]) -> Result<(), SpecError> {
+    fn check_keys(&self, allowed: &'static [&'static str]) -> Result<(), SpecError> {
         let bad = self
             .t
             .iter()
@@ -764,7 +792,7 @@ impl<'a, 'i> Tbl<'a, 'i> {
                 "",
                 SpecErrorKind::UnknownKey {
                     key: k.get_ref().to_string(),
-                    allowed: allowed.to_vec(),
+                    allowed,
                 },
             )),
         }
@@ -812,11 +840,7 @@ impl<'a, 'i> Tbl<'a, 'i> {
         let v = self.get(key).ok_or_else(|| self.missing(key))?;
         let s = self.str_of(v, key)?;
         if s.is_empty() {
-            return Err(self.err(
-                v.span(),
-                key,
-                SpecErrorKind::Invalid("empty path".into()),
-            ));
+            return Err(self.err(v.span(), key, SpecErrorKind::Invalid("empty path".into())));
         }
         Ok(PathBuf::from(s))
     }
@@ -832,7 +856,11 @@ impl<'a, 'i> Tbl<'a, 'i> {
     }
 
     /// Index into `known` of the string value of a required key.
-    fn req_enum(&self, key: &'static str, known: &'static [&'static str]) -> Result<usize, SpecError> {
+    fn req_enum(
+        &self,
+        key: &'static str,
+        known: &'static [&'static str],
+    ) -> Result<usize, SpecError> {
         let v = self.get(key).ok_or_else(|| self.missing(key))?;
         let s = self.str_of(v, key)?;
         known.iter().position(|k| *k == s).ok_or_else(|| {
@@ -885,12 +913,18 @@ impl<'a, 'i> Tbl<'a, 'i> {
             .transpose()
     }
 
-    fn req_int(&self, key: &'static str, lo: u128, hi: u128, what: &'static str) -> Result<u128, SpecError> {
+    fn req_int(
+        &self,
+        key: &'static str,
+        lo: u128,
+        hi: u128,
+        what: &'static str,
+    ) -> Result<u128, SpecError> {
         let v = self.get(key).ok_or_else(|| self.missing(key))?;
         self.int_of(v, key, lo, hi, what)
     }
 
-    fn opt_float(&self, key: &str, range: Range) -> Result<Option<f32>, SpecError> {
+    fn opt_float(&self, key: &str, range: Limit) -> Result<Option<f32>, SpecError> {
         let Some(v) = self.get(key) else {
             return Ok(None);
         };
@@ -915,7 +949,7 @@ impl<'a, 'i> Tbl<'a, 'i> {
         Ok(Some(x as f32))
     }
 
-    fn req_float(&self, key: &'static str, range: Range) -> Result<Option<f32>, SpecError> {
+    fn req_float(&self, key: &'static str, range: Limit) -> Result<Option<f32>, SpecError> {
         if self.get(key).is_none() {
             return Err(self.missing(key));
         }
@@ -988,5 +1022,646 @@ impl<'a, 'i> Tbl<'a, 'i> {
             ));
         }
         Ok(dims)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{mutate, scratch_dir};
+    use proptest::prelude::*;
+
+    const HEAD: &str = "[model]\ninput = [1, 8, 8]\nloss = \"cross_entropy\"\n\n[optimizer]\ntype = \"adam\"\nlr = 0.001\n\n";
+
+    /// HEAD followed by `rest`.
+    fn with(rest: &str) -> String {
+        format!("{HEAD}{rest}")
+    }
+
+    fn err(text: &str) -> String {
+        match parse_model(text) {
+            Ok(m) => panic!("expected an error, parsed {m:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// The error message without its "line L, column C: " prefix.
+    fn err_body(text: &str) -> String {
+        let e = parse_model(text).unwrap_err();
+        assert!(e.line.is_some(), "error without a line: {e}");
+        e.to_string().split_once(": ").unwrap().1.to_string()
+    }
+
+    const FULL: &str = r#"
+[model]
+input = [1, 8, 8]
+seed = 7
+loss = "cross_entropy"
+
+[optimizer]
+type = "adam"
+lr = 1e-3
+beta2 = 0.99
+weight_decay = 0.0001
+
+[[layers]]
+name = "conv1"
+type = "conv2d"
+out = 8
+kernel = 3
+padding = 1
+
+[[layers]]
+type = "batchnorm2d"
+
+[[layers]]
+type = "relu"
+trainable = false
+
+[[layers]]
+type = "conv2d"
+out = 8
+kernel = [3, 1]
+stride = [1, 2]
+padding = [1, 0]
+groups = 8
+bias = false
+inputs = ["relu2"]
+
+[[layers]]
+name = "sum"
+type = "add"
+inputs = ["relu2", "conv2d3"]
+
+[[layers]]
+type = "maxpool2d"
+kernel = 2
+
+[[layers]]
+type = "avgpool2d"
+kernel = [2, 1]
+stride = 1
+
+[[layers]]
+type = "global_avgpool"
+
+[[layers]]
+type = "reshape"
+to = [8]
+
+[[layers]]
+type = "dropout"
+p = 0.25
+
+[[layers]]
+type = "dropout"
+
+[[layers]]
+type = "flatten"
+
+[[layers]]
+type = "linear"
+out = 10
+bias = false
+inputs = ["input"]
+
+[[layers]]
+type = "sigmoid"
+[[layers]]
+type = "tanh"
+[[layers]]
+type = "relu6"
+
+[train]
+batch = 32
+epochs = 20
+dataset = "digits"
+weights = "w/backbone.safetensors"
+"#;
+
+    #[test]
+    fn full_model_maps_every_field() {
+        let m = parse_model(FULL).unwrap();
+        let s = &m.spec;
+        assert_eq!(s.input, Dims::new(1, 8, 8));
+        assert_eq!(s.seed, 7);
+        assert_eq!(s.loss, LossKind::SoftmaxCrossEntropy);
+        assert_eq!(
+            s.optimizer,
+            OptimizerSpec::Adam {
+                lr: 1e-3,
+                beta1: 0.9,
+                beta2: 0.99,
+                eps: 1e-8,
+                weight_decay: 1e-4
+            }
+        );
+        let names: Vec<&str> = s.layers.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "conv1",
+                "batchnorm2d1",
+                "relu2",
+                "conv2d3",
+                "sum",
+                "maxpool2d5",
+                "avgpool2d6",
+                "global_avgpool7",
+                "reshape8",
+                "dropout9",
+                "dropout10",
+                "flatten11",
+                "linear12",
+                "sigmoid13",
+                "tanh14",
+                "relu615"
+            ]
+        );
+        let l = &s.layers;
+        assert_eq!(
+            l[0].kind,
+            LayerKind::Conv2d {
+                out: 8,
+                kernel: [3, 3],
+                stride: [1, 1],
+                padding: [1, 1],
+                groups: 1,
+                bias: true
+            }
+        );
+        assert_eq!(l[0].inputs, vec![Src::Input]);
+        assert!(l[0].trainable);
+        assert_eq!(
+            l[1].kind,
+            LayerKind::BatchNorm2d {
+                eps: 1e-5,
+                momentum: 0.1
+            }
+        );
+        assert_eq!(l[1].inputs, vec![Src::Layer(0)]);
+        assert!(!l[2].trainable);
+        assert_eq!(
+            l[3].kind,
+            LayerKind::Conv2d {
+                out: 8,
+                kernel: [3, 1],
+                stride: [1, 2],
+                padding: [1, 0],
+                groups: 8,
+                bias: false
+            }
+        );
+        assert_eq!(l[3].inputs, vec![Src::Layer(2)]);
+        assert_eq!(l[4].kind, LayerKind::Add);
+        assert_eq!(l[4].inputs, vec![Src::Layer(2), Src::Layer(3)]);
+        assert_eq!(
+            l[5].kind,
+            LayerKind::MaxPool2d {
+                kernel: [2, 2],
+                stride: [2, 2]
+            }
+        );
+        assert_eq!(
+            l[6].kind,
+            LayerKind::AvgPool2d {
+                kernel: [2, 1],
+                stride: [1, 1]
+            }
+        );
+        assert_eq!(l[7].kind, LayerKind::GlobalAvgPool);
+        assert_eq!(l[8].kind, LayerKind::Reshape { to: Dims::flat(8) });
+        assert_eq!(l[9].kind, LayerKind::Dropout { p: 0.25 });
+        assert_eq!(l[10].kind, LayerKind::Dropout { p: 0.5 });
+        assert_eq!(l[11].kind, LayerKind::Flatten);
+        assert_eq!(
+            l[12].kind,
+            LayerKind::Linear {
+                out: 10,
+                bias: false
+            }
+        );
+        assert_eq!(l[12].inputs, vec![Src::Input]);
+        assert_eq!(
+            [&l[13].kind, &l[14].kind, &l[15].kind],
+            [&LayerKind::Sigmoid, &LayerKind::Tanh, &LayerKind::Relu6]
+        );
+        assert_eq!(
+            m.train,
+            TrainConfig {
+                batch: Some(32),
+                epochs: Some(20),
+                dataset: Some(DatasetSource::Digits),
+                weights: Some("w/backbone.safetensors".into())
+            }
+        );
+    }
+
+    #[test]
+    fn sgd_mse_and_datasets() {
+        let m = parse_model(
+            "[model]\ninput = [64]\nloss = \"mse\"\n[optimizer]\ntype = \"sgd\"\nlr = 1\nmomentum = 0.9\n\
+             [[layers]]\ntype = \"linear\"\nout = 1_0\n\
+             [train]\ndataset = { csv = \"d.csv\", label_column = 3 }\n",
+        )
+        .unwrap();
+        assert_eq!(m.spec.input, Dims::flat(64));
+        assert_eq!(m.spec.seed, 0);
+        assert_eq!(m.spec.loss, LossKind::Mse);
+        assert_eq!(
+            m.spec.optimizer,
+            OptimizerSpec::Sgd {
+                lr: 1.0,
+                momentum: 0.9,
+                weight_decay: 0.0
+            }
+        );
+        assert_eq!(
+            m.spec.layers[0].kind,
+            LayerKind::Linear {
+                out: 10,
+                bias: true
+            }
+        );
+        assert_eq!(
+            m.train.dataset,
+            Some(DatasetSource::Csv {
+                path: "d.csv".into(),
+                label_column: 3
+            })
+        );
+        let m = parse_model(&with(
+            "[[layers]]\ntype = \"flatten\"\n[train]\ndataset = { idx_images = \"i.idx\", idx_labels = \"l.idx\" }\n",
+        ))
+        .unwrap();
+        assert_eq!(
+            m.train.dataset,
+            Some(DatasetSource::Idx {
+                images: "i.idx".into(),
+                labels: "l.idx".into()
+            })
+        );
+        assert_eq!(m.train.batch, None);
+        let m = parse_model(&with("[[layers]]\ntype = \"relu\"\n")).unwrap();
+        assert_eq!(m.train, TrainConfig::default());
+        let m = parse_model(&with("[[layers]]\ntype = \"dropout\"\np = 0\n")).unwrap();
+        assert_eq!(m.spec.layers[0].kind, LayerKind::Dropout { p: 0.0 });
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let text = with(
+            "[[layers]]\ntype = \"relu\"\n[[layers]]\ntype = \"relu\"\n[[layers]]\ntype = \"relu\"\n\
+             [[layers]]\nname = \"conv2\"\ntype = \"conv2d\"\nout = 4\nkernal = 3\n",
+        );
+        let e = parse_model(&text).unwrap_err();
+        assert_eq!(e.line, Some(19));
+        assert_eq!(e.column, Some(1));
+        assert!(
+            e.to_string().starts_with(
+                "line 19, column 1: layers[3] (\"conv2\"): unknown key \"kernal\" (allowed: name, type, inputs, trainable, out, kernel, stride, padding, groups, bias)"
+            ),
+            "{e}"
+        );
+        // A key of another layer type.
+        assert_eq!(
+            err_body(&with("[[layers]]\ntype = \"relu\"\nout = 3\n")),
+            "layers[0] (\"relu0\"): unknown key \"out\" (allowed: name, type, inputs, trainable)"
+        );
+        // Adam-only key on SGD.
+        assert!(err_body(
+            "[model]\ninput=[1]\nloss=\"mse\"\n[optimizer]\ntype=\"sgd\"\nlr=0.1\nbeta1=0.9\n[[layers]]\ntype=\"relu\"\n"
+        )
+        .starts_with("optimizer: unknown key \"beta1\""));
+        assert!(
+            err_body(&format!("{HEAD}[[layers]]\ntype=\"relu\"\n[extra]\n"))
+                .starts_with("unknown key \"extra\"")
+        );
+        assert!(err_body(&HEAD.replace("loss", "seed = 1\nlosss = 1\nloss"))
+            .starts_with("model: unknown key \"losss\""));
+        assert!(
+            err_body(&with("[[layers]]\ntype=\"relu\"\n[train]\nbatchsize = 3\n"))
+                .starts_with("train: unknown key \"batchsize\"")
+        );
+        assert!(err_body(&with(
+            "[[layers]]\ntype=\"relu\"\n[train]\ndataset = { csv = \"a\", idx_labels = \"b\" }\n"
+        ))
+        .starts_with("train.dataset: unknown key \"idx_labels\""));
+    }
+
+    #[test]
+    fn unknown_values_are_named() {
+        assert_eq!(
+            err_body(&with("[[layers]]\ntype = \"conv3d\"\n")),
+            "layers[0].type: unknown value \"conv3d\" (known: linear, conv2d, maxpool2d, avgpool2d, \
+             global_avgpool, relu, relu6, sigmoid, tanh, flatten, reshape, add, batchnorm2d, dropout)"
+        );
+        assert!(err_body(&HEAD.replace("cross_entropy", "hinge"))
+            .starts_with("model.loss: unknown value \"hinge\""));
+        assert!(err_body(&HEAD.replace("adam", "adamw"))
+            .starts_with("optimizer.type: unknown value \"adamw\""));
+        assert!(err_body(&with(
+            "[[layers]]\ntype=\"relu\"\n[train]\ndataset = \"mnist\"\n"
+        ))
+        .starts_with("train.dataset: unknown value \"mnist\""));
+        assert!(
+            err_body(&with("[[layers]]\ntype=\"relu\"\n[train]\ndataset = {}\n"))
+                .starts_with("train.dataset: a dataset table needs")
+        );
+    }
+
+    #[test]
+    fn names_and_inputs() {
+        let dup = err_body(&with(
+            "[[layers]]\nname = \"a\"\ntype = \"relu\"\n[[layers]]\nname = \"a\"\ntype = \"relu\"\n",
+        ));
+        assert_eq!(
+            dup,
+            "layers[1] (\"a\").name: duplicate layer name \"a\" (already used by layers[0])"
+        );
+        // An explicit name that equals a later default name.
+        let dup = err_body(&with(
+            "[[layers]]\nname = \"relu1\"\ntype = \"relu\"\n[[layers]]\ntype = \"relu\"\n",
+        ));
+        assert!(dup.contains("duplicate layer name \"relu1\""), "{dup}");
+        assert_eq!(
+            err_body(&with("[[layers]]\ntype = \"relu\"\ninputs = [\"nope\"]\n")),
+            "layers[0] (\"relu0\").inputs: input \"nope\" is neither \"input\" nor the name of a layer"
+        );
+        assert_eq!(
+            err_body(&with("[[layers]]\ntype = \"relu\"\ninputs = [\"b\"]\n[[layers]]\nname = \"b\"\ntype = \"relu\"\n")),
+            "layers[0] (\"relu0\").inputs: input \"b\" is layers[1], which does not come before this layer (inputs must name earlier layers)"
+        );
+        assert!(err_body(&with(
+            "[[layers]]\nname = \"s\"\ntype = \"relu\"\ninputs = [\"s\"]\n"
+        ))
+        .contains("input \"s\" is layers[0], which does not come before"));
+        assert_eq!(
+            err_body(&with(
+                "[[layers]]\ntype = \"relu\"\n[[layers]]\ntype = \"add\"\ninputs = [\"relu0\"]\n"
+            )),
+            "layers[1] (\"add1\").inputs: takes exactly 2 input(s), got 1"
+        );
+        assert!(err_body(&with("[[layers]]\ntype = \"add\"\n"))
+            .starts_with("layers[0] (\"add0\").inputs: add needs inputs = [a, b]"));
+        assert!(err_body(&with(
+            "[[layers]]\ntype = \"relu\"\ninputs = [\"input\", \"input\"]\n"
+        ))
+        .contains("takes exactly 1 input(s), got 2"));
+        assert!(
+            err_body(&with("[[layers]]\nname = \"input\"\ntype = \"relu\"\n"))
+                .contains("the name \"input\" is reserved")
+        );
+        assert!(
+            err_body(&with("[[layers]]\nname = \"\"\ntype = \"relu\"\n"))
+                .contains("must be non-empty")
+        );
+        assert!(
+            err_body(&with("[[layers]]\ntype = \"relu\"\ninputs = \"input\"\n"))
+                .contains("inputs: expected an array of layer names, found string")
+        );
+        assert!(
+            err_body(&with("[[layers]]\ntype = \"relu\"\ninputs = [3]\n"))
+                .contains("inputs: expected a string, found integer")
+        );
+    }
+
+    #[test]
+    fn ranges_are_checked() {
+        let layer = |body: &str| err_body(&with(&format!("[[layers]]\n{body}\n")));
+        assert_eq!(
+            layer("type = \"linear\"\nout = 0"),
+            "layers[0] (\"linear0\").out: must be a positive integer, got 0"
+        );
+        assert!(layer("type = \"linear\"\nout = -3")
+            .contains("out: must be a positive integer, got -3"));
+        assert!(layer("type = \"linear\"\nout = 4294967296")
+            .contains("out: must be a positive integer"));
+        assert!(layer("type = \"linear\"").contains("layers[0] (\"linear0\"): missing key \"out\""));
+        assert!(layer("type = \"conv2d\"\nout = 2\nkernel = [3, 0]")
+            .contains("kernel: must be a positive integer or [h, w], got 0"));
+        assert!(layer("type = \"conv2d\"\nout = 2\nkernel = [3, 3, 3]")
+            .contains("kernel: expected [h, w], got 3 elements"));
+        assert!(layer("type = \"conv2d\"\nout = 2\nkernel = 3\nstride = 0")
+            .contains("stride: must be a positive integer"));
+        assert!(
+            layer("type = \"conv2d\"\nout = 2\nkernel = 3\npadding = -1")
+                .contains("padding: must be a non-negative integer")
+        );
+        assert!(layer("type = \"conv2d\"\nout = 6\nkernel = 3\ngroups = 4")
+            .contains("groups: groups = 4 does not divide out = 6"));
+        assert!(layer("type = \"conv2d\"\nout = \"8\"\nkernel = 3")
+            .contains("out: expected a positive integer, found string"));
+        assert!(layer("type = \"linear\"\nout = 2\nbias = 1")
+            .contains("bias: expected true or false, found integer"));
+        assert!(layer("type = \"maxpool2d\"").contains("missing key \"kernel\""));
+        assert_eq!(
+            layer("type = \"dropout\"\np = 1.0"),
+            "layers[0] (\"dropout0\").p: must be in [0, 1), got 1.0"
+        );
+        assert!(layer("type = \"dropout\"\np = -0.1").contains("p: must be in [0, 1), got -0.1"));
+        assert!(layer("type = \"dropout\"\np = nan").contains("p: must be in [0, 1), got nan"));
+        assert!(
+            layer("type = \"batchnorm2d\"\neps = 0").contains("eps: must be a finite number > 0")
+        );
+        assert!(
+            layer("type = \"batchnorm2d\"\nmomentum = 1.5").contains("momentum: must be in [0, 1]")
+        );
+        assert!(layer("type = \"reshape\"\nto = [2, 0, 1]")
+            .contains("to: must be a positive integer, got 0"));
+        assert!(layer("type = \"reshape\"\nto = [2, 2]")
+            .contains("to: expected [C, H, W] or [F], got 2 elements"));
+        assert!(layer("type = \"relu\"\ntrainable = \"no\"")
+            .contains("trainable: expected true or false"));
+
+        let opt = |lr: &str| {
+            err_body(
+                &HEAD
+                    .replace("lr = 0.001", lr)
+                    .replace("[optimizer]", "[[layers]]\ntype=\"relu\"\n[optimizer]"),
+            )
+        };
+        assert_eq!(
+            opt("lr = 0"),
+            "optimizer.lr: must be a finite number > 0, got 0"
+        );
+        assert!(opt("lr = -0.1").contains("optimizer.lr: must be a finite number > 0, got -0.1"));
+        assert!(opt("lr = inf").contains("optimizer.lr: must be a finite number > 0, got inf"));
+        assert!(opt("lr = nan").contains("optimizer.lr: must be a finite number > 0, got nan"));
+        assert!(
+            opt("lr = 1e39").contains("optimizer.lr: must be a finite number > 0"),
+            "overflows f32"
+        );
+        assert!(
+            opt("lr = 1e-50").contains("optimizer.lr: must be a finite number > 0"),
+            "underflows f32"
+        );
+        assert!(opt("lr = \"fast\"").contains("optimizer.lr: expected a number, found string"));
+        assert!(opt("beta1 = 1.0\nlr = 0.1").contains("optimizer.beta1: must be in [0, 1)"));
+        assert!(opt("weight_decay = -1\nlr = 0.1")
+            .contains("optimizer.weight_decay: must be a finite number ≥ 0"));
+        assert!(
+            err_body(&with("[[layers]]\ntype=\"relu\"\n").replace("lr = 0.001\n", ""))
+                .starts_with("optimizer: missing key \"lr\"")
+        );
+
+        let model = |input: &str| {
+            err_body(&with("[[layers]]\ntype=\"relu\"\n").replace("input = [1, 8, 8]", input))
+        };
+        assert!(
+            model("input = [0, 8, 8]").contains("model.input: must be a positive integer, got 0")
+        );
+        assert!(model("input = [1, 8]")
+            .contains("model.input: expected [C, H, W] or [F], got 2 elements"));
+        assert!(model("input = []").contains("got 0 elements"));
+        assert!(model("input = 64").contains(
+            "model.input: expected [C, H, W] or [F] of positive integers, found integer"
+        ));
+        assert!(model("input = [65536, 65536, 2]").contains("more than 2^32 - 1 elements"));
+        assert!(model("input = [1]\nseed = -1")
+            .contains("model.seed: must be a non-negative integer, got -1"));
+
+        let train =
+            |t: &str| err_body(&with(&format!("[[layers]]\ntype=\"relu\"\n[train]\n{t}\n")));
+        assert!(train("batch = 0").contains("train.batch: must be a positive integer, got 0"));
+        assert!(train("epochs = 1.5")
+            .contains("train.epochs: expected a positive integer, found float"));
+        assert!(train("weights = 3").contains("train.weights: expected a string, found integer"));
+        assert!(train("weights = \"\"").contains("train.weights: empty path"));
+        assert!(train("dataset = { csv = \"a.csv\", label_column = -1 }")
+            .contains("train.dataset.label_column: must be a non-negative integer"));
+        assert!(train("dataset = { idx_images = \"a\" }")
+            .contains("train.dataset: missing key \"idx_labels\""));
+    }
+
+    #[test]
+    fn structure_errors() {
+        assert_eq!(
+            err("[optimizer]\ntype=\"sgd\"\nlr=1\n[[layers]]\ntype=\"relu\"\n"),
+            "line 1, column 1: missing section [model]"
+        );
+        assert!(
+            err("[model]\ninput=[1]\nloss=\"mse\"\n[[layers]]\ntype=\"relu\"\n")
+                .contains("missing section [optimizer]")
+        );
+        assert!(err(HEAD).contains("layers: no [[layers]]: a model needs at least one layer"));
+        assert!(err(&format!("layers = []\n{HEAD}"))
+            .contains("layers: a model needs at least one layer"));
+        assert!(err(&format!("layers = 3\n{HEAD}"))
+            .contains("layers: expected an array of tables ([[layers]]), found integer"));
+        assert!(err(&format!("layers = [1]\n{HEAD}"))
+            .contains("layers[0]: expected a table, found integer"));
+        assert!(err("model = 3\n").contains("model: expected a table, found integer"));
+        assert!(err(&HEAD.replace("loss = \"cross_entropy\"\n", ""))
+            .contains("model: missing key \"loss\""));
+        assert!(err(&with("[[layers]]\nname = \"x\"\n"))
+            .contains("layers[0] (\"x\"): missing key \"type\""));
+        assert!(err(&with("[[layers]]\ntype = 3\n"))
+            .contains("layers[0].type: expected a string, found integer"));
+    }
+
+    #[test]
+    fn syntax_errors_have_positions() {
+        let e = parse_model("[model]\ninput = [1, 8, 8\nloss = 3\n").unwrap_err();
+        assert!(matches!(e.kind, SpecErrorKind::Syntax(_)), "{e:?}");
+        assert!(e.line.is_some());
+        assert!(e.to_string().contains("TOML syntax error"), "{e}");
+        let e = parse_model("[model]\ninput = [1]\ninput = [2]\n").unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+    }
+
+    #[test]
+    fn load_model_names_the_file_and_resolves_paths() {
+        let d = scratch_dir("spec");
+        let p = d.join("m.toml");
+        std::fs::write(
+            &p,
+            with("[[layers]]\ntype = \"relu\"\n[train]\nweights = \"w.safetensors\"\ndataset = { idx_images = \"i.idx\", idx_labels = \"/abs/l.idx\" }\n"),
+        )
+        .unwrap();
+        let m = load_model(&p).unwrap();
+        assert_eq!(m.train.weights, Some(d.join("w.safetensors")));
+        assert_eq!(
+            m.train.dataset,
+            Some(DatasetSource::Idx {
+                images: d.join("i.idx"),
+                labels: "/abs/l.idx".into()
+            })
+        );
+        std::fs::write(
+            &p,
+            with("[[layers]]\ntype = \"relu\"\n[train]\ndataset = { csv = \"x/d.csv\" }\n"),
+        )
+        .unwrap();
+        assert_eq!(
+            load_model(&p).unwrap().train.dataset,
+            Some(DatasetSource::Csv {
+                path: d.join("x/d.csv"),
+                label_column: 0
+            })
+        );
+        std::fs::write(&p, with("[[layers]]\ntype = \"relu\"\nout = 1\n")).unwrap();
+        let e = load_model(&p).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!("{}:11:1: layers[0] (\"relu0\"): unknown key \"out\" (allowed: name, type, inputs, trainable)", p.display())
+        );
+        let e = load_model(&d.join("missing.toml")).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with(&format!("{}: ", d.join("missing.toml").display())),
+            "{e}"
+        );
+        assert!(matches!(e.kind, SpecErrorKind::Io(_)));
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn examples_and_docs_parse() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut n = 0;
+        if let Ok(dir) = std::fs::read_dir(root.join("examples")) {
+            for entry in dir {
+                let p = entry.unwrap().path();
+                if p.extension().is_some_and(|e| e == "toml") {
+                    load_model(&p).unwrap_or_else(|e| panic!("{e}"));
+                    n += 1;
+                }
+            }
+        }
+        // The example in docs/model-format.md, with its first layer completed.
+        if let Ok(doc) = std::fs::read_to_string(root.join("docs/model-format.md")) {
+            let block = doc
+                .split("```toml\n")
+                .nth(1)
+                .unwrap()
+                .split("```")
+                .next()
+                .unwrap();
+            let m = parse_model(block).unwrap_or_else(|e| panic!("docs example: {e}"));
+            assert_eq!(m.spec.layers[0].name, "conv1");
+            n += 1;
+        }
+        assert!(n > 0, "nothing to check");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn fuzz_random_text(text in "\\PC{0,200}") {
+            let _ = parse_model(&text);
+        }
+
+        #[test]
+        fn fuzz_tomlish_text(text in "(\\[\\[?(model|optimizer|layers|train)\\]\\]?\n|(input|type|name|out|kernel|inputs|lr|p|to|dataset|loss|groups) = (\"(relu|add|conv2d|linear|sgd|adam|mse|digits|input|relu0)\"|-?[0-9]{1,11}|[0-9]\\.[0-9]e-?[0-9]{1,2}|nan|inf|true|\\[[0-9, \"a-z]{0,12}\\]|\\{ csv = \"a\" \\})\n){0,24}") {
+            let _ = parse_model(&text);
+        }
+
+        #[test]
+        fn fuzz_mutations(muts in proptest::collection::vec((0u8..3, any::<usize>(), any::<u8>()), 1..8)) {
+            let bytes = mutate(FULL.as_bytes().to_vec(), &muts);
+            let _ = parse_model(&String::from_utf8_lossy(&bytes));
+        }
     }
 }

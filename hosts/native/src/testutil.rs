@@ -19,7 +19,11 @@ pub(crate) fn scratch_dir(tag: &str) -> PathBuf {
 /// taken modulo the current length. Used by the fuzz tests to corrupt valid inputs.
 pub(crate) fn mutate(mut bytes: Vec<u8>, muts: &[(u8, usize, u8)]) -> Vec<u8> {
     for &(op, at, val) in muts {
-        let i = if bytes.is_empty() { 0 } else { at % bytes.len() };
+        let i = if bytes.is_empty() {
+            0
+        } else {
+            at % bytes.len()
+        };
         match op {
             0 if !bytes.is_empty() => bytes[i] ^= val.max(1),
             1 => bytes.truncate(i),

@@ -7,7 +7,7 @@
 //!   same function, so the pointer arithmetic stays in bounds.
 use core::arch::x86_64::*;
 
-use super::{pack_b_panels, Kernel, Spec, SPEC_AVX2, SPEC_AVX512};
+use super::{pack_b_panels, Kernel, Spec, Tile, SPEC_AVX2, SPEC_AVX512};
 
 // ---------------------------------------------------------------------------------------------------------
 // Kernel tokens
@@ -23,21 +23,25 @@ pub(super) struct Avx2(());
 
 impl Avx512 {
     pub(super) fn new() -> Option<Self> {
-        #[cfg(feature = "std")]
+        #[cfg(any(feature = "std", test))]
         let ok = std::is_x86_feature_detected!("avx512f")
             && std::is_x86_feature_detected!("avx2")
             && std::is_x86_feature_detected!("fma");
-        #[cfg(not(feature = "std"))]
-        let ok = cfg!(all(target_feature = "avx512f", target_feature = "avx2", target_feature = "fma"));
+        #[cfg(not(any(feature = "std", test)))]
+        let ok = cfg!(all(
+            target_feature = "avx512f",
+            target_feature = "avx2",
+            target_feature = "fma"
+        ));
         ok.then_some(Self(()))
     }
 }
 
 impl Avx2 {
     pub(super) fn new() -> Option<Self> {
-        #[cfg(feature = "std")]
+        #[cfg(any(feature = "std", test))]
         let ok = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
-        #[cfg(not(feature = "std"))]
+        #[cfg(not(any(feature = "std", test)))]
         let ok = cfg!(all(target_feature = "avx2", target_feature = "fma"));
         ok.then_some(Self(()))
     }
@@ -47,36 +51,120 @@ impl Avx2 {
 // Packing (AVX2: 8×8 register transposes for the strided-depth case)
 // ---------------------------------------------------------------------------------------------------------
 
-/// Transposes the 8×8 block `r[l][p]` into `o[p][l]`.
-#[inline]
+/// Transposes 8 lanes × `kc` depth, lane `i` being the contiguous `src[start + i·ls..][..kc]`, into
+/// `dst[p·w + i]`, for the depth steps `p < kc` rounded down to a multiple of 4, which it returns. Per 8×4
+/// block: 8 half-vector loads, 4 of them inserts (which place lanes i and i+4 side by side for free), and
+/// 8 in-lane shuffles.
 #[target_feature(enable = "avx2")]
-fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
-    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-    let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-    let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-    let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-    let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-    let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-    let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-    let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-    [
-        _mm256_permute2f128_ps::<0x20>(u0, u4),
-        _mm256_permute2f128_ps::<0x20>(u1, u5),
-        _mm256_permute2f128_ps::<0x20>(u2, u6),
-        _mm256_permute2f128_ps::<0x20>(u3, u7),
-        _mm256_permute2f128_ps::<0x31>(u0, u4),
-        _mm256_permute2f128_ps::<0x31>(u1, u5),
-        _mm256_permute2f128_ps::<0x31>(u2, u6),
-        _mm256_permute2f128_ps::<0x31>(u3, u7),
-    ]
+fn transpose_lanes8(
+    src: &[f32],
+    start: usize,
+    ls: usize,
+    kc: usize,
+    dst: &mut [f32],
+    w: usize,
+) -> usize {
+    let kc4 = kc / 4 * 4;
+    if kc4 == 0 {
+        return 0;
+    }
+    assert!(w >= 8 && start + 7 * ls + kc <= src.len() && (kc4 - 1) * w + 8 <= dst.len());
+    let s = src[start..].as_ptr();
+    let d = dst.as_mut_ptr();
+    // SAFETY: every load below reads `src[start + i·ls + p..][..4]` with i < 8, p + 4 ≤ kc4 ≤ kc, inside
+    // `src` as start + 7·ls + kc ≤ src.len() (asserted); every store writes `dst[p·w..][..8]` with
+    // p < kc4, inside `dst` as (kc4-1)·w + 8 ≤ dst.len() (asserted). AVX2 is enabled on this function.
+    unsafe {
+        macro_rules! halves {
+            ($lo:expr, $hi:expr, $off:expr) => {
+                _mm256_insertf128_ps::<1>(
+                    _mm256_castps128_ps256(_mm_loadu_ps(s.add($lo * ls + $off))),
+                    _mm_loadu_ps(s.add($hi * ls + $off)),
+                )
+            };
+        }
+        for p0 in (0..kc4).step_by(4) {
+            // a_i = lanes i and i+4 at depths p0..p0+4.
+            let a0 = halves!(0, 4, p0);
+            let a1 = halves!(1, 5, p0);
+            let a2 = halves!(2, 6, p0);
+            let a3 = halves!(3, 7, p0);
+            let t0 = _mm256_unpacklo_ps(a0, a1);
+            let t1 = _mm256_unpackhi_ps(a0, a1);
+            let t2 = _mm256_unpacklo_ps(a2, a3);
+            let t3 = _mm256_unpackhi_ps(a2, a3);
+            _mm256_storeu_ps(d.add(p0 * w), _mm256_shuffle_ps::<0x44>(t0, t2));
+            _mm256_storeu_ps(d.add((p0 + 1) * w), _mm256_shuffle_ps::<0xEE>(t0, t2));
+            _mm256_storeu_ps(d.add((p0 + 2) * w), _mm256_shuffle_ps::<0x44>(t1, t3));
+            _mm256_storeu_ps(d.add((p0 + 3) * w), _mm256_shuffle_ps::<0xEE>(t1, t3));
+        }
+    }
+    kc4
+}
+
+/// As [`transpose_lanes8`] for 16 lanes (`dst[p·w + i]`, i < 16), with 512-bit vectors: per 16×4 block,
+/// 16 quarter-vector loads (12 of them inserts) and 8 in-lane shuffles, and full 64-byte stores.
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn transpose_lanes16(
+    src: &[f32],
+    start: usize,
+    ls: usize,
+    kc: usize,
+    dst: &mut [f32],
+    w: usize,
+) -> usize {
+    let kc4 = kc / 4 * 4;
+    if kc4 == 0 {
+        return 0;
+    }
+    assert!(w >= 16 && start + 15 * ls + kc <= src.len() && (kc4 - 1) * w + 16 <= dst.len());
+    let s = src[start..].as_ptr();
+    let d = dst.as_mut_ptr();
+    // SAFETY: every load below reads `src[start + i·ls + p..][..4]` with i < 16, p + 4 ≤ kc4 ≤ kc, inside
+    // `src` as start + 15·ls + kc ≤ src.len() (asserted); every store writes `dst[p·w..][..16]` with
+    // p < kc4, inside `dst` as (kc4-1)·w + 16 ≤ dst.len() (asserted). AVX-512F is enabled here.
+    unsafe {
+        macro_rules! quarters {
+            ($i:expr, $off:expr) => {{
+                let v = _mm512_castps128_ps512(_mm_loadu_ps(s.add($i * ls + $off)));
+                let v = _mm512_insertf32x4::<1>(v, _mm_loadu_ps(s.add(($i + 4) * ls + $off)));
+                let v = _mm512_insertf32x4::<2>(v, _mm_loadu_ps(s.add(($i + 8) * ls + $off)));
+                _mm512_insertf32x4::<3>(v, _mm_loadu_ps(s.add(($i + 12) * ls + $off)))
+            }};
+        }
+        for p0 in (0..kc4).step_by(4) {
+            // a_i = lanes i, i+4, i+8, i+12 at depths p0..p0+4.
+            let a0 = quarters!(0, p0);
+            let a1 = quarters!(1, p0);
+            let a2 = quarters!(2, p0);
+            let a3 = quarters!(3, p0);
+            let t0 = _mm512_unpacklo_ps(a0, a1);
+            let t1 = _mm512_unpackhi_ps(a0, a1);
+            let t2 = _mm512_unpacklo_ps(a2, a3);
+            let t3 = _mm512_unpackhi_ps(a2, a3);
+            _mm512_storeu_ps(d.add(p0 * w), _mm512_shuffle_ps::<0x44>(t0, t2));
+            _mm512_storeu_ps(d.add((p0 + 1) * w), _mm512_shuffle_ps::<0xEE>(t0, t2));
+            _mm512_storeu_ps(d.add((p0 + 2) * w), _mm512_shuffle_ps::<0x44>(t1, t3));
+            _mm512_storeu_ps(d.add((p0 + 3) * w), _mm512_shuffle_ps::<0xEE>(t1, t3));
+        }
+    }
+    kc4
+}
+
+impl Avx512 {
+    /// Safe entry to [`transpose_lanes16`].
+    fn transpose16(
+        self,
+        src: &[f32],
+        start: usize,
+        ls: usize,
+        kc: usize,
+        dst: &mut [f32],
+        w: usize,
+    ) -> usize {
+        // SAFETY: `self` exists only if AVX-512F, AVX2 and FMA were detected (`Avx512::new`).
+        unsafe { transpose_lanes16(src, start, ls, kc, dst, w) }
+    }
 }
 
 /// Loads 8 floats from the start of `s` (which must hold at least 8).
@@ -98,11 +186,23 @@ fn store8(d: &mut [f32], x: __m256) {
 }
 
 /// Packs `lanes` lanes (stride `ls`) × `kc` depth (stride `ps`) from `src[base..]` into `dst` (lane stride
-/// 1, depth stride `w`), zero-filling lanes `lanes..w`. Fast paths: contiguous lanes (`ls == 1`, a row
-/// copy per depth step) and contiguous depth (`ps == 1`, 8×8 register transposes).
+/// 1, depth stride `w`), zero-filling lanes `lanes..w` when `pad` (the kernel reads them). Fast paths: contiguous lanes (`ls == 1`, a row
+/// copy per depth step) and contiguous depth (`ps == 1`, register transposes of 16 lanes with `wide`,
+/// else 8).
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2")]
-fn pack_panel(src: &[f32], base: usize, ls: usize, ps: usize, lanes: usize, w: usize, kc: usize, dst: &mut [f32]) {
+fn pack_panel(
+    wide: Option<Avx512>,
+    pad: bool,
+    src: &[f32],
+    base: usize,
+    ls: usize,
+    ps: usize,
+    lanes: usize,
+    w: usize,
+    kc: usize,
+    dst: &mut [f32],
+) {
     let dst = &mut dst[..w * kc];
     if ls == 1 {
         for (p, d) in dst.chunks_exact_mut(w).enumerate() {
@@ -112,37 +212,34 @@ fn pack_panel(src: &[f32], base: usize, ls: usize, ps: usize, lanes: usize, w: u
                 store8(&mut d[l..], load8(&s[l..]));
                 l += 8;
             }
-            d[l..lanes].copy_from_slice(&s[l..]);
-            d[lanes..].fill(0.0);
-        }
-    } else if ps == 1 && kc >= 8 {
-        let mut l0 = 0;
-        while l0 + 8 <= lanes {
-            let rows: [&[f32]; 8] = core::array::from_fn(|i| {
-                let s = base + (l0 + i) * ls;
-                &src[s..s + kc]
-            });
-            let mut p0 = 0;
-            while p0 + 8 <= kc {
-                let r = [
-                    load8(&rows[0][p0..]),
-                    load8(&rows[1][p0..]),
-                    load8(&rows[2][p0..]),
-                    load8(&rows[3][p0..]),
-                    load8(&rows[4][p0..]),
-                    load8(&rows[5][p0..]),
-                    load8(&rows[6][p0..]),
-                    load8(&rows[7][p0..]),
-                ];
-                let o = transpose8(r);
-                for (q, &x) in o.iter().enumerate() {
-                    store8(&mut dst[(p0 + q) * w + l0..], x);
-                }
-                p0 += 8;
+            // Guarded: a zero-length copy or fill would still cost a libc call per depth step.
+            if l < lanes {
+                d[l..lanes].copy_from_slice(&s[l..]);
             }
-            for p in p0..kc {
-                for (i, row) in rows.iter().enumerate() {
-                    dst[p * w + l0 + i] = row[p];
+            if pad && lanes < w {
+                d[lanes..].fill(0.0);
+            }
+        }
+    } else if ps == 1 {
+        let mut l0 = 0;
+        if let Some(wide) = wide {
+            while l0 + 16 <= lanes {
+                let start = base + l0 * ls;
+                let done = wide.transpose16(src, start, ls, kc, &mut dst[l0..], w);
+                for p in done..kc {
+                    for i in 0..16 {
+                        dst[p * w + l0 + i] = src[start + i * ls + p];
+                    }
+                }
+                l0 += 16;
+            }
+        }
+        while l0 + 8 <= lanes {
+            let start = base + l0 * ls;
+            let done = transpose_lanes8(src, start, ls, kc, &mut dst[l0..], w);
+            for p in done..kc {
+                for i in 0..8 {
+                    dst[p * w + l0 + i] = src[start + i * ls + p];
                 }
             }
             l0 += 8;
@@ -153,8 +250,10 @@ fn pack_panel(src: &[f32], base: usize, ls: usize, ps: usize, lanes: usize, w: u
                 dst[p * w + l] = x;
             }
         }
-        for d in dst.chunks_exact_mut(w) {
-            d[lanes..].fill(0.0);
+        if pad && lanes < w {
+            for d in dst.chunks_exact_mut(w) {
+                d[lanes..].fill(0.0);
+            }
         }
     } else {
         for (p, d) in dst.chunks_exact_mut(w).enumerate() {
@@ -162,7 +261,64 @@ fn pack_panel(src: &[f32], base: usize, ls: usize, ps: usize, lanes: usize, w: u
             for (l, x) in d[..lanes].iter_mut().enumerate() {
                 *x = src[s0 + l * ls];
             }
-            d[lanes..].fill(0.0);
+            if pad && lanes < w {
+                d[lanes..].fill(0.0);
+            }
+        }
+    }
+}
+
+/// Packs a B block whose columns are contiguous (`ls == 1`, B row-major) into panels of `NR = 16·NV`
+/// columns (the last one `round_up(cols, 16)` wide, zero-filled): one pass over each source row; full
+/// panels are plain 16-lane copies, the ragged end uses masked loads.
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn pack_b_rows512<const NV: usize>(
+    src: &[f32],
+    base: usize,
+    ps: usize,
+    nc: usize,
+    kc: usize,
+    dst: &mut [f32],
+) {
+    let nr = 16 * NV;
+    let full = nc / nr;
+    let tail = nc - full * nr;
+    let tail_w = tail.div_ceil(16) * 16;
+    let dst = &mut dst[..full * nr * kc + tail_w * kc];
+    for p in 0..kc {
+        let row = &src[base + p * ps..base + p * ps + nc];
+        for q in 0..full {
+            let s = &row[q * nr..q * nr + nr];
+            let d = &mut dst[q * nr * kc + p * nr..q * nr * kc + p * nr + nr];
+            for v in 0..NV {
+                // SAFETY: `s` and `d` both hold nr = 16·NV elements (slicing checked), v < NV.
+                unsafe {
+                    _mm512_storeu_ps(
+                        d.as_mut_ptr().add(16 * v),
+                        _mm512_loadu_ps(s.as_ptr().add(16 * v)),
+                    )
+                }
+            }
+        }
+        if tail > 0 {
+            let s = &row[full * nr..];
+            let d0 = full * nr * kc + p * tail_w;
+            let d = &mut dst[d0..d0 + tail_w];
+            for v in 0..tail_w / 16 {
+                let lanes = (tail - 16 * v).min(16);
+                let mask = ((1u32 << lanes) - 1) as __mmask16;
+                // SAFETY: `s` holds `tail` elements and the mask enables only lanes 16·v + l < tail (others
+                // are not read and cannot fault); 16·v < tail keeps the pointer in bounds. `d` holds
+                // tail_w ≥ 16·v + 16 elements.
+                unsafe {
+                    let x = if lanes == 16 {
+                        _mm512_loadu_ps(s.as_ptr().add(16 * v))
+                    } else {
+                        _mm512_maskz_loadu_ps(mask, s.as_ptr().add(16 * v))
+                    };
+                    _mm512_storeu_ps(d.as_mut_ptr().add(16 * v), x);
+                }
+            }
         }
     }
 }
@@ -178,12 +334,32 @@ macro_rules! dispatch {
             _ => unreachable!(),
         }
     };
-    (@nv $f:ident, $r:literal, $nv:expr, [$($v:literal)*], ($($arg:expr),*)) => {
+    (@nv $f:ident, $r:literal, $nv:expr, [$($v:literal)*], $args:tt) => {
         match $nv {
-            $( $v => $f::<$r, $v>($($arg),*), )*
+            $( $v => $f::<$r, $v> $args, )*
             _ => unreachable!(),
         }
     };
+}
+
+/// Fixes the trailing const parameters of a micro-kernel, leaving `<R, NV>` for [`dispatch!`].
+macro_rules! variants {
+    ($($name:ident = $f:ident::<$($g:literal),*>, $feat:literal;)*) => {$(
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn $name<const R: usize, const NV: usize>(t: &Tile<'_>, c: &mut [f32]) {
+            $f::<R, NV, $($g),*>(t, c)
+        }
+    )*};
+}
+
+variants! {
+    ukr512_rows = ukr512::<false>, "avx512f,avx2,fma";
+    ukr512_strided = ukr512::<true>, "avx512f,avx2,fma";
+    ukr256_rows = ukr256::<false, false>, "avx2,fma";
+    ukr256_strided = ukr256::<false, true>, "avx2,fma";
+    ukr256_rows_maskb = ukr256::<true, false>, "avx2,fma";
+    ukr256_strided_maskb = ukr256::<true, true>, "avx2,fma";
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -191,49 +367,63 @@ macro_rules! dispatch {
 // ---------------------------------------------------------------------------------------------------------
 
 const MR512: usize = SPEC_AVX512.mr;
+/// Software prefetch distance in B rows (depth steps).
+const PF_ROWS: usize = 8;
 
-/// `C[R×cols] (+)= A·B` for one tile: `a` an A panel (stride MR512 per depth step), `b` a panel of width
-/// `16·NV`, `c` the tile's first element with row stride `ldc`; `16·(NV-1) < cols ≤ 16·NV`.
-#[allow(clippy::too_many_arguments)]
+/// `C[R×cols] (+)= A·B` for one tile (see [`Tile`]); `16·(NV-1) < cols ≤ 16·NV`. B rows are loaded with
+/// lane masks, so B may end at `cols` (read in place) or be a panel. Without `AGEN` the rows of A are
+/// adjacent (`a_rs == 1`: a packed panel, or a column-major A in place), so the broadcasts address
+/// `ap + 4·r` directly; with it any `a_rs` (a row-major A in place).
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn ukr512<const R: usize, const NV: usize>(kc: usize, a: &[f32], b: &[f32], c: &mut [f32], ldc: usize, cols: usize, acc: bool) {
-    assert!(R <= MR512 && cols <= 16 * NV && cols + 16 > 16 * NV);
-    assert!(a.len() >= MR512 * kc && b.len() >= 16 * NV * kc);
+fn ukr512<const R: usize, const NV: usize, const AGEN: bool>(t: &Tile<'_>, c: &mut [f32]) {
+    let (kc, a, a_ps, b, ldb, ldc, cols, acc) =
+        (t.kc, t.a, t.a_ps, t.b, t.ldb, t.ldc, t.cols, t.acc);
+    let a_rs = if AGEN { t.a_rs } else { 1 };
+    assert!(R <= MR512 && cols <= 16 * NV && cols + 16 > 16 * NV && kc >= 1);
+    assert!(a.len() > (R - 1) * a_rs + (kc - 1) * a_ps && b.len() >= (kc - 1) * ldb + cols);
     assert!(c.len() >= (R - 1) * ldc + cols);
-    let mut ab = [[_mm512_setzero_ps(); NV]; R];
-    let (mut ap, mut bp) = (a.as_ptr(), b.as_ptr());
-    for _ in 0..kc {
-        let mut bv = [_mm512_setzero_ps(); NV];
-        for (v, x) in bv.iter_mut().enumerate() {
-            // SAFETY: `bp` points at depth step p < kc of `b`, which holds 16·NV·kc elements (asserted);
-            // 16·v + 16 ≤ 16·NV, so the load reads elements of `b`.
-            *x = unsafe { _mm512_loadu_ps(bp.add(16 * v)) };
-        }
-        for (r, row) in ab.iter_mut().enumerate() {
-            // SAFETY: `ap` points at depth step p < kc of `a` (MR512·kc elements, asserted) and r < R ≤ MR512.
-            let x = _mm512_set1_ps(unsafe { *ap.add(r) });
-            for (acc, &y) in row.iter_mut().zip(bv.iter()) {
-                *acc = _mm512_fmadd_ps(x, y, *acc);
-            }
-        }
-        // SAFETY: advancing by one depth step stays within (or one past the end of) `a` and `b`.
-        unsafe {
-            ap = ap.add(MR512);
-            bp = bp.add(16 * NV);
-        }
-    }
     let masks: [__mmask16; NV] = core::array::from_fn(|v| {
         let lanes = (cols - 16 * v).min(16);
         ((1u32 << lanes) - 1) as __mmask16
     });
+    let mut ab = [[_mm512_setzero_ps(); NV]; R];
+    // B read in place is strided by rows the hardware prefetchers may not follow: fetch PF_ROWS ahead.
+    let pf = PF_ROWS * ldb;
+    let (mut ap, mut bp) = (a.as_ptr(), b.as_ptr());
+    for _ in 0..kc {
+        let mut bv = [_mm512_setzero_ps(); NV];
+        for (v, x) in bv.iter_mut().enumerate() {
+            // SAFETY: `bp` is `b[p·ldb..]` for the depth step p < kc; the mask enables lanes with
+            // 16·v + l < cols and (kc-1)·ldb + cols ≤ b.len() (asserted), so only elements of `b` are read
+            // (masked-off lanes are not accessed and cannot fault); 16·v < cols keeps the pointer in bounds.
+            *x = unsafe { _mm512_maskz_loadu_ps(masks[v], bp.add(16 * v)) };
+            // A prefetch is only a hint (never faults), so the address may pass the end of `b`.
+            _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add(pf + 16 * v).cast::<i8>());
+        }
+        for (r, row) in ab.iter_mut().enumerate() {
+            // SAFETY: `ap` is `a[p·a_ps..]` for p < kc and r < R, so this reads a[r·a_rs + p·a_ps], and
+            // ·a_rs + (kc-1)·a_ps < a.len() (asserted).
+            let x = _mm512_set1_ps(unsafe { *ap.add(r * a_rs) });
+            for (acc, &y) in row.iter_mut().zip(bv.iter()) {
+                *acc = _mm512_fmadd_ps(x, y, *acc);
+            }
+        }
+        // Wrapping: after the last step these may point past the operands; they are not dereferenced then.
+        ap = ap.wrapping_add(a_ps);
+        bp = bp.wrapping_add(ldb);
+    }
     for (r, row) in ab.iter().enumerate() {
         for (v, &x) in row.iter().enumerate() {
             // SAFETY: element (r, 16·v + l) of the tile is `c[r·ldc + 16·v + l]`; the mask enables only
-            // l with 16·v + l < cols, all < (R-1)·ldc + cols ≤ c.len() (asserted). 16·v < cols, so the base
-            // pointer is in bounds too. Masked-off lanes are neither read nor written (no fault).
+            // 16·v + l < cols, and ·ldc + cols ≤ c.len() (asserted); 16·v < cols keeps the pointer in
+            // bounds. Masked-off lanes are neither read nor written (no fault).
             unsafe {
                 let p = c.as_mut_ptr().add(r * ldc + 16 * v);
-                let y = if acc { _mm512_add_ps(x, _mm512_maskz_loadu_ps(masks[v], p)) } else { x };
+                let y = if acc {
+                    _mm512_add_ps(x, _mm512_maskz_loadu_ps(masks[v], p))
+                } else {
+                    x
+                };
                 _mm512_mask_storeu_ps(p, masks[v], y);
             }
         }
@@ -242,19 +432,62 @@ fn ukr512<const R: usize, const NV: usize>(kc: usize, a: &[f32], b: &[f32], c: &
 
 impl Kernel for Avx512 {
     const SPEC: Spec = SPEC_AVX512;
-    fn pack_a(self, src: &[f32], base: usize, ls: usize, ps: usize, rows: usize, kc: usize, dst: &mut [f32]) {
+    const B_IN_PLACE: bool = true;
+    const A_IN_PLACE: bool = true;
+    fn pack_a(
+        self,
+        src: &[f32],
+        base: usize,
+        ls: usize,
+        ps: usize,
+        rows: usize,
+        kc: usize,
+        dst: &mut [f32],
+    ) {
         // SAFETY: `self` exists only if AVX-512F, AVX2 and FMA were detected (`Avx512::new`).
-        unsafe { pack_panel(src, base, ls, ps, rows, MR512, kc, dst) }
+        unsafe { pack_panel(Some(self), false, src, base, ls, ps, rows, MR512, kc, dst) }
     }
-    fn pack_b(self, src: &[f32], base: usize, ls: usize, ps: usize, nc: usize, kc: usize, dst: &mut [f32]) {
-        pack_b_panels(Self::SPEC, src, base, ls, ps, nc, kc, dst, |s, b, l, p, n, w, k, d| {
+    fn pack_b(
+        self,
+        src: &[f32],
+        base: usize,
+        ls: usize,
+        ps: usize,
+        nc: usize,
+        kc: usize,
+        dst: &mut [f32],
+    ) {
+        if ls == 1 {
             // SAFETY: `self` exists only if AVX-512F, AVX2 and FMA were detected (`Avx512::new`).
-            unsafe { pack_panel(s, b, l, p, n, w, k, d) }
-        })
+            return unsafe {
+                pack_b_rows512::<{ SPEC_AVX512.nr / 16 }>(src, base, ps, nc, kc, dst)
+            };
+        }
+        pack_b_panels(
+            Self::SPEC,
+            src,
+            base,
+            ls,
+            ps,
+            nc,
+            kc,
+            dst,
+            |s, b, l, p, n, w, k, d| {
+                // SAFETY: `self` exists only if AVX-512F, AVX2 and FMA were detected (`Avx512::new`).
+                unsafe { pack_panel(Some(self), false, s, b, l, p, n, w, k, d) }
+            },
+        )
     }
-    fn tile(self, kc: usize, a: &[f32], b: &[f32], w: usize, c: &mut [f32], ldc: usize, rows: usize, cols: usize, acc: bool) {
+    fn tile(self, t: &Tile<'_>, c: &mut [f32]) {
+        let nv = t.cols.div_ceil(16);
         // SAFETY: `self` exists only if AVX-512F, AVX2 and FMA were detected (`Avx512::new`).
-        unsafe { dispatch!(ukr512, rows, w / 16, [1 2 3 4 5 6 7 8], [1 2 3], (kc, a, b, c, ldc, cols, acc)) }
+        unsafe {
+            if t.a_rs == 1 {
+                dispatch!(ukr512_rows, t.rows, nv, [1 2 3 4 5 6 7 8], [1 2 3], (t, c))
+            } else {
+                dispatch!(ukr512_strided, t.rows, nv, [1 2 3 4 5 6 7 8], [1 2 3], (t, c))
+            }
+        }
     }
 }
 
@@ -264,50 +497,74 @@ impl Kernel for Avx512 {
 
 const MR256: usize = SPEC_AVX2.mr;
 
-/// As [`ukr512`] with 8-lane vectors: `b` a panel of width `8·NV`, `8·(NV-1) < cols ≤ 8·NV`.
-#[allow(clippy::too_many_arguments)]
+/// As [`ukr512`] with 8-lane vectors, `8·(NV-1) < cols ≤ 8·NV`. Without `MASKB` every B row must hold
+/// `8·NV` readable elements (a zero-padded panel); with it the last vector of each B row is loaded with a
+/// mask (B read in place, `cols` not a multiple of 8).
 #[target_feature(enable = "avx2,fma")]
-fn ukr256<const R: usize, const NV: usize>(kc: usize, a: &[f32], b: &[f32], c: &mut [f32], ldc: usize, cols: usize, acc: bool) {
-    assert!(R <= MR256 && cols <= 8 * NV && cols + 8 > 8 * NV);
-    assert!(a.len() >= MR256 * kc && b.len() >= 8 * NV * kc);
+fn ukr256<const R: usize, const NV: usize, const MASKB: bool, const AGEN: bool>(
+    t: &Tile<'_>,
+    c: &mut [f32],
+) {
+    let (kc, a, a_ps, b, ldb, ldc, cols, acc) =
+        (t.kc, t.a, t.a_ps, t.b, t.ldb, t.ldc, t.cols, t.acc);
+    let a_rs = if AGEN { t.a_rs } else { 1 };
+    let b_row = if MASKB { cols } else { 8 * NV };
+    assert!(R <= MR256 && cols <= 8 * NV && cols + 8 > 8 * NV && kc >= 1);
+    assert!(a.len() > (R - 1) * a_rs + (kc - 1) * a_ps && b.len() >= (kc - 1) * ldb + b_row);
     assert!(c.len() >= (R - 1) * ldc + cols);
+    let lane_ids = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let last_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((cols - 8 * (NV - 1)) as i32), lane_ids);
     let mut ab = [[_mm256_setzero_ps(); NV]; R];
     let (mut ap, mut bp) = (a.as_ptr(), b.as_ptr());
     for _ in 0..kc {
         let mut bv = [_mm256_setzero_ps(); NV];
         for (v, x) in bv.iter_mut().enumerate() {
-            // SAFETY: `bp` points at depth step p < kc of `b` (8·NV·kc elements, asserted); 8·v + 8 ≤ 8·NV.
-            *x = unsafe { _mm256_loadu_ps(bp.add(8 * v)) };
+            // SAFETY: `bp` is `b[p·ldb..]` for the depth step p < kc and (kc-1)·ldb + b_row ≤ b.len()
+            // (asserted). A plain load reads 8·v..8·v + 8 ≤ b_row (v < NV-1, or no MASKB); the MASKB last
+            // vector is a vmaskmov reading only lanes 8·v + l < cols = b_row (others not accessed, no fault).
+            *x = unsafe {
+                if MASKB && v == NV - 1 {
+                    _mm256_maskload_ps(bp.add(8 * v), last_mask)
+                } else {
+                    _mm256_loadu_ps(bp.add(8 * v))
+                }
+            };
         }
         for (r, row) in ab.iter_mut().enumerate() {
-            // SAFETY: `ap` points at depth step p < kc of `a` (MR256·kc elements, asserted) and r < R ≤ MR256.
-            let x = _mm256_set1_ps(unsafe { *ap.add(r) });
+            // SAFETY: `ap` is `a[p·a_ps..]` for p < kc and r < R, so this reads a[r·a_rs + p·a_ps], and
+            // ·a_rs + (kc-1)·a_ps < a.len() (asserted).
+            let x = _mm256_set1_ps(unsafe { *ap.add(r * a_rs) });
             for (acc, &y) in row.iter_mut().zip(bv.iter()) {
                 *acc = _mm256_fmadd_ps(x, y, *acc);
             }
         }
-        // SAFETY: advancing by one depth step stays within (or one past the end of) `a` and `b`.
-        unsafe {
-            ap = ap.add(MR256);
-            bp = bp.add(8 * NV);
-        }
+        // Wrapping: after the last step these may point past the operands; they are not dereferenced then.
+        ap = ap.wrapping_add(a_ps);
+        bp = bp.wrapping_add(ldb);
     }
-    let lane_ids = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (r, row) in ab.iter().enumerate() {
         for (v, &x) in row.iter().enumerate() {
             let lanes = (cols - 8 * v).min(8);
-            // SAFETY: element (r, 8·v + l) of the tile is `c[r·ldc + 8·v + l]` and is in bounds for
-            // 8·v + l < cols, since ·ldc + cols ≤ c.len() (asserted); 8·v < cols so the base pointer
-            // is in bounds. A full vector (lanes == 8) touches exactly those elements; a partial one uses
-            // vmaskmov, which neither reads nor writes (nor faults on) masked-off lanes.
+            // SAFETY: element (r, 8·v + l) of the tile is `c[r·ldc + 8·v + l]`, in bounds for 8·v + l < cols
+            // as ·ldc + cols ≤ c.len() (asserted); 8·v < cols keeps the pointer in bounds. A full
+            // vector touches exactly such elements; a partial one is a vmaskmov, which neither reads nor
+            // writes (nor faults on) masked-off lanes.
             unsafe {
                 let p = c.as_mut_ptr().add(r * ldc + 8 * v);
                 if lanes == 8 {
-                    let y = if acc { _mm256_add_ps(x, _mm256_loadu_ps(p)) } else { x };
+                    let y = if acc {
+                        _mm256_add_ps(x, _mm256_loadu_ps(p))
+                    } else {
+                        x
+                    };
                     _mm256_storeu_ps(p, y);
                 } else {
                     let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes as i32), lane_ids);
-                    let y = if acc { _mm256_add_ps(x, _mm256_maskload_ps(p, mask)) } else { x };
+                    let y = if acc {
+                        _mm256_add_ps(x, _mm256_maskload_ps(p, mask))
+                    } else {
+                        x
+                    };
                     _mm256_maskstore_ps(p, mask, y);
                 }
             }
@@ -317,18 +574,63 @@ fn ukr256<const R: usize, const NV: usize>(kc: usize, a: &[f32], b: &[f32], c: &
 
 impl Kernel for Avx2 {
     const SPEC: Spec = SPEC_AVX2;
-    fn pack_a(self, src: &[f32], base: usize, ls: usize, ps: usize, rows: usize, kc: usize, dst: &mut [f32]) {
+    const B_IN_PLACE: bool = true;
+    const A_IN_PLACE: bool = true;
+    fn pack_a(
+        self,
+        src: &[f32],
+        base: usize,
+        ls: usize,
+        ps: usize,
+        rows: usize,
+        kc: usize,
+        dst: &mut [f32],
+    ) {
         // SAFETY: `self` exists only if AVX2 and FMA were detected (`Avx2::new`).
-        unsafe { pack_panel(src, base, ls, ps, rows, MR256, kc, dst) }
+        unsafe { pack_panel(None, false, src, base, ls, ps, rows, MR256, kc, dst) }
     }
-    fn pack_b(self, src: &[f32], base: usize, ls: usize, ps: usize, nc: usize, kc: usize, dst: &mut [f32]) {
-        pack_b_panels(Self::SPEC, src, base, ls, ps, nc, kc, dst, |s, b, l, p, n, w, k, d| {
-            // SAFETY: `self` exists only if AVX2 and FMA were detected (`Avx2::new`).
-            unsafe { pack_panel(s, b, l, p, n, w, k, d) }
-        })
+    fn pack_b(
+        self,
+        src: &[f32],
+        base: usize,
+        ls: usize,
+        ps: usize,
+        nc: usize,
+        kc: usize,
+        dst: &mut [f32],
+    ) {
+        pack_b_panels(
+            Self::SPEC,
+            src,
+            base,
+            ls,
+            ps,
+            nc,
+            kc,
+            dst,
+            |s, b, l, p, n, w, k, d| {
+                // SAFETY: `self` exists only if AVX2 and FMA were detected (`Avx2::new`).
+                unsafe { pack_panel(None, true, s, b, l, p, n, w, k, d) }
+            },
+        )
     }
-    fn tile(self, kc: usize, a: &[f32], b: &[f32], w: usize, c: &mut [f32], ldc: usize, rows: usize, cols: usize, acc: bool) {
+    fn tile(self, t: &Tile<'_>, c: &mut [f32]) {
+        let nv = t.cols.div_ceil(8);
+        let mask_b = !t.b_padded && !t.cols.is_multiple_of(8);
         // SAFETY: `self` exists only if AVX2 and FMA were detected (`Avx2::new`).
-        unsafe { dispatch!(ukr256, rows, w / 8, [1 2 3 4 5 6], [1 2], (kc, a, b, c, ldc, cols, acc)) }
+        unsafe {
+            match (mask_b, t.a_rs == 1) {
+                (false, true) => dispatch!(ukr256_rows, t.rows, nv, [1 2 3 4 5 6], [1 2], (t, c)),
+                (false, false) => {
+                    dispatch!(ukr256_strided, t.rows, nv, [1 2 3 4 5 6], [1 2], (t, c))
+                }
+                (true, true) => {
+                    dispatch!(ukr256_rows_maskb, t.rows, nv, [1 2 3 4 5 6], [1 2], (t, c))
+                }
+                (true, false) => {
+                    dispatch!(ukr256_strided_maskb, t.rows, nv, [1 2 3 4 5 6], [1 2], (t, c))
+                }
+            }
+        }
     }
 }

@@ -1,0 +1,261 @@
+//! The training driver behind `frugal train`: data in, plan within the budget, epochs with progress,
+//! held-out evaluation, checkpoint out. The core does the work; this only moves bytes.
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use frugal_core::budget::{Budget, BudgetError};
+use frugal_core::exec::{ExecError, Executor, Target};
+use frugal_core::graph::{Graph, GraphError};
+use frugal_core::plan::Plan;
+
+use crate::checkpoint::{self, CheckpointError};
+use crate::data::{self, DataError, Dataset};
+use crate::progress::EpochBar;
+use crate::spec_toml::{DatasetSource, ModelFile};
+use crate::svg::EpochPoint;
+
+/// Options of one training run (CLI flags override the model file's `[train]`).
+#[derive(Clone, Debug)]
+pub struct TrainOptions {
+    /// Samples per step.
+    pub batch: usize,
+    /// Passes over the training set.
+    pub epochs: u32,
+    /// Arena budget.
+    pub budget: Budget,
+    /// Seed for shuffling (weights use the model's seed).
+    pub seed: u64,
+    /// Show progress bars (else one line per epoch).
+    pub progress: bool,
+    /// Print nothing.
+    pub quiet: bool,
+}
+
+/// What a run produced.
+#[derive(Clone, Debug)]
+pub struct TrainReport {
+    /// Per-epoch curves.
+    pub epochs: Vec<EpochPoint>,
+    /// Final held-out accuracy in [0, 1].
+    pub test_accuracy: f32,
+    /// Held-out samples.
+    pub test_samples: usize,
+    /// Arena size of the plan.
+    pub arena_bytes: usize,
+    /// Lower bound of the plan.
+    pub lower_bound: usize,
+    /// The trained persistent tensors (name, shape, values), ready to save.
+    pub tensors: Vec<(String, Vec<usize>, Vec<f32>)>,
+}
+
+/// Why a run failed.
+#[derive(Debug)]
+pub enum TrainError {
+    /// Data could not be loaded.
+    Data(DataError),
+    /// The model does not realise.
+    Graph(GraphError),
+    /// The plan does not fit the budget.
+    Budget(BudgetError),
+    /// A step failed.
+    Exec(ExecError),
+    /// Weights could not be loaded or saved.
+    Checkpoint(CheckpointError),
+    /// The data does not fit the model.
+    Mismatch(String),
+}
+
+impl fmt::Display for TrainError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TrainError::Data(e) => write!(f, "{e}"),
+            TrainError::Graph(e) => write!(f, "model: {e}"),
+            TrainError::Budget(e) => write!(f, "{e}"),
+            TrainError::Exec(e) => write!(f, "training step: {e}"),
+            TrainError::Checkpoint(e) => write!(f, "{e}"),
+            TrainError::Mismatch(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for TrainError {}
+
+macro_rules! from {
+    ($v:ident, $t:ty) => {
+        impl From<$t> for TrainError {
+            fn from(e: $t) -> Self {
+                TrainError::$v(e)
+            }
+        }
+    };
+}
+from!(Data, DataError);
+from!(Graph, GraphError);
+from!(Budget, BudgetError);
+from!(Exec, ExecError);
+from!(Checkpoint, CheckpointError);
+
+/// Splits a data set deterministically: sample i is held out iff `i % 5 == 0` (the digits' rule).
+pub fn split(ds: Dataset) -> Result<(Dataset, Dataset), DataError> {
+    let per = ds.dims.numel();
+    let (mut tx, mut ty, mut vx, mut vy) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 0..ds.len() {
+        let (x, y) = ds.sample(i);
+        if i % 5 == 0 {
+            vx.extend_from_slice(x);
+            vy.push(y);
+        } else {
+            tx.extend_from_slice(x);
+            ty.push(y);
+        }
+    }
+    debug_assert_eq!(tx.len(), ty.len() * per);
+    Ok((Dataset::new(ds.dims, ds.classes, tx, ty, "train split")?, Dataset::new(ds.dims, ds.classes, vx, vy, "test split")?))
+}
+
+/// Loads the model file's data set as (train, test).
+pub fn load_data(src: &DatasetSource) -> Result<(Dataset, Dataset), DataError> {
+    match src {
+        DatasetSource::Digits => Ok(data::digits()),
+        DatasetSource::Idx { images, labels } => split(data::load_idx(images, labels, 255.0)?),
+        DatasetSource::Csv { path, label_column } => split(data::load_csv(path, *label_column, None)?),
+    }
+}
+
+/// Plans `model` for `batch` and checks the budget.
+pub fn plan_for(model: &ModelFile, batch: usize, budget: Budget) -> Result<Plan, TrainError> {
+    let plan = Plan::new(Graph::new(&model.spec, batch)?);
+    plan.check_budget(budget)?;
+    Ok(plan)
+}
+
+/// Loads named tensors into the executor's persistent tensors; returns how many were loaded.
+pub fn load_weights(ex: &mut Executor<'_>, arena: &mut [u8], path: &Path) -> Result<usize, TrainError> {
+    let tensors = checkpoint::load_safetensors(path)?;
+    let state: Vec<_> = ex.state_tensors().collect();
+    let mut loaded = 0;
+    for (name, shape, t) in state {
+        if let Some((_, s, v)) = tensors.iter().find(|(n, _, _)| *n == name) {
+            if *s != shape {
+                return Err(TrainError::Mismatch(format!("{}: tensor {name} has shape {s:?}, the model needs {shape:?}", path.display())));
+            }
+            ex.write(arena, t, v)?;
+            loaded += 1;
+        }
+    }
+    Ok(loaded)
+}
+
+/// Fraction correct on `ds`, evaluated in batches of the plan's size.
+pub fn evaluate(ex: &mut Executor<'_>, arena: &mut [u8], ds: &Dataset) -> Result<(f32, f32), TrainError> {
+    let batch = ex.plan().graph.batch;
+    let per = ds.dims.numel();
+    let (mut correct, mut loss) = (0usize, 0f64);
+    let mut i = 0;
+    while i < ds.len() {
+        let n = batch.min(ds.len() - i);
+        let s = ex.evaluate(arena, &ds.x[i * per..(i + n) * per], Target::Classes(&ds.y[i..i + n]))?;
+        correct += s.correct;
+        loss += s.loss as f64 * n as f64;
+        i += n;
+    }
+    Ok((correct as f32 / ds.len().max(1) as f32, (loss / ds.len().max(1) as f64) as f32))
+}
+
+/// Trains `model` on (train, test) with `opts`; `weights` are loaded first if given.
+pub fn train(model: &ModelFile, train: &Dataset, test: &Dataset, opts: &TrainOptions, weights: Option<&PathBuf>) -> Result<TrainReport, TrainError> {
+    let spec = &model.spec;
+    if train.dims.numel() != spec.input.numel() {
+        return Err(TrainError::Mismatch(format!("the data has samples of {} but the model's input is {}", train.dims, spec.input)));
+    }
+    let plan = plan_for(model, opts.batch, opts.budget)?;
+    let outputs = plan.graph.pred_dims().numel();
+    if train.classes as usize > outputs {
+        return Err(TrainError::Mismatch(format!("the data has {} classes but the model outputs {outputs}", train.classes)));
+    }
+    let mut arena = vec![0u8; plan.needed_bytes()];
+    let mut ex = Executor::new(&plan, &arena)?;
+    ex.init_params(&mut arena, spec.seed)?;
+    if let Some(w) = weights {
+        let n = load_weights(&mut ex, &mut arena, w)?;
+        if !opts.quiet {
+            println!("loaded {n} tensors from {}", w.display());
+        }
+    }
+    let per = spec.input.numel();
+    let mut xbuf = vec![0f32; opts.batch * per];
+    let mut ybuf = vec![0u32; opts.batch];
+    let steps = train.len().div_ceil(opts.batch) as u64;
+    let mut curves = Vec::new();
+    for epoch in 0..opts.epochs {
+        let order = train.shuffle_indices(opts.seed, epoch as u64);
+        let bar = (!opts.quiet).then(|| EpochBar::with_terminal(epoch + 1, opts.epochs, steps, opts.progress));
+        let (mut loss_sum, mut correct, mut seen) = (0f64, 0usize, 0usize);
+        for chunk in order.chunks(opts.batch) {
+            let n = chunk.len();
+            train.batch(chunk, &mut xbuf, &mut ybuf);
+            let s = ex.train_step(&mut arena, &xbuf[..n * per], Target::Classes(&ybuf[..n]))?;
+            loss_sum += s.loss as f64 * n as f64;
+            correct += s.correct;
+            seen += n;
+            if let Some(b) = &bar {
+                b.step((loss_sum / seen as f64) as f32, correct as f32 / seen as f32);
+            }
+        }
+        let (test_acc, _) = evaluate(&mut ex, &mut arena, test)?;
+        let p = EpochPoint {
+            epoch: epoch + 1,
+            train_loss: (loss_sum / seen.max(1) as f64) as f32,
+            train_acc: correct as f32 / seen.max(1) as f32,
+            test_acc: Some(test_acc),
+        };
+        if let Some(b) = bar {
+            b.finish(p.train_loss, p.train_acc, p.test_acc);
+        }
+        curves.push(p);
+    }
+    let (test_accuracy, _) = evaluate(&mut ex, &mut arena, test)?;
+    let mut tensors = Vec::new();
+    for (name, shape, t) in ex.state_tensors().collect::<Vec<_>>() {
+        tensors.push((name, shape, ex.read(&mut arena, t)?.to_vec()));
+    }
+    Ok(TrainReport { epochs: curves, test_accuracy, test_samples: test.len(), arena_bytes: plan.arena_bytes, lower_bound: plan.lower_bound, tensors })
+}
+
+/// Parses sizes like `2MiB`, `600KiB`, `1.5MB`, `4096`.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num.trim().parse().map_err(|_| format!("{s:?} is not a size (try 2MiB, 600KiB, 1048576)"))?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "kb" => 1000.0,
+        "m" | "mib" => 1024.0 * 1024.0,
+        "mb" => 1e6,
+        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "gb" => 1e9,
+        u => return Err(format!("unknown size unit {u:?} in {s:?} (use B, KiB, MiB, GiB, KB, MB, GB)")),
+    };
+    let bytes = v * mult;
+    if !(bytes.is_finite() && bytes >= 0.0 && bytes < usize::MAX as f64) {
+        return Err(format!("{s:?} is not a valid size"));
+    }
+    Ok(bytes as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_and_decimal_units() {
+        assert_eq!(parse_size("2MiB"), Ok(2 << 20));
+        assert_eq!(parse_size("600KiB"), Ok(600 * 1024));
+        assert_eq!(parse_size("1.5MB"), Ok(1_500_000));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("2 parsecs").is_err());
+    }
+}
