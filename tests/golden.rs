@@ -33,7 +33,11 @@ fn check_case(name: &str) {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden");
     let model = load_model(&dir.join(format!("{name}.toml"))).expect("golden model parses");
     let data: HashMap<String, (Vec<usize>, Vec<f32>)> =
-        load_safetensors(&dir.join(format!("{name}.safetensors"))).expect("golden data loads").into_iter().map(|(n, s, v)| (n, (s, v))).collect();
+        load_safetensors(&dir.join(format!("{name}.safetensors")))
+            .expect("golden data loads")
+            .into_iter()
+            .map(|(n, s, v)| (n, (s, v)))
+            .collect();
     let x = &data["x"].1;
     let y: Vec<u32> = data["y"].1.iter().map(|&v| v as u32).collect();
     let batch = y.len();
@@ -43,7 +47,9 @@ fn check_case(name: &str) {
     let mut ex = Executor::new(&plan, &arena).expect("arena fits");
     let state: Vec<_> = ex.state_tensors().collect();
     for (pname, shape, t) in &state {
-        let (s, v) = data.get(&format!("init.{pname}")).unwrap_or_else(|| panic!("{name}: no init.{pname}"));
+        let (s, v) = data
+            .get(&format!("init.{pname}"))
+            .unwrap_or_else(|| panic!("{name}: no init.{pname}"));
         assert_eq!(s, shape, "{name}: shape of {pname}");
         ex.write(&mut arena, *t, v).unwrap();
     }
@@ -59,7 +65,9 @@ fn check_case(name: &str) {
                 return;
             }
             if ins.phase == Phase::Forward && ins.node as usize == last_forward {
-                logits = view(&plan, a, pred).unwrap()[..x.len() / plan.graph.input_dims.numel() * plan.graph.pred_dims().numel()].to_vec();
+                logits = view(&plan, a, pred).unwrap()
+                    [..x.len() / plan.graph.input_dims.numel() * plan.graph.pred_dims().numel()]
+                    .to_vec();
             }
             if ins.phase == Phase::GradW {
                 for p in &plan.graph.nodes[ins.node as usize].params {
@@ -69,9 +77,16 @@ fn check_case(name: &str) {
                 }
             }
         };
-        let stats = ex.train_step_observed(&mut arena, x, Target::Classes(&y), &mut obs).expect("step");
+        let stats = ex
+            .train_step_observed(&mut arena, x, Target::Classes(&y), &mut obs)
+            .expect("step");
         let e = ((stats.loss - want) / want).abs() as f64;
-        assert!(e <= TOL, "{name}: loss at step {} is {} but PyTorch has {want} (rel {e:.2e})", step + 1, stats.loss);
+        assert!(
+            e <= TOL,
+            "{name}: loss at step {} is {} but PyTorch has {want} (rel {e:.2e})",
+            step + 1,
+            stats.loss
+        );
     }
     let e = rel(&logits, &data["logits0"].1);
     assert!(e <= TOL, "{name}: first logits rel error {e:.2e}");
@@ -79,7 +94,10 @@ fn check_case(name: &str) {
     for (pname, _, t) in &state {
         if let Some(g) = grads.get(pname) {
             let e = rel(g, &data[&format!("grad0.{pname}")].1);
-            assert!(e <= TOL, "{name}: first-step gradient of {pname} rel error {e:.2e}");
+            assert!(
+                e <= TOL,
+                "{name}: first-step gradient of {pname} rel error {e:.2e}"
+            );
             checked += 1;
         }
         let got = ex.read(&mut arena, *t).unwrap().to_vec();

@@ -41,26 +41,67 @@ static A: Counting = Counting;
 #[test]
 fn training_steps_allocate_nothing() {
     // Every layer kind: the small CNN plus BatchNorm, residual add, dropout, depthwise conv, Adam.
-    let mut spec = workloads::all().into_iter().find(|w| w.id == "small_cnn").unwrap().spec;
+    let mut spec = workloads::all()
+        .into_iter()
+        .find(|w| w.id == "small_cnn")
+        .unwrap()
+        .spec;
     let extra = [
-        ("bn", LayerKind::BatchNorm2d { eps: 1e-5, momentum: 0.1 }),
-        ("dw", LayerKind::Conv2d { out: 8, kernel: [3, 3], stride: [1, 1], padding: [1, 1], groups: 8, bias: false }),
+        (
+            "bn",
+            LayerKind::BatchNorm2d {
+                eps: 1e-5,
+                momentum: 0.1,
+            },
+        ),
+        (
+            "dw",
+            LayerKind::Conv2d {
+                out: 8,
+                kernel: [3, 3],
+                stride: [1, 1],
+                padding: [1, 1],
+                groups: 8,
+                bias: false,
+            },
+        ),
         ("act", LayerKind::Relu6),
     ];
     // Insert after pool1 (index 2): bn → dw → relu6 → add(pool1, relu6) → dropout, then conv2 continues.
     let mut layers = spec.layers[..3].to_vec();
     for (name, k) in extra {
-        layers.push(LayerSpec { name: name.into(), kind: k, inputs: vec![Src::Layer(layers.len() as u32 - 1)], trainable: true });
+        layers.push(LayerSpec {
+            name: name.into(),
+            kind: k,
+            inputs: vec![Src::Layer(layers.len() as u32 - 1)],
+            trainable: true,
+        });
     }
-    layers.push(LayerSpec { name: "add".into(), kind: LayerKind::Add, inputs: vec![Src::Layer(2), Src::Layer(5)], trainable: true });
-    layers.push(LayerSpec { name: "drop".into(), kind: LayerKind::Dropout { p: 0.2 }, inputs: vec![Src::Layer(6)], trainable: true });
+    layers.push(LayerSpec {
+        name: "add".into(),
+        kind: LayerKind::Add,
+        inputs: vec![Src::Layer(2), Src::Layer(5)],
+        trainable: true,
+    });
+    layers.push(LayerSpec {
+        name: "drop".into(),
+        kind: LayerKind::Dropout { p: 0.2 },
+        inputs: vec![Src::Layer(6)],
+        trainable: true,
+    });
     for l in &spec.layers[3..] {
         let mut l = l.clone();
         l.inputs = vec![Src::Layer(layers.len() as u32 - 1)];
         layers.push(l);
     }
     spec.layers = layers;
-    spec.optimizer = OptimizerSpec::Adam { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 1e-4 };
+    spec.optimizer = OptimizerSpec::Adam {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 1e-4,
+    };
 
     let batch = 16;
     let plan = Plan::new(Graph::new(&spec, batch).unwrap());
@@ -74,9 +115,14 @@ fn training_steps_allocate_nothing() {
     for _ in 0..3 {
         ex.train_step(&mut arena, &x, Target::Classes(&y)).unwrap();
     }
-    ex.train_step(&mut arena, &x[..7 * 784], Target::Classes(&y[..7])).unwrap();
+    ex.train_step(&mut arena, &x[..7 * 784], Target::Classes(&y[..7]))
+        .unwrap();
     ex.evaluate(&mut arena, &x, Target::Classes(&y)).unwrap();
     ex.predict(&mut arena, &x).unwrap();
     COUNTING.store(false, Ordering::SeqCst);
-    assert_eq!(ALLOCS.load(Ordering::SeqCst), 0, "heap allocations during training steps");
+    assert_eq!(
+        ALLOCS.load(Ordering::SeqCst),
+        0,
+        "heap allocations during training steps"
+    );
 }

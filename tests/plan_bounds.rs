@@ -8,7 +8,13 @@ use frugal_core::plan::Plan;
 
 fn check(what: &str, p: &Plan) {
     let ratio = p.arena_bytes as f64 / p.lower_bound as f64;
-    assert!(ratio <= 1.05, "{what}: arena {} B is {ratio:.3}× the lower bound {} B ({})", p.arena_bytes, p.lower_bound, p.strategy);
+    assert!(
+        ratio <= 1.05,
+        "{what}: arena {} B is {ratio:.3}× the lower bound {} B ({})",
+        p.arena_bytes,
+        p.lower_bound,
+        p.strategy
+    );
 }
 
 #[test]
@@ -20,7 +26,10 @@ fn examples_plan_within_five_percent_of_the_lower_bound() {
         if path.extension().is_some_and(|x| x == "toml") {
             let m = load_model(&path).unwrap();
             for batch in [1, 32, 64, 128] {
-                check(&format!("{} b{batch}", path.display()), &Plan::new(Graph::new(&m.spec, batch).unwrap()));
+                check(
+                    &format!("{} b{batch}", path.display()),
+                    &Plan::new(Graph::new(&m.spec, batch).unwrap()),
+                );
             }
             n += 1;
         }
@@ -32,7 +41,10 @@ fn examples_plan_within_five_percent_of_the_lower_bound() {
 fn benchmark_workloads_plan_within_five_percent_of_the_lower_bound() {
     for w in workloads::all() {
         for &b in w.batches {
-            check(&format!("{} b{b}", w.id), &Plan::new(Graph::new(&w.spec, b).unwrap()));
+            check(
+                &format!("{} b{b}", w.id),
+                &Plan::new(Graph::new(&w.spec, b).unwrap()),
+            );
         }
     }
 }

@@ -46,46 +46,82 @@ const SHAPES: &[(&str, usize, usize, usize, &str)] = &[
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
-    let which = args.iter().position(|a| a == "--kernel").and_then(|i| args.get(i + 1)).map(String::as_str);
-    let all = [SgemmKernel::Avx512, SgemmKernel::Avx2, SgemmKernel::Portable];
+    let which = args
+        .iter()
+        .position(|a| a == "--kernel")
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str);
+    let all = [
+        SgemmKernel::Avx512,
+        SgemmKernel::Avx2,
+        SgemmKernel::Portable,
+    ];
     let kernels: Vec<SgemmKernel> = match which {
         None => vec![SgemmKernel::selected()],
         Some("all") => all.into_iter().filter(|k| k.is_available()).collect(),
-        Some(name) => all.into_iter().filter(|k| k.name().starts_with(name) && k.is_available()).collect(),
+        Some(name) => all
+            .into_iter()
+            .filter(|k| k.name().starts_with(name) && k.is_available())
+            .collect(),
     };
-    let budget = Duration::from_millis(if quick { 60 } else { 250 });
+    let budget = Duration::from_millis(if quick { 60 } else { 400 });
     println!("selected kernel: {}", SgemmKernel::selected().name());
-    println!("{:<16} {:>22} {:>3}  {:<9} {:>9} {:>11}", "workload", "m × n × k", "lay", "kernel", "GFLOP/s", "scratch KiB");
+    println!(
+        "{:<16} {:>22} {:>3}  {:<9} {:>9} {:>11}",
+        "workload", "m × n × k", "lay", "kernel", "GFLOP/s", "scratch KiB"
+    );
     for &(name, m, n, k, lay) in SHAPES {
         for &kern in &kernels {
             let g = bench(kern, m, n, k, lay, budget);
             let kib = gemm_scratch_len(m, n, k) as f64 * 4.0 / 1024.0;
-            println!("{name:<16} {:>22} {lay:>3}  {:<9} {g:>9.1} {kib:>11.1}", format!("{m} × {n} × {k}"), kern.name());
+            println!(
+                "{name:<16} {:>22} {lay:>3}  {:<9} {g:>9.1} {kib:>11.1}",
+                format!("{m} × {n} × {k}"),
+                kern.name()
+            );
         }
     }
 }
 
-/// Best GFLOP/s over repeated runs within `budget` (at least 3 runs).
+/// Best GFLOP/s over repeated timed runs (each ≈ 2 ms of back-to-back calls, after a warm-up call) within
+/// `budget`, at least 5 runs: the minimum filters out preemption on a shared machine.
 fn bench(kern: SgemmKernel, m: usize, n: usize, k: usize, lay: &str, budget: Duration) -> f64 {
     let fill = |len: usize, seed: u32| -> Vec<f32> {
-        (0..len).map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 9) as f32 / (1 << 23) as f32 - 0.5).collect()
+        (0..len)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 9) as f32
+                    / (1 << 23) as f32
+                    - 0.5
+            })
+            .collect()
     };
     let a = fill(m * k, 1);
     let b = fill(k * n, 2);
     let mut c = vec![0.0f32; m * n];
     let mut scratch = vec![0.0f32; gemm_scratch_len(m, n, k)];
-    let am = if lay.starts_with('T') { MatRef::row_major_t(&a, m) } else { MatRef::row_major(&a, k) };
-    let bm = if lay.ends_with('T') { MatRef::row_major_t(&b, k) } else { MatRef::row_major(&b, n) };
+    let am = if lay.starts_with('T') {
+        MatRef::row_major_t(&a, m)
+    } else {
+        MatRef::row_major(&a, k)
+    };
+    let bm = if lay.ends_with('T') {
+        MatRef::row_major_t(&b, k)
+    } else {
+        MatRef::row_major(&b, n)
+    };
     let flops = 2.0 * (m * n * k) as f64;
+    let mut call = |c: &mut [f32]| sgemm_with(kern, m, n, k, am, bm, c, n, false, &mut scratch);
+    let t = Instant::now();
+    call(&mut c);
+    let once = t.elapsed().as_secs_f64().max(1e-7);
+    let reps = ((2e-3 / once).ceil() as usize).max(1);
     let mut best = f64::INFINITY;
     let start = Instant::now();
     let mut runs = 0;
-    while runs < 3 || start.elapsed() < budget {
-        // Batch tiny products so the timer's resolution does not matter.
-        let reps = ((2e6 / flops).ceil() as usize).max(1);
+    while runs < 5 || start.elapsed() < budget {
         let t = Instant::now();
         for _ in 0..reps {
-            sgemm_with(kern, m, n, k, am, bm, &mut c, n, false, &mut scratch);
+            call(&mut c);
         }
         best = best.min(t.elapsed().as_secs_f64() / reps as f64);
         std::hint::black_box(&mut c);

@@ -31,7 +31,10 @@ fn main() -> ExitCode {
 fn cargo(args: &[&str]) -> Result<(), String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     eprintln!("\n$ cargo {}", args.join(" "));
-    let st = Command::new(&cargo).args(args).status().map_err(|e| format!("cannot run cargo: {e}"))?;
+    let st = Command::new(&cargo)
+        .args(args)
+        .status()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
     if st.success() {
         Ok(())
     } else {
@@ -41,13 +44,51 @@ fn cargo(args: &[&str]) -> Result<(), String> {
 
 fn test() -> Result<(), String> {
     cargo(&["fmt", "--all", "--check"])?;
-    cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
     cargo(&["test", "--workspace"])?;
     for target in ["thumbv7em-none-eabihf", "wasm32-unknown-unknown"] {
-        cargo(&["build", "-p", "frugal-core", "--no-default-features", "--target", target])
-            .map_err(|e| format!("{e}\n(hint: `rustup target add {target}`)"))?;
-        cargo(&["build", "-p", "frugal-core", "--no-default-features", "--features", "alloc", "--target", target])?;
+        // Idempotent and quick when the target is already there.
+        let _ = Command::new("rustup")
+            .args(["target", "add", target])
+            .status();
+        cargo(&[
+            "build",
+            "-p",
+            "frugal-core",
+            "--no-default-features",
+            "--target",
+            target,
+        ])
+        .map_err(|e| format!("{e}\n(hint: `rustup target add {target}`)"))?;
+        cargo(&[
+            "build",
+            "-p",
+            "frugal-core",
+            "--no-default-features",
+            "--features",
+            "alloc",
+            "--target",
+            target,
+        ])?;
     }
+    // The memory targets of the benchmark (peak RSS is repeatable; times are only reported).
+    cargo(&[
+        "run",
+        "--release",
+        "-p",
+        "xtask",
+        "--",
+        "bench",
+        "memory",
+        "--check",
+    ])?;
     eprintln!("\nall checks passed");
     Ok(())
 }

@@ -5,7 +5,10 @@ use super::ExecError;
 
 /// Splits `arena` into `K` disjoint mutable slices at `(offset, len)` byte ranges (in any order). A
 /// zero-length request yields an empty slice. Overlapping or out-of-range requests are errors.
-pub fn carve<'a, const K: usize>(arena: &'a mut [u8], reqs: [(usize, usize); K]) -> Result<[&'a mut [u8]; K], ExecError> {
+pub fn carve<'a, const K: usize>(
+    arena: &'a mut [u8],
+    reqs: [(usize, usize); K],
+) -> Result<[&'a mut [u8]; K], ExecError> {
     let mut order: [usize; K] = core::array::from_fn(|i| i);
     order.sort_unstable_by_key(|&i| reqs[i].0);
     let mut out: [&'a mut [u8]; K] = core::array::from_fn(|_| <&mut [u8]>::default());
@@ -17,7 +20,9 @@ pub fn carve<'a, const K: usize>(arena: &'a mut [u8], reqs: [(usize, usize); K])
             continue;
         }
         if off < base {
-            return Err(ExecError::BadPlan("two tensors of one instruction overlap in the arena"));
+            return Err(ExecError::BadPlan(
+                "two tensors of one instruction overlap in the arena",
+            ));
         }
         let r = core::mem::take(&mut rest);
         if off - base > r.len() || len > r.len() - (off - base) {

@@ -59,7 +59,10 @@ impl fmt::Display for ExecError {
         match self {
             ExecError::Budget(b) => write!(f, "{b}"),
             ExecError::BadBatch(what, v) => write!(f, "bad batch: {what} ({v})"),
-            ExecError::NonFinite(what) => write!(f, "{what} is NaN or infinite; the step was rejected and the weights are unchanged"),
+            ExecError::NonFinite(what) => write!(
+                f,
+                "{what} is NaN or infinite; the step was rejected and the weights are unchanged"
+            ),
             ExecError::BadPlan(what) => write!(f, "inconsistent plan: {what}"),
             ExecError::Placement(p) => write!(f, "no backend for placement {p:?}"),
             ExecError::Tensor(what) => write!(f, "tensor access: {what}"),
@@ -130,9 +133,16 @@ impl<'p, B: Backend> Executor<'p, B> {
     pub fn with_backend(plan: &'p Plan, arena: &[u8], backend: B) -> Result<Self, ExecError> {
         let needed = plan.arena_bytes + base_of(arena);
         if arena.len() < needed {
-            return Err(ExecError::Budget(BudgetError::TooSmall { needed: plan.needed_bytes(), given: arena.len() }));
+            return Err(ExecError::Budget(BudgetError::TooSmall {
+                needed: plan.needed_bytes(),
+                given: arena.len(),
+            }));
         }
-        Ok(Self { plan, backend, steps: 0 })
+        Ok(Self {
+            plan,
+            backend,
+            steps: 0,
+        })
     }
 
     /// The plan.
@@ -154,7 +164,10 @@ impl<'p, B: Backend> Executor<'p, B> {
         let b = base_of(arena);
         let end = b + self.plan.arena_bytes;
         if arena.len() < end {
-            return Err(ExecError::Budget(BudgetError::TooSmall { needed: self.plan.needed_bytes(), given: arena.len() }));
+            return Err(ExecError::Budget(BudgetError::TooSmall {
+                needed: self.plan.needed_bytes(),
+                given: arena.len(),
+            }));
         }
         Ok(&mut arena[b..end])
     }
@@ -195,10 +208,15 @@ impl<'p, B: Backend> Executor<'p, B> {
 
     /// The persistent tensors a checkpoint holds: parameters and BatchNorm statistics, with their
     /// `state_dict` names and shapes.
-    pub fn state_tensors(&self) -> impl Iterator<Item = (alloc::string::String, alloc::vec::Vec<usize>, TensorId)> + 'p {
+    pub fn state_tensors(
+        &self,
+    ) -> impl Iterator<Item = (alloc::string::String, alloc::vec::Vec<usize>, TensorId)> + 'p {
         let g: &'p Graph = &self.plan.graph;
         g.nodes.iter().flat_map(move |n| {
-            let params = n.params.iter().map(|p| (p.name.clone(), p.shape.clone(), p.value));
+            let params = n
+                .params
+                .iter()
+                .map(|p| (p.name.clone(), p.shape.clone(), p.value));
             let stats = n.stats.iter().map(move |&s| {
                 let name = g.tensors[s as usize].name.clone();
                 let c = g.tensors[s as usize].bytes / 4;
@@ -230,12 +248,18 @@ impl<'p, B: Backend> Executor<'p, B> {
     fn check_batch(&self, x: &[f32], target: Option<Target<'_>>) -> Result<usize, ExecError> {
         let g = &self.plan.graph;
         let per = g.input_dims.numel();
-        if x.is_empty() || x.len() % per != 0 {
-            return Err(ExecError::BadBatch("input length is not a multiple of the sample size", x.len()));
+        if x.is_empty() || !x.len().is_multiple_of(per) {
+            return Err(ExecError::BadBatch(
+                "input length is not a multiple of the sample size",
+                x.len(),
+            ));
         }
         let n = x.len() / per;
         if n > g.batch {
-            return Err(ExecError::BadBatch("more samples than the planned batch", n));
+            return Err(ExecError::BadBatch(
+                "more samples than the planned batch",
+                n,
+            ));
         }
         if x.iter().any(|v| !v.is_finite()) {
             return Err(ExecError::NonFinite("the input batch"));
@@ -245,31 +269,64 @@ impl<'p, B: Backend> Executor<'p, B> {
             (_, None) => {}
             (LossKind::SoftmaxCrossEntropy, Some(Target::Classes(y))) => {
                 if y.len() != n {
-                    return Err(ExecError::BadBatch("label count differs from the sample count", y.len()));
+                    return Err(ExecError::BadBatch(
+                        "label count differs from the sample count",
+                        y.len(),
+                    ));
                 }
                 if let Some(&bad) = y.iter().find(|&&c| c as usize >= classes) {
-                    return Err(ExecError::BadBatch("label is not below the number of classes", bad as usize));
+                    return Err(ExecError::BadBatch(
+                        "label is not below the number of classes",
+                        bad as usize,
+                    ));
                 }
             }
             (LossKind::Mse, Some(Target::Values(t))) => {
                 if t.len() != n * classes {
-                    return Err(ExecError::BadBatch("target length differs from the prediction size", t.len()));
+                    return Err(ExecError::BadBatch(
+                        "target length differs from the prediction size",
+                        t.len(),
+                    ));
                 }
                 if t.iter().any(|v| !v.is_finite()) {
                     return Err(ExecError::NonFinite("the targets"));
                 }
             }
-            _ => return Err(ExecError::BadBatch("target kind does not match the loss", 0)),
+            _ => {
+                return Err(ExecError::BadBatch(
+                    "target kind does not match the loss",
+                    0,
+                ))
+            }
         }
-        if n < 2 && g.nodes.iter().any(|nd| matches!(nd.op, NodeOp::BatchNorm { train: true, hw: 1, .. })) {
-            return Err(ExecError::BadBatch("batch norm in training mode needs more than one value per channel", n));
+        if n < 2
+            && g.nodes.iter().any(|nd| {
+                matches!(
+                    nd.op,
+                    NodeOp::BatchNorm {
+                        train: true,
+                        hw: 1,
+                        ..
+                    }
+                )
+            })
+        {
+            return Err(ExecError::BadBatch(
+                "batch norm in training mode needs more than one value per channel",
+                n,
+            ));
         }
         Ok(n)
     }
 
     /// One training step (forward, loss, backward, update) on `n = x.len() / sample_size` samples.
     /// Non-finite input or loss rejects the step before any weight changes.
-    pub fn train_step(&mut self, arena: &mut [u8], x: &[f32], target: Target<'_>) -> Result<StepStats, ExecError> {
+    pub fn train_step(
+        &mut self,
+        arena: &mut [u8],
+        x: &[f32],
+        target: Target<'_>,
+    ) -> Result<StepStats, ExecError> {
         self.train_step_observed(arena, x, target, &mut ())
     }
 
@@ -284,7 +341,10 @@ impl<'p, B: Backend> Executor<'p, B> {
         let n = self.check_batch(x, Some(target))?;
         let plan = self.plan;
         let a = self.arena(arena)?;
-        let mut stats = StepStats { samples: n, ..StepStats::default() };
+        let mut stats = StepStats {
+            samples: n,
+            ..StepStats::default()
+        };
         let ctx = StepCtx { t: self.steps + 1 };
         let step_seed = hash2(plan.graph.seed, self.steps as u64);
         for (eo, ins) in plan.program.iter().enumerate() {
@@ -309,13 +369,22 @@ impl<'p, B: Backend> Executor<'p, B> {
 
     /// Forward pass in evaluation mode (BatchNorm uses running statistics, no dropout) and the loss
     /// without derivatives. Returns the summed loss and the correct count.
-    pub fn evaluate(&mut self, arena: &mut [u8], x: &[f32], target: Target<'_>) -> Result<StepStats, ExecError> {
+    pub fn evaluate(
+        &mut self,
+        arena: &mut [u8],
+        x: &[f32],
+        target: Target<'_>,
+    ) -> Result<StepStats, ExecError> {
         let n = self.check_batch(x, Some(target))?;
         let plan = self.plan;
         let a = self.arena(arena)?;
         self.forward(a, x, n)?;
         let (loss, correct) = run_loss(plan, a, n, target, false)?;
-        Ok(StepStats { loss, correct, samples: n })
+        Ok(StepStats {
+            loss,
+            correct,
+            samples: n,
+        })
     }
 
     /// Forward pass in evaluation mode; returns the prediction (`n × outputs`), a slice of the arena.
@@ -335,16 +404,35 @@ impl<'p, B: Backend> Executor<'p, B> {
     fn forward(&mut self, a: &mut [u8], x: &[f32], n: usize) -> Result<(), ExecError> {
         let plan = self.plan;
         for ins in plan.program.iter().filter(|i| i.phase == Phase::Forward) {
-            run_instr(plan, a, ins, n, x, Mode::Eval, 0, StepCtx { t: self.steps.max(1) })?;
+            run_instr(
+                plan,
+                a,
+                ins,
+                n,
+                x,
+                Mode::Eval,
+                0,
+                StepCtx {
+                    t: self.steps.max(1),
+                },
+            )?;
         }
         Ok(())
     }
 }
 
 /// Whole tensor `t` as a mutable f32 slice.
-fn tensor_mut<'a>(plan: &Plan, arena: &'a mut [u8], t: TensorId) -> Result<&'a mut [f32], ExecError> {
-    let (off, len) = plan.region(t).ok_or(ExecError::Tensor("tensor is not in the arena"))?;
-    let s = arena.get_mut(off..off + len).ok_or(ExecError::BadPlan("tensor outside the arena"))?;
+fn tensor_mut<'a>(
+    plan: &Plan,
+    arena: &'a mut [u8],
+    t: TensorId,
+) -> Result<&'a mut [f32], ExecError> {
+    let (off, len) = plan
+        .region(t)
+        .ok_or(ExecError::Tensor("tensor is not in the arena"))?;
+    let s = arena
+        .get_mut(off..off + len)
+        .ok_or(ExecError::BadPlan("tensor outside the arena"))?;
     f32s(s)
 }
 
@@ -376,7 +464,13 @@ fn opt_f32(s: &mut [u8]) -> Result<Option<&mut [f32]>, ExecError> {
     }
 }
 
-fn run_loss(plan: &Plan, a: &mut [u8], n: usize, target: Target<'_>, train: bool) -> Result<(f32, usize), ExecError> {
+fn run_loss(
+    plan: &Plan,
+    a: &mut [u8],
+    n: usize,
+    target: Target<'_>,
+    train: bool,
+) -> Result<(f32, usize), ExecError> {
     let g = &plan.graph;
     let per = g.pred_dims().numel();
     let pred = g.pred();
@@ -384,22 +478,46 @@ fn run_loss(plan: &Plan, a: &mut [u8], n: usize, target: Target<'_>, train: bool
         let [p] = carve(a, [reg(plan, Some(pred), n * per)])?;
         let p = f32s(p)?;
         return Ok(match (g.loss, target) {
-            (LossKind::SoftmaxCrossEntropy, Target::Classes(y)) => ops::softmax_ce_inplace(n, per, p, y),
+            (LossKind::SoftmaxCrossEntropy, Target::Classes(y)) => {
+                ops::softmax_ce_inplace(n, per, p, y)
+            }
             (LossKind::Mse, Target::Values(t)) => (ops::mse_inplace(p, t), 0),
-            _ => return Err(ExecError::BadBatch("target kind does not match the loss", 0)),
+            _ => {
+                return Err(ExecError::BadBatch(
+                    "target kind does not match the loss",
+                    0,
+                ))
+            }
         });
     }
-    let [p, d] = carve(a, [reg(plan, Some(pred), n * per), if train { reg(plan, Some(g.d_pred), n * per) } else { (0, 0) }])?;
+    let [p, d] = carve(
+        a,
+        [
+            reg(plan, Some(pred), n * per),
+            if train {
+                reg(plan, Some(g.d_pred), n * per)
+            } else {
+                (0, 0)
+            },
+        ],
+    )?;
     let p = f32s(p)?;
     Ok(match (g.loss, target, train) {
-        (LossKind::SoftmaxCrossEntropy, Target::Classes(y), true) => ops::softmax_ce(n, per, p, y, f32s(d)?),
+        (LossKind::SoftmaxCrossEntropy, Target::Classes(y), true) => {
+            ops::softmax_ce(n, per, p, y, f32s(d)?)
+        }
         (LossKind::SoftmaxCrossEntropy, Target::Classes(y), false) => {
             let (sum, c) = ops::softmax_ce_eval(n, per, p, y);
             (sum / n as f32, c)
         }
         (LossKind::Mse, Target::Values(t), true) => (ops::mse(p, t, f32s(d)?), 0),
         (LossKind::Mse, Target::Values(t), false) => (ops::mse_eval(p, t), 0),
-        _ => return Err(ExecError::BadBatch("target kind does not match the loss", 0)),
+        _ => {
+            return Err(ExecError::BadBatch(
+                "target kind does not match the loss",
+                0,
+            ))
+        }
     })
 }
 
@@ -417,7 +535,11 @@ fn run_instr(
     if ins.node == LOSS_NODE {
         return Err(ExecError::BadPlan("loss instruction in the wrong place"));
     }
-    let node: &Node = plan.graph.nodes.get(ins.node as usize).ok_or(ExecError::BadPlan("node index out of range"))?;
+    let node: &Node = plan
+        .graph
+        .nodes
+        .get(ins.node as usize)
+        .ok_or(ExecError::BadPlan("node index out of range"))?;
     match ins.phase {
         Phase::Forward => forward(plan, a, node, n, xext, mode, step_seed),
         Phase::GradW => grad_w(plan, a, node, n, xext),
@@ -428,15 +550,32 @@ fn run_instr(
 }
 
 /// The input slice of a node: from the arena, or the host's batch for the model input.
-fn input<'a>(plan: &Plan, t: TensorId, buf: &'a mut [u8], xext: &'a [f32], elems: usize) -> Result<&'a [f32], ExecError> {
+fn input<'a>(
+    plan: &Plan,
+    t: TensorId,
+    buf: &'a mut [u8],
+    xext: &'a [f32],
+    elems: usize,
+) -> Result<&'a [f32], ExecError> {
     if is_ext(plan, t) {
-        xext.get(..elems).ok_or(ExecError::BadBatch("input shorter than the model input", xext.len()))
+        xext.get(..elems).ok_or(ExecError::BadBatch(
+            "input shorter than the model input",
+            xext.len(),
+        ))
     } else {
         Ok(f32s(buf)?)
     }
 }
 
-fn forward(plan: &Plan, a: &mut [u8], node: &Node, n: usize, xext: &[f32], mode: Mode, step_seed: u64) -> Result<(), ExecError> {
+fn forward(
+    plan: &Plan,
+    a: &mut [u8],
+    node: &Node,
+    n: usize,
+    xext: &[f32],
+    mode: Mode,
+    step_seed: u64,
+) -> Result<(), ExecError> {
     let xin = node.inputs[0];
     let in_elems = n * node.in_dims[0].numel();
     let out_elems = n * node.out_dims.numel();
@@ -445,29 +584,81 @@ fn forward(plan: &Plan, a: &mut [u8], node: &Node, n: usize, xext: &[f32], mode:
     let s = node.scratch[scratch_slot::FWD];
     match &node.op {
         NodeOp::Linear { fin, fout } => {
-            let [xb, wb, bb, yb, sb] =
-                carve(a, [reg(plan, Some(xin), in_elems), whole(plan, w), whole(plan, b), reg(plan, Some(node.out), out_elems), whole(plan, s)])?;
+            let [xb, wb, bb, yb, sb] = carve(
+                a,
+                [
+                    reg(plan, Some(xin), in_elems),
+                    whole(plan, w),
+                    whole(plan, b),
+                    reg(plan, Some(node.out), out_elems),
+                    whole(plan, s),
+                ],
+            )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
-            ops::linear_fwd(n, *fin, *fout, x, f32s(wb)?, opt_f32(bb)?.map(|b| &*b), f32s(yb)?, f32s(sb)?);
+            ops::linear_fwd(
+                n,
+                *fin,
+                *fout,
+                x,
+                f32s(wb)?,
+                opt_f32(bb)?.map(|b| &*b),
+                f32s(yb)?,
+                f32s(sb)?,
+            );
         }
         NodeOp::Conv(g) => {
-            let [xb, wb, bb, yb, sb] =
-                carve(a, [reg(plan, Some(xin), in_elems), whole(plan, w), whole(plan, b), reg(plan, Some(node.out), out_elems), whole(plan, s)])?;
+            let [xb, wb, bb, yb, sb] = carve(
+                a,
+                [
+                    reg(plan, Some(xin), in_elems),
+                    whole(plan, w),
+                    whole(plan, b),
+                    reg(plan, Some(node.out), out_elems),
+                    whole(plan, s),
+                ],
+            )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
-            ops::conv_fwd(g, n, x, f32s(wb)?, opt_f32(bb)?.map(|b| &*b), f32s(yb)?, f32s(sb)?);
+            ops::conv_fwd(
+                g,
+                n,
+                x,
+                f32s(wb)?,
+                opt_f32(bb)?.map(|b| &*b),
+                f32s(yb)?,
+                f32s(sb)?,
+            );
         }
         NodeOp::MaxPool(g) => {
-            let [xb, yb, ib] = carve(a, [reg(plan, Some(xin), in_elems), reg(plan, Some(node.out), out_elems), reg(plan, node.saved.first().copied(), out_elems)])?;
+            let [xb, yb, ib] = carve(
+                a,
+                [
+                    reg(plan, Some(xin), in_elems),
+                    reg(plan, Some(node.out), out_elems),
+                    reg(plan, node.saved.first().copied(), out_elems),
+                ],
+            )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
             ops::maxpool_fwd(g, n, x, f32s(yb)?, u32s(ib)?);
         }
         NodeOp::AvgPool(g) => {
-            let [xb, yb] = carve(a, [reg(plan, Some(xin), in_elems), reg(plan, Some(node.out), out_elems)])?;
+            let [xb, yb] = carve(
+                a,
+                [
+                    reg(plan, Some(xin), in_elems),
+                    reg(plan, Some(node.out), out_elems),
+                ],
+            )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
             ops::avgpool_fwd(g, n, x, f32s(yb)?);
         }
         NodeOp::GlobalAvgPool { c, hw } => {
-            let [xb, yb] = carve(a, [reg(plan, Some(xin), in_elems), reg(plan, Some(node.out), out_elems)])?;
+            let [xb, yb] = carve(
+                a,
+                [
+                    reg(plan, Some(xin), in_elems),
+                    reg(plan, Some(node.out), out_elems),
+                ],
+            )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
             ops::global_avgpool_fwd(n, *c, *hw, x, f32s(yb)?);
         }
@@ -476,7 +667,13 @@ fn forward(plan: &Plan, a: &mut [u8], node: &Node, n: usize, xext: &[f32], mode:
                 let [yb] = carve(a, [reg(plan, Some(node.out), out_elems)])?;
                 ops::act_fwd_inplace(*act, f32s(yb)?);
             } else {
-                let [xb, yb] = carve(a, [reg(plan, Some(xin), in_elems), reg(plan, Some(node.out), out_elems)])?;
+                let [xb, yb] = carve(
+                    a,
+                    [
+                        reg(plan, Some(xin), in_elems),
+                        reg(plan, Some(node.out), out_elems),
+                    ],
+                )?;
                 let x = input(plan, xin, xb, xext, in_elems)?;
                 ops::act_fwd(*act, x, f32s(yb)?);
             }
@@ -488,7 +685,13 @@ fn forward(plan: &Plan, a: &mut [u8], node: &Node, n: usize, xext: &[f32], mode:
                 let [yb] = carve(a, [reg(plan, Some(node.out), out_elems)])?;
                 ops::dropout_fwd_inplace(p, seed, f32s(yb)?);
             } else {
-                let [xb, yb] = carve(a, [reg(plan, Some(xin), in_elems), reg(plan, Some(node.out), out_elems)])?;
+                let [xb, yb] = carve(
+                    a,
+                    [
+                        reg(plan, Some(xin), in_elems),
+                        reg(plan, Some(node.out), out_elems),
+                    ],
+                )?;
                 let x = input(plan, xin, xb, xext, in_elems)?;
                 ops::dropout_fwd(p, seed, x, f32s(yb)?);
             }
@@ -503,18 +706,37 @@ fn forward(plan: &Plan, a: &mut [u8], node: &Node, n: usize, xext: &[f32], mode:
         NodeOp::Add => {
             let bin = node.inputs[1];
             if same(plan, xin, node.out) {
-                let [yb, bb] = carve(a, [reg(plan, Some(node.out), out_elems), reg(plan, Some(bin), in_elems)])?;
+                let [yb, bb] = carve(
+                    a,
+                    [
+                        reg(plan, Some(node.out), out_elems),
+                        reg(plan, Some(bin), in_elems),
+                    ],
+                )?;
                 let bx = input(plan, bin, bb, xext, in_elems)?;
                 ops::add_fwd_inplace(f32s(yb)?, bx);
             } else {
-                let [ab, bb, yb] = carve(a, [reg(plan, Some(xin), in_elems), reg(plan, Some(bin), in_elems), reg(plan, Some(node.out), out_elems)])?;
+                let [ab, bb, yb] = carve(
+                    a,
+                    [
+                        reg(plan, Some(xin), in_elems),
+                        reg(plan, Some(bin), in_elems),
+                        reg(plan, Some(node.out), out_elems),
+                    ],
+                )?;
                 let ax = input(plan, xin, ab, xext, in_elems)?;
                 // Only one input can be the external batch, so a second borrow of `xext` is fine.
                 let bx = input(plan, bin, bb, xext, in_elems)?;
                 ops::add_fwd(ax, bx, f32s(yb)?);
             }
         }
-        NodeOp::BatchNorm { c, hw, eps, momentum, train } => {
+        NodeOp::BatchNorm {
+            c,
+            hw,
+            eps,
+            momentum,
+            train,
+        } => {
             let [xb, gb, bb, rmb, rvb, yb, mb, ib] = carve(
                 a,
                 [
@@ -530,9 +752,34 @@ fn forward(plan: &Plan, a: &mut [u8], node: &Node, n: usize, xext: &[f32], mode:
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
             if *train && mode == Mode::Train {
-                ops::bn_fwd_train(n, *c, *hw, x, f32s(gb)?, f32s(bb)?, f32s(yb)?, f32s(mb)?, f32s(ib)?, f32s(rmb)?, f32s(rvb)?, *momentum, *eps);
+                ops::bn_fwd_train(
+                    n,
+                    *c,
+                    *hw,
+                    x,
+                    f32s(gb)?,
+                    f32s(bb)?,
+                    f32s(yb)?,
+                    f32s(mb)?,
+                    f32s(ib)?,
+                    f32s(rmb)?,
+                    f32s(rvb)?,
+                    *momentum,
+                    *eps,
+                );
             } else {
-                ops::bn_fwd_eval(n, *c, *hw, x, f32s(gb)?, f32s(bb)?, f32s(rmb)?, f32s(rvb)?, *eps, f32s(yb)?);
+                ops::bn_fwd_eval(
+                    n,
+                    *c,
+                    *hw,
+                    x,
+                    f32s(gb)?,
+                    f32s(bb)?,
+                    f32s(rmb)?,
+                    f32s(rvb)?,
+                    *eps,
+                    f32s(yb)?,
+                );
             }
         }
     }
@@ -546,15 +793,44 @@ fn grad_w(plan: &Plan, a: &mut [u8], node: &Node, n: usize, xext: &[f32]) -> Res
     let dw = node.params.first().and_then(|p| p.grad);
     let db = node.params.get(1).and_then(|p| p.grad);
     let s = node.scratch[scratch_slot::GRAD_W];
-    let dy = node.d_out.ok_or(ExecError::BadPlan("gradient without an output derivative"))?;
+    let dy = node
+        .d_out
+        .ok_or(ExecError::BadPlan("gradient without an output derivative"))?;
     match &node.op {
         NodeOp::Linear { fin, fout } => {
-            let [xb, dyb, dwb, dbb, sb] = carve(a, [reg(plan, Some(xin), in_elems), reg(plan, Some(dy), out_elems), whole(plan, dw), whole(plan, db), whole(plan, s)])?;
+            let [xb, dyb, dwb, dbb, sb] = carve(
+                a,
+                [
+                    reg(plan, Some(xin), in_elems),
+                    reg(plan, Some(dy), out_elems),
+                    whole(plan, dw),
+                    whole(plan, db),
+                    whole(plan, s),
+                ],
+            )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
-            ops::linear_grad_w(n, *fin, *fout, x, f32s(dyb)?, f32s(dwb)?, opt_f32(dbb)?, f32s(sb)?);
+            ops::linear_grad_w(
+                n,
+                *fin,
+                *fout,
+                x,
+                f32s(dyb)?,
+                f32s(dwb)?,
+                opt_f32(dbb)?,
+                f32s(sb)?,
+            );
         }
         NodeOp::Conv(g) => {
-            let [xb, dyb, dwb, dbb, sb] = carve(a, [reg(plan, Some(xin), in_elems), reg(plan, Some(dy), out_elems), whole(plan, dw), whole(plan, db), whole(plan, s)])?;
+            let [xb, dyb, dwb, dbb, sb] = carve(
+                a,
+                [
+                    reg(plan, Some(xin), in_elems),
+                    reg(plan, Some(dy), out_elems),
+                    whole(plan, dw),
+                    whole(plan, db),
+                    whole(plan, s),
+                ],
+            )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
             ops::conv_grad_w(g, n, x, f32s(dyb)?, f32s(dwb)?, opt_f32(dbb)?, f32s(sb)?);
         }
@@ -571,17 +847,39 @@ fn grad_w(plan: &Plan, a: &mut [u8], node: &Node, n: usize, xext: &[f32]) -> Res
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
-            ops::bn_grad_w(n, *c, *hw, x, f32s(dyb)?, f32s(mb)?, f32s(ib)?, f32s(dgb)?, f32s(dbb)?);
+            ops::bn_grad_w(
+                n,
+                *c,
+                *hw,
+                x,
+                f32s(dyb)?,
+                f32s(mb)?,
+                f32s(ib)?,
+                f32s(dgb)?,
+                f32s(dbb)?,
+            );
         }
-        _ => return Err(ExecError::BadPlan("gradient phase on a layer without parameters")),
+        _ => {
+            return Err(ExecError::BadPlan(
+                "gradient phase on a layer without parameters",
+            ))
+        }
     }
     Ok(())
 }
 
-fn grad_x(plan: &Plan, a: &mut [u8], node: &Node, n: usize, step_seed: u64) -> Result<(), ExecError> {
+fn grad_x(
+    plan: &Plan,
+    a: &mut [u8],
+    node: &Node,
+    n: usize,
+    step_seed: u64,
+) -> Result<(), ExecError> {
     let in_elems = n * node.in_dims[0].numel();
     let out_elems = n * node.out_dims.numel();
-    let dy = node.d_out.ok_or(ExecError::BadPlan("derivative without an output derivative"))?;
+    let dy = node.d_out.ok_or(ExecError::BadPlan(
+        "derivative without an output derivative",
+    ))?;
     let (dx, acc) = match node.d_in.first().copied().flatten() {
         Some(d) => (Some(d.0), d.1),
         None => (None, false),
@@ -590,15 +888,47 @@ fn grad_x(plan: &Plan, a: &mut [u8], node: &Node, n: usize, step_seed: u64) -> R
     let s = node.scratch[scratch_slot::GRAD_X];
     match &node.op {
         NodeOp::Linear { fin, fout } => {
-            let [dyb, wb, dxb, sb] = carve(a, [reg(plan, Some(dy), out_elems), whole(plan, w), reg(plan, dx, in_elems), whole(plan, s)])?;
-            ops::linear_grad_x(n, *fin, *fout, f32s(dyb)?, f32s(wb)?, f32s(dxb)?, acc, f32s(sb)?);
+            let [dyb, wb, dxb, sb] = carve(
+                a,
+                [
+                    reg(plan, Some(dy), out_elems),
+                    whole(plan, w),
+                    reg(plan, dx, in_elems),
+                    whole(plan, s),
+                ],
+            )?;
+            ops::linear_grad_x(
+                n,
+                *fin,
+                *fout,
+                f32s(dyb)?,
+                f32s(wb)?,
+                f32s(dxb)?,
+                acc,
+                f32s(sb)?,
+            );
         }
         NodeOp::Conv(g) => {
-            let [dyb, wb, dxb, sb] = carve(a, [reg(plan, Some(dy), out_elems), whole(plan, w), reg(plan, dx, in_elems), whole(plan, s)])?;
+            let [dyb, wb, dxb, sb] = carve(
+                a,
+                [
+                    reg(plan, Some(dy), out_elems),
+                    whole(plan, w),
+                    reg(plan, dx, in_elems),
+                    whole(plan, s),
+                ],
+            )?;
             ops::conv_grad_x(g, n, f32s(dyb)?, f32s(wb)?, f32s(dxb)?, acc, f32s(sb)?);
         }
         NodeOp::MaxPool(g) => {
-            let [dyb, ib, dxb] = carve(a, [reg(plan, Some(dy), out_elems), reg(plan, node.saved.first().copied(), out_elems), reg(plan, dx, in_elems)])?;
+            let [dyb, ib, dxb] = carve(
+                a,
+                [
+                    reg(plan, Some(dy), out_elems),
+                    reg(plan, node.saved.first().copied(), out_elems),
+                    reg(plan, dx, in_elems),
+                ],
+            )?;
             ops::maxpool_grad_x(g, n, f32s(dyb)?, u32s(ib)?, f32s(dxb)?, acc);
         }
         NodeOp::AvgPool(g) => {
@@ -612,10 +942,23 @@ fn grad_x(plan: &Plan, a: &mut [u8], node: &Node, n: usize, step_seed: u64) -> R
         NodeOp::Act(act) => {
             let dx = dx.ok_or(ExecError::BadPlan("activation derivative without a target"))?;
             if same(plan, dy, dx) {
-                let [yb, db] = carve(a, [reg(plan, Some(node.out), out_elems), reg(plan, Some(dx), in_elems)])?;
+                let [yb, db] = carve(
+                    a,
+                    [
+                        reg(plan, Some(node.out), out_elems),
+                        reg(plan, Some(dx), in_elems),
+                    ],
+                )?;
                 ops::act_grad_inplace(*act, f32s(yb)?, f32s(db)?);
             } else {
-                let [yb, dyb, dxb] = carve(a, [reg(plan, Some(node.out), out_elems), reg(plan, Some(dy), out_elems), reg(plan, Some(dx), in_elems)])?;
+                let [yb, dyb, dxb] = carve(
+                    a,
+                    [
+                        reg(plan, Some(node.out), out_elems),
+                        reg(plan, Some(dy), out_elems),
+                        reg(plan, Some(dx), in_elems),
+                    ],
+                )?;
                 ops::act_grad(*act, f32s(yb)?, f32s(dyb)?, f32s(dxb)?, acc);
             }
         }
@@ -626,14 +969,26 @@ fn grad_x(plan: &Plan, a: &mut [u8], node: &Node, n: usize, step_seed: u64) -> R
                 let [db] = carve(a, [reg(plan, Some(dx), in_elems)])?;
                 ops::dropout_grad_inplace(*p, seed, f32s(db)?);
             } else {
-                let [dyb, dxb] = carve(a, [reg(plan, Some(dy), out_elems), reg(plan, Some(dx), in_elems)])?;
+                let [dyb, dxb] = carve(
+                    a,
+                    [
+                        reg(plan, Some(dy), out_elems),
+                        reg(plan, Some(dx), in_elems),
+                    ],
+                )?;
                 ops::dropout_grad(*p, seed, f32s(dyb)?, f32s(dxb)?, acc);
             }
         }
         NodeOp::View => {
             let dx = dx.ok_or(ExecError::BadPlan("view derivative without a target"))?;
             if !same(plan, dy, dx) {
-                let [dyb, dxb] = carve(a, [reg(plan, Some(dy), out_elems), reg(plan, Some(dx), in_elems)])?;
+                let [dyb, dxb] = carve(
+                    a,
+                    [
+                        reg(plan, Some(dy), out_elems),
+                        reg(plan, Some(dx), in_elems),
+                    ],
+                )?;
                 ops::copy_or_acc(f32s(dyb)?, f32s(dxb)?, acc);
             }
         }
@@ -644,17 +999,31 @@ fn grad_x(plan: &Plan, a: &mut [u8], node: &Node, n: usize, step_seed: u64) -> R
             };
             // Second input first: the first one may be the output derivative itself (in place).
             if let Some(dbt) = db_t {
-                let [dyb, dbb] = carve(a, [reg(plan, Some(dy), out_elems), reg(plan, Some(dbt), in_elems)])?;
+                let [dyb, dbb] = carve(
+                    a,
+                    [
+                        reg(plan, Some(dy), out_elems),
+                        reg(plan, Some(dbt), in_elems),
+                    ],
+                )?;
                 ops::copy_or_acc(f32s(dyb)?, f32s(dbb)?, acc_b);
             }
             if let Some(dat) = dx {
                 if !same(plan, dy, dat) {
-                    let [dyb, dab] = carve(a, [reg(plan, Some(dy), out_elems), reg(plan, Some(dat), in_elems)])?;
+                    let [dyb, dab] = carve(
+                        a,
+                        [
+                            reg(plan, Some(dy), out_elems),
+                            reg(plan, Some(dat), in_elems),
+                        ],
+                    )?;
                     ops::copy_or_acc(f32s(dyb)?, f32s(dab)?, acc);
                 }
             }
         }
-        NodeOp::BatchNorm { c, hw, eps, train, .. } => {
+        NodeOp::BatchNorm {
+            c, hw, eps, train, ..
+        } => {
             let xin = node.inputs[0];
             if *train {
                 let [xb, dyb, mb, ib, gb, dxb] = carve(
@@ -668,11 +1037,39 @@ fn grad_x(plan: &Plan, a: &mut [u8], node: &Node, n: usize, step_seed: u64) -> R
                         reg(plan, dx, in_elems),
                     ],
                 )?;
-                ops::bn_grad_x(n, *c, *hw, f32s(xb)?, f32s(dyb)?, f32s(mb)?, f32s(ib)?, f32s(gb)?, f32s(dxb)?, acc);
+                ops::bn_grad_x(
+                    n,
+                    *c,
+                    *hw,
+                    f32s(xb)?,
+                    f32s(dyb)?,
+                    f32s(mb)?,
+                    f32s(ib)?,
+                    f32s(gb)?,
+                    f32s(dxb)?,
+                    acc,
+                );
             } else {
-                let [dyb, gb, rvb, dxb] =
-                    carve(a, [reg(plan, Some(dy), out_elems), whole(plan, w), whole(plan, node.stats.get(1).copied()), reg(plan, dx, in_elems)])?;
-                ops::bn_grad_x_eval(n, *c, *hw, f32s(dyb)?, f32s(gb)?, f32s(rvb)?, *eps, f32s(dxb)?, acc);
+                let [dyb, gb, rvb, dxb] = carve(
+                    a,
+                    [
+                        reg(plan, Some(dy), out_elems),
+                        whole(plan, w),
+                        whole(plan, node.stats.get(1).copied()),
+                        reg(plan, dx, in_elems),
+                    ],
+                )?;
+                ops::bn_grad_x_eval(
+                    n,
+                    *c,
+                    *hw,
+                    f32s(dyb)?,
+                    f32s(gb)?,
+                    f32s(rvb)?,
+                    *eps,
+                    f32s(dxb)?,
+                    acc,
+                );
             }
         }
     }
@@ -689,15 +1086,39 @@ fn apply(plan: &Plan, a: &mut [u8], node: &Node, ctx: StepCtx) -> Result<(), Exe
                 optim::apply(opt, ctx, f32s(wb)?, f32s(gb)?, &mut []);
             }
             [s0] => {
-                let [wb, gb, s0b] = carve(a, [whole(plan, Some(p.value)), whole(plan, Some(g)), whole(plan, Some(*s0))])?;
+                let [wb, gb, s0b] = carve(
+                    a,
+                    [
+                        whole(plan, Some(p.value)),
+                        whole(plan, Some(g)),
+                        whole(plan, Some(*s0)),
+                    ],
+                )?;
                 optim::apply(opt, ctx, f32s(wb)?, f32s(gb)?, &mut [f32s(s0b)?]);
             }
             [s0, s1] => {
-                let [wb, gb, s0b, s1b] =
-                    carve(a, [whole(plan, Some(p.value)), whole(plan, Some(g)), whole(plan, Some(*s0)), whole(plan, Some(*s1))])?;
-                optim::apply(opt, ctx, f32s(wb)?, f32s(gb)?, &mut [f32s(s0b)?, f32s(s1b)?]);
+                let [wb, gb, s0b, s1b] = carve(
+                    a,
+                    [
+                        whole(plan, Some(p.value)),
+                        whole(plan, Some(g)),
+                        whole(plan, Some(*s0)),
+                        whole(plan, Some(*s1)),
+                    ],
+                )?;
+                optim::apply(
+                    opt,
+                    ctx,
+                    f32s(wb)?,
+                    f32s(gb)?,
+                    &mut [f32s(s0b)?, f32s(s1b)?],
+                );
             }
-            _ => return Err(ExecError::BadPlan("more optimizer state slots than any optimizer uses")),
+            _ => {
+                return Err(ExecError::BadPlan(
+                    "more optimizer state slots than any optimizer uses",
+                ))
+            }
         }
     }
     Ok(())

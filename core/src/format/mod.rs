@@ -60,16 +60,26 @@ pub enum FormatError {
 impl fmt::Display for FormatError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            FormatError::BadMagic => write!(f, "not a frugal model: the file does not start with \"FRGM\""),
+            FormatError::BadMagic => write!(
+                f,
+                "not a frugal model: the file does not start with \"FRGM\""
+            ),
             FormatError::BadVersion { found } => {
                 write!(f, "model encoding version {found} is not supported (this build reads {MODEL_VERSION})")
             }
-            FormatError::Truncated { field, at } => write!(f, "truncated at byte {at} while reading {field}"),
+            FormatError::Truncated { field, at } => {
+                write!(f, "truncated at byte {at} while reading {field}")
+            }
             FormatError::BadChecksum { stored, computed } => {
                 write!(f, "checksum mismatch: stored {stored:#010x}, computed {computed:#010x} (the file is corrupt)")
             }
-            FormatError::BadValue { field, at, reason } => write!(f, "bad {field} at byte {at}: {reason}"),
-            FormatError::TrailingBytes { at } => write!(f, "unexpected bytes after the end of the model at byte {at}"),
+            FormatError::BadValue { field, at, reason } => {
+                write!(f, "bad {field} at byte {at}: {reason}")
+            }
+            FormatError::TrailingBytes { at } => write!(
+                f,
+                "unexpected bytes after the end of the model at byte {at}"
+            ),
         }
     }
 }
@@ -83,7 +93,11 @@ pub fn crc32(data: &[u8]) -> u32 {
     for &b in data {
         crc ^= b as u32;
         for _ in 0..8 {
-            crc = if crc & 1 != 0 { (crc >> 1) ^ 0xEDB8_8320 } else { crc >> 1 };
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
         }
     }
     !crc
@@ -107,7 +121,14 @@ impl<'a> Reader<'a> {
     }
     /// Next `n` bytes.
     pub fn bytes(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], FormatError> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.data.len()).ok_or(FormatError::Truncated { field, at: self.at() })?;
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.data.len())
+            .ok_or(FormatError::Truncated {
+                field,
+                at: self.at(),
+            })?;
         let s = &self.data[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -139,7 +160,11 @@ impl<'a> Reader<'a> {
         if v.is_finite() {
             Ok(v)
         } else {
-            Err(FormatError::BadValue { field, at, reason: "not a finite number" })
+            Err(FormatError::BadValue {
+                field,
+                at,
+                reason: "not a finite number",
+            })
         }
     }
     /// Whether all bytes were read.
@@ -225,13 +250,23 @@ pub fn encode_model(m: &ModelSpec) -> Vec<u8> {
         LossKind::SoftmaxCrossEntropy => 1,
     });
     match m.optimizer {
-        OptimizerSpec::Sgd { lr, momentum, weight_decay } => {
+        OptimizerSpec::Sgd {
+            lr,
+            momentum,
+            weight_decay,
+        } => {
             w.u8(0);
             w.f32(lr);
             w.f32(momentum);
             w.f32(weight_decay);
         }
-        OptimizerSpec::Adam { lr, beta1, beta2, eps, weight_decay } => {
+        OptimizerSpec::Adam {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } => {
             w.u8(1);
             for v in [lr, beta1, beta2, eps, weight_decay] {
                 w.f32(v);
@@ -255,7 +290,14 @@ pub fn encode_model(m: &ModelSpec) -> Vec<u8> {
                 w.u32(*out);
                 w.u8(*bias as u8);
             }
-            LayerKind::Conv2d { out, kernel, stride, padding, groups, bias } => {
+            LayerKind::Conv2d {
+                out,
+                kernel,
+                stride,
+                padding,
+                groups,
+                bias,
+            } => {
                 w.u8(1);
                 w.u32(*out);
                 w.pair(*kernel);
@@ -310,7 +352,11 @@ fn flag(r: &mut Reader<'_>, field: &'static str) -> Result<bool, FormatError> {
     match r.u8(field)? {
         0 => Ok(false),
         1 => Ok(true),
-        _ => Err(FormatError::BadValue { field, at, reason: "must be 0 or 1" }),
+        _ => Err(FormatError::BadValue {
+            field,
+            at,
+            reason: "must be 0 or 1",
+        }),
     }
 }
 
@@ -325,11 +371,21 @@ pub fn decode_model(data: &[u8]) -> Result<ModelSpec, FormatError> {
     let loss = match r.u8("loss")? {
         0 => LossKind::Mse,
         1 => LossKind::SoftmaxCrossEntropy,
-        _ => return Err(FormatError::BadValue { field: "loss", at, reason: "unknown loss kind" }),
+        _ => {
+            return Err(FormatError::BadValue {
+                field: "loss",
+                at,
+                reason: "unknown loss kind",
+            })
+        }
     };
     let at = r.at();
     let optimizer = match r.u8("optimizer")? {
-        0 => OptimizerSpec::Sgd { lr: r.f32("sgd.lr")?, momentum: r.f32("sgd.momentum")?, weight_decay: r.f32("sgd.weight_decay")? },
+        0 => OptimizerSpec::Sgd {
+            lr: r.f32("sgd.lr")?,
+            momentum: r.f32("sgd.momentum")?,
+            weight_decay: r.f32("sgd.weight_decay")?,
+        },
         1 => OptimizerSpec::Adam {
             lr: r.f32("adam.lr")?,
             beta1: r.f32("adam.beta1")?,
@@ -337,24 +393,43 @@ pub fn decode_model(data: &[u8]) -> Result<ModelSpec, FormatError> {
             eps: r.f32("adam.eps")?,
             weight_decay: r.f32("adam.weight_decay")?,
         },
-        _ => return Err(FormatError::BadValue { field: "optimizer", at, reason: "unknown optimizer kind" }),
+        _ => {
+            return Err(FormatError::BadValue {
+                field: "optimizer",
+                at,
+                reason: "unknown optimizer kind",
+            })
+        }
     };
     let at = r.at();
     let n = r.u32("layer count")? as usize;
     if n > MAX_LAYERS {
-        return Err(FormatError::BadValue { field: "layer count", at, reason: "more than 4096 layers" });
+        return Err(FormatError::BadValue {
+            field: "layer count",
+            at,
+            reason: "more than 4096 layers",
+        });
     }
     let mut layers = Vec::with_capacity(n.min(64));
     for _ in 0..n {
         let at = r.at();
         let len = r.u8("layer name length")? as usize;
-        let name = core::str::from_utf8(r.bytes(len, "layer name")?)
-            .map_err(|_| FormatError::BadValue { field: "layer name", at, reason: "not UTF-8" })?;
+        let name = core::str::from_utf8(r.bytes(len, "layer name")?).map_err(|_| {
+            FormatError::BadValue {
+                field: "layer name",
+                at,
+                reason: "not UTF-8",
+            }
+        })?;
         let trainable = flag(&mut r, "trainable")?;
         let at = r.at();
         let ni = r.u8("input count")? as usize;
         if ni > 2 {
-            return Err(FormatError::BadValue { field: "input count", at, reason: "a layer has at most 2 inputs" });
+            return Err(FormatError::BadValue {
+                field: "input count",
+                at,
+                reason: "a layer has at most 2 inputs",
+            });
         }
         let mut inputs = Vec::with_capacity(ni);
         for _ in 0..ni {
@@ -365,7 +440,10 @@ pub fn decode_model(data: &[u8]) -> Result<ModelSpec, FormatError> {
         }
         let at = r.at();
         let kind = match r.u8("layer kind")? {
-            0 => LayerKind::Linear { out: r.u32("linear.out")?, bias: flag(&mut r, "linear.bias")? },
+            0 => LayerKind::Linear {
+                out: r.u32("linear.out")?,
+                bias: flag(&mut r, "linear.bias")?,
+            },
             1 => LayerKind::Conv2d {
                 out: r.u32("conv2d.out")?,
                 kernel: pair(&mut r, "conv2d.kernel")?,
@@ -374,24 +452,58 @@ pub fn decode_model(data: &[u8]) -> Result<ModelSpec, FormatError> {
                 groups: r.u32("conv2d.groups")?,
                 bias: flag(&mut r, "conv2d.bias")?,
             },
-            2 => LayerKind::MaxPool2d { kernel: pair(&mut r, "maxpool2d.kernel")?, stride: pair(&mut r, "maxpool2d.stride")? },
-            3 => LayerKind::AvgPool2d { kernel: pair(&mut r, "avgpool2d.kernel")?, stride: pair(&mut r, "avgpool2d.stride")? },
+            2 => LayerKind::MaxPool2d {
+                kernel: pair(&mut r, "maxpool2d.kernel")?,
+                stride: pair(&mut r, "maxpool2d.stride")?,
+            },
+            3 => LayerKind::AvgPool2d {
+                kernel: pair(&mut r, "avgpool2d.kernel")?,
+                stride: pair(&mut r, "avgpool2d.stride")?,
+            },
             4 => LayerKind::GlobalAvgPool,
             5 => LayerKind::Relu,
             6 => LayerKind::Relu6,
             7 => LayerKind::Sigmoid,
             8 => LayerKind::Tanh,
             9 => LayerKind::Flatten,
-            10 => LayerKind::Reshape { to: Dims::new(r.u32("reshape.c")?, r.u32("reshape.h")?, r.u32("reshape.w")?) },
+            10 => LayerKind::Reshape {
+                to: Dims::new(
+                    r.u32("reshape.c")?,
+                    r.u32("reshape.h")?,
+                    r.u32("reshape.w")?,
+                ),
+            },
             11 => LayerKind::Add,
-            12 => LayerKind::BatchNorm2d { eps: r.f32("batchnorm2d.eps")?, momentum: r.f32("batchnorm2d.momentum")? },
-            13 => LayerKind::Dropout { p: r.f32("dropout.p")? },
-            _ => return Err(FormatError::BadValue { field: "layer kind", at, reason: "unknown layer kind" }),
+            12 => LayerKind::BatchNorm2d {
+                eps: r.f32("batchnorm2d.eps")?,
+                momentum: r.f32("batchnorm2d.momentum")?,
+            },
+            13 => LayerKind::Dropout {
+                p: r.f32("dropout.p")?,
+            },
+            _ => {
+                return Err(FormatError::BadValue {
+                    field: "layer kind",
+                    at,
+                    reason: "unknown layer kind",
+                })
+            }
         };
-        layers.push(LayerSpec { name: String::from(name), kind, inputs, trainable });
+        layers.push(LayerSpec {
+            name: String::from(name),
+            kind,
+            inputs,
+            trainable,
+        });
     }
     r.finish()?;
-    Ok(ModelSpec { input, layers, loss, optimizer, seed })
+    Ok(ModelSpec {
+        input,
+        layers,
+        loss,
+        optimizer,
+        seed,
+    })
 }
 
 #[cfg(test)]
@@ -406,17 +518,56 @@ mod tests {
             layers: vec![
                 LayerSpec {
                     name: "conv1".into(),
-                    kind: LayerKind::Conv2d { out: 4, kernel: [3, 3], stride: [1, 1], padding: [1, 1], groups: 1, bias: true },
+                    kind: LayerKind::Conv2d {
+                        out: 4,
+                        kernel: [3, 3],
+                        stride: [1, 1],
+                        padding: [1, 1],
+                        groups: 1,
+                        bias: true,
+                    },
                     inputs: vec![Src::Input],
                     trainable: true,
                 },
-                LayerSpec { name: "bn".into(), kind: LayerKind::BatchNorm2d { eps: 1e-5, momentum: 0.1 }, inputs: vec![Src::Layer(0)], trainable: true },
-                LayerSpec { name: "add".into(), kind: LayerKind::Add, inputs: vec![Src::Layer(0), Src::Layer(1)], trainable: true },
-                LayerSpec { name: "flat".into(), kind: LayerKind::Flatten, inputs: vec![Src::Layer(2)], trainable: false },
-                LayerSpec { name: "fc".into(), kind: LayerKind::Linear { out: 10, bias: false }, inputs: vec![Src::Layer(3)], trainable: true },
+                LayerSpec {
+                    name: "bn".into(),
+                    kind: LayerKind::BatchNorm2d {
+                        eps: 1e-5,
+                        momentum: 0.1,
+                    },
+                    inputs: vec![Src::Layer(0)],
+                    trainable: true,
+                },
+                LayerSpec {
+                    name: "add".into(),
+                    kind: LayerKind::Add,
+                    inputs: vec![Src::Layer(0), Src::Layer(1)],
+                    trainable: true,
+                },
+                LayerSpec {
+                    name: "flat".into(),
+                    kind: LayerKind::Flatten,
+                    inputs: vec![Src::Layer(2)],
+                    trainable: false,
+                },
+                LayerSpec {
+                    name: "fc".into(),
+                    kind: LayerKind::Linear {
+                        out: 10,
+                        bias: false,
+                    },
+                    inputs: vec![Src::Layer(3)],
+                    trainable: true,
+                },
             ],
             loss: LossKind::SoftmaxCrossEntropy,
-            optimizer: OptimizerSpec::Adam { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 },
+            optimizer: OptimizerSpec::Adam {
+                lr: 1e-3,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.0,
+            },
             seed: 42,
         }
     }
@@ -436,7 +587,10 @@ mod tests {
     fn corrupt_payload_is_a_checksum_error() {
         let mut b = encode_model(&sample());
         b[20] ^= 0x40;
-        assert!(matches!(decode_model(&b), Err(FormatError::BadChecksum { .. })));
+        assert!(matches!(
+            decode_model(&b),
+            Err(FormatError::BadChecksum { .. })
+        ));
     }
 
     #[test]

@@ -50,7 +50,10 @@ impl TensorKind {
     }
     /// Lives across training steps (valid at every execution order).
     pub fn persistent(self) -> bool {
-        matches!(self, TensorKind::Weight | TensorKind::OptState | TensorKind::Stat)
+        matches!(
+            self,
+            TensorKind::Weight | TensorKind::OptState | TensorKind::Stat
+        )
     }
 }
 
@@ -231,9 +234,16 @@ impl fmt::Display for GraphError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             GraphError::Empty => write!(f, "the model has no layers"),
-            GraphError::Layer { index, name, reason } => write!(f, "layers[{index}] ({name:?}): {reason}"),
+            GraphError::Layer {
+                index,
+                name,
+                reason,
+            } => write!(f, "layers[{index}] ({name:?}): {reason}"),
             GraphError::ZeroBatch => write!(f, "the batch size must be at least 1"),
-            GraphError::TooLarge { tensor } => write!(f, "tensor {tensor} is too large for this machine's address space"),
+            GraphError::TooLarge { tensor } => write!(
+                f,
+                "tensor {tensor} is too large for this machine's address space"
+            ),
             GraphError::Loss(r) => write!(f, "loss: {r}"),
         }
     }
@@ -270,7 +280,11 @@ pub struct Graph {
 }
 
 fn err(index: usize, name: &str, reason: impl Into<String>) -> GraphError {
-    GraphError::Layer { index, name: String::from(name), reason: reason.into() }
+    GraphError::Layer {
+        index,
+        name: String::from(name),
+        reason: reason.into(),
+    }
 }
 
 impl Graph {
@@ -286,7 +300,10 @@ impl Graph {
 
     /// All parameters with their node index.
     pub fn params(&self) -> impl Iterator<Item = (usize, &Param)> {
-        self.nodes.iter().enumerate().flat_map(|(i, n)| n.params.iter().map(move |p| (i, p)))
+        self.nodes
+            .iter()
+            .enumerate()
+            .flat_map(|(i, n)| n.params.iter().map(move |p| (i, p)))
     }
 
     /// The prediction (last node's output).
@@ -296,7 +313,10 @@ impl Graph {
 
     /// Per-sample prediction shape.
     pub fn pred_dims(&self) -> Dims {
-        self.nodes.last().map(|n| n.out_dims).unwrap_or(self.input_dims)
+        self.nodes
+            .last()
+            .map(|n| n.out_dims)
+            .unwrap_or(self.input_dims)
     }
 }
 
@@ -314,15 +334,32 @@ impl<'a> Builder<'a> {
         if batch == 0 {
             return Err(GraphError::ZeroBatch);
         }
-        Ok(Self { spec, batch, tensors: Vec::new() })
+        Ok(Self {
+            spec,
+            batch,
+            tensors: Vec::new(),
+        })
     }
 
-    fn tensor(&mut self, name: String, kind: TensorKind, elems: usize, share: Share) -> Result<TensorId, GraphError> {
-        let bytes = elems.checked_mul(4).ok_or_else(|| GraphError::TooLarge { tensor: name.clone() })?;
+    fn tensor(
+        &mut self,
+        name: String,
+        kind: TensorKind,
+        elems: usize,
+        share: Share,
+    ) -> Result<TensorId, GraphError> {
+        let bytes = elems.checked_mul(4).ok_or_else(|| GraphError::TooLarge {
+            tensor: name.clone(),
+        })?;
         if bytes > isize::MAX as usize / 2 {
             return Err(GraphError::TooLarge { tensor: name });
         }
-        self.tensors.push(TensorInfo { name, kind, bytes, share });
+        self.tensors.push(TensorInfo {
+            name,
+            kind,
+            bytes,
+            share,
+        });
         Ok((self.tensors.len() - 1) as TensorId)
     }
 
@@ -332,18 +369,32 @@ impl<'a> Builder<'a> {
             .checked_mul(d.h as usize)
             .and_then(|v| v.checked_mul(d.w as usize))
             .and_then(|v| v.checked_mul(self.batch))
-            .ok_or_else(|| GraphError::TooLarge { tensor: String::from(name) })
+            .ok_or_else(|| GraphError::TooLarge {
+                tensor: String::from(name),
+            })
     }
 
     fn build(mut self) -> Result<Graph, GraphError> {
         let spec = self.spec;
         let n = self.batch;
         if spec.input.numel() == 0 {
-            return Err(GraphError::Loss(String::from("the input shape has a zero dimension")));
+            return Err(GraphError::Loss(String::from(
+                "the input shape has a zero dimension",
+            )));
         }
         let in_elems = self.batched(spec.input, "input")?;
-        let input = self.tensor(String::from("input"), TensorKind::External, in_elems, Share::External)?;
-        let target = self.tensor(String::from("target"), TensorKind::External, 0, Share::External)?;
+        let input = self.tensor(
+            String::from("input"),
+            TensorKind::External,
+            in_elems,
+            Share::External,
+        )?;
+        let target = self.tensor(
+            String::from("target"),
+            TensorKind::External,
+            0,
+            Share::External,
+        )?;
         let slots = spec.optimizer.state_slots();
 
         // Forward pass: resolve shapes, create outputs, parameters, saved tensors and scratch.
@@ -351,9 +402,21 @@ impl<'a> Builder<'a> {
         let mut requires_grad: Vec<bool> = Vec::with_capacity(spec.layers.len());
         for (li, l) in spec.layers.iter().enumerate() {
             let name = l.name.as_str();
-            let arity = if matches!(l.kind, LayerKind::Add) { 2 } else { 1 };
+            let arity = if matches!(l.kind, LayerKind::Add) {
+                2
+            } else {
+                1
+            };
             if l.inputs.len() != arity {
-                return Err(err(li, name, format!("{} takes {arity} input(s), got {}", l.kind.type_name(), l.inputs.len())));
+                return Err(err(
+                    li,
+                    name,
+                    format!(
+                        "{} takes {arity} input(s), got {}",
+                        l.kind.type_name(),
+                        l.inputs.len()
+                    ),
+                ));
             }
             let mut inputs = Vec::new();
             let mut in_dims = Vec::new();
@@ -371,7 +434,11 @@ impl<'a> Builder<'a> {
                         in_rg |= requires_grad[j as usize];
                     }
                     Src::Layer(j) => {
-                        return Err(err(li, name, format!("input refers to layer {j}, which does not come before it")))
+                        return Err(err(
+                            li,
+                            name,
+                            format!("input refers to layer {j}, which does not come before it"),
+                        ))
                     }
                 }
             }
@@ -383,9 +450,22 @@ impl<'a> Builder<'a> {
                     if *out == 0 {
                         return Err(bad("out must be at least 1"));
                     }
-                    (NodeOp::Linear { fin, fout: *out as usize }, Dims::flat(*out))
+                    (
+                        NodeOp::Linear {
+                            fin,
+                            fout: *out as usize,
+                        },
+                        Dims::flat(*out),
+                    )
                 }
-                LayerKind::Conv2d { out, kernel, stride, padding, groups, .. } => {
+                LayerKind::Conv2d {
+                    out,
+                    kernel,
+                    stride,
+                    padding,
+                    groups,
+                    ..
+                } => {
                     let g = ConvGeom::new(
                         x.c as usize,
                         x.h as usize,
@@ -411,7 +491,8 @@ impl<'a> Builder<'a> {
                     let od = Dims::new(g.cout as u32, g.oh as u32, g.ow as u32);
                     (NodeOp::Conv(g), od)
                 }
-                LayerKind::MaxPool2d { kernel, stride } | LayerKind::AvgPool2d { kernel, stride } => {
+                LayerKind::MaxPool2d { kernel, stride }
+                | LayerKind::AvgPool2d { kernel, stride } => {
                     let g = PoolGeom::new(
                         x.c as usize,
                         x.h as usize,
@@ -429,9 +510,13 @@ impl<'a> Builder<'a> {
                         (NodeOp::AvgPool(g), od)
                     }
                 }
-                LayerKind::GlobalAvgPool => {
-                    (NodeOp::GlobalAvgPool { c: x.c as usize, hw: x.h as usize * x.w as usize }, Dims::flat(x.c))
-                }
+                LayerKind::GlobalAvgPool => (
+                    NodeOp::GlobalAvgPool {
+                        c: x.c as usize,
+                        hw: x.h as usize * x.w as usize,
+                    },
+                    Dims::flat(x.c),
+                ),
                 LayerKind::Relu => (NodeOp::Act(Act::Relu), x),
                 LayerKind::Relu6 => (NodeOp::Act(Act::Relu6), x),
                 LayerKind::Sigmoid => (NodeOp::Act(Act::Sigmoid), x),
@@ -439,13 +524,27 @@ impl<'a> Builder<'a> {
                 LayerKind::Flatten => (NodeOp::View, Dims::flat(fin as u32)),
                 LayerKind::Reshape { to } => {
                     if to.numel() != fin {
-                        return Err(err(li, name, format!("reshape to {to} has {} elements, input {x} has {fin}", to.numel())));
+                        return Err(err(
+                            li,
+                            name,
+                            format!(
+                                "reshape to {to} has {} elements, input {x} has {fin}",
+                                to.numel()
+                            ),
+                        ));
                     }
                     (NodeOp::View, *to)
                 }
                 LayerKind::Add => {
                     if in_dims[0] != in_dims[1] {
-                        return Err(err(li, name, format!("add needs equal shapes, got {} and {}", in_dims[0], in_dims[1])));
+                        return Err(err(
+                            li,
+                            name,
+                            format!(
+                                "add needs equal shapes, got {} and {}",
+                                in_dims[0], in_dims[1]
+                            ),
+                        ));
                     }
                     if inputs[0] == inputs[1] {
                         return Err(bad("add needs two different inputs"));
@@ -453,12 +552,18 @@ impl<'a> Builder<'a> {
                     (NodeOp::Add, x)
                 }
                 LayerKind::BatchNorm2d { eps, momentum } => {
-                    if !(eps.is_finite() && *eps > 0.0) || !(0.0..=1.0).contains(momentum) {
+                    if !(eps.is_finite() && *eps > 0.0 && (0.0..=1.0).contains(momentum)) {
                         return Err(bad("batchnorm2d needs eps > 0 and momentum in [0, 1]"));
                     }
                     let train = l.trainable;
                     (
-                        NodeOp::BatchNorm { c: x.c as usize, hw: x.h as usize * x.w as usize, eps: *eps, momentum: *momentum, train },
+                        NodeOp::BatchNorm {
+                            c: x.c as usize,
+                            hw: x.h as usize * x.w as usize,
+                            eps: *eps,
+                            momentum: *momentum,
+                            train,
+                        },
                         x,
                     )
                 }
@@ -472,12 +577,16 @@ impl<'a> Builder<'a> {
             let out_elems = self.batched(out_dims, name)?;
             let share = match op {
                 NodeOp::View => Share::ReadView(inputs[0]),
-                NodeOp::Act(_) | NodeOp::Dropout { .. } | NodeOp::Add => Share::ModifyView(inputs[0]),
+                NodeOp::Act(_) | NodeOp::Dropout { .. } | NodeOp::Add => {
+                    Share::ModifyView(inputs[0])
+                }
                 _ => Share::Own,
             };
             // A view of the external input is itself external.
             let share = match share {
-                Share::ReadView(t) | Share::ModifyView(t) if self.tensors[t as usize].kind == TensorKind::External => {
+                Share::ReadView(t) | Share::ModifyView(t)
+                    if self.tensors[t as usize].kind == TensorKind::External =>
+                {
                     if matches!(op, NodeOp::View) {
                         Share::External
                     } else {
@@ -486,7 +595,11 @@ impl<'a> Builder<'a> {
                 }
                 s => s,
             };
-            let out_kind = if share == Share::External { TensorKind::External } else { TensorKind::Activation };
+            let out_kind = if share == Share::External {
+                TensorKind::External
+            } else {
+                TensorKind::Activation
+            };
             let out = self.tensor(format!("{name}.out"), out_kind, out_elems, share)?;
 
             // Parameters.
@@ -519,28 +632,69 @@ impl<'a> Builder<'a> {
                 let full = format!("{name}.{pname}");
                 let value = self.tensor(full.clone(), TensorKind::Weight, elems, Share::Own)?;
                 let (grad, state) = if trainable {
-                    let g = self.tensor(format!("grad({full})"), TensorKind::Gradient, elems, Share::Own)?;
+                    let g = self.tensor(
+                        format!("grad({full})"),
+                        TensorKind::Gradient,
+                        elems,
+                        Share::Own,
+                    )?;
                     let mut st = Vec::new();
                     for s in 0..slots {
-                        st.push(self.tensor(format!("{full}.state{s}"), TensorKind::OptState, elems, Share::Own)?);
+                        st.push(self.tensor(
+                            format!("{full}.state{s}"),
+                            TensorKind::OptState,
+                            elems,
+                            Share::Own,
+                        )?);
                     }
                     (Some(g), st)
                 } else {
                     (None, Vec::new())
                 };
-                params.push(Param { name: full, shape, value, grad, state });
+                params.push(Param {
+                    name: full,
+                    shape,
+                    value,
+                    grad,
+                    state,
+                });
             }
             match op {
                 NodeOp::BatchNorm { c, train, .. } => {
-                    stats.push(self.tensor(format!("{name}.running_mean"), TensorKind::Stat, c, Share::Own)?);
-                    stats.push(self.tensor(format!("{name}.running_var"), TensorKind::Stat, c, Share::Own)?);
+                    stats.push(self.tensor(
+                        format!("{name}.running_mean"),
+                        TensorKind::Stat,
+                        c,
+                        Share::Own,
+                    )?);
+                    stats.push(self.tensor(
+                        format!("{name}.running_var"),
+                        TensorKind::Stat,
+                        c,
+                        Share::Own,
+                    )?);
                     if train {
-                        saved.push(self.tensor(format!("{name}.mean"), TensorKind::Activation, c, Share::Own)?);
-                        saved.push(self.tensor(format!("{name}.invstd"), TensorKind::Activation, c, Share::Own)?);
+                        saved.push(self.tensor(
+                            format!("{name}.mean"),
+                            TensorKind::Activation,
+                            c,
+                            Share::Own,
+                        )?);
+                        saved.push(self.tensor(
+                            format!("{name}.invstd"),
+                            TensorKind::Activation,
+                            c,
+                            Share::Own,
+                        )?);
                     }
                 }
                 NodeOp::MaxPool(_) => {
-                    saved.push(self.tensor(format!("{name}.argmax"), TensorKind::Activation, out_elems, Share::Own)?);
+                    saved.push(self.tensor(
+                        format!("{name}.argmax"),
+                        TensorKind::Activation,
+                        out_elems,
+                        Share::Own,
+                    )?);
                 }
                 _ => {}
             }
@@ -565,21 +719,36 @@ impl<'a> Builder<'a> {
         }
 
         // Loss compatibility.
-        let last = nodes.last().map(|n| (n.out, n.out_dims)).ok_or(GraphError::Empty)?;
+        let last = nodes
+            .last()
+            .map(|n| (n.out, n.out_dims))
+            .ok_or(GraphError::Empty)?;
         if spec.loss == LossKind::SoftmaxCrossEntropy && last.1.numel() < 2 {
-            return Err(GraphError::Loss(format!("cross_entropy needs at least 2 classes, the last layer gives {}", last.1)));
+            return Err(GraphError::Loss(format!(
+                "cross_entropy needs at least 2 classes, the last layer gives {}",
+                last.1
+            )));
         }
         if !requires_grad.last().copied().unwrap_or(false) {
-            return Err(GraphError::Loss(String::from("no layer is trainable: nothing to train")));
+            return Err(GraphError::Loss(String::from(
+                "no layer is trainable: nothing to train",
+            )));
         }
 
         // Backward pass: derivative tensors. d(t) exists for every activation t that requires grad.
-        let mut deriv: alloc::collections::BTreeMap<TensorId, (TensorId, bool)> = alloc::collections::BTreeMap::new();
+        let mut deriv: alloc::collections::BTreeMap<TensorId, (TensorId, bool)> =
+            alloc::collections::BTreeMap::new();
         let pred_elems = self.batched(last.1, "prediction")?;
-        let d_pred = self.tensor(format!("d({})", self.tensors[last.0 as usize].name), TensorKind::Derivative, pred_elems, Share::ModifyView(last.0))?;
+        let d_pred = self.tensor(
+            format!("d({})", self.tensors[last.0 as usize].name),
+            TensorKind::Derivative,
+            pred_elems,
+            Share::ModifyView(last.0),
+        )?;
         deriv.insert(last.0, (d_pred, false));
         // Number of consumers of each tensor (to decide whether a view's derivative can be a view).
-        let mut consumers: alloc::collections::BTreeMap<TensorId, u32> = alloc::collections::BTreeMap::new();
+        let mut consumers: alloc::collections::BTreeMap<TensorId, u32> =
+            alloc::collections::BTreeMap::new();
         for nd in &nodes {
             for &t in &nd.inputs {
                 *consumers.entry(t).or_insert(0) += 1;
@@ -606,12 +775,19 @@ impl<'a> Builder<'a> {
                 let elems = self.batched(nodes[ni].in_dims[k], "derivative")?;
                 let d_out_id = d_out.unwrap_or(d_pred);
                 let share = match nodes[ni].op {
-                    NodeOp::View if consumers.get(&t).copied() == Some(1) => Share::ReadView(d_out_id),
+                    NodeOp::View if consumers.get(&t).copied() == Some(1) => {
+                        Share::ReadView(d_out_id)
+                    }
                     NodeOp::Act(_) | NodeOp::Dropout { .. } => Share::ModifyView(d_out_id),
                     NodeOp::Add if k == 0 => Share::ModifyView(d_out_id),
                     _ => Share::Own,
                 };
-                let dt = self.tensor(format!("d({})", self.tensors[t as usize].name), TensorKind::Derivative, elems, share)?;
+                let dt = self.tensor(
+                    format!("d({})", self.tensors[t as usize].name),
+                    TensorKind::Derivative,
+                    elems,
+                    share,
+                )?;
                 deriv.insert(t, (dt, false));
                 d_in.push(Some((dt, false)));
             }
@@ -619,8 +795,8 @@ impl<'a> Builder<'a> {
         }
 
         // Scratch per phase.
-        for ni in 0..nodes.len() {
-            let (fwd, gw, gx) = match &nodes[ni].op {
+        for node in nodes.iter_mut() {
+            let (fwd, gw, gx) = match &node.op {
                 NodeOp::Linear { fin, fout } => {
                     let s = ops::linear_scratch_len(n, *fin, *fout);
                     (s, s, s)
@@ -631,20 +807,32 @@ impl<'a> Builder<'a> {
                 }
                 _ => (0, 0, 0),
             };
-            let has_gw = nodes[ni].has_grad_w();
-            let has_gx = nodes[ni].d_in.iter().any(|d| d.is_some());
-            let name = nodes[ni].name.clone();
+            let has_gw = node.has_grad_w();
+            let has_gx = node.d_in.iter().any(|d| d.is_some());
+            let name = node.name.clone();
             if fwd > 0 {
-                nodes[ni].scratch[scratch_slot::FWD] =
-                    Some(self.tensor(format!("{name}.scratch(F)"), TensorKind::Scratch, fwd, Share::Own)?);
+                node.scratch[scratch_slot::FWD] = Some(self.tensor(
+                    format!("{name}.scratch(F)"),
+                    TensorKind::Scratch,
+                    fwd,
+                    Share::Own,
+                )?);
             }
             if gw > 0 && has_gw {
-                nodes[ni].scratch[scratch_slot::GRAD_W] =
-                    Some(self.tensor(format!("{name}.scratch(CG)"), TensorKind::Scratch, gw, Share::Own)?);
+                node.scratch[scratch_slot::GRAD_W] = Some(self.tensor(
+                    format!("{name}.scratch(CG)"),
+                    TensorKind::Scratch,
+                    gw,
+                    Share::Own,
+                )?);
             }
             if gx > 0 && has_gx {
-                nodes[ni].scratch[scratch_slot::GRAD_X] =
-                    Some(self.tensor(format!("{name}.scratch(CD)"), TensorKind::Scratch, gx, Share::Own)?);
+                node.scratch[scratch_slot::GRAD_X] = Some(self.tensor(
+                    format!("{name}.scratch(CD)"),
+                    TensorKind::Scratch,
+                    gx,
+                    Share::Own,
+                )?);
             }
         }
 

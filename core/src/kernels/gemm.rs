@@ -246,26 +246,22 @@ impl SgemmKernel {
         {
             use core::sync::atomic::{AtomicU8, Ordering};
             static CHOICE: AtomicU8 = AtomicU8::new(0);
-            let v = CHOICE.load(Ordering::Relaxed);
-            let kind = match v {
+            match CHOICE.load(Ordering::Relaxed) {
                 1 => Self::Portable,
                 2 => Self::Avx2,
                 3 => Self::Avx512,
                 _ => {
                     let best = Self::best();
                     // Races are benign: every thread computes the same answer.
-                    CHOICE.store(
-                        match best {
-                            Self::Portable => 1,
-                            Self::Avx2 => 2,
-                            Self::Avx512 => 3,
-                        },
-                        Ordering::Relaxed,
-                    );
+                    let code = match best {
+                        Self::Portable => 1,
+                        Self::Avx2 => 2,
+                        Self::Avx512 => 3,
+                    };
+                    CHOICE.store(code, Ordering::Relaxed);
                     best
                 }
-            };
-            kind
+            }
         }
         #[cfg(not(all(any(feature = "std", test), target_arch = "x86_64", not(miri))))]
         {
@@ -719,7 +715,10 @@ fn pack_panel_generic(
 /// The register tile `Σ_p a[p] ⊗ b[p]`. Fixed-size rows and a separate function (so nothing around it
 /// keeps the accumulators in memory) let LLVM unroll it completely and keep the tile in vector registers.
 #[inline(never)]
-fn portable_product(a: &[[f32; PORTABLE_MR]], b: &[[f32; PORTABLE_NR]]) -> [[f32; PORTABLE_NR]; PORTABLE_MR] {
+fn portable_product(
+    a: &[[f32; PORTABLE_MR]],
+    b: &[[f32; PORTABLE_NR]],
+) -> [[f32; PORTABLE_NR]; PORTABLE_MR] {
     let mut acc = [[0.0f32; PORTABLE_NR]; PORTABLE_MR];
     for (ap, bp) in a.iter().zip(b) {
         for (row, &x) in acc.iter_mut().zip(ap) {

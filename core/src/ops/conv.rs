@@ -12,8 +12,17 @@
 //! * **General**: im2col + GEMM per sample, group and *block of output rows*: the column buffer holds
 //!   `K = cin/groups·kh·kw` rows by `rows·ow` columns, with `rows` the largest count whose buffer fits
 //!   in [`CONV_COL_CAP`] elements (at least one output row). The scratch is therefore bounded
-//!   independently of the batch and of the image height. Backward-data does `col = Wᵀ·dY` then
-//!   col2im, which accumulates (overlapping windows and neighbouring row blocks add up).
+//!   independently of the batch and of the image height. A padded conv first copies the input rows a
+//!   block reads into a zero-bordered buffer, so that unfolding is unconditional row copies (no
+//!   clipping per row). Weight gradient: `dW += dY_block·colᵀ` per block. Backward-data does
+//!   `col = Wᵀ·dY` then col2im, which accumulates (overlapping windows and neighbouring row blocks add
+//!   up) and clips to the image instead of padding.
+//!
+//! GEMM orientations (all with C row-major, as the GEMM requires): forward `W_g[cout_g×K]·col[K×cols]`
+//! written straight into the NCHW output with `ldc = oh·ow`; weight gradient `dY[cout_g×cols]·colᵀ`;
+//! data gradient `W_gᵀ·dY`. Per-sample (per-block) GEMMs are small for LeNet-sized layers; their cost
+//! is dominated by the GEMM itself, whose packing of transposed operands matters most for the
+//! weight-gradient shape (small m and n, long k).
 use super::elementwise::{dot, fill, sum};
 use crate::kernels::{gemm, gemm_scratch_len, MatRef, Real};
 

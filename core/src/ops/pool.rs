@@ -391,6 +391,10 @@ mod tests {
             maxpool_fwd(&g, n, &to_f32(&x), &mut y32, &mut am32);
             assert_eq!(widen(&y32), y);
             assert_eq!(am32, am);
+            // The backward only routes values (sums where windows overlap: ≤ 9 terms, a few ulps).
+            let mut dx32 = vec![0.0f32; n * g.in_len()];
+            maxpool_grad_x(&g, n, &to_f32(&r), &am32, &mut dx32, false);
+            assert_close("maxpool grad f32", &widen(&dx32), &dx, 1e-6, 1e-2);
         }
     }
 
@@ -464,6 +468,10 @@ mod tests {
         global_avgpool_fwd(n, c, hw, &to_f32(&x), &mut y32);
         // 13-term sums: as for avgpool.
         assert_close("gap f32", &widen(&y32), &y, 1e-5, 1e-2);
+        // dx = dy/hw: one rounding.
+        let mut dx32 = vec![0.0f32; n * c * hw];
+        global_avgpool_grad_x(n, c, hw, &to_f32(&r), &mut dx32, false);
+        assert_close("gap grad f32", &widen(&dx32), &dx, 1e-7, 1e-3);
         let mut y1 = [0.0f64];
         global_avgpool_fwd(1, 1, 4, &[1.0, 2.0, 3.0, 6.0], &mut y1);
         assert_eq!(y1, [3.0]);

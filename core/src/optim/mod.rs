@@ -11,25 +11,49 @@ pub struct StepCtx {
 
 /// Updates `w` in place from its gradient `g` and optimizer `state` slices (as many as
 /// [`OptimizerSpec::state_slots`]).
-pub fn apply(spec: &OptimizerSpec, ctx: StepCtx, w: &mut [f32], g: &[f32], state: &mut [&mut [f32]]) {
+pub fn apply(
+    spec: &OptimizerSpec,
+    ctx: StepCtx,
+    w: &mut [f32],
+    g: &[f32],
+    state: &mut [&mut [f32]],
+) {
     match *spec {
-        OptimizerSpec::Sgd { lr, momentum, weight_decay } => {
+        OptimizerSpec::Sgd {
+            lr,
+            momentum,
+            weight_decay,
+        } => {
             if momentum != 0.0 {
                 let [buf] = state else { return };
                 for ((w, &g), b) in w.iter_mut().zip(g).zip(buf.iter_mut()) {
-                    let d = if weight_decay != 0.0 { g + weight_decay * *w } else { g };
+                    let d = if weight_decay != 0.0 {
+                        g + weight_decay * *w
+                    } else {
+                        g
+                    };
                     // The first step's buffer is zero, so μ·0 + d = d: PyTorch's clone of d, bit for bit.
                     *b = *b * momentum + d;
                     *w += -lr * *b;
                 }
             } else {
                 for (w, &g) in w.iter_mut().zip(g) {
-                    let d = if weight_decay != 0.0 { g + weight_decay * *w } else { g };
+                    let d = if weight_decay != 0.0 {
+                        g + weight_decay * *w
+                    } else {
+                        g
+                    };
                     *w += -lr * d;
                 }
             }
         }
-        OptimizerSpec::Adam { lr, beta1, beta2, eps, weight_decay } => {
+        OptimizerSpec::Adam {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } => {
             let [m, v] = state else { return };
             // PyTorch computes the bias corrections in Python floats (f64).
             let t = ctx.t as i32;
@@ -40,9 +64,17 @@ pub fn apply(spec: &OptimizerSpec, ctx: StepCtx, w: &mut [f32], g: &[f32], state
             let w1 = 1.0 - beta1;
             let w2 = 1.0 - beta2;
             for (((w, &g), m), v) in w.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-                let g = if weight_decay != 0.0 { g + weight_decay * *w } else { g };
+                let g = if weight_decay != 0.0 {
+                    g + weight_decay * *w
+                } else {
+                    g
+                };
                 // exp_avg.lerp_(grad, 1-β1): weight < 0.5 uses self + w·(end − self).
-                *m = if w1 < 0.5 { *m + w1 * (g - *m) } else { g - (g - *m) * (1.0 - w1) };
+                *m = if w1 < 0.5 {
+                    *m + w1 * (g - *m)
+                } else {
+                    g - (g - *m) * (1.0 - w1)
+                };
                 *v = *v * beta2 + w2 * g * g;
                 let denom = libm::sqrtf(*v) / bc2_sqrt + eps;
                 // addcdiv_(m, denom, value=-step_size) computes (value·m)/denom.

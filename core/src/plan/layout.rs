@@ -25,7 +25,11 @@ pub trait LayoutStrategy {
 
 /// All built-in strategies.
 pub fn strategies() -> Vec<Box<dyn LayoutStrategy>> {
-    vec![Box::new(FirstUseOrder), Box::new(LongestLifetimeFirst), Box::new(BestFitBySize)]
+    vec![
+        Box::new(FirstUseOrder),
+        Box::new(LongestLifetimeFirst),
+        Box::new(BestFitBySize),
+    ]
 }
 
 /// max over execution orders of the bytes alive at once.
@@ -59,7 +63,12 @@ fn place(lives: &[TensorLife], order: &[usize], best_fit: bool) -> Layout {
     for &i in order {
         let me = &lives[i];
         busy.clear();
-        busy.extend(placed.iter().filter(|&&j| overlaps(me, &lives[j])).map(|&j| (offsets[j], offsets[j] + lives[j].bytes)));
+        busy.extend(
+            placed
+                .iter()
+                .filter(|&&j| overlaps(me, &lives[j]))
+                .map(|&j| (offsets[j], offsets[j] + lives[j].bytes)),
+        );
         busy.sort_unstable();
         let mut chosen: Option<(usize, usize)> = None; // (offset, gap size)
         let mut cursor = 0usize;
@@ -83,7 +92,10 @@ fn place(lives: &[TensorLife], order: &[usize], best_fit: bool) -> Layout {
         arena = arena.max(off + me.bytes);
         placed.push(i);
     }
-    Layout { offsets, arena_bytes: arena }
+    Layout {
+        offsets,
+        arena_bytes: arena,
+    }
 }
 
 /// NNTrainer's planner: storages sorted by first use, each placed at the lowest free offset.
@@ -107,7 +119,13 @@ impl LayoutStrategy for LongestLifetimeFirst {
     }
     fn layout(&self, lives: &[TensorLife]) -> Layout {
         let mut order: Vec<usize> = (0..lives.len()).collect();
-        order.sort_by_key(|&i| (core::cmp::Reverse(lives[i].last - lives[i].first), core::cmp::Reverse(lives[i].bytes), i));
+        order.sort_by_key(|&i| {
+            (
+                core::cmp::Reverse(lives[i].last - lives[i].first),
+                core::cmp::Reverse(lives[i].bytes),
+                i,
+            )
+        });
         place(lives, &order, false)
     }
 }

@@ -9,7 +9,10 @@ use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
 
-pub use layout::{lower_bound, strategies, BestFitBySize, FirstUseOrder, Layout, LayoutStrategy, LongestLifetimeFirst};
+pub use layout::{
+    lower_bound, strategies, BestFitBySize, FirstUseOrder, Layout, LayoutStrategy,
+    LongestLifetimeFirst,
+};
 
 use crate::backend::Placement;
 use crate::budget::{Budget, BudgetError};
@@ -79,11 +82,21 @@ impl Schedule {
     /// right after a layer's derivative frees its gradient early.
     pub fn new(g: &Graph) -> Schedule {
         let mut program = Vec::new();
-        let ins = |node: usize, phase| Instr { node: node as u16, phase, mb: 0, placement: Placement::Cpu };
+        let ins = |node: usize, phase| Instr {
+            node: node as u16,
+            phase,
+            mb: 0,
+            placement: Placement::Cpu,
+        };
         for i in 0..g.nodes.len() {
             program.push(ins(i, Phase::Forward));
         }
-        program.push(Instr { node: LOSS_NODE, phase: Phase::Loss, mb: 0, placement: Placement::Cpu });
+        program.push(Instr {
+            node: LOSS_NODE,
+            phase: Phase::Loss,
+            mb: 0,
+            placement: Placement::Cpu,
+        });
         for i in (0..g.nodes.len()).rev() {
             let n = &g.nodes[i];
             if n.has_grad_w() {
@@ -132,7 +145,9 @@ pub fn touches(g: &Graph, ins: &Instr, out: &mut Vec<TensorId>) {
             out.extend(n.d_in.iter().flatten().map(|d| d.0));
             out.extend(n.saved.iter().copied());
             match n.op {
-                NodeOp::Linear { .. } | NodeOp::Conv(_) => out.extend(n.params.first().map(|p| p.value)),
+                NodeOp::Linear { .. } | NodeOp::Conv(_) => {
+                    out.extend(n.params.first().map(|p| p.value))
+                }
                 NodeOp::BatchNorm { train, .. } => {
                     out.extend(n.params.first().map(|p| p.value));
                     if train {
@@ -234,7 +249,9 @@ pub fn lifetimes_with(g: &Graph, s: &Schedule, merge: bool) -> Lifetimes {
             Share::ReadView(j) => (j, false),
             _ => continue,
         };
-        if first[target as usize] == Eo::MAX || g.tensors[target as usize].kind == TensorKind::External {
+        if first[target as usize] == Eo::MAX
+            || g.tensors[target as usize].kind == TensorKind::External
+        {
             continue;
         }
         let rt = root(&mut parent, target);
@@ -251,7 +268,8 @@ pub fn lifetimes_with(g: &Graph, s: &Schedule, merge: bool) -> Lifetimes {
     }
     let mut storage_of = vec![None; nt];
     let mut lives: Vec<TensorLife> = Vec::new();
-    let mut root_storage: alloc::collections::BTreeMap<u32, u32> = alloc::collections::BTreeMap::new();
+    let mut root_storage: alloc::collections::BTreeMap<u32, u32> =
+        alloc::collections::BTreeMap::new();
     for &t in &order {
         if g.tensors[t].kind == TensorKind::External || g.tensors[t].bytes == 0 {
             continue;
@@ -310,11 +328,20 @@ impl Plan {
         let mut best: Option<(Layout, &'static str)> = None;
         for s in strategies() {
             let l = s.layout(&lt.lives);
-            if best.as_ref().is_none_or(|(b, _)| l.arena_bytes < b.arena_bytes) {
+            if best
+                .as_ref()
+                .is_none_or(|(b, _)| l.arena_bytes < b.arena_bytes)
+            {
                 best = Some((l, s.name()));
             }
         }
-        let (layout, strategy) = best.unwrap_or((Layout { offsets: Vec::new(), arena_bytes: 0 }, "none"));
+        let (layout, strategy) = best.unwrap_or((
+            Layout {
+                offsets: Vec::new(),
+                arena_bytes: 0,
+            },
+            "none",
+        ));
         Plan {
             graph: g,
             program: sched.program,
@@ -335,7 +362,10 @@ impl Plan {
     /// Checks the plan fits `budget` (as [`Plan::needed_bytes`]).
     pub fn check_budget(&self, budget: Budget) -> Result<(), BudgetError> {
         if self.needed_bytes() > budget.bytes {
-            Err(BudgetError::TooSmall { needed: self.needed_bytes(), given: budget.bytes })
+            Err(BudgetError::TooSmall {
+                needed: self.needed_bytes(),
+                given: budget.bytes,
+            })
         } else {
             Ok(())
         }
@@ -349,7 +379,10 @@ impl Plan {
 
     /// Every tensor with its storage: (tensor id, storage id).
     pub fn placed(&self) -> impl Iterator<Item = (TensorId, u32)> + '_ {
-        self.storage_of.iter().enumerate().filter_map(|(t, s)| s.map(|s| (t as TensorId, s)))
+        self.storage_of
+            .iter()
+            .enumerate()
+            .filter_map(|(t, s)| s.map(|s| (t as TensorId, s)))
     }
 
     /// Number of execution orders in one step.

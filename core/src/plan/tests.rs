@@ -17,7 +17,12 @@ fn random_model(choices: &[(u8, u8, bool)], c0: u32, hw: u32, optimizer: u8) -> 
     let mut same_shape: Vec<(usize, Dims)> = Vec::new();
     let push = |layers: &mut Vec<LayerSpec>, kind: LayerKind, inputs: Vec<Src>, trainable: bool| {
         let name = format!("l{}", layers.len());
-        layers.push(LayerSpec { name, kind, inputs, trainable });
+        layers.push(LayerSpec {
+            name,
+            kind,
+            inputs,
+            trainable,
+        });
         Src::Layer(layers.len() as u32 - 1)
     };
     let mut cur = Src::Input;
@@ -28,7 +33,14 @@ fn random_model(choices: &[(u8, u8, bool)], c0: u32, hw: u32, optimizer: u8) -> 
                 let k = if arg % 2 == 0 { 3 } else { 1 };
                 cur = push(
                     &mut layers,
-                    LayerKind::Conv2d { out, kernel: [k, k], stride: [1, 1], padding: [k / 2, k / 2], groups: 1, bias: arg % 3 != 0 },
+                    LayerKind::Conv2d {
+                        out,
+                        kernel: [k, k],
+                        stride: [1, 1],
+                        padding: [k / 2, k / 2],
+                        groups: 1,
+                        bias: arg % 3 != 0,
+                    },
                     vec![cur],
                     trainable,
                 );
@@ -38,21 +50,50 @@ fn random_model(choices: &[(u8, u8, bool)], c0: u32, hw: u32, optimizer: u8) -> 
                 let c = shape.c;
                 cur = push(
                     &mut layers,
-                    LayerKind::Conv2d { out: c, kernel: [3, 3], stride: [1, 1], padding: [1, 1], groups: c, bias: false },
+                    LayerKind::Conv2d {
+                        out: c,
+                        kernel: [3, 3],
+                        stride: [1, 1],
+                        padding: [1, 1],
+                        groups: c,
+                        bias: false,
+                    },
                     vec![cur],
                     trainable,
                 );
             }
-            2 => cur = push(&mut layers, LayerKind::BatchNorm2d { eps: 1e-5, momentum: 0.1 }, vec![cur], trainable),
+            2 => {
+                cur = push(
+                    &mut layers,
+                    LayerKind::BatchNorm2d {
+                        eps: 1e-5,
+                        momentum: 0.1,
+                    },
+                    vec![cur],
+                    trainable,
+                )
+            }
             3 => {
-                let k = [LayerKind::Relu, LayerKind::Relu6, LayerKind::Sigmoid, LayerKind::Tanh][(arg % 4) as usize].clone();
+                let k = [
+                    LayerKind::Relu,
+                    LayerKind::Relu6,
+                    LayerKind::Sigmoid,
+                    LayerKind::Tanh,
+                ][(arg % 4) as usize]
+                    .clone();
                 cur = push(&mut layers, k, vec![cur], true);
             }
             4 if shape.h >= 2 => {
                 let k = if arg % 2 == 0 {
-                    LayerKind::MaxPool2d { kernel: [2, 2], stride: [2, 2] }
+                    LayerKind::MaxPool2d {
+                        kernel: [2, 2],
+                        stride: [2, 2],
+                    }
                 } else {
-                    LayerKind::AvgPool2d { kernel: [2, 2], stride: [2, 2] }
+                    LayerKind::AvgPool2d {
+                        kernel: [2, 2],
+                        stride: [2, 2],
+                    }
                 };
                 cur = push(&mut layers, k, vec![cur], true);
                 shape = Dims::new(shape.c, shape.h / 2, shape.w / 2);
@@ -61,7 +102,12 @@ fn random_model(choices: &[(u8, u8, bool)], c0: u32, hw: u32, optimizer: u8) -> 
             5 => {
                 if let Some(&(j, d)) = same_shape.iter().rev().nth((arg % 2) as usize) {
                     if d == shape && Src::Layer(j as u32) != cur {
-                        cur = push(&mut layers, LayerKind::Add, vec![Src::Layer(j as u32), cur], true);
+                        cur = push(
+                            &mut layers,
+                            LayerKind::Add,
+                            vec![Src::Layer(j as u32), cur],
+                            true,
+                        );
                     }
                 }
             }
@@ -73,24 +119,60 @@ fn random_model(choices: &[(u8, u8, bool)], c0: u32, hw: u32, optimizer: u8) -> 
         }
     }
     cur = push(&mut layers, LayerKind::Flatten, vec![cur], true);
-    push(&mut layers, LayerKind::Linear { out: 3, bias: true }, vec![cur], true);
+    push(
+        &mut layers,
+        LayerKind::Linear { out: 3, bias: true },
+        vec![cur],
+        true,
+    );
     let optimizer = match optimizer % 3 {
-        0 => OptimizerSpec::Sgd { lr: 0.05, momentum: 0.0, weight_decay: 0.0 },
-        1 => OptimizerSpec::Sgd { lr: 0.05, momentum: 0.9, weight_decay: 1e-3 },
-        _ => OptimizerSpec::Adam { lr: 1e-2, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 },
+        0 => OptimizerSpec::Sgd {
+            lr: 0.05,
+            momentum: 0.0,
+            weight_decay: 0.0,
+        },
+        1 => OptimizerSpec::Sgd {
+            lr: 0.05,
+            momentum: 0.9,
+            weight_decay: 1e-3,
+        },
+        _ => OptimizerSpec::Adam {
+            lr: 1e-2,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        },
     };
-    ModelSpec { input: Dims::new(c0, hw, hw), layers, loss: LossKind::SoftmaxCrossEntropy, optimizer, seed: 5 }
+    ModelSpec {
+        input: Dims::new(c0, hw, hw),
+        layers,
+        loss: LossKind::SoftmaxCrossEntropy,
+        optimizer,
+        seed: 5,
+    }
 }
 
 fn check_layout(p: &Plan) {
-    assert!(p.arena_bytes >= p.lower_bound, "arena {} below lower bound {}", p.arena_bytes, p.lower_bound);
+    assert!(
+        p.arena_bytes >= p.lower_bound,
+        "arena {} below lower bound {}",
+        p.arena_bytes,
+        p.lower_bound
+    );
     for (i, a) in p.lives.iter().enumerate() {
         assert_eq!(p.offsets[i] % ALIGN, 0);
         assert!(p.offsets[i] + a.bytes <= p.arena_bytes);
         for (j, b) in p.lives.iter().enumerate().skip(i + 1) {
             let live_together = a.first <= b.last && b.first <= a.last;
-            let disjoint = p.offsets[i] + a.bytes <= p.offsets[j] || p.offsets[j] + b.bytes <= p.offsets[i];
-            assert!(!live_together || disjoint, "{} and {} overlap while both live", a.name, b.name);
+            let disjoint =
+                p.offsets[i] + a.bytes <= p.offsets[j] || p.offsets[j] + b.bytes <= p.offsets[i];
+            assert!(
+                !live_together || disjoint,
+                "{} and {} overlap while both live",
+                a.name,
+                b.name
+            );
         }
     }
 }
@@ -106,7 +188,11 @@ fn run_steps(p: &Plan, steps: usize) -> Vec<f32> {
     let y: Vec<u32> = (0..n).map(|i| (i % 3) as u32).collect();
     let mut out = Vec::new();
     for _ in 0..steps {
-        out.push(ex.train_step(&mut arena, &x, Target::Classes(&y)).unwrap().loss);
+        out.push(
+            ex.train_step(&mut arena, &x, Target::Classes(&y))
+                .unwrap()
+                .loss,
+        );
     }
     for (_, _, t) in ex.state_tensors().collect::<Vec<_>>() {
         out.extend_from_slice(ex.read(&mut arena, t).unwrap());
@@ -156,9 +242,15 @@ fn relu_after_conv_shares_its_input_and_derivative() {
     let p = Plan::new(g);
     let conv = &p.graph.nodes[0];
     let relu = &p.graph.nodes[1];
-    assert_eq!(p.storage_of[conv.out as usize], p.storage_of[relu.out as usize]);
+    assert_eq!(
+        p.storage_of[conv.out as usize],
+        p.storage_of[relu.out as usize]
+    );
     let d_relu_in = relu.d_in[0].unwrap().0;
-    assert_eq!(p.storage_of[d_relu_in as usize], p.storage_of[relu.d_out.unwrap() as usize]);
+    assert_eq!(
+        p.storage_of[d_relu_in as usize],
+        p.storage_of[relu.d_out.unwrap() as usize]
+    );
 }
 
 #[test]
@@ -166,10 +258,30 @@ fn in_place_is_refused_when_the_input_is_still_needed() {
     // conv → relu → add(conv.out, relu.out): relu may not overwrite conv.out, the add reads it later.
     let mut spec = random_model(&[(0, 2, true)], 1, 4, 0);
     spec.layers.truncate(1);
-    spec.layers.push(LayerSpec { name: "r".into(), kind: LayerKind::Relu, inputs: vec![Src::Layer(0)], trainable: true });
-    spec.layers.push(LayerSpec { name: "a".into(), kind: LayerKind::Add, inputs: vec![Src::Layer(0), Src::Layer(1)], trainable: true });
-    spec.layers.push(LayerSpec { name: "f".into(), kind: LayerKind::Flatten, inputs: vec![Src::Layer(2)], trainable: true });
-    spec.layers.push(LayerSpec { name: "fc".into(), kind: LayerKind::Linear { out: 3, bias: true }, inputs: vec![Src::Layer(3)], trainable: true });
+    spec.layers.push(LayerSpec {
+        name: "r".into(),
+        kind: LayerKind::Relu,
+        inputs: vec![Src::Layer(0)],
+        trainable: true,
+    });
+    spec.layers.push(LayerSpec {
+        name: "a".into(),
+        kind: LayerKind::Add,
+        inputs: vec![Src::Layer(0), Src::Layer(1)],
+        trainable: true,
+    });
+    spec.layers.push(LayerSpec {
+        name: "f".into(),
+        kind: LayerKind::Flatten,
+        inputs: vec![Src::Layer(2)],
+        trainable: true,
+    });
+    spec.layers.push(LayerSpec {
+        name: "fc".into(),
+        kind: LayerKind::Linear { out: 3, bias: true },
+        inputs: vec![Src::Layer(3)],
+        trainable: true,
+    });
     let p = Plan::new(Graph::new(&spec, 2).unwrap());
     let (c, r) = (&p.graph.nodes[0], &p.graph.nodes[1]);
     assert_ne!(p.storage_of[c.out as usize], p.storage_of[r.out as usize]);
@@ -182,17 +294,28 @@ fn frozen_layers_keep_no_gradient_and_no_saved_input() {
     spec.layers[0].trainable = false;
     let g = Graph::new(&spec, 2).unwrap();
     let conv = &g.nodes[0];
-    assert!(conv.params.iter().all(|p| p.grad.is_none() && p.state.is_empty()));
+    assert!(conv
+        .params
+        .iter()
+        .all(|p| p.grad.is_none() && p.state.is_empty()));
     assert!(conv.d_in.iter().all(|d| d.is_none()));
     let sched = Schedule::new(&g);
-    assert!(!sched.program.iter().any(|i| i.node == 0 && i.phase != Phase::Forward));
+    assert!(!sched
+        .program
+        .iter()
+        .any(|i| i.node == 0 && i.phase != Phase::Forward));
 }
 
 #[test]
 fn lower_bound_counts_peak_of_overlapping_lives() {
-    let l = |first, last, bytes| TensorLife { name: "t".into(), kind: TensorKind::Activation, bytes, first, last };
+    let l = |first, last, bytes| TensorLife {
+        name: "t".into(),
+        kind: TensorKind::Activation,
+        bytes,
+        first,
+        last,
+    };
     let lives = [l(0, 2, 64), l(1, 3, 128), l(3, 4, 64), l(5, 5, 512)];
     assert_eq!(lower_bound(&lives), 512);
     assert_eq!(lower_bound(&lives[..3]), 192);
 }
-

@@ -10,11 +10,19 @@ use crate::svg::{human_bytes, ArenaRect};
 pub fn tensor_table(plan: &Plan) -> String {
     let g = &plan.graph;
     let mut s = String::new();
-    let _ = writeln!(s, "{:<34} {:<10} {:>12} {:>5} {:>5} {:>12}  shares", "tensor", "kind", "bytes", "first", "last", "offset");
+    let _ = writeln!(
+        s,
+        "{:<34} {:<10} {:>12} {:>5} {:>5} {:>12}  shares",
+        "tensor", "kind", "bytes", "first", "last", "offset"
+    );
     for (t, sid) in plan.placed() {
         let info = &g.tensors[t as usize];
         let life = &plan.lives[sid as usize];
-        let shares = if life.name != info.name { life.name.as_str() } else { "" };
+        let shares = if life.name != info.name {
+            life.name.as_str()
+        } else {
+            ""
+        };
         let _ = writeln!(
             s,
             "{:<34} {:<10} {:>12} {:>5} {:>5} {:>12}  {}",
@@ -28,7 +36,11 @@ pub fn tensor_table(plan: &Plan) -> String {
         );
     }
     for info in g.tensors.iter().filter(|i| i.kind.name() == "external") {
-        let _ = writeln!(s, "{:<34} {:<10} {:>12} {:>5} {:>5} {:>12}  held by the host", info.name, "external", "-", "-", "-", "-");
+        let _ = writeln!(
+            s,
+            "{:<34} {:<10} {:>12} {:>5} {:>5} {:>12}  held by the host",
+            info.name, "external", "-", "-", "-", "-"
+        );
     }
     s
 }
@@ -37,7 +49,11 @@ pub fn tensor_table(plan: &Plan) -> String {
 pub fn program_listing(plan: &Plan) -> String {
     let mut s = String::new();
     for (eo, ins) in plan.program.iter().enumerate() {
-        let name = plan.graph.nodes.get(ins.node as usize).map_or("loss", |n| n.name.as_str());
+        let name = plan
+            .graph
+            .nodes
+            .get(ins.node as usize)
+            .map_or("loss", |n| n.name.as_str());
         let _ = write!(s, "{eo}:{}({name}) ", ins.phase.short());
     }
     s
@@ -71,8 +87,19 @@ pub fn arena_rects(plan: &Plan) -> Vec<ArenaRect> {
                 .map(|(t, _)| plan.graph.tensors[t as usize].name.as_str())
                 .filter(|n| *n != l.name)
                 .collect();
-            let name = if merged.is_empty() { l.name.clone() } else { format!("{} (+ {})", l.name, merged.join(", ")) };
-            ArenaRect { name, kind: l.kind.name(), first_eo: l.first, last_eo: l.last, offset: plan.offsets[i], bytes: l.bytes }
+            let name = if merged.is_empty() {
+                l.name.clone()
+            } else {
+                format!("{} (+ {})", l.name, merged.join(", "))
+            };
+            ArenaRect {
+                name,
+                kind: l.kind.name(),
+                first_eo: l.first,
+                last_eo: l.last,
+                offset: plan.offsets[i],
+                bytes: l.bytes,
+            }
         })
         .collect()
 }

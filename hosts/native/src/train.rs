@@ -110,7 +110,10 @@ pub fn split(ds: Dataset) -> Result<(Dataset, Dataset), DataError> {
         }
     }
     debug_assert_eq!(tx.len(), ty.len() * per);
-    Ok((Dataset::new(ds.dims, ds.classes, tx, ty, "train split")?, Dataset::new(ds.dims, ds.classes, vx, vy, "test split")?))
+    Ok((
+        Dataset::new(ds.dims, ds.classes, tx, ty, "train split")?,
+        Dataset::new(ds.dims, ds.classes, vx, vy, "test split")?,
+    ))
 }
 
 /// Loads the model file's data set as (train, test).
@@ -118,7 +121,9 @@ pub fn load_data(src: &DatasetSource) -> Result<(Dataset, Dataset), DataError> {
     match src {
         DatasetSource::Digits => Ok(data::digits()),
         DatasetSource::Idx { images, labels } => split(data::load_idx(images, labels, 255.0)?),
-        DatasetSource::Csv { path, label_column } => split(data::load_csv(path, *label_column, None)?),
+        DatasetSource::Csv { path, label_column } => {
+            split(data::load_csv(path, *label_column, None)?)
+        }
     }
 }
 
@@ -130,14 +135,21 @@ pub fn plan_for(model: &ModelFile, batch: usize, budget: Budget) -> Result<Plan,
 }
 
 /// Loads named tensors into the executor's persistent tensors; returns how many were loaded.
-pub fn load_weights(ex: &mut Executor<'_>, arena: &mut [u8], path: &Path) -> Result<usize, TrainError> {
+pub fn load_weights(
+    ex: &mut Executor<'_>,
+    arena: &mut [u8],
+    path: &Path,
+) -> Result<usize, TrainError> {
     let tensors = checkpoint::load_safetensors(path)?;
     let state: Vec<_> = ex.state_tensors().collect();
     let mut loaded = 0;
     for (name, shape, t) in state {
         if let Some((_, s, v)) = tensors.iter().find(|(n, _, _)| *n == name) {
             if *s != shape {
-                return Err(TrainError::Mismatch(format!("{}: tensor {name} has shape {s:?}, the model needs {shape:?}", path.display())));
+                return Err(TrainError::Mismatch(format!(
+                    "{}: tensor {name} has shape {s:?}, the model needs {shape:?}",
+                    path.display()
+                )));
             }
             ex.write(arena, t, v)?;
             loaded += 1;
@@ -147,31 +159,54 @@ pub fn load_weights(ex: &mut Executor<'_>, arena: &mut [u8], path: &Path) -> Res
 }
 
 /// Fraction correct on `ds`, evaluated in batches of the plan's size.
-pub fn evaluate(ex: &mut Executor<'_>, arena: &mut [u8], ds: &Dataset) -> Result<(f32, f32), TrainError> {
+pub fn evaluate(
+    ex: &mut Executor<'_>,
+    arena: &mut [u8],
+    ds: &Dataset,
+) -> Result<(f32, f32), TrainError> {
     let batch = ex.plan().graph.batch;
     let per = ds.dims.numel();
     let (mut correct, mut loss) = (0usize, 0f64);
     let mut i = 0;
     while i < ds.len() {
         let n = batch.min(ds.len() - i);
-        let s = ex.evaluate(arena, &ds.x[i * per..(i + n) * per], Target::Classes(&ds.y[i..i + n]))?;
+        let s = ex.evaluate(
+            arena,
+            &ds.x[i * per..(i + n) * per],
+            Target::Classes(&ds.y[i..i + n]),
+        )?;
         correct += s.correct;
         loss += s.loss as f64 * n as f64;
         i += n;
     }
-    Ok((correct as f32 / ds.len().max(1) as f32, (loss / ds.len().max(1) as f64) as f32))
+    Ok((
+        correct as f32 / ds.len().max(1) as f32,
+        (loss / ds.len().max(1) as f64) as f32,
+    ))
 }
 
 /// Trains `model` on (train, test) with `opts`; `weights` are loaded first if given.
-pub fn train(model: &ModelFile, train: &Dataset, test: &Dataset, opts: &TrainOptions, weights: Option<&PathBuf>) -> Result<TrainReport, TrainError> {
+pub fn train(
+    model: &ModelFile,
+    train: &Dataset,
+    test: &Dataset,
+    opts: &TrainOptions,
+    weights: Option<&PathBuf>,
+) -> Result<TrainReport, TrainError> {
     let spec = &model.spec;
     if train.dims.numel() != spec.input.numel() {
-        return Err(TrainError::Mismatch(format!("the data has samples of {} but the model's input is {}", train.dims, spec.input)));
+        return Err(TrainError::Mismatch(format!(
+            "the data has samples of {} but the model's input is {}",
+            train.dims, spec.input
+        )));
     }
     let plan = plan_for(model, opts.batch, opts.budget)?;
     let outputs = plan.graph.pred_dims().numel();
     if train.classes as usize > outputs {
-        return Err(TrainError::Mismatch(format!("the data has {} classes but the model outputs {outputs}", train.classes)));
+        return Err(TrainError::Mismatch(format!(
+            "the data has {} classes but the model outputs {outputs}",
+            train.classes
+        )));
     }
     let mut arena = vec![0u8; plan.needed_bytes()];
     let mut ex = Executor::new(&plan, &arena)?;
@@ -189,7 +224,8 @@ pub fn train(model: &ModelFile, train: &Dataset, test: &Dataset, opts: &TrainOpt
     let mut curves = Vec::new();
     for epoch in 0..opts.epochs {
         let order = train.shuffle_indices(opts.seed, epoch as u64);
-        let bar = (!opts.quiet).then(|| EpochBar::with_terminal(epoch + 1, opts.epochs, steps, opts.progress));
+        let bar = (!opts.quiet)
+            .then(|| EpochBar::with_terminal(epoch + 1, opts.epochs, steps, opts.progress));
         let (mut loss_sum, mut correct, mut seen) = (0f64, 0usize, 0usize);
         for chunk in order.chunks(opts.batch) {
             let n = chunk.len();
@@ -199,7 +235,10 @@ pub fn train(model: &ModelFile, train: &Dataset, test: &Dataset, opts: &TrainOpt
             correct += s.correct;
             seen += n;
             if let Some(b) = &bar {
-                b.step((loss_sum / seen as f64) as f32, correct as f32 / seen as f32);
+                b.step(
+                    (loss_sum / seen as f64) as f32,
+                    correct as f32 / seen as f32,
+                );
             }
         }
         let (test_acc, _) = evaluate(&mut ex, &mut arena, test)?;
@@ -219,7 +258,14 @@ pub fn train(model: &ModelFile, train: &Dataset, test: &Dataset, opts: &TrainOpt
     for (name, shape, t) in ex.state_tensors().collect::<Vec<_>>() {
         tensors.push((name, shape, ex.read(&mut arena, t)?.to_vec()));
     }
-    Ok(TrainReport { epochs: curves, test_accuracy, test_samples: test.len(), arena_bytes: plan.arena_bytes, lower_bound: plan.lower_bound, tensors })
+    Ok(TrainReport {
+        epochs: curves,
+        test_accuracy,
+        test_samples: test.len(),
+        arena_bytes: plan.arena_bytes,
+        lower_bound: plan.lower_bound,
+        tensors,
+    })
 }
 
 /// Parses sizes like `2MiB`, `600KiB`, `1.5MB`, `4096`.
@@ -227,7 +273,10 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
     let t = s.trim();
     let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let v: f64 = num.trim().parse().map_err(|_| format!("{s:?} is not a size (try 2MiB, 600KiB, 1048576)"))?;
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (try 2MiB, 600KiB, 1048576)"))?;
     let mult = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kib" => 1024.0,
@@ -236,7 +285,11 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
         "mb" => 1e6,
         "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
         "gb" => 1e9,
-        u => return Err(format!("unknown size unit {u:?} in {s:?} (use B, KiB, MiB, GiB, KB, MB, GB)")),
+        u => {
+            return Err(format!(
+                "unknown size unit {u:?} in {s:?} (use B, KiB, MiB, GiB, KB, MB, GB)"
+            ))
+        }
     };
     let bytes = v * mult;
     if !(bytes.is_finite() && bytes >= 0.0 && bytes < usize::MAX as f64) {

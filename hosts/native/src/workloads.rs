@@ -24,8 +24,17 @@ impl B {
         Self { layers: Vec::new() }
     }
     fn add(mut self, name: &str, kind: LayerKind) -> Self {
-        let src = if self.layers.is_empty() { Src::Input } else { Src::Layer(self.layers.len() as u32 - 1) };
-        self.layers.push(LayerSpec { name: name.into(), kind, inputs: vec![src], trainable: true });
+        let src = if self.layers.is_empty() {
+            Src::Input
+        } else {
+            Src::Layer(self.layers.len() as u32 - 1)
+        };
+        self.layers.push(LayerSpec {
+            name: name.into(),
+            kind,
+            inputs: vec![src],
+            trainable: true,
+        });
         self
     }
     fn frozen(mut self, name: &str) -> Self {
@@ -39,7 +48,11 @@ impl B {
             input,
             layers: self.layers,
             loss,
-            optimizer: OptimizerSpec::Sgd { lr: 0.01, momentum: 0.0, weight_decay: 0.0 },
+            optimizer: OptimizerSpec::Sgd {
+                lr: 0.01,
+                momentum: 0.0,
+                weight_decay: 0.0,
+            },
             seed: 0,
         }
     }
@@ -50,31 +63,55 @@ fn linear(out: u32) -> LayerKind {
 }
 
 fn conv(out: u32, k: u32, s: u32, p: u32) -> LayerKind {
-    LayerKind::Conv2d { out, kernel: [k, k], stride: [s, s], padding: [p, p], groups: 1, bias: true }
+    LayerKind::Conv2d {
+        out,
+        kernel: [k, k],
+        stride: [s, s],
+        padding: [p, p],
+        groups: 1,
+        bias: true,
+    }
 }
 
 fn pool2() -> LayerKind {
-    LayerKind::MaxPool2d { kernel: [2, 2], stride: [2, 2] }
+    LayerKind::MaxPool2d {
+        kernel: [2, 2],
+        stride: [2, 2],
+    }
 }
 
 /// All workloads in the reference's order.
 pub fn all() -> Vec<Workload> {
     use LossKind::{Mse, SoftmaxCrossEntropy as Ce};
-    let fc3 = || B::new().add("fc1", linear(1024)).add("fc2", linear(1024)).add("fc3", linear(100));
+    let fc3 = || {
+        B::new()
+            .add("fc1", linear(1024))
+            .add("fc2", linear(1024))
+            .add("fc3", linear(100))
+    };
     vec![
         Workload {
             id: "linear",
             title: "Linear 150528->300 (MSE)",
-            spec: B::new().add("fc", linear(300)).spec(Dims::flat(150528), Mse),
+            spec: B::new()
+                .add("fc", linear(300))
+                .spec(Dims::flat(150528), Mse),
             batches: &[64],
         },
         Workload {
             id: "conv2d",
             title: "Conv2D 3->3 k3 s2 p1 (MSE)",
-            spec: B::new().add("conv", conv(3, 3, 2, 1)).spec(Dims::new(3, 224, 224), Mse),
+            spec: B::new()
+                .add("conv", conv(3, 3, 2, 1))
+                .spec(Dims::new(3, 224, 224), Mse),
             batches: &[64],
         },
-        Workload { id: "fc3", title: "FC-FC-FC 784-1024-1024-100 (MSE)", spec: fc3().spec(Dims::flat(784), Mse), batches: &[2048] },
+        Workload {
+            id: "fc3",
+            title: "FC-FC-FC 784-1024-1024-100 (MSE)",
+            spec: fc3().spec(Dims::flat(784), Mse),
+            batches: &[2048],
+        },
         Workload {
             id: "fc3_frozen_mid",
             title: "FC-FC-FC, middle frozen (MSE)",

@@ -334,3 +334,39 @@ fn sgemm_and_generic_gemm_agree_with_reference() {
     );
     assert_eq!(c, want);
 }
+
+#[test]
+#[ignore]
+fn tmp_pack_speed() {
+    use std::time::Instant;
+    let k = x86::Avx512::new().unwrap();
+    for &(n, kk) in &[(256usize, 784usize), (72, 196), (48, 256)] {
+        let bt: Vec<f32> = (0..n * kk).map(|i| i as f32).collect();
+        let kc = 196.min(kk);
+        let mut dst = vec![0.0f32; kc * (n + 48)];
+        let mut best = f64::MAX;
+        for _ in 0..2000 {
+            let t = Instant::now();
+            for _ in 0..10 {
+                k.pack_b(&bt, 0, kk, 1, n, kc, &mut dst);
+            }
+            best = best.min(t.elapsed().as_secs_f64() / 10.0);
+        }
+        std::println!(
+            "pack_b NT n={n} kc={kc}: {:.2} floats/ns",
+            (n * kc) as f64 / best / 1e9
+        );
+        let mut best = f64::MAX;
+        for _ in 0..2000 {
+            let t = Instant::now();
+            for _ in 0..10 {
+                k.pack_a(&bt, 0, kk, 1, 8, kc, &mut dst);
+            }
+            best = best.min(t.elapsed().as_secs_f64() / 10.0);
+        }
+        std::println!(
+            "pack_a row-major rows=8 kc={kc}: {:.2} floats/ns",
+            (8 * kc) as f64 / best / 1e9
+        );
+    }
+}

@@ -102,6 +102,90 @@ fn transpose_lanes8(
     kc4
 }
 
+/// Packs a B block whose depth is contiguous (`ps == 1`, B column-major: the transpose of a row-major
+/// n×k matrix) into panels of `nr` columns, the last one `round_up(cols, vl)` wide (zero-filled when
+/// `pad`). Depth-outer order: each group of 4 depth steps is transposed for all `nc` columns before the
+/// next, so every step writes whole packed rows (a column-outer order writes each packed line in several
+/// partial passes and runs at less than half the speed).
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2")]
+fn pack_b_transposed(
+    src: &[f32],
+    base: usize,
+    ls: usize,
+    nc: usize,
+    kc: usize,
+    nr: usize,
+    vl: usize,
+    pad: bool,
+    dst: &mut [f32],
+) {
+    let full = nc / nr;
+    let tail = nc - full * nr;
+    let tail_w = nr.min(tail.div_ceil(vl) * vl);
+    let dst = &mut dst[..(full * nr + tail_w) * kc];
+    // Column j lives in panel j / nr at offset j % nr; that panel's rows are `width(j)` long.
+    let panel_of = |j: usize| (j / nr * nr * kc, if j / nr < full { nr } else { tail_w });
+    let kc4 = kc / 4 * 4;
+    let groups = nc / 8;
+    if kc4 > 0 && groups > 0 {
+        assert!(nr.is_multiple_of(8) && base + (groups * 8 - 1) * ls + kc <= src.len());
+        let s0 = src[base..].as_ptr();
+        for p0 in (0..kc4).step_by(4) {
+            for g in 0..groups {
+                let j = 8 * g;
+                let (pan, w) = panel_of(j);
+                let d0 = pan + p0 * w + j % nr;
+                let d = &mut dst[d0..d0 + 3 * w + 8];
+                // SAFETY: the loads read `src[base + (j+i)·ls + p0..][..4]` for i < 8, inside `src` as
+                // j + 7 < 8·groups, p0 + 4 ≤ kc4 ≤ kc and base + (8·groups - 1)·ls + kc ≤ src.len()
+                // (asserted); the stores write `d[q·w..][..8]` for q < 4, inside `d` (3·w + 8 elements,
+                // checked by the slicing). AVX2 is enabled on this function.
+                unsafe {
+                    let s = s0.add(j * ls + p0);
+                    macro_rules! halves {
+                        ($lo:expr, $hi:expr) => {
+                            _mm256_insertf128_ps::<1>(
+                                _mm256_castps128_ps256(_mm_loadu_ps(s.add($lo * ls))),
+                                _mm_loadu_ps(s.add($hi * ls)),
+                            )
+                        };
+                    }
+                    // a_i = columns j+i and j+i+4 at depths p0..p0+4.
+                    let a0 = halves!(0, 4);
+                    let a1 = halves!(1, 5);
+                    let a2 = halves!(2, 6);
+                    let a3 = halves!(3, 7);
+                    let t0 = _mm256_unpacklo_ps(a0, a1);
+                    let t1 = _mm256_unpackhi_ps(a0, a1);
+                    let t2 = _mm256_unpacklo_ps(a2, a3);
+                    let t3 = _mm256_unpackhi_ps(a2, a3);
+                    let d = d.as_mut_ptr();
+                    _mm256_storeu_ps(d, _mm256_shuffle_ps::<0x44>(t0, t2));
+                    _mm256_storeu_ps(d.add(w), _mm256_shuffle_ps::<0xEE>(t0, t2));
+                    _mm256_storeu_ps(d.add(2 * w), _mm256_shuffle_ps::<0x44>(t1, t3));
+                    _mm256_storeu_ps(d.add(3 * w), _mm256_shuffle_ps::<0xEE>(t1, t3));
+                }
+            }
+        }
+    }
+    // Leftovers: the last depth steps of the transposed columns, then the columns past 8·groups.
+    let done = if groups > 0 { kc4 } else { 0 };
+    for j in 0..nc {
+        let (pan, w) = panel_of(j);
+        let from = if j < 8 * groups { done } else { 0 };
+        for p in from..kc {
+            dst[pan + p * w + j % nr] = src[base + j * ls + p];
+        }
+    }
+    if pad && tail < tail_w {
+        let pan = full * nr * kc;
+        for row in dst[pan..pan + tail_w * kc].chunks_exact_mut(tail_w) {
+            row[tail..].fill(0.0);
+        }
+    }
+}
+
 /// As [`transpose_lanes8`] for 16 lanes (`dst[p·w + i]`, i < 16), with 512-bit vectors: per 16×4 block,
 /// 16 quarter-vector loads (12 of them inserts) and 8 in-lane shuffles, and full 64-byte stores.
 #[target_feature(enable = "avx512f,avx2,fma")]
@@ -463,6 +547,11 @@ impl Kernel for Avx512 {
                 pack_b_rows512::<{ SPEC_AVX512.nr / 16 }>(src, base, ps, nc, kc, dst)
             };
         }
+        if ps == 1 {
+            let (nr, vl) = (SPEC_AVX512.nr, SPEC_AVX512.vl);
+            // SAFETY: `self` exists only if AVX-512F, AVX2 and FMA were detected (`Avx512::new`).
+            return unsafe { pack_b_transposed(src, base, ls, nc, kc, nr, vl, false, dst) };
+        }
         pack_b_panels(
             Self::SPEC,
             src,
@@ -474,7 +563,7 @@ impl Kernel for Avx512 {
             dst,
             |s, b, l, p, n, w, k, d| {
                 // SAFETY: `self` exists only if AVX-512F, AVX2 and FMA were detected (`Avx512::new`).
-                unsafe { pack_panel(Some(self), false, s, b, l, p, n, w, k, d) }
+                unsafe { pack_panel(None, false, s, b, l, p, n, w, k, d) }
             },
         )
     }
@@ -599,6 +688,11 @@ impl Kernel for Avx2 {
         kc: usize,
         dst: &mut [f32],
     ) {
+        if ps == 1 {
+            let (nr, vl) = (SPEC_AVX2.nr, SPEC_AVX2.vl);
+            // SAFETY: `self` exists only if AVX2 and FMA were detected (`Avx2::new`).
+            return unsafe { pack_b_transposed(src, base, ls, nc, kc, nr, vl, true, dst) };
+        }
         pack_b_panels(
             Self::SPEC,
             src,

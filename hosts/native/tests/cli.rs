@@ -1,0 +1,100 @@
+//! The README's commands, run as a user would: `frugal train` and `frugal plan --svg`.
+use std::process::Command;
+
+fn frugal(args: &[&str]) -> (bool, String) {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let out = Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args(args)
+        .current_dir(root)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn train_prints_plan_progress_accuracy_and_saves_a_checkpoint() {
+    let dir = std::env::temp_dir().join(format!("frugal-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ck = dir.join("ck.safetensors");
+    let plot = dir.join("curves.svg");
+    let (ok, out) = frugal(&[
+        "train",
+        "examples/digits-cnn.toml",
+        "--budget",
+        "2MiB",
+        "--epochs",
+        "3",
+        "--save",
+        ck.to_str().unwrap(),
+        "--plot",
+        plot.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("lower bound") && out.contains("budget 2 MiB"),
+        "{out}"
+    );
+    assert!(out.contains("epoch 3/3"), "{out}");
+    assert!(out.contains("held-out accuracy"), "{out}");
+    assert!(std::fs::metadata(&ck).unwrap().len() > 1000);
+    assert!(
+        std::fs::read_to_string(&plot).unwrap().starts_with("<svg")
+            || std::fs::read_to_string(&plot).unwrap().contains("<svg")
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn plan_lists_every_tensor_and_draws_the_arena() {
+    let svg = std::env::temp_dir().join(format!("frugal-plan-{}.svg", std::process::id()));
+    let (ok, out) = frugal(&[
+        "plan",
+        "examples/digits-cnn.toml",
+        "--batch",
+        "64",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}");
+    for t in [
+        "conv1.weight",
+        "grad(conv1.weight)",
+        "conv1.out",
+        "d(fc.out)",
+        "pool1.argmax",
+        "first",
+        "offset",
+    ] {
+        assert!(out.contains(t), "missing {t} in:\n{out}");
+    }
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert!(s.matches("<rect class=\"tensor\"").count() > 10);
+    std::fs::remove_file(&svg).ok();
+}
+
+#[test]
+fn too_small_budget_fails_with_the_needed_size() {
+    let (ok, out) = frugal(&["train", "examples/digits-cnn.toml", "--budget", "10KiB"]);
+    assert!(!ok);
+    assert!(
+        out.contains("memory budget too small") && out.contains("bytes"),
+        "{out}"
+    );
+}
+
+#[test]
+fn malformed_model_names_the_field() {
+    let bad = std::env::temp_dir().join(format!("frugal-bad-{}.toml", std::process::id()));
+    std::fs::write(&bad, "[model]\ninput = [1, 8, 8]\nloss = \"cross_entropy\"\n[optimizer]\ntype = \"sgd\"\nlr = 0.1\n[[layers]]\ntype = \"conv2d\"\nout = 4\nkernal = 3\n").unwrap();
+    let (ok, out) = frugal(&["train", bad.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(out.contains("kernal"), "{out}");
+    std::fs::remove_file(&bad).ok();
+}
