@@ -14,24 +14,37 @@
 //!         micro-kernel: C[ir.., jc+jr..] (+)= Apanel · Bpanel   (register tile MR×NR, FMA)
 //! ```
 //!
-//! C is row-major, so the SIMD direction is along `n`: the micro-kernels load NR-wide rows of the packed
-//! B panel and broadcast single elements of the packed A panel. Edge tiles use exact-height kernel
-//! variants (monomorphised for every row count ≤ MR) and masked (or, for AVX2, mask-moved) loads and
-//! stores of C for partial columns, so no temporary tile and no wasted work on rows.
+//! C is row-major, so the SIMD direction is along `n`: the micro-kernels load NR-wide rows of B and
+//! broadcast single elements of A. Edge tiles use exact-height kernel variants (monomorphised for every
+//! row count ≤ MR) and masked (AVX2: mask-moved) loads and stores for partial columns: no temporary tile,
+//! no wasted rows.
 //!
-//! | kernel    | MR × NR | register tile                    | selected when                          |
-//! |-----------|---------|----------------------------------|----------------------------------------|
-//! | `avx512`  | 8 × 48  | 24 zmm accumulators, 3 zmm of B  | x86-64 with AVX-512F (+AVX2, FMA)       |
-//! | `avx2`    | 6 × 16  | 12 ymm accumulators, 2 ymm of B  | x86-64 with AVX2 + FMA                  |
-//! | `portable`| 4 × 8   | plain Rust arrays, autovectorised| everything else, and always under Miri |
+//! | kernel    | MR × NR | register tile                     | selected when                          |
+//! |-----------|---------|-----------------------------------|----------------------------------------|
+//! | `avx512`  | 8 × 48  | 24 zmm accumulators, 3 zmm of B   | x86-64 with AVX-512F (+AVX2, FMA)      |
+//! | `avx2`    | 6 × 16  | 12 ymm accumulators, 2 ymm of B   | x86-64 with AVX2 + FMA                 |
+//! | `portable`| 4 × 8   | plain Rust arrays, autovectorised | everything else, and always under Miri |
 //!
-//! (`portable` is 4 × 4 on 32-bit Arm, whose FPU has 32 single registers.)
+//! (`portable` is 4 × 4 on 32-bit Arm, whose FPU has 32 single registers; on wasm32 with `simd128` and on
+//! aarch64 LLVM turns it into 128-bit vector code.)
+//!
+//! Packing is skipped where it cannot pay for itself (the SIMD kernels read the operand in place):
+//! * a row-major B when it is small (k·n ≤ 8192, it stays in L1), or when m ≤ 64 and either m ≤ 8 or
+//!   B's row stride is ≤ 512 (each B element feeds few FMAs; large, power-of-two strides defeat the
+//!   prefetchers, so there B is still packed);
+//! * A (row- or column-major) when n ≤ 96: each A panel would feed at most two tiles.
 //!
 //! Kernel choice: with the crate feature `std` the CPU is probed once (`is_x86_feature_detected!`) and the
 //! choice cached in an atomic; without `std` it is fixed at compile time by `cfg(target_feature)`.
+//! [`sgemm_with`] runs a chosen family (tests, benchmarks).
 //!
 //! Blocking: `KC = 256`, `NC = 1008` (a multiple of every NR); both are balanced so the blocks are
 //! near-equal (k = 784 → 4 blocks of 196, not 3 of 256 and one of 16). See [`gemm_scratch_len`].
+//!
+//! Safety: `unsafe` is confined to the x86 module (intrinsics on raw pointers, and calls into
+//! `#[target_feature]` functions, allowed only through kernel values that exist after detection); every
+//! block states why its accesses are in bounds. Operand extents are checked once per call
+//! ([`sgemm_with`] panics on short operands), slices are re-checked per tile.
 use super::Real;
 
 #[cfg(test)]
@@ -116,15 +129,12 @@ const SPEC_AVX512: Spec = Spec {
 /// sized on one machine is valid (fast path included) on every other.
 const ALL_SPECS: [Spec; 3] = [SPEC_PORTABLE, SPEC_AVX2, SPEC_AVX512];
 
-fn div_ceil(a: usize, b: usize) -> usize {
-    a.div_ceil(b)
-}
 fn round_up(a: usize, b: usize) -> usize {
     a.div_ceil(b) * b
 }
 /// Splits `len` into `ceil(len / cap)` near-equal blocks and returns the block size.
 fn balanced(len: usize, cap: usize) -> usize {
-    div_ceil(len, div_ceil(len, cap))
+    len.div_ceil(len.div_ceil(cap))
 }
 
 /// The block sizes used for one product.
@@ -539,7 +549,7 @@ fn drive<K: Kernel>(kern: K, p: &Problem<'_>, c: &mut [f32], scratch: &mut [f32]
     let (m, n, k, a, b, ldc) = (p.m, p.n, p.k, p.a, p.b, p.ldc);
     let b_in_place = K::B_IN_PLACE
         && b.cs == 1
-        && (k * n <= B_IN_PLACE_L1
+        && (k.saturating_mul(n) <= B_IN_PLACE_L1
             || (m <= B_IN_PLACE_MAX_M && (m <= 8 || b.rs <= B_IN_PLACE_MAX_RS)));
     let a_in_place = K::A_IN_PLACE && (a.rs == 1 || a.cs == 1) && n <= A_IN_PLACE_MAX_N;
     let Some((blk, off)) = fit(spec, n, k, !a_in_place, !b_in_place, scratch) else {

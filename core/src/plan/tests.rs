@@ -225,7 +225,8 @@ proptest! {
         let g = match Graph::new(&spec, batch) { Ok(g) => g, Err(_) => return Ok(()) };
         let shared = Plan::new(g.clone());
         let unshared = Plan::with_sharing(g, false);
-        prop_assert!(shared.arena_bytes <= unshared.arena_bytes);
+        // Merging can only shrink what is live at once (layout heuristics need not be monotone).
+        prop_assert!(shared.lower_bound <= unshared.lower_bound);
         let a = run_steps(&shared, 3);
         let b = run_steps(&unshared, 3);
         prop_assert_eq!(a.len(), b.len());

@@ -48,7 +48,7 @@ impl Avx2 {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Packing (AVX2: 8×8 register transposes for the strided-depth case)
+// Packing (8×4 register transposes where the depth is the contiguous direction)
 // ---------------------------------------------------------------------------------------------------------
 
 /// Transposes 8 lanes × `kc` depth, lane `i` being the contiguous `src[start + i·ls..][..kc]`, into
@@ -104,9 +104,9 @@ fn transpose_lanes8(
 
 /// Packs a B block whose depth is contiguous (`ps == 1`, B column-major: the transpose of a row-major
 /// n×k matrix) into panels of `nr` columns, the last one `round_up(cols, vl)` wide (zero-filled when
-/// `pad`). Depth-outer order: each group of 4 depth steps is transposed for all `nc` columns before the
-/// next, so every step writes whole packed rows (a column-outer order writes each packed line in several
-/// partial passes and runs at less than half the speed).
+/// `pad`). Column-group-outer order: 8 columns are transposed over the whole depth before the next 8, so
+/// only 8 source streams (pages) are live at a time; a depth-outer order touches all `nc` columns per
+/// step and thrashes the TLB when the columns are far apart (k = 150 528: 40 % slower overall).
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2")]
 fn pack_b_transposed(
@@ -124,17 +124,17 @@ fn pack_b_transposed(
     let tail = nc - full * nr;
     let tail_w = nr.min(tail.div_ceil(vl) * vl);
     let dst = &mut dst[..(full * nr + tail_w) * kc];
-    // Column j lives in panel j / nr at offset j % nr; that panel's rows are `width(j)` long.
+    // Column j lives in the panel starting at `pan`, at offset j % nr of its rows of `w` elements.
     let panel_of = |j: usize| (j / nr * nr * kc, if j / nr < full { nr } else { tail_w });
     let kc4 = kc / 4 * 4;
     let groups = nc / 8;
     if kc4 > 0 && groups > 0 {
         assert!(nr.is_multiple_of(8) && base + (groups * 8 - 1) * ls + kc <= src.len());
         let s0 = src[base..].as_ptr();
-        for p0 in (0..kc4).step_by(4) {
-            for g in 0..groups {
-                let j = 8 * g;
-                let (pan, w) = panel_of(j);
+        for g in 0..groups {
+            let j = 8 * g;
+            let (pan, w) = panel_of(j);
+            for p0 in (0..kc4).step_by(4) {
                 let d0 = pan + p0 * w + j % nr;
                 let d = &mut dst[d0..d0 + 3 * w + 8];
                 // SAFETY: the loads read `src[base + (j+i)·ls + p0..][..4]` for i < 8, inside `src` as
@@ -186,71 +186,6 @@ fn pack_b_transposed(
     }
 }
 
-/// As [`transpose_lanes8`] for 16 lanes (`dst[p·w + i]`, i < 16), with 512-bit vectors: per 16×4 block,
-/// 16 quarter-vector loads (12 of them inserts) and 8 in-lane shuffles, and full 64-byte stores.
-#[target_feature(enable = "avx512f,avx2,fma")]
-fn transpose_lanes16(
-    src: &[f32],
-    start: usize,
-    ls: usize,
-    kc: usize,
-    dst: &mut [f32],
-    w: usize,
-) -> usize {
-    let kc4 = kc / 4 * 4;
-    if kc4 == 0 {
-        return 0;
-    }
-    assert!(w >= 16 && start + 15 * ls + kc <= src.len() && (kc4 - 1) * w + 16 <= dst.len());
-    let s = src[start..].as_ptr();
-    let d = dst.as_mut_ptr();
-    // SAFETY: every load below reads `src[start + i·ls + p..][..4]` with i < 16, p + 4 ≤ kc4 ≤ kc, inside
-    // `src` as start + 15·ls + kc ≤ src.len() (asserted); every store writes `dst[p·w..][..16]` with
-    // p < kc4, inside `dst` as (kc4-1)·w + 16 ≤ dst.len() (asserted). AVX-512F is enabled here.
-    unsafe {
-        macro_rules! quarters {
-            ($i:expr, $off:expr) => {{
-                let v = _mm512_castps128_ps512(_mm_loadu_ps(s.add($i * ls + $off)));
-                let v = _mm512_insertf32x4::<1>(v, _mm_loadu_ps(s.add(($i + 4) * ls + $off)));
-                let v = _mm512_insertf32x4::<2>(v, _mm_loadu_ps(s.add(($i + 8) * ls + $off)));
-                _mm512_insertf32x4::<3>(v, _mm_loadu_ps(s.add(($i + 12) * ls + $off)))
-            }};
-        }
-        for p0 in (0..kc4).step_by(4) {
-            // a_i = lanes i, i+4, i+8, i+12 at depths p0..p0+4.
-            let a0 = quarters!(0, p0);
-            let a1 = quarters!(1, p0);
-            let a2 = quarters!(2, p0);
-            let a3 = quarters!(3, p0);
-            let t0 = _mm512_unpacklo_ps(a0, a1);
-            let t1 = _mm512_unpackhi_ps(a0, a1);
-            let t2 = _mm512_unpacklo_ps(a2, a3);
-            let t3 = _mm512_unpackhi_ps(a2, a3);
-            _mm512_storeu_ps(d.add(p0 * w), _mm512_shuffle_ps::<0x44>(t0, t2));
-            _mm512_storeu_ps(d.add((p0 + 1) * w), _mm512_shuffle_ps::<0xEE>(t0, t2));
-            _mm512_storeu_ps(d.add((p0 + 2) * w), _mm512_shuffle_ps::<0x44>(t1, t3));
-            _mm512_storeu_ps(d.add((p0 + 3) * w), _mm512_shuffle_ps::<0xEE>(t1, t3));
-        }
-    }
-    kc4
-}
-
-impl Avx512 {
-    /// Safe entry to [`transpose_lanes16`].
-    fn transpose16(
-        self,
-        src: &[f32],
-        start: usize,
-        ls: usize,
-        kc: usize,
-        dst: &mut [f32],
-        w: usize,
-    ) -> usize {
-        // SAFETY: `self` exists only if AVX-512F, AVX2 and FMA were detected (`Avx512::new`).
-        unsafe { transpose_lanes16(src, start, ls, kc, dst, w) }
-    }
-}
-
 /// Loads 8 floats from the start of `s` (which must hold at least 8).
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -269,14 +204,13 @@ fn store8(d: &mut [f32], x: __m256) {
     unsafe { _mm256_storeu_ps(d.as_mut_ptr(), x) }
 }
 
-/// Packs `lanes` lanes (stride `ls`) × `kc` depth (stride `ps`) from `src[base..]` into `dst` (lane stride
-/// 1, depth stride `w`), zero-filling lanes `lanes..w` when `pad` (the kernel reads them). Fast paths: contiguous lanes (`ls == 1`, a row
-/// copy per depth step) and contiguous depth (`ps == 1`, register transposes of 16 lanes with `wide`,
-/// else 8).
+/// Packs `lanes` lanes (stride `ls`) × `kc` depth (stride `ps`) from `src[base..]` into `dst` (lane
+/// stride 1, depth stride `w`), zero-filling lanes `lanes..w` when `pad` (the kernel reads them). Fast
+/// paths: contiguous lanes (`ls == 1`, a row copy per depth step) and contiguous depth (`ps == 1`, 8×4
+/// register transposes); anything else is gathered element by element.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2")]
 fn pack_panel(
-    wide: Option<Avx512>,
     pad: bool,
     src: &[f32],
     base: usize,
@@ -306,18 +240,6 @@ fn pack_panel(
         }
     } else if ps == 1 {
         let mut l0 = 0;
-        if let Some(wide) = wide {
-            while l0 + 16 <= lanes {
-                let start = base + l0 * ls;
-                let done = wide.transpose16(src, start, ls, kc, &mut dst[l0..], w);
-                for p in done..kc {
-                    for i in 0..16 {
-                        dst[p * w + l0 + i] = src[start + i * ls + p];
-                    }
-                }
-                l0 += 16;
-            }
-        }
         while l0 + 8 <= lanes {
             let start = base + l0 * ls;
             let done = transpose_lanes8(src, start, ls, kc, &mut dst[l0..], w);
@@ -395,11 +317,7 @@ fn pack_b_rows512<const NV: usize>(
                 // are not read and cannot fault); 16·v < tail keeps the pointer in bounds. `d` holds
                 // tail_w ≥ 16·v + 16 elements.
                 unsafe {
-                    let x = if lanes == 16 {
-                        _mm512_loadu_ps(s.as_ptr().add(16 * v))
-                    } else {
-                        _mm512_maskz_loadu_ps(mask, s.as_ptr().add(16 * v))
-                    };
+                    let x = _mm512_maskz_loadu_ps(mask, s.as_ptr().add(16 * v));
                     _mm512_storeu_ps(d.as_mut_ptr().add(16 * v), x);
                 }
             }
@@ -529,7 +447,7 @@ impl Kernel for Avx512 {
         dst: &mut [f32],
     ) {
         // SAFETY: `self` exists only if AVX-512F, AVX2 and FMA were detected (`Avx512::new`).
-        unsafe { pack_panel(Some(self), false, src, base, ls, ps, rows, MR512, kc, dst) }
+        unsafe { pack_panel(false, src, base, ls, ps, rows, MR512, kc, dst) }
     }
     fn pack_b(
         self,
@@ -563,7 +481,7 @@ impl Kernel for Avx512 {
             dst,
             |s, b, l, p, n, w, k, d| {
                 // SAFETY: `self` exists only if AVX-512F, AVX2 and FMA were detected (`Avx512::new`).
-                unsafe { pack_panel(None, false, s, b, l, p, n, w, k, d) }
+                unsafe { pack_panel(false, s, b, l, p, n, w, k, d) }
             },
         )
     }
@@ -676,7 +594,7 @@ impl Kernel for Avx2 {
         dst: &mut [f32],
     ) {
         // SAFETY: `self` exists only if AVX2 and FMA were detected (`Avx2::new`).
-        unsafe { pack_panel(None, false, src, base, ls, ps, rows, MR256, kc, dst) }
+        unsafe { pack_panel(false, src, base, ls, ps, rows, MR256, kc, dst) }
     }
     fn pack_b(
         self,
@@ -704,7 +622,7 @@ impl Kernel for Avx2 {
             dst,
             |s, b, l, p, n, w, k, d| {
                 // SAFETY: `self` exists only if AVX2 and FMA were detected (`Avx2::new`).
-                unsafe { pack_panel(None, true, s, b, l, p, n, w, k, d) }
+                unsafe { pack_panel(true, s, b, l, p, n, w, k, d) }
             },
         )
     }
