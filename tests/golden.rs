@@ -60,19 +60,19 @@ fn check_case(name: &str) {
     let pred = plan.graph.pred();
     let last_forward = plan.graph.nodes.len() - 1;
     for (step, &want) in losses.iter().enumerate() {
-        let mut obs = |_eo: usize, ins: &frugal_core::plan::Instr, a: &[u8]| {
+        let mut obs = |eo: usize, ins: &frugal_core::plan::Instr, a: &[u8]| {
             if step != 0 {
                 return;
             }
             if ins.phase == Phase::Forward && ins.node as usize == last_forward {
-                logits = view(&plan, a, pred).unwrap()
+                logits = view(&plan, a, pred, eo).unwrap()
                     [..x.len() / plan.graph.input_dims.numel() * plan.graph.pred_dims().numel()]
                     .to_vec();
             }
             if ins.phase == Phase::GradW {
                 for p in &plan.graph.nodes[ins.node as usize].params {
                     if let Some(gt) = p.grad {
-                        grads.insert(p.name.clone(), view(&plan, a, gt).unwrap().to_vec());
+                        grads.insert(p.name.clone(), view(&plan, a, gt, eo).unwrap().to_vec());
                     }
                 }
             }

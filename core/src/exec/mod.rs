@@ -14,7 +14,7 @@ use crate::graph::{scratch_slot, Graph, Node, NodeOp, TensorId, TensorKind};
 use crate::model::LossKind;
 use crate::ops;
 use crate::optim::{self, StepCtx};
-use crate::plan::{Instr, Phase, Plan, ALIGN, LOSS_NODE};
+use crate::plan::{Eo, Instr, Phase, Plan, ALIGN, LOSS_NODE};
 use crate::rng::{hash2, Rng};
 
 /// The targets of a batch.
@@ -97,9 +97,9 @@ impl<F: FnMut(usize, &Instr, &[u8])> Observer for F {
     }
 }
 
-/// Tensor `t` (whole) from an aligned arena slice as handed to an [`Observer`].
-pub fn view<'a>(plan: &Plan, arena: &'a [u8], t: TensorId) -> Option<&'a [f32]> {
-    let (off, len) = plan.region(t)?;
+/// Tensor `t` (whole) at execution order `eo`, from an aligned arena slice as handed to an [`Observer`].
+pub fn view<'a>(plan: &Plan, arena: &'a [u8], t: TensorId, eo: usize) -> Option<&'a [f32]> {
+    let (off, len) = plan.region_at(t, eo as Eo)?;
     f32s_ro(arena.get(off..off + len)?).ok()
 }
 
@@ -107,6 +107,8 @@ pub fn view<'a>(plan: &Plan, arena: &'a [u8], t: TensorId) -> Option<&'a [f32]> 
 enum Mode {
     Train,
     Eval,
+    /// A forward re-run during backward: identical outputs, no side effects (running statistics).
+    Recompute,
 }
 
 /// Runs a plan. Holds only counters; the arena is passed to every call.
@@ -245,7 +247,12 @@ impl<'p, B: Backend> Executor<'p, B> {
         Ok(())
     }
 
-    fn check_batch(&self, x: &[f32], target: Option<Target<'_>>) -> Result<usize, ExecError> {
+    fn check_batch(
+        &self,
+        x: &[f32],
+        target: Option<Target<'_>>,
+        max: usize,
+    ) -> Result<usize, ExecError> {
         let g = &self.plan.graph;
         let per = g.input_dims.numel();
         if x.is_empty() || !x.len().is_multiple_of(per) {
@@ -255,7 +262,7 @@ impl<'p, B: Backend> Executor<'p, B> {
             ));
         }
         let n = x.len() / per;
-        if n > g.batch {
+        if n > max {
             return Err(ExecError::BadBatch(
                 "more samples than the planned batch",
                 n,
@@ -338,7 +345,7 @@ impl<'p, B: Backend> Executor<'p, B> {
         target: Target<'_>,
         obs: &mut impl Observer,
     ) -> Result<StepStats, ExecError> {
-        let n = self.check_batch(x, Some(target))?;
+        let n = self.check_batch(x, Some(target), self.plan.batch())?;
         let plan = self.plan;
         let a = self.arena(arena)?;
         let mut stats = StepStats {
@@ -347,39 +354,65 @@ impl<'p, B: Backend> Executor<'p, B> {
         };
         let ctx = StepCtx { t: self.steps + 1 };
         let step_seed = hash2(plan.graph.seed, self.steps as u64);
+        let per = plan.graph.input_dims.numel();
+        let outs = plan.graph.pred_dims().numel();
+        let mb_size = plan.graph.batch;
+        let mut loss = 0f64;
         for (eo, ins) in plan.program.iter().enumerate() {
             if ins.placement != Placement::Cpu && ins.placement != self.backend.placement() {
                 return Err(ExecError::Placement(ins.placement));
             }
+            // This instruction's micro-batch: samples [start, start + n_mb).
+            let start = ins.mb as usize * mb_size;
+            let n_mb = if ins.phase == Phase::Apply {
+                n
+            } else {
+                n.saturating_sub(start).min(mb_size)
+            };
+            if n_mb == 0 {
+                continue; // a partial batch leaves the last micro-batches empty
+            }
+            let xs = if ins.phase == Phase::Apply {
+                x
+            } else {
+                &x[start * per..(start + n_mb) * per]
+            };
+            let eo = eo as Eo;
             if ins.phase == Phase::Loss {
-                let (loss, correct) = run_loss(plan, a, n, target, true)?;
-                if !loss.is_finite() {
+                let t = match target {
+                    Target::Classes(y) => Target::Classes(&y[start..start + n_mb]),
+                    Target::Values(v) => Target::Values(&v[start * outs..(start + n_mb) * outs]),
+                };
+                let (l, correct) = run_loss(plan, eo, a, n_mb, t, true, n)?;
+                if !l.is_finite() {
                     return Err(ExecError::NonFinite("the loss"));
                 }
-                stats.loss = loss;
-                stats.correct = correct;
+                loss += l as f64 * n_mb as f64;
+                stats.correct += correct;
             } else {
-                run_instr(plan, a, ins, n, x, Mode::Train, step_seed, ctx)?;
+                run_instr(plan, eo, a, ins, n_mb, xs, Mode::Train, step_seed, ctx)?;
             }
-            obs.after(eo, ins, a);
+            obs.after(eo as usize, ins, a);
         }
+        stats.loss = (loss / n as f64) as f32;
         self.steps += 1;
         Ok(stats)
     }
 
     /// Forward pass in evaluation mode (BatchNorm uses running statistics, no dropout) and the loss
-    /// without derivatives. Returns the summed loss and the correct count.
+    /// without derivatives, on at most one micro-batch of samples. Returns the mean loss and the correct
+    /// count.
     pub fn evaluate(
         &mut self,
         arena: &mut [u8],
         x: &[f32],
         target: Target<'_>,
     ) -> Result<StepStats, ExecError> {
-        let n = self.check_batch(x, Some(target))?;
+        let n = self.check_batch(x, Some(target), self.plan.graph.batch)?;
         let plan = self.plan;
         let a = self.arena(arena)?;
-        self.forward(a, x, n)?;
-        let (loss, correct) = run_loss(plan, a, n, target, false)?;
+        let loss_eo = self.forward(a, x, n)?;
+        let (loss, correct) = run_loss(plan, loss_eo, a, n, target, false, n)?;
         Ok(StepStats {
             loss,
             correct,
@@ -387,37 +420,36 @@ impl<'p, B: Backend> Executor<'p, B> {
         })
     }
 
-    /// Forward pass in evaluation mode; returns the prediction (`n × outputs`), a slice of the arena.
+    /// Forward pass in evaluation mode on at most one micro-batch; returns the prediction
+    /// (`n × outputs`), a slice of the arena.
     pub fn predict<'a>(&mut self, arena: &'a mut [u8], x: &[f32]) -> Result<&'a [f32], ExecError> {
-        let n = self.check_batch(x, None)?;
+        let n = self.check_batch(x, None, self.plan.graph.batch)?;
         let plan = self.plan;
         let a = self.arena(arena)?;
-        self.forward(a, x, n)?;
+        let loss_eo = self.forward(a, x, n)?;
         let pred = plan.graph.pred();
         let len = n * plan.graph.pred_dims().numel();
-        match plan.region(pred) {
+        match plan.region_at(pred, loss_eo) {
             Some((off, _)) => f32s_ro(&a[off..off + 4 * len]),
             None => Err(ExecError::BadPlan("the prediction is not in the arena")),
         }
     }
 
-    fn forward(&mut self, a: &mut [u8], x: &[f32], n: usize) -> Result<(), ExecError> {
+    /// Runs the first micro-batch's forward instructions in eval mode; returns the loss instruction's
+    /// execution order (where the prediction is read).
+    fn forward(&mut self, a: &mut [u8], x: &[f32], n: usize) -> Result<Eo, ExecError> {
         let plan = self.plan;
-        for ins in plan.program.iter().filter(|i| i.phase == Phase::Forward) {
-            run_instr(
-                plan,
-                a,
-                ins,
-                n,
-                x,
-                Mode::Eval,
-                0,
-                StepCtx {
-                    t: self.steps.max(1),
-                },
-            )?;
+        let ctx = StepCtx {
+            t: self.steps.max(1),
+        };
+        for (eo, ins) in plan.program.iter().enumerate() {
+            match (ins.phase, ins.mb) {
+                (Phase::Forward, 0) => run_instr(plan, eo as Eo, a, ins, n, x, Mode::Eval, 0, ctx)?,
+                (Phase::Loss, 0) => return Ok(eo as Eo),
+                _ => {}
+            }
         }
-        Ok(())
+        Err(ExecError::BadPlan("the plan has no loss instruction"))
     }
 }
 
@@ -436,20 +468,20 @@ fn tensor_mut<'a>(
     f32s(s)
 }
 
-/// (offset, bytes) of the first `elems` elements of `t`, or (0, 0) for none/external.
-fn reg(plan: &Plan, t: Option<TensorId>, elems: usize) -> (usize, usize) {
-    match t.and_then(|t| plan.region(t)) {
+/// (offset, bytes) of the first `elems` elements of `t` at `eo`, or (0, 0) for none/external.
+fn reg(plan: &Plan, eo: Eo, t: Option<TensorId>, elems: usize) -> (usize, usize) {
+    match t.and_then(|t| plan.region_at(t, eo)) {
         Some((off, bytes)) => (off, (elems * 4).min(bytes)),
         None => (0, 0),
     }
 }
 
-fn whole(plan: &Plan, t: Option<TensorId>) -> (usize, usize) {
-    t.and_then(|t| plan.region(t)).unwrap_or((0, 0))
+fn whole(plan: &Plan, eo: Eo, t: Option<TensorId>) -> (usize, usize) {
+    t.and_then(|t| plan.region_at(t, eo)).unwrap_or((0, 0))
 }
 
-fn same(plan: &Plan, a: TensorId, b: TensorId) -> bool {
-    matches!((plan.region(a), plan.region(b)), (Some(x), Some(y)) if x.0 == y.0)
+fn same(plan: &Plan, eo: Eo, a: TensorId, b: TensorId) -> bool {
+    matches!((plan.region_at(a, eo), plan.region_at(b, eo)), (Some(x), Some(y)) if x.0 == y.0)
 }
 
 fn is_ext(plan: &Plan, t: TensorId) -> bool {
@@ -464,66 +496,72 @@ fn opt_f32(s: &mut [u8]) -> Result<Option<&mut [f32]>, ExecError> {
     }
 }
 
+/// The fused loss on `n` samples; the derivative is normalised by `norm` samples (the whole batch when
+/// micro-batching, so the accumulated gradient equals the whole batch's). Returns the micro-batch's mean
+/// loss and correct count.
+#[allow(clippy::too_many_arguments)]
 fn run_loss(
     plan: &Plan,
+    eo: Eo,
     a: &mut [u8],
     n: usize,
     target: Target<'_>,
     train: bool,
+    norm: usize,
 ) -> Result<(f32, usize), ExecError> {
     let g = &plan.graph;
     let per = g.pred_dims().numel();
     let pred = g.pred();
-    if same(plan, pred, g.d_pred) && train {
-        let [p] = carve(a, [reg(plan, Some(pred), n * per)])?;
+    let mismatch = ExecError::BadBatch("target kind does not match the loss", 0);
+    if !train {
+        let [p] = carve(a, [reg(plan, eo, Some(pred), n * per)])?;
         let p = f32s(p)?;
-        return Ok(match (g.loss, target) {
+        return match (g.loss, target) {
+            (LossKind::SoftmaxCrossEntropy, Target::Classes(y)) => {
+                let (sum, c) = ops::softmax_ce_eval(n, per, p, y);
+                Ok((sum / n as f32, c))
+            }
+            (LossKind::Mse, Target::Values(t)) => Ok((ops::mse_eval(p, t), 0)),
+            _ => Err(mismatch),
+        };
+    }
+    let (result, d) = if same(plan, eo, pred, g.d_pred) {
+        let [p] = carve(a, [reg(plan, eo, Some(pred), n * per)])?;
+        let p = f32s(p)?;
+        let r = match (g.loss, target) {
             (LossKind::SoftmaxCrossEntropy, Target::Classes(y)) => {
                 ops::softmax_ce_inplace(n, per, p, y)
             }
             (LossKind::Mse, Target::Values(t)) => (ops::mse_inplace(p, t), 0),
-            _ => {
-                return Err(ExecError::BadBatch(
-                    "target kind does not match the loss",
-                    0,
-                ))
-            }
-        });
+            _ => return Err(mismatch),
+        };
+        (r, p)
+    } else {
+        let [p, d] = carve(
+            a,
+            [
+                reg(plan, eo, Some(pred), n * per),
+                reg(plan, eo, Some(g.d_pred), n * per),
+            ],
+        )?;
+        let (p, d) = (f32s(p)?, f32s(d)?);
+        let r = match (g.loss, target) {
+            (LossKind::SoftmaxCrossEntropy, Target::Classes(y)) => ops::softmax_ce(n, per, p, y, d),
+            (LossKind::Mse, Target::Values(t)) => (ops::mse(p, t, d), 0),
+            _ => return Err(mismatch),
+        };
+        (r, d)
+    };
+    if norm != n {
+        ops::scale(n as f32 / norm as f32, d);
     }
-    let [p, d] = carve(
-        a,
-        [
-            reg(plan, Some(pred), n * per),
-            if train {
-                reg(plan, Some(g.d_pred), n * per)
-            } else {
-                (0, 0)
-            },
-        ],
-    )?;
-    let p = f32s(p)?;
-    Ok(match (g.loss, target, train) {
-        (LossKind::SoftmaxCrossEntropy, Target::Classes(y), true) => {
-            ops::softmax_ce(n, per, p, y, f32s(d)?)
-        }
-        (LossKind::SoftmaxCrossEntropy, Target::Classes(y), false) => {
-            let (sum, c) = ops::softmax_ce_eval(n, per, p, y);
-            (sum / n as f32, c)
-        }
-        (LossKind::Mse, Target::Values(t), true) => (ops::mse(p, t, f32s(d)?), 0),
-        (LossKind::Mse, Target::Values(t), false) => (ops::mse_eval(p, t), 0),
-        _ => {
-            return Err(ExecError::BadBatch(
-                "target kind does not match the loss",
-                0,
-            ))
-        }
-    })
+    Ok(result)
 }
 
 #[allow(clippy::too_many_arguments)]
 fn run_instr(
     plan: &Plan,
+    eo: Eo,
     a: &mut [u8],
     ins: &Instr,
     n: usize,
@@ -541,10 +579,12 @@ fn run_instr(
         .get(ins.node as usize)
         .ok_or(ExecError::BadPlan("node index out of range"))?;
     match ins.phase {
-        Phase::Forward => forward(plan, a, node, n, xext, mode, step_seed),
-        Phase::GradW => grad_w(plan, a, node, n, xext),
-        Phase::GradX => grad_x(plan, a, node, n, step_seed),
-        Phase::Apply => apply(plan, a, node, ctx),
+        Phase::Forward => forward(plan, eo, a, node, n, xext, mode, step_seed),
+        Phase::Recompute => forward(plan, eo, a, node, n, xext, Mode::Recompute, step_seed),
+        // Micro-batches after the first add to the gradient of the first.
+        Phase::GradW => grad_w(plan, eo, a, node, n, xext, ins.mb > 0),
+        Phase::GradX => grad_x(plan, eo, a, node, n, step_seed),
+        Phase::Apply => apply(plan, eo, a, node, ctx),
         Phase::Loss => Err(ExecError::BadPlan("loss instruction in the wrong place")),
     }
 }
@@ -569,6 +609,7 @@ fn input<'a>(
 
 fn forward(
     plan: &Plan,
+    eo: Eo,
     a: &mut [u8],
     node: &Node,
     n: usize,
@@ -587,11 +628,11 @@ fn forward(
             let [xb, wb, bb, yb, sb] = carve(
                 a,
                 [
-                    reg(plan, Some(xin), in_elems),
-                    whole(plan, w),
-                    whole(plan, b),
-                    reg(plan, Some(node.out), out_elems),
-                    whole(plan, s),
+                    reg(plan, eo, Some(xin), in_elems),
+                    whole(plan, eo, w),
+                    whole(plan, eo, b),
+                    reg(plan, eo, Some(node.out), out_elems),
+                    whole(plan, eo, s),
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
@@ -610,11 +651,11 @@ fn forward(
             let [xb, wb, bb, yb, sb] = carve(
                 a,
                 [
-                    reg(plan, Some(xin), in_elems),
-                    whole(plan, w),
-                    whole(plan, b),
-                    reg(plan, Some(node.out), out_elems),
-                    whole(plan, s),
+                    reg(plan, eo, Some(xin), in_elems),
+                    whole(plan, eo, w),
+                    whole(plan, eo, b),
+                    reg(plan, eo, Some(node.out), out_elems),
+                    whole(plan, eo, s),
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
@@ -632,9 +673,9 @@ fn forward(
             let [xb, yb, ib] = carve(
                 a,
                 [
-                    reg(plan, Some(xin), in_elems),
-                    reg(plan, Some(node.out), out_elems),
-                    reg(plan, node.saved.first().copied(), out_elems),
+                    reg(plan, eo, Some(xin), in_elems),
+                    reg(plan, eo, Some(node.out), out_elems),
+                    reg(plan, eo, node.saved.first().copied(), out_elems),
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
@@ -644,8 +685,8 @@ fn forward(
             let [xb, yb] = carve(
                 a,
                 [
-                    reg(plan, Some(xin), in_elems),
-                    reg(plan, Some(node.out), out_elems),
+                    reg(plan, eo, Some(xin), in_elems),
+                    reg(plan, eo, Some(node.out), out_elems),
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
@@ -655,23 +696,23 @@ fn forward(
             let [xb, yb] = carve(
                 a,
                 [
-                    reg(plan, Some(xin), in_elems),
-                    reg(plan, Some(node.out), out_elems),
+                    reg(plan, eo, Some(xin), in_elems),
+                    reg(plan, eo, Some(node.out), out_elems),
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
             ops::global_avgpool_fwd(n, *c, *hw, x, f32s(yb)?);
         }
         NodeOp::Act(act) => {
-            if same(plan, xin, node.out) {
-                let [yb] = carve(a, [reg(plan, Some(node.out), out_elems)])?;
+            if same(plan, eo, xin, node.out) {
+                let [yb] = carve(a, [reg(plan, eo, Some(node.out), out_elems)])?;
                 ops::act_fwd_inplace(*act, f32s(yb)?);
             } else {
                 let [xb, yb] = carve(
                     a,
                     [
-                        reg(plan, Some(xin), in_elems),
-                        reg(plan, Some(node.out), out_elems),
+                        reg(plan, eo, Some(xin), in_elems),
+                        reg(plan, eo, Some(node.out), out_elems),
                     ],
                 )?;
                 let x = input(plan, xin, xb, xext, in_elems)?;
@@ -681,15 +722,15 @@ fn forward(
         NodeOp::Dropout { p } => {
             let seed = hash2(step_seed, node.layer as u64);
             let p = if mode == Mode::Eval { 0.0 } else { *p };
-            if same(plan, xin, node.out) {
-                let [yb] = carve(a, [reg(plan, Some(node.out), out_elems)])?;
+            if same(plan, eo, xin, node.out) {
+                let [yb] = carve(a, [reg(plan, eo, Some(node.out), out_elems)])?;
                 ops::dropout_fwd_inplace(p, seed, f32s(yb)?);
             } else {
                 let [xb, yb] = carve(
                     a,
                     [
-                        reg(plan, Some(xin), in_elems),
-                        reg(plan, Some(node.out), out_elems),
+                        reg(plan, eo, Some(xin), in_elems),
+                        reg(plan, eo, Some(node.out), out_elems),
                     ],
                 )?;
                 let x = input(plan, xin, xb, xext, in_elems)?;
@@ -699,18 +740,18 @@ fn forward(
         NodeOp::View => {
             // Same bytes as the input: either merged (nothing to do) or the input is external and the
             // output is external too. A view that could not merge would be a planner bug.
-            if !is_ext(plan, node.out) && !same(plan, xin, node.out) {
+            if !is_ext(plan, node.out) && !same(plan, eo, xin, node.out) {
                 return Err(ExecError::BadPlan("a view is not merged with its input"));
             }
         }
         NodeOp::Add => {
             let bin = node.inputs[1];
-            if same(plan, xin, node.out) {
+            if same(plan, eo, xin, node.out) {
                 let [yb, bb] = carve(
                     a,
                     [
-                        reg(plan, Some(node.out), out_elems),
-                        reg(plan, Some(bin), in_elems),
+                        reg(plan, eo, Some(node.out), out_elems),
+                        reg(plan, eo, Some(bin), in_elems),
                     ],
                 )?;
                 let bx = input(plan, bin, bb, xext, in_elems)?;
@@ -719,9 +760,9 @@ fn forward(
                 let [ab, bb, yb] = carve(
                     a,
                     [
-                        reg(plan, Some(xin), in_elems),
-                        reg(plan, Some(bin), in_elems),
-                        reg(plan, Some(node.out), out_elems),
+                        reg(plan, eo, Some(xin), in_elems),
+                        reg(plan, eo, Some(bin), in_elems),
+                        reg(plan, eo, Some(node.out), out_elems),
                     ],
                 )?;
                 let ax = input(plan, xin, ab, xext, in_elems)?;
@@ -740,18 +781,30 @@ fn forward(
             let [xb, gb, bb, rmb, rvb, yb, mb, ib] = carve(
                 a,
                 [
-                    reg(plan, Some(xin), in_elems),
-                    whole(plan, w),
-                    whole(plan, b),
-                    whole(plan, node.stats.first().copied()),
-                    whole(plan, node.stats.get(1).copied()),
-                    reg(plan, Some(node.out), out_elems),
-                    whole(plan, node.saved.first().copied()),
-                    whole(plan, node.saved.get(1).copied()),
+                    reg(plan, eo, Some(xin), in_elems),
+                    whole(plan, eo, w),
+                    whole(plan, eo, b),
+                    whole(plan, eo, node.stats.first().copied()),
+                    whole(plan, eo, node.stats.get(1).copied()),
+                    reg(plan, eo, Some(node.out), out_elems),
+                    whole(plan, eo, node.saved.first().copied()),
+                    whole(plan, eo, node.saved.get(1).copied()),
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
-            if *train && mode == Mode::Train {
+            if *train && mode == Mode::Recompute {
+                ops::bn_fwd_recompute(
+                    n,
+                    *c,
+                    *hw,
+                    x,
+                    f32s(gb)?,
+                    f32s(bb)?,
+                    f32s(mb)?,
+                    f32s(ib)?,
+                    f32s(yb)?,
+                );
+            } else if *train && mode == Mode::Train {
                 ops::bn_fwd_train(
                     n,
                     *c,
@@ -786,7 +839,15 @@ fn forward(
     Ok(())
 }
 
-fn grad_w(plan: &Plan, a: &mut [u8], node: &Node, n: usize, xext: &[f32]) -> Result<(), ExecError> {
+fn grad_w(
+    plan: &Plan,
+    eo: Eo,
+    a: &mut [u8],
+    node: &Node,
+    n: usize,
+    xext: &[f32],
+    acc_w: bool,
+) -> Result<(), ExecError> {
     let xin = node.inputs[0];
     let in_elems = n * node.in_dims[0].numel();
     let out_elems = n * node.out_dims.numel();
@@ -801,11 +862,11 @@ fn grad_w(plan: &Plan, a: &mut [u8], node: &Node, n: usize, xext: &[f32]) -> Res
             let [xb, dyb, dwb, dbb, sb] = carve(
                 a,
                 [
-                    reg(plan, Some(xin), in_elems),
-                    reg(plan, Some(dy), out_elems),
-                    whole(plan, dw),
-                    whole(plan, db),
-                    whole(plan, s),
+                    reg(plan, eo, Some(xin), in_elems),
+                    reg(plan, eo, Some(dy), out_elems),
+                    whole(plan, eo, dw),
+                    whole(plan, eo, db),
+                    whole(plan, eo, s),
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
@@ -817,6 +878,7 @@ fn grad_w(plan: &Plan, a: &mut [u8], node: &Node, n: usize, xext: &[f32]) -> Res
                 f32s(dyb)?,
                 f32s(dwb)?,
                 opt_f32(dbb)?,
+                acc_w,
                 f32s(sb)?,
             );
         }
@@ -824,26 +886,35 @@ fn grad_w(plan: &Plan, a: &mut [u8], node: &Node, n: usize, xext: &[f32]) -> Res
             let [xb, dyb, dwb, dbb, sb] = carve(
                 a,
                 [
-                    reg(plan, Some(xin), in_elems),
-                    reg(plan, Some(dy), out_elems),
-                    whole(plan, dw),
-                    whole(plan, db),
-                    whole(plan, s),
+                    reg(plan, eo, Some(xin), in_elems),
+                    reg(plan, eo, Some(dy), out_elems),
+                    whole(plan, eo, dw),
+                    whole(plan, eo, db),
+                    whole(plan, eo, s),
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
-            ops::conv_grad_w(g, n, x, f32s(dyb)?, f32s(dwb)?, opt_f32(dbb)?, f32s(sb)?);
+            ops::conv_grad_w(
+                g,
+                n,
+                x,
+                f32s(dyb)?,
+                f32s(dwb)?,
+                opt_f32(dbb)?,
+                acc_w,
+                f32s(sb)?,
+            );
         }
         NodeOp::BatchNorm { c, hw, .. } => {
             let [xb, dyb, mb, ib, dgb, dbb] = carve(
                 a,
                 [
-                    reg(plan, Some(xin), in_elems),
-                    reg(plan, Some(dy), out_elems),
-                    whole(plan, node.saved.first().copied()),
-                    whole(plan, node.saved.get(1).copied()),
-                    whole(plan, dw),
-                    whole(plan, db),
+                    reg(plan, eo, Some(xin), in_elems),
+                    reg(plan, eo, Some(dy), out_elems),
+                    whole(plan, eo, node.saved.first().copied()),
+                    whole(plan, eo, node.saved.get(1).copied()),
+                    whole(plan, eo, dw),
+                    whole(plan, eo, db),
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
@@ -857,6 +928,7 @@ fn grad_w(plan: &Plan, a: &mut [u8], node: &Node, n: usize, xext: &[f32]) -> Res
                 f32s(ib)?,
                 f32s(dgb)?,
                 f32s(dbb)?,
+                acc_w,
             );
         }
         _ => {
@@ -870,6 +942,7 @@ fn grad_w(plan: &Plan, a: &mut [u8], node: &Node, n: usize, xext: &[f32]) -> Res
 
 fn grad_x(
     plan: &Plan,
+    eo: Eo,
     a: &mut [u8],
     node: &Node,
     n: usize,
@@ -891,10 +964,10 @@ fn grad_x(
             let [dyb, wb, dxb, sb] = carve(
                 a,
                 [
-                    reg(plan, Some(dy), out_elems),
-                    whole(plan, w),
-                    reg(plan, dx, in_elems),
-                    whole(plan, s),
+                    reg(plan, eo, Some(dy), out_elems),
+                    whole(plan, eo, w),
+                    reg(plan, eo, dx, in_elems),
+                    whole(plan, eo, s),
                 ],
             )?;
             ops::linear_grad_x(
@@ -912,10 +985,10 @@ fn grad_x(
             let [dyb, wb, dxb, sb] = carve(
                 a,
                 [
-                    reg(plan, Some(dy), out_elems),
-                    whole(plan, w),
-                    reg(plan, dx, in_elems),
-                    whole(plan, s),
+                    reg(plan, eo, Some(dy), out_elems),
+                    whole(plan, eo, w),
+                    reg(plan, eo, dx, in_elems),
+                    whole(plan, eo, s),
                 ],
             )?;
             ops::conv_grad_x(g, n, f32s(dyb)?, f32s(wb)?, f32s(dxb)?, acc, f32s(sb)?);
@@ -924,29 +997,41 @@ fn grad_x(
             let [dyb, ib, dxb] = carve(
                 a,
                 [
-                    reg(plan, Some(dy), out_elems),
-                    reg(plan, node.saved.first().copied(), out_elems),
-                    reg(plan, dx, in_elems),
+                    reg(plan, eo, Some(dy), out_elems),
+                    reg(plan, eo, node.saved.first().copied(), out_elems),
+                    reg(plan, eo, dx, in_elems),
                 ],
             )?;
             ops::maxpool_grad_x(g, n, f32s(dyb)?, u32s(ib)?, f32s(dxb)?, acc);
         }
         NodeOp::AvgPool(g) => {
-            let [dyb, dxb] = carve(a, [reg(plan, Some(dy), out_elems), reg(plan, dx, in_elems)])?;
+            let [dyb, dxb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(dy), out_elems),
+                    reg(plan, eo, dx, in_elems),
+                ],
+            )?;
             ops::avgpool_grad_x(g, n, f32s(dyb)?, f32s(dxb)?, acc);
         }
         NodeOp::GlobalAvgPool { c, hw } => {
-            let [dyb, dxb] = carve(a, [reg(plan, Some(dy), out_elems), reg(plan, dx, in_elems)])?;
+            let [dyb, dxb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(dy), out_elems),
+                    reg(plan, eo, dx, in_elems),
+                ],
+            )?;
             ops::global_avgpool_grad_x(n, *c, *hw, f32s(dyb)?, f32s(dxb)?, acc);
         }
         NodeOp::Act(act) => {
             let dx = dx.ok_or(ExecError::BadPlan("activation derivative without a target"))?;
-            if same(plan, dy, dx) {
+            if same(plan, eo, dy, dx) {
                 let [yb, db] = carve(
                     a,
                     [
-                        reg(plan, Some(node.out), out_elems),
-                        reg(plan, Some(dx), in_elems),
+                        reg(plan, eo, Some(node.out), out_elems),
+                        reg(plan, eo, Some(dx), in_elems),
                     ],
                 )?;
                 ops::act_grad_inplace(*act, f32s(yb)?, f32s(db)?);
@@ -954,9 +1039,9 @@ fn grad_x(
                 let [yb, dyb, dxb] = carve(
                     a,
                     [
-                        reg(plan, Some(node.out), out_elems),
-                        reg(plan, Some(dy), out_elems),
-                        reg(plan, Some(dx), in_elems),
+                        reg(plan, eo, Some(node.out), out_elems),
+                        reg(plan, eo, Some(dy), out_elems),
+                        reg(plan, eo, Some(dx), in_elems),
                     ],
                 )?;
                 ops::act_grad(*act, f32s(yb)?, f32s(dyb)?, f32s(dxb)?, acc);
@@ -965,15 +1050,15 @@ fn grad_x(
         NodeOp::Dropout { p } => {
             let dx = dx.ok_or(ExecError::BadPlan("dropout derivative without a target"))?;
             let seed = hash2(step_seed, node.layer as u64);
-            if same(plan, dy, dx) {
-                let [db] = carve(a, [reg(plan, Some(dx), in_elems)])?;
+            if same(plan, eo, dy, dx) {
+                let [db] = carve(a, [reg(plan, eo, Some(dx), in_elems)])?;
                 ops::dropout_grad_inplace(*p, seed, f32s(db)?);
             } else {
                 let [dyb, dxb] = carve(
                     a,
                     [
-                        reg(plan, Some(dy), out_elems),
-                        reg(plan, Some(dx), in_elems),
+                        reg(plan, eo, Some(dy), out_elems),
+                        reg(plan, eo, Some(dx), in_elems),
                     ],
                 )?;
                 ops::dropout_grad(*p, seed, f32s(dyb)?, f32s(dxb)?, acc);
@@ -981,12 +1066,12 @@ fn grad_x(
         }
         NodeOp::View => {
             let dx = dx.ok_or(ExecError::BadPlan("view derivative without a target"))?;
-            if !same(plan, dy, dx) {
+            if !same(plan, eo, dy, dx) {
                 let [dyb, dxb] = carve(
                     a,
                     [
-                        reg(plan, Some(dy), out_elems),
-                        reg(plan, Some(dx), in_elems),
+                        reg(plan, eo, Some(dy), out_elems),
+                        reg(plan, eo, Some(dx), in_elems),
                     ],
                 )?;
                 ops::copy_or_acc(f32s(dyb)?, f32s(dxb)?, acc);
@@ -1002,19 +1087,19 @@ fn grad_x(
                 let [dyb, dbb] = carve(
                     a,
                     [
-                        reg(plan, Some(dy), out_elems),
-                        reg(plan, Some(dbt), in_elems),
+                        reg(plan, eo, Some(dy), out_elems),
+                        reg(plan, eo, Some(dbt), in_elems),
                     ],
                 )?;
                 ops::copy_or_acc(f32s(dyb)?, f32s(dbb)?, acc_b);
             }
             if let Some(dat) = dx {
-                if !same(plan, dy, dat) {
+                if !same(plan, eo, dy, dat) {
                     let [dyb, dab] = carve(
                         a,
                         [
-                            reg(plan, Some(dy), out_elems),
-                            reg(plan, Some(dat), in_elems),
+                            reg(plan, eo, Some(dy), out_elems),
+                            reg(plan, eo, Some(dat), in_elems),
                         ],
                     )?;
                     ops::copy_or_acc(f32s(dyb)?, f32s(dab)?, acc);
@@ -1029,12 +1114,12 @@ fn grad_x(
                 let [xb, dyb, mb, ib, gb, dxb] = carve(
                     a,
                     [
-                        reg(plan, Some(xin), in_elems),
-                        reg(plan, Some(dy), out_elems),
-                        whole(plan, node.saved.first().copied()),
-                        whole(plan, node.saved.get(1).copied()),
-                        whole(plan, w),
-                        reg(plan, dx, in_elems),
+                        reg(plan, eo, Some(xin), in_elems),
+                        reg(plan, eo, Some(dy), out_elems),
+                        whole(plan, eo, node.saved.first().copied()),
+                        whole(plan, eo, node.saved.get(1).copied()),
+                        whole(plan, eo, w),
+                        reg(plan, eo, dx, in_elems),
                     ],
                 )?;
                 ops::bn_grad_x(
@@ -1053,10 +1138,10 @@ fn grad_x(
                 let [dyb, gb, rvb, dxb] = carve(
                     a,
                     [
-                        reg(plan, Some(dy), out_elems),
-                        whole(plan, w),
-                        whole(plan, node.stats.get(1).copied()),
-                        reg(plan, dx, in_elems),
+                        reg(plan, eo, Some(dy), out_elems),
+                        whole(plan, eo, w),
+                        whole(plan, eo, node.stats.get(1).copied()),
+                        reg(plan, eo, dx, in_elems),
                     ],
                 )?;
                 ops::bn_grad_x_eval(
@@ -1076,22 +1161,25 @@ fn grad_x(
     Ok(())
 }
 
-fn apply(plan: &Plan, a: &mut [u8], node: &Node, ctx: StepCtx) -> Result<(), ExecError> {
+fn apply(plan: &Plan, eo: Eo, a: &mut [u8], node: &Node, ctx: StepCtx) -> Result<(), ExecError> {
     let opt = &plan.graph.optimizer;
     for p in &node.params {
         let Some(g) = p.grad else { continue };
         match p.state.as_slice() {
             [] => {
-                let [wb, gb] = carve(a, [whole(plan, Some(p.value)), whole(plan, Some(g))])?;
+                let [wb, gb] = carve(
+                    a,
+                    [whole(plan, eo, Some(p.value)), whole(plan, eo, Some(g))],
+                )?;
                 optim::apply(opt, ctx, f32s(wb)?, f32s(gb)?, &mut []);
             }
             [s0] => {
                 let [wb, gb, s0b] = carve(
                     a,
                     [
-                        whole(plan, Some(p.value)),
-                        whole(plan, Some(g)),
-                        whole(plan, Some(*s0)),
+                        whole(plan, eo, Some(p.value)),
+                        whole(plan, eo, Some(g)),
+                        whole(plan, eo, Some(*s0)),
                     ],
                 )?;
                 optim::apply(opt, ctx, f32s(wb)?, f32s(gb)?, &mut [f32s(s0b)?]);
@@ -1100,10 +1188,10 @@ fn apply(plan: &Plan, a: &mut [u8], node: &Node, ctx: StepCtx) -> Result<(), Exe
                 let [wb, gb, s0b, s1b] = carve(
                     a,
                     [
-                        whole(plan, Some(p.value)),
-                        whole(plan, Some(g)),
-                        whole(plan, Some(*s0)),
-                        whole(plan, Some(*s1)),
+                        whole(plan, eo, Some(p.value)),
+                        whole(plan, eo, Some(g)),
+                        whole(plan, eo, Some(*s0)),
+                        whole(plan, eo, Some(*s1)),
                     ],
                 )?;
                 optim::apply(

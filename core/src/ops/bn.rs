@@ -190,6 +190,38 @@ pub fn bn_fwd_train<T: Real>(
     }
 }
 
+/// Training-mode output from the statistics [`bn_fwd_train`] saved, bit-identical to its `y` and without
+/// touching the running statistics: what a recomputation re-runs.
+#[allow(clippy::too_many_arguments)]
+pub fn bn_fwd_recompute<T: Real>(
+    n: usize,
+    c: usize,
+    hw: usize,
+    x: &[T],
+    gamma: &[T],
+    beta: &[T],
+    mean: &[T],
+    invstd: &[T],
+    y: &mut [T],
+) {
+    if n * hw == 0 {
+        return;
+    }
+    for ch in 0..c {
+        affine(
+            n,
+            c,
+            hw,
+            x,
+            y,
+            ch,
+            mean[ch],
+            gamma[ch] * invstd[ch],
+            beta[ch],
+        );
+    }
+}
+
 /// Eval-mode forward: `y = (x − run_mean)·γ/√(run_var + eps) + β`.
 #[allow(clippy::too_many_arguments)]
 pub fn bn_fwd_eval<T: Real>(
@@ -223,11 +255,18 @@ pub fn bn_grad_w<T: Real>(
     invstd: &[T],
     dgamma: &mut [T],
     dbeta: &mut [T],
+    accumulate: bool,
 ) {
     for ch in 0..c {
         let (sdy, sdxm) = chan_grad_sums(n, c, hw, x, dy, ch, mean[ch]);
-        dgamma[ch] = sdxm * invstd[ch];
-        dbeta[ch] = sdy;
+        let (g, b) = (sdxm * invstd[ch], sdy);
+        if accumulate {
+            dgamma[ch] += g;
+            dbeta[ch] += b;
+        } else {
+            dgamma[ch] = g;
+            dbeta[ch] = b;
+        }
     }
 }
 
@@ -418,7 +457,9 @@ mod tests {
             let (rm, rv) = (vec![0.0; c], vec![1.0; c]);
             let o = train(n, c, hw, &x, &g, &b, &rm, &rv);
             let (mut dg, mut db, mut dx) = (vec![0.0; c], vec![0.0; c], vec![9.0; len]);
-            bn_grad_w(n, c, hw, &x, &r, &o.mean, &o.invstd, &mut dg, &mut db);
+            bn_grad_w(
+                n, c, hw, &x, &r, &o.mean, &o.invstd, &mut dg, &mut db, false,
+            );
             bn_grad_x(n, c, hw, &x, &r, &o.mean, &o.invstd, &g, &mut dx, false);
             let pre = rand_vec(&mut rng, len, -1.0, 1.0);
             let mut dacc = pre.clone();
@@ -533,7 +574,9 @@ mod tests {
         assert_close("y centred", &widen(&oc32.y), &oc.y, 1e-6, 1.0);
         let (mut dg, mut db, mut dx) = (vec![0.0; c], vec![0.0; c], vec![0.0; len]);
         let (mut dg32, mut db32, mut dx32) = (vec![0f32; c], vec![0f32; c], vec![0f32; len]);
-        bn_grad_w(n, c, hw, &x, &dy, &o.mean, &o.invstd, &mut dg, &mut db);
+        bn_grad_w(
+            n, c, hw, &x, &dy, &o.mean, &o.invstd, &mut dg, &mut db, false,
+        );
         bn_grad_x(n, c, hw, &x, &dy, &o.mean, &o.invstd, &g, &mut dx, false);
         let dy32 = to_f32(&dy);
         let x32 = to_f32(&x);
@@ -547,6 +590,7 @@ mod tests {
             &o32.invstd,
             &mut dg32,
             &mut db32,
+            false,
         );
         bn_grad_x(
             n,

@@ -497,7 +497,7 @@ fn fwd_cap<T: Real>(
     }
 }
 
-/// Weight gradient: `dW = Σ_samples dY ⋆ X` and `db = Σ dY` (both overwritten).
+/// Weight gradient: `dW = Σ_samples dY ⋆ X` and `db = Σ dY` (overwritten, or added when `accumulate`).
 #[allow(clippy::too_many_arguments)]
 pub fn conv_grad_w<T: Real>(
     g: &ConvGeom,
@@ -506,9 +506,10 @@ pub fn conv_grad_w<T: Real>(
     dy: &[T],
     dw: &mut [T],
     db: Option<&mut [T]>,
+    accumulate: bool,
     scratch: &mut [T],
 ) {
-    grad_w_cap(g, n, x, dy, dw, db, scratch, CONV_COL_CAP)
+    grad_w_cap(g, n, x, dy, dw, db, accumulate, scratch, CONV_COL_CAP)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -519,17 +520,22 @@ fn grad_w_cap<T: Real>(
     dy: &[T],
     dw: &mut [T],
     db: Option<&mut [T]>,
+    accumulate: bool,
     scratch: &mut [T],
     cap: usize,
 ) {
     let (in_len, out_len, ohow, hw) = (g.in_len(), g.out_len(), g.oh * g.ow, g.h * g.w);
     let (cin_g, cout_g, k) = (g.cin_g(), g.cout_g(), g.k_g());
     let dw = &mut dw[..g.weight_len()];
-    // Zero once, then every sample / block accumulates (also right for n = 0).
-    fill(dw, T::ZERO);
+    // Zero once (unless accumulating micro-batches), then every sample / block accumulates.
+    if !accumulate {
+        fill(dw, T::ZERO);
+    }
     if let Some(db) = db {
         let db = &mut db[..g.cout];
-        fill(db, T::ZERO);
+        if !accumulate {
+            fill(db, T::ZERO);
+        }
         for ds in dy[..n * out_len].chunks_exact(out_len) {
             for (d, p) in db.iter_mut().zip(ds.chunks_exact(ohow)) {
                 *d += sum(p);
@@ -872,7 +878,7 @@ mod tests {
         let mut dw = vec![T::from_f32(f32::NAN); g.weight_len()];
         let mut db = vec![T::from_f32(f32::NAN); g.cout];
         let mut s = vec![T::ZERO; scratch_len_cap(g, cap)];
-        grad_w_cap(g, n, x, dy, &mut dw, Some(&mut db), &mut s, cap);
+        grad_w_cap(g, n, x, dy, &mut dw, Some(&mut db), false, &mut s, cap);
         (dw, db)
     }
 

@@ -51,11 +51,14 @@ pub fn linear_grad_w<T: Real>(
     dy: &[T],
     dw: &mut [T],
     db: Option<&mut [T]>,
+    accumulate: bool,
     scratch: &mut [T],
 ) {
     if n == 0 {
         // Do not rely on the GEMM's k = 0 convention: the gradient of an empty batch is zero.
-        dw[..fout * fin].iter_mut().for_each(|v| *v = T::ZERO);
+        if !accumulate {
+            dw[..fout * fin].iter_mut().for_each(|v| *v = T::ZERO);
+        }
     } else {
         gemm(
             fout,
@@ -65,13 +68,15 @@ pub fn linear_grad_w<T: Real>(
             MatRef::row_major(x, fin),
             &mut dw[..fout * fin],
             fin,
-            false,
+            accumulate,
             scratch,
         );
     }
     if let Some(db) = db {
         let db = &mut db[..fout];
-        db.iter_mut().for_each(|v| *v = T::ZERO);
+        if !accumulate {
+            db.iter_mut().for_each(|v| *v = T::ZERO);
+        }
         if fout > 0 {
             for row in dy[..n * fout].chunks_exact(fout) {
                 for (d, &g) in db.iter_mut().zip(row) {
@@ -150,7 +155,17 @@ mod tests {
             let mut s = vec![0.0; linear_scratch_len(n, fin, fout)];
             let (mut dw, mut db, mut dx) =
                 (vec![9.0; fout * fin], vec![9.0; fout], vec![9.0; n * fin]);
-            linear_grad_w(n, fin, fout, &c.x, &r, &mut dw, Some(&mut db), &mut s);
+            linear_grad_w(
+                n,
+                fin,
+                fout,
+                &c.x,
+                &r,
+                &mut dw,
+                Some(&mut db),
+                false,
+                &mut s,
+            );
             linear_grad_x(n, fin, fout, &r, &c.w, &mut dx, false, &mut s);
             let pre = rand_vec(&mut rng, n * fin, -1.0, 1.0);
             let mut dacc = pre.clone();
@@ -187,7 +202,7 @@ mod tests {
         assert_eq!(y, [1.0, 0.0, 6.0]);
         // n = 0 (an empty final batch) writes zero gradients and touches nothing else.
         let (mut dw, mut db) = ([5.0f32; 6], [5.0f32; 3]);
-        linear_grad_w(0, 2, 3, &[], &[], &mut dw, Some(&mut db), &mut s);
+        linear_grad_w(0, 2, 3, &[], &[], &mut dw, Some(&mut db), false, &mut s);
         assert_eq!((dw, db), ([0.0; 6], [0.0; 3]));
     }
 
@@ -211,7 +226,17 @@ mod tests {
             vec![0f32; fout],
             vec![0f32; n * fin],
         );
-        linear_grad_w(n, fin, fout, &c.x, &r, &mut dw, Some(&mut db), &mut s);
+        linear_grad_w(
+            n,
+            fin,
+            fout,
+            &c.x,
+            &r,
+            &mut dw,
+            Some(&mut db),
+            false,
+            &mut s,
+        );
         linear_grad_w(
             n,
             fin,
@@ -220,6 +245,7 @@ mod tests {
             &r32,
             &mut dw32,
             Some(&mut db32),
+            false,
             &mut s32,
         );
         linear_grad_x(n, fin, fout, &r, &c.w, &mut dx, false, &mut s);

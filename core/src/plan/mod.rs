@@ -16,7 +16,7 @@ pub use layout::{
 
 use crate::backend::Placement;
 use crate::budget::{Budget, BudgetError};
-use crate::graph::{scratch_slot, Graph, Node, NodeOp, Share, TensorId, TensorKind};
+use crate::graph::{scratch_slot, Graph, NodeOp, Share, TensorId, TensorKind};
 
 /// An execution order: the index of an instruction in the step's program.
 pub type Eo = u32;
@@ -38,6 +38,8 @@ pub enum Phase {
     GradX = 3,
     /// Apply gradient (optimizer update).
     Apply = 4,
+    /// Forward re-run to regenerate a discarded activation (no side effects on running statistics).
+    Recompute = 5,
 }
 
 impl Phase {
@@ -49,6 +51,7 @@ impl Phase {
             Phase::GradW => "CG",
             Phase::GradX => "CD",
             Phase::Apply => "AG",
+            Phase::Recompute => "RF",
         }
     }
 }
@@ -81,32 +84,48 @@ impl Schedule {
     /// NNTrainer's order: F for every layer, the loss, then per layer in reverse: CG, CD, apply. Applying
     /// right after a layer's derivative frees its gradient early.
     pub fn new(g: &Graph) -> Schedule {
+        Self::micro_batched(g, 1)
+    }
+
+    /// `m` micro-batches: each runs F, loss, CG (accumulating after the first) and CD; the updates run
+    /// once, after the last micro-batch. `m = 1` is [`Schedule::new`].
+    pub fn micro_batched(g: &Graph, m: u16) -> Schedule {
+        let m = m.max(1);
         let mut program = Vec::new();
-        let ins = |node: usize, phase| Instr {
+        let ins = |node: usize, phase, mb| Instr {
             node: node as u16,
             phase,
-            mb: 0,
+            mb,
             placement: Placement::Cpu,
         };
-        for i in 0..g.nodes.len() {
-            program.push(ins(i, Phase::Forward));
+        for mb in 0..m {
+            for i in 0..g.nodes.len() {
+                program.push(ins(i, Phase::Forward, mb));
+            }
+            program.push(Instr {
+                node: LOSS_NODE,
+                phase: Phase::Loss,
+                mb,
+                placement: Placement::Cpu,
+            });
+            for i in (0..g.nodes.len()).rev() {
+                let n = &g.nodes[i];
+                if n.has_grad_w() {
+                    program.push(ins(i, Phase::GradW, mb));
+                }
+                if n.has_grad_x(g) {
+                    program.push(ins(i, Phase::GradX, mb));
+                }
+                if m == 1 && n.has_grad_w() {
+                    program.push(ins(i, Phase::Apply, 0));
+                }
+            }
         }
-        program.push(Instr {
-            node: LOSS_NODE,
-            phase: Phase::Loss,
-            mb: 0,
-            placement: Placement::Cpu,
-        });
-        for i in (0..g.nodes.len()).rev() {
-            let n = &g.nodes[i];
-            if n.has_grad_w() {
-                program.push(ins(i, Phase::GradW));
-            }
-            if n.has_grad_x(g) {
-                program.push(ins(i, Phase::GradX));
-            }
-            if n.has_grad_w() {
-                program.push(ins(i, Phase::Apply));
+        if m > 1 {
+            for i in (0..g.nodes.len()).rev() {
+                if g.nodes[i].has_grad_w() {
+                    program.push(ins(i, Phase::Apply, m - 1));
+                }
             }
         }
         Schedule { program }
@@ -122,15 +141,28 @@ pub fn touches(g: &Graph, ins: &Instr, out: &mut Vec<TensorId>) {
         out.extend(g.loss_scratch);
         return;
     }
-    let n: &Node = &g.nodes[ins.node as usize];
-    let weights = || n.params.iter().map(|p| p.value);
+    let Some(n) = g.nodes.get(ins.node as usize) else {
+        return;
+    };
     match ins.phase {
         Phase::Forward => {
             out.extend(n.inputs.iter().copied());
             out.push(n.out);
-            out.extend(weights());
+            out.extend(n.params.iter().map(|p| p.value));
             out.extend(n.stats.iter().copied());
             out.extend(n.saved.iter().copied());
+            out.extend(n.scratch[scratch_slot::FWD]);
+        }
+        Phase::Recompute => {
+            out.extend(n.inputs.iter().copied());
+            out.push(n.out);
+            out.extend(n.params.iter().map(|p| p.value));
+            match n.op {
+                // Reads the saved statistics instead of recomputing (and re-accumulating) them.
+                NodeOp::BatchNorm { train: true, .. } => out.extend(n.saved.iter().copied()),
+                NodeOp::BatchNorm { .. } => out.extend(n.stats.iter().copied()),
+                _ => out.extend(n.saved.iter().copied()),
+            }
             out.extend(n.scratch[scratch_slot::FWD]);
         }
         Phase::GradW => {
@@ -172,12 +204,40 @@ pub fn touches(g: &Graph, ins: &Instr, out: &mut Vec<TensorId>) {
     }
 }
 
-/// One storage of the arena: a tensor and everything merged into it.
+/// Whether `ins` overwrites all of tensor `t` without reading it — the start of a new value (a new
+/// lifetime segment) of `t`'s storage group. `root` tells whether `t` is its group's root (tensors merged
+/// into another only ever continue the group's value).
+pub fn fresh_write(g: &Graph, ins: &Instr, t: TensorId, root: bool) -> bool {
+    let kind = g.tensors[t as usize].kind;
+    if kind == TensorKind::Scratch {
+        return true;
+    }
+    if !root || kind.persistent() {
+        return false;
+    }
+    if ins.phase == Phase::Loss {
+        return t == g.d_pred;
+    }
+    let Some(n) = g.nodes.get(ins.node as usize) else {
+        return false;
+    };
+    match ins.phase {
+        Phase::Forward => t == n.out || n.saved.contains(&t),
+        Phase::Recompute => {
+            t == n.out || (n.saved.contains(&t) && !matches!(n.op, NodeOp::BatchNorm { .. }))
+        }
+        Phase::GradX => n.d_in.iter().flatten().any(|&(d, acc)| d == t && !acc),
+        Phase::GradW => ins.mb == 0 && n.params.iter().any(|p| p.grad == Some(t)),
+        _ => false,
+    }
+}
+
+/// One storage of the arena: one lifetime segment of a group of tensors sharing bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorLife {
-    /// Name of the representative tensor.
+    /// Name of the group's root tensor.
     pub name: String,
-    /// Kind of the representative tensor.
+    /// Kind of the root tensor.
     pub kind: TensorKind,
     /// Bytes (aligned to [`ALIGN`]).
     pub bytes: usize,
@@ -187,36 +247,35 @@ pub struct TensorLife {
     pub last: Eo,
 }
 
-/// Result of lifetime analysis: storages and the tensor → storage map.
+/// Result of lifetime analysis.
 #[derive(Clone, Debug)]
 pub struct Lifetimes {
-    /// One entry per storage.
+    /// One entry per storage (group × segment).
     pub lives: Vec<TensorLife>,
-    /// For each tensor, its storage (None: external or never used).
-    pub storage_of: Vec<Option<u32>>,
+    /// Group of each tensor (None: external or never used).
+    pub group_of: Vec<Option<u32>>,
+    /// Per group: its segments as (first execution order, storage), sorted.
+    pub segments: Vec<Vec<(Eo, u32)>>,
+    /// Per storage: the execution orders that touch it, ascending.
+    pub touches: Vec<Vec<Eo>>,
 }
 
 fn align_up(v: usize) -> usize {
     v.div_ceil(ALIGN) * ALIGN
 }
 
-/// Computes execution-order ranges per tensor and merges in-place and view tensors by NNTrainer's
-/// Algorithm 1: a read-only view always merges with its target; a modify view merges only when its first
-/// use is not before the target group's last use (the in-place write destroys nothing still needed).
-pub fn lifetimes(g: &Graph, s: &Schedule) -> Lifetimes {
-    lifetimes_with(g, s, true)
-}
-
-/// [`lifetimes`] with in-place sharing switchable off (`merge = false`: modify views get their own
-/// storage; read-only views still merge, they are zero-byte by definition), which tests use as the oracle
-/// for in-place correctness.
-pub fn lifetimes_with(g: &Graph, s: &Schedule, merge: bool) -> Lifetimes {
+/// Groups tensors that share storage by NNTrainer's Algorithm 1 on the single-micro-batch schedule: a
+/// read-only view always merges with its target; a modify view merges only when its first use is not
+/// before the target group's last use (the in-place write destroys nothing still needed). `merge_in_place
+/// = false` keeps modify views apart (a test oracle). Returns each tensor's root.
+pub fn share_groups(g: &Graph, merge_in_place: bool) -> Vec<u32> {
     let nt = g.tensors.len();
-    let end = s.program.len().saturating_sub(1) as Eo;
+    let base = Schedule::new(g);
+    let end = base.program.len().saturating_sub(1) as Eo;
     let mut first = vec![Eo::MAX; nt];
     let mut last = vec![0 as Eo; nt];
     let mut buf = Vec::new();
-    for (eo, ins) in s.program.iter().enumerate() {
+    for (eo, ins) in base.program.iter().enumerate() {
         touches(g, ins, &mut buf);
         for &t in &buf {
             let t = t as usize;
@@ -230,7 +289,6 @@ pub fn lifetimes_with(g: &Graph, s: &Schedule, merge: bool) -> Lifetimes {
             last[t] = end;
         }
     }
-    // Union-find over tensors; group range tracked at the root.
     let mut parent: Vec<u32> = (0..nt as u32).collect();
     fn root(p: &mut [u32], mut x: u32) -> u32 {
         while p[x as usize] != x {
@@ -245,7 +303,7 @@ pub fn lifetimes_with(g: &Graph, s: &Schedule, merge: bool) -> Lifetimes {
     order.sort_by_key(|&t| (first[t], t));
     for &t in &order {
         let (target, modify) = match g.tensors[t].share {
-            Share::ModifyView(j) if merge => (j, true),
+            Share::ModifyView(j) if merge_in_place => (j, true),
             Share::ReadView(j) => (j, false),
             _ => continue,
         };
@@ -266,44 +324,159 @@ pub fn lifetimes_with(g: &Graph, s: &Schedule, merge: bool) -> Lifetimes {
         gfirst[rt as usize] = gfirst[rt as usize].min(gfirst[rs as usize]);
         glast[rt as usize] = glast[rt as usize].max(glast[rs as usize]);
     }
-    let mut storage_of = vec![None; nt];
-    let mut lives: Vec<TensorLife> = Vec::new();
-    let mut root_storage: alloc::collections::BTreeMap<u32, u32> =
-        alloc::collections::BTreeMap::new();
-    for &t in &order {
-        if g.tensors[t].kind == TensorKind::External || g.tensors[t].bytes == 0 {
-            continue;
-        }
-        let r = root(&mut parent, t as u32);
-        let sid = *root_storage.entry(r).or_insert_with(|| {
-            let info = &g.tensors[r as usize];
-            lives.push(TensorLife {
-                name: info.name.clone(),
-                kind: info.kind,
-                bytes: 0,
-                first: gfirst[r as usize],
-                last: glast[r as usize],
-            });
-            (lives.len() - 1) as u32
-        });
-        let l = &mut lives[sid as usize];
-        l.bytes = l.bytes.max(align_up(g.tensors[t].bytes));
-        storage_of[t] = Some(sid);
-    }
-    Lifetimes { lives, storage_of }
+    (0..nt as u32).map(|t| root(&mut parent, t)).collect()
 }
 
-/// A complete, runnable plan for one batch size.
+/// Lifetime segments of every storage group over `program`: a group's value starts at a fresh write
+/// ([`fresh_write`]) and lives until its last touch before the next fresh write. Persistent tensors have
+/// one segment spanning the step.
+pub fn lifetimes(g: &Graph, program: &[Instr], roots: &[u32]) -> Lifetimes {
+    let nt = g.tensors.len();
+    let end = program.len().saturating_sub(1) as Eo;
+    // Dense group ids for used, in-arena tensors.
+    let mut gid_of_root: Vec<Option<u32>> = vec![None; nt];
+    let mut group_of: Vec<Option<u32>> = vec![None; nt];
+    let mut groups: Vec<u32> = Vec::new(); // root tensor per group
+    let mut used = vec![false; nt];
+    let mut buf = Vec::new();
+    for ins in program {
+        touches(g, ins, &mut buf);
+        for &t in &buf {
+            used[t as usize] = true;
+        }
+    }
+    for t in 0..nt {
+        let info = &g.tensors[t];
+        if !used[t] || info.kind == TensorKind::External || info.bytes == 0 {
+            continue;
+        }
+        let r = roots[t] as usize;
+        let gid = *gid_of_root[r].get_or_insert_with(|| {
+            groups.push(r as u32);
+            (groups.len() - 1) as u32
+        });
+        group_of[t] = Some(gid);
+    }
+    let ng = groups.len();
+    let mut gbytes = vec![0usize; ng];
+    for t in 0..nt {
+        if let Some(gid) = group_of[t] {
+            gbytes[gid as usize] = gbytes[gid as usize].max(align_up(g.tensors[t].bytes));
+        }
+    }
+    let mut lives: Vec<TensorLife> = Vec::new();
+    let mut seg_touches: Vec<Vec<Eo>> = Vec::new();
+    let mut segments: Vec<Vec<(Eo, u32)>> = vec![Vec::new(); ng];
+    let mut current: Vec<Option<u32>> = vec![None; ng];
+    let new_seg =
+        |lives: &mut Vec<TensorLife>, seg_touches: &mut Vec<Vec<Eo>>, gid: usize, eo: Eo| -> u32 {
+            let r = groups[gid] as usize;
+            lives.push(TensorLife {
+                name: g.tensors[r].name.clone(),
+                kind: g.tensors[r].kind,
+                bytes: gbytes[gid],
+                first: eo,
+                last: eo,
+            });
+            seg_touches.push(Vec::new());
+            (lives.len() - 1) as u32
+        };
+    for (eo, ins) in program.iter().enumerate() {
+        let eo = eo as Eo;
+        touches(g, ins, &mut buf);
+        buf.sort_unstable();
+        buf.dedup();
+        // A group touched by several tensors of one instruction starts at most one segment.
+        let mut seen_groups: Vec<u32> = Vec::new();
+        for &t in &buf {
+            let Some(gid) = group_of[t as usize] else {
+                continue;
+            };
+            let fresh = fresh_write(g, ins, t, roots[t as usize] == t);
+            if seen_groups.contains(&gid) {
+                if !fresh {
+                    continue;
+                }
+                // a second fresh writer in the same instruction joins the segment already started
+                continue;
+            }
+            seen_groups.push(gid);
+            let gi = gid as usize;
+            let sid = match current[gi] {
+                Some(s) if !fresh => s,
+                Some(s) if lives[s as usize].last == eo => s,
+                _ => {
+                    let s = new_seg(&mut lives, &mut seg_touches, gi, eo);
+                    segments[gi].push((eo, s));
+                    current[gi] = Some(s);
+                    s
+                }
+            };
+            lives[sid as usize].last = eo;
+            seg_touches[sid as usize].push(eo);
+        }
+    }
+    // Persistent groups: valid for the whole step (and across steps).
+    for gi in 0..ng {
+        let r = groups[gi] as usize;
+        if g.tensors[r].kind.persistent() {
+            if segments[gi].is_empty() {
+                let s = new_seg(&mut lives, &mut seg_touches, gi, 0);
+                segments[gi].push((0, s));
+            }
+            for &(_, s) in &segments[gi] {
+                lives[s as usize].first = 0;
+                lives[s as usize].last = end;
+            }
+            segments[gi].truncate(1);
+            segments[gi][0].0 = 0;
+        }
+    }
+    Lifetimes {
+        lives,
+        group_of,
+        segments,
+        touches: seg_touches,
+    }
+}
+
+/// Options that shape a plan besides the graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanShape {
+    /// Micro-batches per step (1 = whole batch at once).
+    pub micro_batches: u16,
+    /// Merge in-place tensors (false only for tests).
+    pub in_place: bool,
+}
+
+impl Default for PlanShape {
+    fn default() -> Self {
+        Self {
+            micro_batches: 1,
+            in_place: true,
+        }
+    }
+}
+
+/// A complete, runnable plan.
 #[derive(Clone, Debug)]
 pub struct Plan {
-    /// The realised model.
+    /// The realised model (at the micro-batch size).
     pub graph: Graph,
+    /// Micro-batches per step; the step's batch is `graph.batch × micro_batches`.
+    pub micro_batches: u16,
     /// The step's program.
     pub program: Vec<Instr>,
-    /// Storages with lifetimes.
+    /// Root tensor of each tensor's sharing group.
+    pub roots: Vec<u32>,
+    /// Storages (group × lifetime segment).
     pub lives: Vec<TensorLife>,
-    /// Tensor → storage.
-    pub storage_of: Vec<Option<u32>>,
+    /// Tensor → group.
+    pub group_of: Vec<Option<u32>>,
+    /// Group → segments (first execution order, storage).
+    pub segments: Vec<Vec<(Eo, u32)>>,
+    /// Storage → execution orders touching it.
+    pub touches: Vec<Vec<Eo>>,
     /// Storage offsets in the arena.
     pub offsets: Vec<usize>,
     /// Arena size in bytes (the layout's high-water mark).
@@ -320,10 +493,32 @@ impl Plan {
         Self::with_sharing(g, true)
     }
 
-    /// Like [`Plan::new`]; `sharing = false` disables in-place and view merging (a test oracle).
+    /// Like [`Plan::new`]; `sharing = false` disables in-place merging (a test oracle).
     pub fn with_sharing(g: Graph, sharing: bool) -> Plan {
-        let sched = Schedule::new(&g);
-        let lt = lifetimes_with(&g, &sched, sharing);
+        Self::shaped(
+            g,
+            PlanShape {
+                micro_batches: 1,
+                in_place: sharing,
+            },
+        )
+    }
+
+    /// A plan with `shape.micro_batches` micro-batches of `g.batch` samples.
+    pub fn shaped(g: Graph, shape: PlanShape) -> Plan {
+        let roots = share_groups(&g, shape.in_place);
+        let program = Schedule::micro_batched(&g, shape.micro_batches).program;
+        Self::from_program(g, shape.micro_batches, program, roots)
+    }
+
+    /// Lays out an explicit program (policies build programs with recomputation).
+    pub fn from_program(
+        g: Graph,
+        micro_batches: u16,
+        program: Vec<Instr>,
+        roots: Vec<u32>,
+    ) -> Plan {
+        let lt = lifetimes(&g, &program, &roots);
         let lb = lower_bound(&lt.lives);
         let mut best: Option<(Layout, &'static str)> = None;
         for s in strategies() {
@@ -344,14 +539,23 @@ impl Plan {
         ));
         Plan {
             graph: g,
-            program: sched.program,
+            micro_batches: micro_batches.max(1),
+            program,
+            roots,
             lives: lt.lives,
-            storage_of: lt.storage_of,
+            group_of: lt.group_of,
+            segments: lt.segments,
+            touches: lt.touches,
             offsets: layout.offsets,
             arena_bytes: layout.arena_bytes,
             lower_bound: lb,
             strategy,
         }
+    }
+
+    /// Samples per step (micro-batch size × micro-batches).
+    pub fn batch(&self) -> usize {
+        self.graph.batch * self.micro_batches as usize
     }
 
     /// Bytes a caller must provide for an arena of arbitrary alignment: `arena_bytes + ALIGN - 1`.
@@ -371,22 +575,59 @@ impl Plan {
         }
     }
 
-    /// Arena byte range of tensor `t` (None if external).
-    pub fn region(&self, t: TensorId) -> Option<(usize, usize)> {
-        let s = self.storage_of.get(t as usize).copied().flatten()? as usize;
+    /// Storage holding tensor `t` at execution order `eo` (the segment that started last at or before it).
+    pub fn storage_at(&self, t: TensorId, eo: Eo) -> Option<u32> {
+        let gid = self.group_of.get(t as usize).copied().flatten()? as usize;
+        let segs = &self.segments[gid];
+        let i = segs.partition_point(|&(start, _)| start <= eo);
+        Some(segs[i.checked_sub(1).unwrap_or(0)].1)
+    }
+
+    /// Arena byte range of tensor `t` at execution order `eo` (None if external).
+    pub fn region_at(&self, t: TensorId, eo: Eo) -> Option<(usize, usize)> {
+        let s = self.storage_at(t, eo)? as usize;
         Some((self.offsets[s], self.graph.tensors[t as usize].bytes))
     }
 
-    /// Every tensor with its storage: (tensor id, storage id).
+    /// Arena byte range of a tensor with a single segment (persistent tensors; the first segment otherwise).
+    pub fn region(&self, t: TensorId) -> Option<(usize, usize)> {
+        self.region_at(t, 0)
+    }
+
+    /// Every placed tensor with its first storage: (tensor id, storage id).
     pub fn placed(&self) -> impl Iterator<Item = (TensorId, u32)> + '_ {
-        self.storage_of
+        self.group_of
             .iter()
             .enumerate()
-            .filter_map(|(t, s)| s.map(|s| (t as TensorId, s)))
+            .filter_map(|(t, gid)| gid.map(|gid| (t as TensorId, self.segments[gid as usize][0].1)))
+    }
+
+    /// Storages of the group of tensor `t`, in time order.
+    pub fn storages_of(&self, t: TensorId) -> impl Iterator<Item = u32> + '_ {
+        self.group_of
+            .get(t as usize)
+            .copied()
+            .flatten()
+            .into_iter()
+            .flat_map(move |g| self.segments[g as usize].iter().map(|s| s.1))
     }
 
     /// Number of execution orders in one step.
     pub fn n_eo(&self) -> u32 {
         self.program.len() as u32
+    }
+
+    /// Bytes of the arena in use at each execution order: the highest end of any storage live there.
+    pub fn pool_profile(&self) -> Vec<usize> {
+        let mut p = vec![0usize; self.program.len()];
+        for (i, l) in self.lives.iter().enumerate() {
+            let top = self.offsets[i] + l.bytes;
+            for v in &mut p
+                [l.first as usize..=(l.last as usize).min(self.program.len().saturating_sub(1))]
+            {
+                *v = (*v).max(top);
+            }
+        }
+        p
     }
 }

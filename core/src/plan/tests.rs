@@ -243,14 +243,11 @@ fn relu_after_conv_shares_its_input_and_derivative() {
     let p = Plan::new(g);
     let conv = &p.graph.nodes[0];
     let relu = &p.graph.nodes[1];
-    assert_eq!(
-        p.storage_of[conv.out as usize],
-        p.storage_of[relu.out as usize]
-    );
+    assert_eq!(p.group_of[conv.out as usize], p.group_of[relu.out as usize]);
     let d_relu_in = relu.d_in[0].unwrap().0;
     assert_eq!(
-        p.storage_of[d_relu_in as usize],
-        p.storage_of[relu.d_out.unwrap() as usize]
+        p.group_of[d_relu_in as usize],
+        p.group_of[relu.d_out.unwrap() as usize]
     );
 }
 
@@ -285,7 +282,7 @@ fn in_place_is_refused_when_the_input_is_still_needed() {
     });
     let p = Plan::new(Graph::new(&spec, 2).unwrap());
     let (c, r) = (&p.graph.nodes[0], &p.graph.nodes[1]);
-    assert_ne!(p.storage_of[c.out as usize], p.storage_of[r.out as usize]);
+    assert_ne!(p.group_of[c.out as usize], p.group_of[r.out as usize]);
     check_layout(&p);
 }
 
