@@ -39,5 +39,7 @@ pub mod model;
 pub mod optim;
 #[cfg(feature = "alloc")]
 pub mod plan;
+#[cfg(feature = "alloc")]
+pub mod policy;
 
 pub use budget::{Budget, BudgetError};

@@ -103,6 +103,13 @@ pub fn view<'a>(plan: &Plan, arena: &'a [u8], t: TensorId, eo: usize) -> Option<
     f32s_ro(arena.get(off..off + len)?).ok()
 }
 
+/// Randomness of one instruction: the step's seed and the batch index of its first sample.
+#[derive(Clone, Copy)]
+struct RunSeed {
+    seed: u64,
+    start: usize,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Train,
@@ -390,7 +397,20 @@ impl<'p, B: Backend> Executor<'p, B> {
                 loss += l as f64 * n_mb as f64;
                 stats.correct += correct;
             } else {
-                run_instr(plan, eo, a, ins, n_mb, xs, Mode::Train, step_seed, ctx)?;
+                run_instr(
+                    plan,
+                    eo,
+                    a,
+                    ins,
+                    n_mb,
+                    xs,
+                    Mode::Train,
+                    RunSeed {
+                        seed: step_seed,
+                        start,
+                    },
+                    ctx,
+                )?;
             }
             obs.after(eo as usize, ins, a);
         }
@@ -444,7 +464,17 @@ impl<'p, B: Backend> Executor<'p, B> {
         };
         for (eo, ins) in plan.program.iter().enumerate() {
             match (ins.phase, ins.mb) {
-                (Phase::Forward, 0) => run_instr(plan, eo as Eo, a, ins, n, x, Mode::Eval, 0, ctx)?,
+                (Phase::Forward, 0) => run_instr(
+                    plan,
+                    eo as Eo,
+                    a,
+                    ins,
+                    n,
+                    x,
+                    Mode::Eval,
+                    RunSeed { seed: 0, start: 0 },
+                    ctx,
+                )?,
                 (Phase::Loss, 0) => return Ok(eo as Eo),
                 _ => {}
             }
@@ -567,7 +597,7 @@ fn run_instr(
     n: usize,
     xext: &[f32],
     mode: Mode,
-    step_seed: u64,
+    rs: RunSeed,
     ctx: StepCtx,
 ) -> Result<(), ExecError> {
     if ins.node == LOSS_NODE {
@@ -579,11 +609,11 @@ fn run_instr(
         .get(ins.node as usize)
         .ok_or(ExecError::BadPlan("node index out of range"))?;
     match ins.phase {
-        Phase::Forward => forward(plan, eo, a, node, n, xext, mode, step_seed),
-        Phase::Recompute => forward(plan, eo, a, node, n, xext, Mode::Recompute, step_seed),
+        Phase::Forward => forward(plan, eo, a, node, n, xext, mode, rs),
+        Phase::Recompute => forward(plan, eo, a, node, n, xext, Mode::Recompute, rs),
         // Micro-batches after the first add to the gradient of the first.
         Phase::GradW => grad_w(plan, eo, a, node, n, xext, ins.mb > 0),
-        Phase::GradX => grad_x(plan, eo, a, node, n, step_seed),
+        Phase::GradX => grad_x(plan, eo, a, node, n, rs),
         Phase::Apply => apply(plan, eo, a, node, ctx),
         Phase::Loss => Err(ExecError::BadPlan("loss instruction in the wrong place")),
     }
@@ -615,7 +645,7 @@ fn forward(
     n: usize,
     xext: &[f32],
     mode: Mode,
-    step_seed: u64,
+    rs: RunSeed,
 ) -> Result<(), ExecError> {
     let xin = node.inputs[0];
     let in_elems = n * node.in_dims[0].numel();
@@ -720,11 +750,16 @@ fn forward(
             }
         }
         NodeOp::Dropout { p } => {
-            let seed = hash2(step_seed, node.layer as u64);
+            let seed = hash2(rs.seed, node.layer as u64);
             let p = if mode == Mode::Eval { 0.0 } else { *p };
+            let per = node.out_dims.numel();
             if same(plan, eo, xin, node.out) {
                 let [yb] = carve(a, [reg(plan, eo, Some(node.out), out_elems)])?;
-                ops::dropout_fwd_inplace(p, seed, f32s(yb)?);
+                // One mask per sample, keyed by its index in the whole batch: micro-batching draws the
+                // same masks as the whole batch.
+                for (s, y) in f32s(yb)?.chunks_exact_mut(per).enumerate() {
+                    ops::dropout_fwd_inplace(p, hash2(seed, (rs.start + s) as u64), y);
+                }
             } else {
                 let [xb, yb] = carve(
                     a,
@@ -734,7 +769,13 @@ fn forward(
                     ],
                 )?;
                 let x = input(plan, xin, xb, xext, in_elems)?;
-                ops::dropout_fwd(p, seed, x, f32s(yb)?);
+                for (s, (x, y)) in x
+                    .chunks_exact(per)
+                    .zip(f32s(yb)?.chunks_exact_mut(per))
+                    .enumerate()
+                {
+                    ops::dropout_fwd(p, hash2(seed, (rs.start + s) as u64), x, y);
+                }
             }
         }
         NodeOp::View => {
@@ -946,7 +987,7 @@ fn grad_x(
     a: &mut [u8],
     node: &Node,
     n: usize,
-    step_seed: u64,
+    rs: RunSeed,
 ) -> Result<(), ExecError> {
     let in_elems = n * node.in_dims[0].numel();
     let out_elems = n * node.out_dims.numel();
@@ -1049,10 +1090,13 @@ fn grad_x(
         }
         NodeOp::Dropout { p } => {
             let dx = dx.ok_or(ExecError::BadPlan("dropout derivative without a target"))?;
-            let seed = hash2(step_seed, node.layer as u64);
+            let seed = hash2(rs.seed, node.layer as u64);
+            let per = node.out_dims.numel();
             if same(plan, eo, dy, dx) {
                 let [db] = carve(a, [reg(plan, eo, Some(dx), in_elems)])?;
-                ops::dropout_grad_inplace(*p, seed, f32s(db)?);
+                for (s, d) in f32s(db)?.chunks_exact_mut(per).enumerate() {
+                    ops::dropout_grad_inplace(*p, hash2(seed, (rs.start + s) as u64), d);
+                }
             } else {
                 let [dyb, dxb] = carve(
                     a,
@@ -1061,7 +1105,13 @@ fn grad_x(
                         reg(plan, eo, Some(dx), in_elems),
                     ],
                 )?;
-                ops::dropout_grad(*p, seed, f32s(dyb)?, f32s(dxb)?, acc);
+                for (s, (dy, dx)) in f32s(dyb)?
+                    .chunks_exact(per)
+                    .zip(f32s(dxb)?.chunks_exact_mut(per))
+                    .enumerate()
+                {
+                    ops::dropout_grad(*p, hash2(seed, (rs.start + s) as u64), dy, dx, acc);
+                }
             }
         }
         NodeOp::View => {

@@ -8,6 +8,11 @@ use core::fmt;
 
 use crate::model::{Dims, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpec, Src};
 
+pub mod plan;
+pub use plan::{
+    decode_plan, decode_plan_table, encode_plan, encode_plan_table, PlanEntry, PlanTable,
+};
+
 /// Magic of an encoded `ModelSpec`.
 pub const MODEL_MAGIC: [u8; 4] = *b"FRGM";
 /// Current `ModelSpec` encoding version.

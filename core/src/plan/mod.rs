@@ -3,7 +3,7 @@
 //! [`Plan`]: a flat program of [`Instr`]s plus an offset for every tensor — what the executor runs.
 mod layout;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use alloc::string::String;
 use alloc::vec;

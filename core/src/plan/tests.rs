@@ -11,7 +11,12 @@ use crate::model::{Dims, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpe
 
 /// Builds a random but valid model from a list of choices: conv/bn/act/pool/residual blocks on a small
 /// image, then flatten and a linear head.
-fn random_model(choices: &[(u8, u8, bool)], c0: u32, hw: u32, optimizer: u8) -> ModelSpec {
+pub(crate) fn random_model(
+    choices: &[(u8, u8, bool)],
+    c0: u32,
+    hw: u32,
+    optimizer: u8,
+) -> ModelSpec {
     let mut layers: Vec<LayerSpec> = Vec::new();
     let mut shape = Dims::new(c0, hw, hw);
     let mut same_shape: Vec<(usize, Dims)> = Vec::new();
@@ -177,12 +182,16 @@ fn check_layout(p: &Plan) {
     }
 }
 
-fn run_steps(p: &Plan, steps: usize) -> Vec<f32> {
+pub(crate) fn run_steps(p: &Plan, steps: usize) -> Vec<f32> {
+    run_steps_n(p, steps, p.batch())
+}
+
+/// Trains `steps` steps on `n` fixed samples and returns the losses followed by every persistent tensor.
+pub(crate) fn run_steps_n(p: &Plan, steps: usize, n: usize) -> Vec<f32> {
     let mut arena = vec![0xA5u8; p.needed_bytes()];
     let mut ex = Executor::new(p, &arena).unwrap();
     ex.init_params(&mut arena, 9).unwrap();
     let per = p.graph.input_dims.numel();
-    let n = p.graph.batch;
     let mut rng = crate::rng::Rng::new(3);
     let x: Vec<f32> = (0..n * per).map(|_| rng.uniform(-1.0, 1.0)).collect();
     let y: Vec<u32> = (0..n).map(|i| (i % 3) as u32).collect();

@@ -2,6 +2,8 @@
 //! - [`arena_svg`]: where each tensor lives in the arena over the execution order (x = execution
 //!   order, y = byte address, 0 at the bottom), like Fig. 6 of the Melon paper;
 //! - [`curves_svg`]: training loss and accuracy per epoch.
+//! - [`timeline_svg`]: arena bytes in use per instruction against the budget in force, with
+//!   recomputations, swaps and budget changes marked; one panel per plan.
 //!
 //! Write them with [`write_atomic`](crate::fsutil::write_atomic).
 use std::fmt::Write as _;
@@ -487,6 +489,527 @@ fn panel(s: &mut String, p: &Panel<'_>, xs: &[f64], series: &[(&str, &str, &[f64
     s.push_str("</g>\n");
 }
 
+/// What an instruction of the timeline did besides running, for [`timeline_svg`]'s markers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mark {
+    /// An ordinary instruction (no marker).
+    Normal,
+    /// Recomputes an activation that was dropped to save memory.
+    Recompute,
+    /// Moves a tensor out of the arena.
+    SwapOut,
+    /// Brings a swapped-out tensor back.
+    SwapIn,
+    /// The memory budget changed at this instruction.
+    BudgetChange,
+}
+
+impl Mark {
+    /// The marked kinds, in legend order.
+    const MARKED: [Mark; 4] = [
+        Mark::Recompute,
+        Mark::SwapOut,
+        Mark::SwapIn,
+        Mark::BudgetChange,
+    ];
+
+    /// `(class, legend label, colour)`; `None` for [`Mark::Normal`].
+    fn style(self) -> Option<(&'static str, &'static str, &'static str)> {
+        match self {
+            Mark::Normal => None,
+            Mark::Recompute => Some(("mark-recompute", "recompute", "#f28e2b")),
+            Mark::SwapOut => Some(("mark-swapout", "swap out", "#b07aa1")),
+            Mark::SwapIn => Some(("mark-swapin", "swap in", "#59a14f")),
+            Mark::BudgetChange => Some(("mark-budget", "budget change", "#17becf")),
+        }
+    }
+}
+
+/// One execution order of a step for [`timeline_svg`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TimelinePoint {
+    /// Execution order of the instruction.
+    pub eo: u32,
+    /// Arena bytes in use after this instruction.
+    pub bytes: usize,
+    /// What the instruction is, e.g. `F(conv1)` (shown in the tooltip).
+    pub label: String,
+    /// Marker drawn for it.
+    pub mark: Mark,
+}
+
+/// One plan's timeline: a panel of [`timeline_svg`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TimelinePanel {
+    /// Panel heading (e.g. the plan and its budget).
+    pub title: String,
+    /// The instructions, in any order (they are sorted by execution order).
+    pub points: Vec<TimelinePoint>,
+    /// The budget in force, piecewise: `(from_eo, budget_bytes)`, each in force until the next one's
+    /// `from_eo`. Empty: no budget line.
+    pub budgets: Vec<(u32, usize)>,
+}
+
+const IN_USE_COLOUR: &str = "#4e79a7";
+const BUDGET_COLOUR: &str = "#c00";
+
+/// A marker symbol (circle, triangles, diamond) centred on `(cx, cy)` with radius `r`; `attrs` go
+/// into the element and `title`, when given, becomes its tooltip.
+fn mark_symbol(
+    s: &mut String,
+    mark: Mark,
+    (cx, cy, r): (f64, f64, f64),
+    attrs: &str,
+    title: Option<&str>,
+) {
+    let Some((_, _, c)) = mark.style() else {
+        return;
+    };
+    let paint = format!("fill=\"{c}\" stroke=\"white\" stroke-width=\"0.8\"");
+    let (open, name) = match mark {
+        Mark::Recompute => (
+            format!("<circle {attrs} cx=\"{cx:.2}\" cy=\"{cy:.2}\" r=\"{:.2}\" {paint}", r * 0.9),
+            "circle",
+        ),
+        Mark::SwapOut | Mark::SwapIn => {
+            // Out points down (leaving the arena), in points up.
+            let k = if mark == Mark::SwapOut { 1.0 } else { -1.0 };
+            (
+                format!(
+                    "<path {attrs} d=\"M{:.2} {:.2}L{:.2} {:.2}L{cx:.2} {:.2}Z\" {paint}",
+                    cx - r,
+                    cy - k * r * 0.8,
+                    cx + r,
+                    cy - k * r * 0.8,
+                    cy + k * r
+                ),
+                "path",
+            )
+        }
+        _ => (
+            format!(
+                "<path {attrs} d=\"M{cx:.2} {:.2}L{:.2} {cy:.2}L{cx:.2} {:.2}L{:.2} {cy:.2}Z\" {paint}",
+                cy - r * 1.1,
+                cx + r,
+                cy + r * 1.1,
+                cx - r
+            ),
+            "path",
+        ),
+    };
+    s.push_str(&open);
+    match title {
+        Some(t) => {
+            let _ = write!(s, "><title>{}</title></{name}>", esc(t));
+        }
+        None => s.push_str("/>"),
+    }
+}
+
+/// A power-of-two tick step in bytes giving at most `target` ticks up to `top`, so that
+/// [`human_bytes`] labels stay short (`256 KiB`, `1.5 MiB`).
+fn byte_step(top: f64, target: f64) -> f64 {
+    let mut step = 1.0;
+    while top / step > target {
+        step *= 2.0;
+    }
+    step
+}
+
+/// The memory timeline of one or more plans, as small multiples stacked vertically (each panel with
+/// its own scales, same style): bytes in use after each instruction as a filled step line; the budget
+/// in force as a dashed red line (`class="budget"`, one per panel with budgets; a budget change
+/// mid-step shows as a step), with the bytes over it shaded (`class="over"`); recomputations, swaps
+/// out and in and budget changes as coloured markers (`class="mark-recompute"`, `mark-swapout`,
+/// `mark-swapin`, `mark-budget`, one element per marked instruction) over tinted bands, with a legend;
+/// and a tooltip per instruction giving its EO, label, bytes and budget. An empty slice or panel gives
+/// a valid picture.
+pub fn timeline_svg(panels: &[TimelinePanel]) -> String {
+    const W: f64 = 1000.0;
+    const LEFT: f64 = 82.0;
+    const RIGHT: f64 = 24.0;
+    const TOP: f64 = 44.0;
+    const HEAD: f64 = 28.0; // panel title above the frame
+    const FOOT: f64 = 40.0; // x tick labels and the gap to the next panel
+    let pw = W - LEFT - RIGHT;
+    let ph = if panels.len() <= 1 { 320.0 } else { 170.0 };
+    let h = TOP + panels.len().max(1) as f64 * (HEAD + ph + FOOT) + 10.0;
+
+    let mut s =
+        String::with_capacity(2048 + panels.iter().map(|p| p.points.len() * 300).sum::<usize>());
+    svg_open(&mut s, W as u32, h as u32, "memory timeline");
+    s.push_str("<style>.hit{fill:#000;fill-opacity:0}.hit:hover{fill-opacity:0.08}</style>\n");
+
+    // Legend: what is present anywhere, in one row above the panels.
+    let any_budget = panels.iter().any(|p| !p.budgets.is_empty());
+    let any_over = panels.iter().any(|p| {
+        p.points
+            .iter()
+            .any(|q| budget_at(&p.budgets, q.eo).is_some_and(|b| q.bytes > b))
+    });
+    let mut lx = LEFT;
+    let ly = 22.0;
+    let item = |s: &mut String, lx: &mut f64, swatch: String, label: &str| {
+        s.push_str(&swatch);
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+            *lx + 24.0,
+            ly + 4.0,
+            esc(label)
+        );
+        *lx += 24.0 + label.chars().count() as f64 * 6.6 + 22.0;
+    };
+    let _ = writeln!(s, "<g class=\"legend\">");
+    let sw = format!(
+            "<rect x=\"{lx:.1}\" y=\"{:.1}\" width=\"18\" height=\"8\" fill=\"{IN_USE_COLOUR}\" fill-opacity=\"0.22\"/>\
+             <line x1=\"{lx:.1}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"{IN_USE_COLOUR}\" stroke-width=\"1.6\"/>",
+            ly - 3.0,
+            ly - 3.0,
+            lx + 18.0,
+            ly - 3.0
+        );
+    item(&mut s, &mut lx, sw, "in use");
+    if any_budget {
+        let sw = format!(
+            "<line x1=\"{lx:.1}\" y1=\"{ly:.1}\" x2=\"{:.1}\" y2=\"{ly:.1}\" stroke=\"{BUDGET_COLOUR}\" stroke-width=\"1.6\" stroke-dasharray=\"6 4\"/>",
+            lx + 18.0
+        );
+        item(&mut s, &mut lx, sw, "budget");
+    }
+    if any_over {
+        let sw = format!(
+            "<rect x=\"{lx:.1}\" y=\"{:.1}\" width=\"18\" height=\"10\" fill=\"{BUDGET_COLOUR}\" fill-opacity=\"0.45\"/>",
+            ly - 5.0
+        );
+        item(&mut s, &mut lx, sw, "over budget");
+    }
+    for m in Mark::MARKED {
+        if panels.iter().any(|p| p.points.iter().any(|q| q.mark == m)) {
+            let (_, label, c) = m.style().unwrap_or_default();
+            let mut sw = format!(
+                "<rect x=\"{lx:.1}\" y=\"{:.1}\" width=\"18\" height=\"16\" fill=\"{c}\" fill-opacity=\"0.15\"/>",
+                ly - 8.0
+            );
+            mark_symbol(&mut sw, m, (lx + 9.0, ly, 4.5), "", None);
+            item(&mut s, &mut lx, sw, label);
+        }
+    }
+    let _ = writeln!(s, "</g>");
+
+    if panels.is_empty() {
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#888\">no data</text>",
+            LEFT + pw / 2.0,
+            TOP + HEAD + ph / 2.0
+        );
+    }
+    for (i, p) in panels.iter().enumerate() {
+        let py = TOP + i as f64 * (HEAD + ph + FOOT) + HEAD;
+        timeline_panel(&mut s, p, (LEFT, py, pw, ph), i + 1 == panels.len());
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// The budget in force at `eo`: the last entry whose `from_eo` is at or before it.
+fn budget_at(budgets: &[(u32, usize)], eo: u32) -> Option<usize> {
+    budgets
+        .iter()
+        .filter(|(from, _)| *from <= eo)
+        .max_by_key(|(from, _)| *from)
+        .map(|&(_, b)| b)
+}
+
+/// One panel of [`timeline_svg`] in the plot area `(px, py, pw, ph)`.
+fn timeline_panel(
+    s: &mut String,
+    p: &TimelinePanel,
+    (px, py, pw, ph): (f64, f64, f64, f64),
+    last: bool,
+) {
+    let mut pts: Vec<&TimelinePoint> = p.points.iter().collect();
+    pts.sort_by_key(|q| q.eo);
+    let mut budgets = p.budgets.clone();
+    budgets.sort_by_key(|&(from, _)| from);
+
+    let (xmin, xmax) = match (pts.first(), pts.last()) {
+        (Some(a), Some(b)) => (a.eo as f64, b.eo as f64 + 1.0),
+        _ => (0.0, 1.0),
+    };
+    let top = pts
+        .iter()
+        .map(|q| q.bytes)
+        .chain(budgets.iter().map(|&(_, b)| b))
+        .max()
+        .unwrap_or(0)
+        .max(1) as f64
+        * 1.12;
+    let x = |eo: f64| px + (eo - xmin) / (xmax - xmin) * pw;
+    let y = |b: f64| py + ph - b.min(top) / top * ph;
+    // Where each instruction's column ends: at the next instruction (the bytes hold until then).
+    let end = |i: usize| pts.get(i + 1).map_or(xmax, |q| q.eo as f64);
+    let colw = pw / (xmax - xmin);
+
+    // Heading: title on the left, peak and counts on the right.
+    let mut stats = String::new();
+    if let Some(peak) = pts
+        .iter()
+        .max_by_key(|q| (q.bytes, std::cmp::Reverse(q.eo)))
+    {
+        let _ = write!(stats, "peak {} at EO {}", human_bytes(peak.bytes), peak.eo);
+    }
+    let mut counts = String::new();
+    for m in Mark::MARKED {
+        let n = pts.iter().filter(|q| q.mark == m).count();
+        if n > 0 {
+            let (_, label, _) = m.style().unwrap_or_default();
+            let _ = write!(counts, " · {label} ×{n}");
+        }
+    }
+    // The counts only where they fit beside the title (they are in the tooltips anyway).
+    let width = |t: &str, per_char: f64| t.chars().count() as f64 * per_char;
+    if width(&p.title, 8.5) + width(&stats, 6.6) + width(&counts, 6.6) + 150.0 <= pw {
+        stats.push_str(&counts);
+    }
+    let over: Vec<(usize, usize)> = pts
+        .iter()
+        .enumerate()
+        .filter_map(|(i, q)| {
+            budget_at(&budgets, q.eo)
+                .filter(|&b| q.bytes > b)
+                .map(|b| (i, b))
+        })
+        .collect();
+    let _ = writeln!(
+        s,
+        "<g class=\"panel\"><text x=\"{px:.1}\" y=\"{:.1}\" font-size=\"14\" font-weight=\"bold\">{}</text>\
+         <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#555\">{}{}</text>\n\
+         <rect x=\"{px:.1}\" y=\"{py:.1}\" width=\"{pw:.1}\" height=\"{ph:.1}\" fill=\"#fafafa\" stroke=\"#444\"/>",
+        py - 9.0,
+        esc(&p.title),
+        px + pw,
+        py - 9.0,
+        esc(&stats),
+        if over.is_empty() {
+            String::new()
+        } else {
+            format!(" · <tspan fill=\"{BUDGET_COLOUR}\">over budget ×{}</tspan>", over.len())
+        }
+    );
+
+    // Y ticks (bytes) and grid.
+    let ystep = byte_step(top, 5.0);
+    let mut v = 0.0;
+    while v <= top {
+        let yy = y(v);
+        let _ = writeln!(
+            s,
+            "<line x1=\"{px:.1}\" y1=\"{yy:.1}\" x2=\"{:.1}\" y2=\"{yy:.1}\" stroke=\"#e4e4e4\"/>\
+             <line x1=\"{:.1}\" y1=\"{yy:.1}\" x2=\"{px:.1}\" y2=\"{yy:.1}\" stroke=\"#444\"/>\
+             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
+            px + pw,
+            px - 5.0,
+            px - 8.0,
+            yy + 4.0,
+            human_bytes(v as usize)
+        );
+        v += ystep;
+    }
+    // X ticks: execution orders.
+    let xstep = nice_step(xmax - xmin, 12.0).max(1.0);
+    let mut e = (xmin / xstep).ceil() * xstep;
+    while e <= xmax + 1e-9 {
+        let xx = x(e);
+        let _ = writeln!(
+            s,
+            "<line x1=\"{xx:.1}\" y1=\"{:.1}\" x2=\"{xx:.1}\" y2=\"{:.1}\" stroke=\"#444\"/>\
+             <text x=\"{xx:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+            py + ph,
+            py + ph + 5.0,
+            py + ph + 18.0,
+            num(e)
+        );
+        e += xstep;
+    }
+    if last {
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">execution order</text>",
+            px + pw / 2.0,
+            py + ph + 36.0
+        );
+    }
+    if pts.is_empty() {
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#888\">no data</text>",
+            px + pw / 2.0,
+            py + ph / 2.0
+        );
+    }
+
+    // Tinted bands behind runs of the same mark.
+    let mut i = 0;
+    while i < pts.len() {
+        let m = pts[i].mark;
+        let mut j = i + 1;
+        while j < pts.len() && pts[j].mark == m && pts[j].eo <= pts[j - 1].eo + 1 {
+            j += 1;
+        }
+        if let Some((_, _, c)) = m.style() {
+            let (x0, x1) = (x(pts[i].eo as f64), x(end(j - 1)));
+            let _ = writeln!(
+                s,
+                "<rect class=\"band\" x=\"{x0:.2}\" y=\"{py:.1}\" width=\"{:.2}\" height=\"{ph:.1}\" fill=\"{c}\" fill-opacity=\"0.13\"/>",
+                (x1 - x0).max(0.5)
+            );
+        }
+        i = j;
+    }
+
+    // Bytes in use: a filled step line.
+    if !pts.is_empty() {
+        let mut d = String::new();
+        for (i, q) in pts.iter().enumerate() {
+            let yy = y(q.bytes as f64);
+            if i == 0 {
+                let _ = write!(d, "M{:.2} {yy:.2}", x(q.eo as f64));
+            } else {
+                let _ = write!(d, "V{yy:.2}");
+            }
+            let _ = write!(d, "H{:.2}", x(end(i)));
+        }
+        let _ = writeln!(
+            s,
+            "<path class=\"in-use-area\" d=\"{d}V{:.2}H{:.2}Z\" fill=\"{IN_USE_COLOUR}\" fill-opacity=\"0.22\"/>\n\
+             <path class=\"in-use\" d=\"{d}\" fill=\"none\" stroke=\"{IN_USE_COLOUR}\" stroke-width=\"1.6\" stroke-linejoin=\"round\"/>",
+            py + ph,
+            x(pts[0].eo as f64)
+        );
+    }
+    // Bytes over the budget in force: one path (adjacent columns then render without seams).
+    if !over.is_empty() {
+        let mut d = String::new();
+        for &(i, b) in &over {
+            let (x0, x1) = (x(pts[i].eo as f64), x(end(i)));
+            let (y0, y1) = (y(pts[i].bytes as f64), y(b as f64));
+            let _ = write!(
+                d,
+                "M{x0:.2} {y0:.2}H{:.2}V{:.2}H{x0:.2}Z",
+                x1.max(x0 + 0.5),
+                y1.max(y0 + 0.5)
+            );
+        }
+        let worst = over
+            .iter()
+            .map(|&(i, b)| pts[i].bytes - b)
+            .max()
+            .unwrap_or(0);
+        let _ = writeln!(
+            s,
+            "<path class=\"over\" d=\"{d}\" fill=\"{BUDGET_COLOUR}\" fill-opacity=\"0.45\"><title>over budget at {} instructions, by up to {}</title></path>",
+            over.len(),
+            human_bytes(worst)
+        );
+    }
+    // The budget line, piecewise.
+    let segs: Vec<(f64, f64, usize)> = budgets
+        .iter()
+        .enumerate()
+        .map(|(k, &(from, b))| {
+            let to = budgets
+                .get(k + 1)
+                .map_or(xmax, |&(f, _)| (f as f64).min(xmax));
+            ((from as f64).max(xmin), to, b)
+        })
+        .filter(|&(a, b, _)| b > a)
+        .collect();
+    if !segs.is_empty() {
+        let mut d = String::new();
+        for (k, &(a, b, bytes)) in segs.iter().enumerate() {
+            let yy = y(bytes as f64);
+            if k == 0 || segs[k - 1].1 < a {
+                let _ = write!(d, "M{:.2} {yy:.2}", x(a));
+            } else {
+                let _ = write!(d, "V{yy:.2}");
+            }
+            let _ = write!(d, "H{:.2}", x(b));
+        }
+        let tip: Vec<String> = budgets
+            .iter()
+            .map(|&(from, b)| format!("{} from EO {from}", human_bytes(b)))
+            .collect();
+        let _ = writeln!(
+            s,
+            "<path class=\"budget\" d=\"{d}\" fill=\"none\" stroke=\"{BUDGET_COLOUR}\" stroke-width=\"1.6\" stroke-dasharray=\"6 4\"><title>budget: {}</title></path>",
+            esc(&tip.join(", "))
+        );
+        for &(a, b, bytes) in &segs {
+            if x(b) - x(a) >= 90.0 {
+                // Above the line, or below it where the bytes in use would hide the label.
+                let (l0, l1) = (a, a + 90.0 / colw);
+                let crowded = pts.iter().enumerate().any(|(i, q)| {
+                    (q.eo as f64) < l1 && end(i) > l0 && y(q.bytes as f64) < y(bytes as f64) - 2.0
+                });
+                let _ = writeln!(
+                    s,
+                    "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"{BUDGET_COLOUR}\" font-size=\"11\" stroke=\"white\" stroke-width=\"3\" paint-order=\"stroke\">budget {}</text>",
+                    x(a) + 4.0,
+                    y(bytes as f64) + if crowded { 14.0 } else { -5.0 },
+                    esc(&human_bytes(bytes))
+                );
+            }
+        }
+    }
+    // Markers, one per marked instruction, on the line.
+    let r = (colw * 0.6).clamp(3.5, 5.0);
+    for (i, q) in pts.iter().enumerate() {
+        if let Some((class, label, _)) = q.mark.style() {
+            let cx = (x(q.eo as f64) + x(end(i))) / 2.0;
+            let tip = format!(
+                "EO {} {}: {} ({label})",
+                q.eo,
+                q.label,
+                human_bytes(q.bytes)
+            );
+            mark_symbol(
+                s,
+                q.mark,
+                (cx, y(q.bytes as f64), r),
+                &format!("class=\"{class}\""),
+                Some(&tip),
+            );
+            s.push('\n');
+        }
+    }
+    // Tooltips: one transparent column per instruction.
+    for (i, q) in pts.iter().enumerate() {
+        let (x0, x1) = (x(q.eo as f64), x(end(i)));
+        let mut tip = format!(
+            "EO {} {}: {} ({} B)",
+            q.eo,
+            q.label,
+            human_bytes(q.bytes),
+            q.bytes
+        );
+        if let Some((_, label, _)) = q.mark.style() {
+            let _ = write!(tip, ", {label}");
+        }
+        if let Some(b) = budget_at(&budgets, q.eo) {
+            let _ = write!(tip, "; budget {}", human_bytes(b));
+        }
+        let _ = writeln!(
+            s,
+            "<rect class=\"hit\" x=\"{x0:.2}\" y=\"{py:.1}\" width=\"{:.2}\" height=\"{ph:.1}\"><title>{}</title></rect>",
+            (x1 - x0).max(0.5),
+            esc(&tip)
+        );
+    }
+    s.push_str("</g>\n");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -643,6 +1166,141 @@ mod tests {
         }
         assert!(!curves_svg(&p).contains(">test<"));
         assert!(curves_svg(&[]).contains("no data"));
+    }
+
+    /// A plausible step: forward, backward with recomputes, swaps, and a budget drop half way.
+    fn sample_panel(n: u32, seed: u32, title: &str) -> TimelinePanel {
+        let budget = 3 * 1024 * 1024;
+        let mut points = Vec::new();
+        let mut bytes: i64 = 600 * 1024;
+        for eo in 0..n {
+            let fwd = eo < n / 2;
+            let h = eo
+                .wrapping_mul(2654435761)
+                .wrapping_add(seed.wrapping_mul(97))
+                >> 7;
+            let delta = (h % 90) as i64 * 1024;
+            bytes += if fwd {
+                delta - 30 * 1024 + seed as i64 * 12 * 1024
+            } else {
+                25 * 1024 - delta
+            };
+            bytes = bytes.clamp(256 * 1024, 4 * 1024 * 1024);
+            let mark = match (h % 23, fwd) {
+                (0, false) | (1, false) => Mark::Recompute,
+                (2, true) => Mark::SwapOut,
+                (3, false) => Mark::SwapIn,
+                _ if eo == n * 3 / 4 => Mark::BudgetChange,
+                _ => Mark::Normal,
+            };
+            points.push(TimelinePoint {
+                eo,
+                bytes: bytes as usize,
+                label: format!("{}(layer{})", if fwd { "F" } else { "B" }, eo % 17),
+                mark,
+            });
+        }
+        TimelinePanel {
+            title: title.into(),
+            points,
+            budgets: vec![(0, budget), (n * 3 / 4, budget * 3 / 4)],
+        }
+    }
+
+    #[test]
+    fn timeline_picture() {
+        let one = vec![sample_panel(200, 1, "digits CNN, 3 MiB → 2.25 MiB")];
+        let four: Vec<TimelinePanel> = (0..4)
+            .map(|k| sample_panel(60 + 40 * k, k, &format!("plan {k} <&>")))
+            .collect();
+        for panels in [&one, &four] {
+            let svg = timeline_svg(panels);
+            assert_well_formed(&svg);
+            for (m, class) in [
+                (Mark::Recompute, "mark-recompute"),
+                (Mark::SwapOut, "mark-swapout"),
+                (Mark::SwapIn, "mark-swapin"),
+                (Mark::BudgetChange, "mark-budget"),
+            ] {
+                let n: usize = panels
+                    .iter()
+                    .map(|p| p.points.iter().filter(|q| q.mark == m).count())
+                    .sum();
+                assert!(n > 0, "sample has {class}");
+                assert_eq!(
+                    svg.matches(&format!("class=\"{class}\"")).count(),
+                    n,
+                    "{class}"
+                );
+            }
+            assert_eq!(svg.matches("class=\"budget\"").count(), panels.len());
+            assert_eq!(svg.matches("class=\"panel\"").count(), panels.len());
+            let n: usize = panels.iter().map(|p| p.points.len()).sum();
+            assert_eq!(svg.matches("<rect class=\"hit\"").count(), n);
+            for label in [
+                "execution order",
+                ">in use<",
+                ">budget<",
+                ">recompute<",
+                ">swap out<",
+            ] {
+                assert!(svg.contains(label), "missing {label}");
+            }
+        }
+        let svg = timeline_svg(&four);
+        assert!(svg.contains("plan 0 &lt;&amp;&gt;"));
+        // Tooltip of the first instruction.
+        let q = &four[0].points[0];
+        assert!(svg.contains(&format!(
+            "<title>EO 0 F(layer0): {} ({} B)",
+            human_bytes(q.bytes),
+            q.bytes
+        )));
+        // Budget drop shows as a step: the path goes down (V) at the change.
+        let d = svg.split("class=\"budget\" d=\"").nth(1).unwrap();
+        assert_eq!(d[..d.find('"').unwrap()].matches('V').count(), 1);
+    }
+
+    #[test]
+    fn timeline_degenerate_inputs() {
+        let pt = |eo, bytes, mark| TimelinePoint {
+            eo,
+            bytes,
+            label: "x".into(),
+            mark,
+        };
+        let panel = |points, budgets| TimelinePanel {
+            title: String::new(),
+            points,
+            budgets,
+        };
+        for svg in [
+            timeline_svg(&[]),
+            timeline_svg(&[panel(vec![], vec![])]),
+            timeline_svg(&[panel(vec![], vec![(0, 100)])]),
+            timeline_svg(&[panel(vec![pt(7, 0, Mark::SwapIn)], vec![])]),
+            timeline_svg(&[panel(
+                vec![
+                    pt(3, usize::MAX, Mark::Normal),
+                    pt(1, 5, Mark::Recompute),
+                    pt(1, 9, Mark::Normal),
+                ],
+                vec![(9, 1), (0, 10), (u32::MAX, 2)],
+            )]),
+        ] {
+            assert_well_formed(&svg);
+        }
+        let svg = timeline_svg(&[panel(vec![pt(0, 10, Mark::Normal)], vec![])]);
+        assert!(!svg.contains("class=\"budget\""));
+        assert!(!svg.contains(">budget<"), "no budget in the legend");
+        assert!(timeline_svg(&[]).contains("no data"));
+        // Over budget is shaded and counted.
+        let svg = timeline_svg(&[panel(
+            vec![pt(0, 10, Mark::Normal), pt(1, 30, Mark::Normal)],
+            vec![(0, 20)],
+        )]);
+        assert_eq!(svg.matches("class=\"over\"").count(), 1);
+        assert!(svg.contains("over budget ×1"));
     }
 
     #[test]

@@ -1,0 +1,768 @@
+//! Plan files and plan tables (Melon §4.4: the plans for a ladder of budgets are computed once and stored
+//! beside the model, so a device picks one instead of planning).
+//!
+//! A plan is fully determined by its model, its micro-batch size, its micro-batch count, its program and
+//! whether in-place sharing was on; lifetimes are recomputed on decode (deterministically) and the stored
+//! layout (offsets, arena size, strategy name) replaces the computed one after it has been checked.
+//!
+//! Layouts, all little-endian, each file framed as in [`super::frame`] (magic, version, reserved,
+//! payload length, payload, CRC-32 of the payload):
+//!
+//! ```text
+//! plan file   = frame(b"FRGP", 1, model | body)
+//! table file  = frame(b"FRGT", 1, model | entries: u32 | { budget: u64 | body } × entries)
+//! model       = len: u32 | encode_model(spec) (itself a framed b"FRGM" file of `len` bytes)
+//! body        = micro-batch size: u32 | micro_batches: u16 | in_place: u8 (0/1)
+//!             | instrs: u32 | { node: u16 | phase: u8 | mb: u16 | placement: u8 } × instrs
+//!             | storages: u32 | offset: u64 × storages
+//!             | arena_bytes: u64
+//!             | strategy length: u8 | strategy name bytes
+//! ```
+//!
+//! Decoding trusts nothing: every enum value, node index and micro-batch index is checked, the storage
+//! count must match the storages recomputed from the program, and the stored layout must be aligned, fit
+//! its arena, and never give two storages alive at the same execution order overlapping bytes.
+use alloc::vec::Vec;
+
+use super::{decode_model, encode_model, FormatError, Reader};
+use crate::backend::Placement;
+use crate::graph::{Graph, GraphError};
+use crate::model::ModelSpec;
+use crate::plan::{
+    lifetimes, share_groups, strategies, Instr, Phase, Plan, TensorLife, ALIGN, LOSS_NODE,
+};
+
+/// Magic of an encoded [`Plan`].
+pub const PLAN_MAGIC: [u8; 4] = *b"FRGP";
+/// Current plan encoding version.
+pub const PLAN_VERSION: u16 = 1;
+/// Magic of an encoded [`PlanTable`].
+pub const TABLE_MAGIC: [u8; 4] = *b"FRGT";
+/// Current plan-table encoding version.
+pub const TABLE_VERSION: u16 = 1;
+/// Most instructions a decoded plan may have.
+pub const MAX_INSTRS: usize = 1 << 20;
+/// Largest micro-batch size a decoded plan may have.
+pub const MAX_BATCH: usize = 1 << 20;
+/// Most entries a decoded plan table may have.
+pub const MAX_TABLE_ENTRIES: usize = 4096;
+/// Strategy name given to a decoded layout whose name is not one of [`strategies`].
+pub const STORED_STRATEGY: &str = "stored";
+
+/// Plans for a ladder of budgets, sorted by budget ascending.
+#[derive(Clone, Debug)]
+pub struct PlanTable {
+    /// Entries, budget ascending.
+    pub entries: Vec<PlanEntry>,
+}
+
+/// One rung of a [`PlanTable`].
+#[derive(Clone, Debug)]
+pub struct PlanEntry {
+    /// The budget (bytes) this plan was made for.
+    pub budget: usize,
+    /// The plan.
+    pub plan: Plan,
+}
+
+impl PlanTable {
+    /// The entry with the largest budget ≤ `budget` whose plan fits `budget` (as
+    /// [`Plan::needed_bytes`]); None when no entry fits.
+    pub fn for_budget(&self, budget: usize) -> Option<&PlanEntry> {
+        self.entries
+            .iter()
+            .filter(|e| e.budget <= budget && e.plan.needed_bytes() <= budget)
+            .max_by_key(|e| e.budget)
+    }
+}
+
+fn put_u8(out: &mut Vec<u8>, v: u8) {
+    out.push(v);
+}
+fn put_u16(out: &mut Vec<u8>, v: u16) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+fn put_u32(out: &mut Vec<u8>, v: u32) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+fn put_model(out: &mut Vec<u8>, spec: &ModelSpec) {
+    let m = encode_model(spec);
+    put_u32(out, m.len() as u32);
+    out.extend_from_slice(&m);
+}
+
+fn placement_code(p: Placement) -> u8 {
+    match p {
+        Placement::Cpu => 0,
+        Placement::Gpu => 1,
+        Placement::Dsp => 2,
+    }
+}
+
+fn phase_code(p: Phase) -> u8 {
+    match p {
+        Phase::Forward => 0,
+        Phase::Loss => 1,
+        Phase::GradW => 2,
+        Phase::GradX => 3,
+        Phase::Apply => 4,
+        Phase::Recompute => 5,
+    }
+}
+
+/// Writes the plan body (everything but the model). The in-place flag is 1 when the plan's sharing roots
+/// are those of in-place merging (`share_groups(graph, true)`), else 0; plans built with other roots
+/// cannot be represented and decode with the roots of `share_groups(graph, false)`.
+fn put_body(out: &mut Vec<u8>, plan: &Plan) {
+    put_u32(out, u32::try_from(plan.graph.batch).unwrap_or(u32::MAX));
+    put_u16(out, plan.micro_batches);
+    put_u8(out, (plan.roots == share_groups(&plan.graph, true)) as u8);
+    put_u32(out, plan.program.len() as u32);
+    for ins in &plan.program {
+        put_u16(out, ins.node);
+        put_u8(out, phase_code(ins.phase));
+        put_u16(out, ins.mb);
+        put_u8(out, placement_code(ins.placement));
+    }
+    put_u32(out, plan.offsets.len() as u32);
+    for &o in &plan.offsets {
+        put_u64(out, o as u64);
+    }
+    put_u64(out, plan.arena_bytes as u64);
+    let name = plan.strategy.as_bytes();
+    let name = &name[..name.len().min(u8::MAX as usize)];
+    put_u8(out, name.len() as u8);
+    out.extend_from_slice(name);
+}
+
+/// Encodes `plan` (made from `spec`) as a `FRGP` file.
+pub fn encode_plan(spec: &ModelSpec, plan: &Plan) -> Vec<u8> {
+    let mut p = Vec::new();
+    put_model(&mut p, spec);
+    put_body(&mut p, plan);
+    super::frame(PLAN_MAGIC, PLAN_VERSION, &p)
+}
+
+/// Encodes a plan table (all made from `spec`) as a `FRGT` file; entries are written in budget order.
+pub fn encode_plan_table(spec: &ModelSpec, table: &PlanTable) -> Vec<u8> {
+    let mut p = Vec::new();
+    put_model(&mut p, spec);
+    let mut order: Vec<&PlanEntry> = table.entries.iter().collect();
+    order.sort_by_key(|e| e.budget);
+    put_u32(&mut p, order.len() as u32);
+    for e in order {
+        put_u64(&mut p, e.budget as u64);
+        put_body(&mut p, &e.plan);
+    }
+    super::frame(TABLE_MAGIC, TABLE_VERSION, &p)
+}
+
+fn bad(field: &'static str, at: usize, reason: &'static str) -> FormatError {
+    FormatError::BadValue { field, at, reason }
+}
+
+fn get_model(r: &mut Reader<'_>) -> Result<ModelSpec, FormatError> {
+    let len = r.u32("model length")? as usize;
+    decode_model(r.bytes(len, "model")?)
+}
+
+fn graph_reason(e: &GraphError) -> &'static str {
+    match e {
+        GraphError::Empty => "the model has no layers",
+        GraphError::Layer { .. } => "a layer does not fit its input",
+        GraphError::ZeroBatch => "the batch size is zero",
+        GraphError::TooLarge { .. } => "a tensor is too large for this machine",
+        GraphError::Loss(_) => "the loss does not fit the model",
+    }
+}
+
+/// A `u64` as a `usize` no larger than `isize::MAX` (the largest object Rust can address).
+fn size(v: u64, field: &'static str, at: usize) -> Result<usize, FormatError> {
+    usize::try_from(v)
+        .ok()
+        .filter(|&v| v <= isize::MAX as usize)
+        .ok_or(bad(field, at, "larger than this machine's address space"))
+}
+
+fn strategy_name(bytes: &[u8]) -> &'static str {
+    strategies()
+        .iter()
+        .map(|s| s.name())
+        .find(|n| n.as_bytes() == bytes)
+        .unwrap_or(STORED_STRATEGY)
+}
+
+/// Checks a stored layout against the recomputed storages.
+fn check_layout(
+    lives: &[TensorLife],
+    offsets: &[usize],
+    arena_bytes: usize,
+    offsets_at: usize,
+) -> Result<(), FormatError> {
+    let at_of = |i: usize| offsets_at + 8 * i;
+    let mut ends = Vec::with_capacity(lives.len());
+    for (i, (l, &o)) in lives.iter().zip(offsets).enumerate() {
+        if o % ALIGN != 0 {
+            return Err(bad("offsets", at_of(i), "offset not aligned to 64 bytes"));
+        }
+        match o.checked_add(l.bytes) {
+            Some(e) if e <= arena_bytes => ends.push(e),
+            _ => {
+                return Err(bad(
+                    "offsets",
+                    at_of(i),
+                    "storage extends past the end of the arena",
+                ))
+            }
+        }
+    }
+    // Sweep over time: storages sorted by first use; `active` holds those still alive.
+    let mut order: Vec<usize> = (0..lives.len()).collect();
+    order.sort_by_key(|&i| (lives[i].first, i));
+    let mut active: Vec<usize> = Vec::new();
+    for &i in &order {
+        let li = &lives[i];
+        active.retain(|&j| lives[j].last >= li.first);
+        for &j in &active {
+            if offsets[i] < ends[j] && offsets[j] < ends[i] {
+                return Err(bad(
+                    "offsets",
+                    at_of(i.max(j)),
+                    "storages alive together overlap",
+                ));
+            }
+        }
+        active.push(i);
+    }
+    Ok(())
+}
+
+/// Reads and checks a plan body for `spec`.
+fn get_body(r: &mut Reader<'_>, spec: &ModelSpec) -> Result<Plan, FormatError> {
+    let at = r.at();
+    let batch = r.u32("micro-batch size")? as usize;
+    if batch == 0 || batch > MAX_BATCH {
+        return Err(bad("micro-batch size", at, "must be between 1 and 1048576"));
+    }
+    let graph = Graph::new(spec, batch).map_err(|e| bad("model", at, graph_reason(&e)))?;
+    let at = r.at();
+    let micro_batches = r.u16("micro_batches")?;
+    if micro_batches == 0 {
+        return Err(bad("micro_batches", at, "must be at least 1"));
+    }
+    let at = r.at();
+    let in_place = match r.u8("in_place")? {
+        0 => false,
+        1 => true,
+        _ => return Err(bad("in_place", at, "must be 0 or 1")),
+    };
+    let at = r.at();
+    let n = r.u32("instruction count")? as usize;
+    if n > MAX_INSTRS {
+        return Err(bad(
+            "instruction count",
+            at,
+            "more than 1048576 instructions",
+        ));
+    }
+    let n_nodes = graph.nodes.len();
+    let mut program = Vec::with_capacity(n.min(4096));
+    for _ in 0..n {
+        let at = r.at();
+        let node = r.u16("instruction node")?;
+        let phase_at = r.at();
+        let phase = match r.u8("instruction phase")? {
+            0 => Phase::Forward,
+            1 => Phase::Loss,
+            2 => Phase::GradW,
+            3 => Phase::GradX,
+            4 => Phase::Apply,
+            5 => Phase::Recompute,
+            _ => return Err(bad("instruction phase", phase_at, "unknown phase")),
+        };
+        let ok = if phase == Phase::Loss {
+            node == LOSS_NODE
+        } else {
+            (node as usize) < n_nodes
+        };
+        if !ok {
+            return Err(bad("instruction node", at, "no such node"));
+        }
+        let mb_at = r.at();
+        let mb = r.u16("instruction micro-batch")?;
+        if mb >= micro_batches {
+            return Err(bad(
+                "instruction micro-batch",
+                mb_at,
+                "not below micro_batches",
+            ));
+        }
+        let pl_at = r.at();
+        let placement = match r.u8("instruction placement")? {
+            0 => Placement::Cpu,
+            1 => Placement::Gpu,
+            2 => Placement::Dsp,
+            _ => return Err(bad("instruction placement", pl_at, "unknown placement")),
+        };
+        program.push(Instr {
+            node,
+            phase,
+            mb,
+            placement,
+        });
+    }
+    let count_at = r.at();
+    let count = r.u32("storage count")? as usize;
+    let offsets_at = r.at();
+    // Never more than the data holds: each offset takes 8 bytes, so a short file fails as truncated.
+    let mut offsets = Vec::with_capacity(count.min(4096));
+    for i in 0..count {
+        let v = r.u64("offsets")?;
+        offsets.push(size(v, "offsets", offsets_at + 8 * i)?);
+    }
+    let at = r.at();
+    let arena_bytes = size(r.u64("arena_bytes")?, "arena_bytes", at)?;
+    let len = r.u8("strategy length")? as usize;
+    let strategy = strategy_name(r.bytes(len, "strategy")?);
+
+    // Recompute the storages; check them before the (quadratic) layout strategies run.
+    let roots = share_groups(&graph, in_place);
+    let lt = lifetimes(&graph, &program, &roots);
+    if lt.lives.len() != count {
+        return Err(bad(
+            "storage count",
+            count_at,
+            "does not match the storages of the program",
+        ));
+    }
+    // Every layout keeps each end below the sum of all storages: bound it so no arithmetic can overflow.
+    let total = lt
+        .lives
+        .iter()
+        .try_fold(0usize, |s, l| s.checked_add(l.bytes))
+        .filter(|&s| s <= isize::MAX as usize);
+    if total.is_none() {
+        return Err(bad(
+            "model",
+            count_at,
+            "the storages are too large for this machine",
+        ));
+    }
+    check_layout(&lt.lives, &offsets, arena_bytes, offsets_at)?;
+    drop(lt);
+    let mut plan = Plan::from_program(graph, micro_batches, program, roots);
+    if plan.lives.len() != offsets.len() {
+        return Err(bad(
+            "storage count",
+            count_at,
+            "does not match the storages of the program",
+        ));
+    }
+    plan.offsets = offsets;
+    plan.arena_bytes = arena_bytes;
+    plan.strategy = strategy;
+    Ok(plan)
+}
+
+/// Decodes a `FRGP` file into its model and plan.
+pub fn decode_plan(bytes: &[u8]) -> Result<(ModelSpec, Plan), FormatError> {
+    let (_version, payload) = super::unframe(PLAN_MAGIC, PLAN_VERSION, bytes)?;
+    let mut r = Reader::new(payload, 12);
+    let spec = get_model(&mut r)?;
+    let plan = get_body(&mut r, &spec)?;
+    r.finish()?;
+    Ok((spec, plan))
+}
+
+/// Decodes a `FRGT` file into its model and plan table. Entries must be sorted by budget.
+pub fn decode_plan_table(bytes: &[u8]) -> Result<(ModelSpec, PlanTable), FormatError> {
+    let (_version, payload) = super::unframe(TABLE_MAGIC, TABLE_VERSION, bytes)?;
+    let mut r = Reader::new(payload, 12);
+    let spec = get_model(&mut r)?;
+    let at = r.at();
+    let n = r.u32("entry count")? as usize;
+    if n > MAX_TABLE_ENTRIES {
+        return Err(bad("entry count", at, "more than 4096 entries"));
+    }
+    let mut entries: Vec<PlanEntry> = Vec::with_capacity(n.min(64));
+    for _ in 0..n {
+        let at = r.at();
+        // A budget beyond this machine's address space means "no limit" here.
+        let budget = usize::try_from(r.u64("budget")?).unwrap_or(usize::MAX);
+        if entries.last().is_some_and(|e| e.budget > budget) {
+            return Err(bad("budget", at, "entries not sorted by budget"));
+        }
+        let plan = get_body(&mut r, &spec)?;
+        entries.push(PlanEntry { budget, plan });
+    }
+    r.finish()?;
+    Ok((spec, PlanTable { entries }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{frame, unframe};
+    use super::*;
+    use crate::model::{Dims, LayerKind, LayerSpec, LossKind, OptimizerSpec, Src};
+    use crate::plan::PlanShape;
+    use alloc::vec;
+    use proptest::prelude::*;
+
+    fn spec() -> ModelSpec {
+        let layer = |name: &str, kind, input| LayerSpec {
+            name: name.into(),
+            kind,
+            inputs: vec![input],
+            trainable: true,
+        };
+        ModelSpec {
+            input: Dims::new(1, 8, 8),
+            layers: vec![
+                layer(
+                    "conv",
+                    LayerKind::Conv2d {
+                        out: 4,
+                        kernel: [3, 3],
+                        stride: [1, 1],
+                        padding: [1, 1],
+                        groups: 1,
+                        bias: true,
+                    },
+                    Src::Input,
+                ),
+                layer("relu", LayerKind::Relu, Src::Layer(0)),
+                layer(
+                    "pool",
+                    LayerKind::MaxPool2d {
+                        kernel: [2, 2],
+                        stride: [2, 2],
+                    },
+                    Src::Layer(1),
+                ),
+                layer("flat", LayerKind::Flatten, Src::Layer(2)),
+                layer(
+                    "fc",
+                    LayerKind::Linear {
+                        out: 10,
+                        bias: true,
+                    },
+                    Src::Layer(3),
+                ),
+            ],
+            loss: LossKind::SoftmaxCrossEntropy,
+            optimizer: OptimizerSpec::Sgd {
+                lr: 0.1,
+                momentum: 0.9,
+                weight_decay: 0.0,
+            },
+            seed: 7,
+        }
+    }
+
+    fn plain() -> Plan {
+        Plan::new(Graph::new(&spec(), 4).unwrap())
+    }
+
+    fn shaped() -> Plan {
+        Plan::shaped(
+            Graph::new(&spec(), 4).unwrap(),
+            PlanShape {
+                micro_batches: 3,
+                in_place: true,
+            },
+        )
+    }
+
+    fn assert_same(a: &Plan, b: &Plan) {
+        assert_eq!(a.graph.batch, b.graph.batch);
+        assert_eq!(a.micro_batches, b.micro_batches);
+        assert_eq!(a.program, b.program);
+        assert_eq!(a.roots, b.roots);
+        assert_eq!(a.lives, b.lives);
+        assert_eq!(a.group_of, b.group_of);
+        assert_eq!(a.segments, b.segments);
+        assert_eq!(a.touches, b.touches);
+        assert_eq!(a.offsets, b.offsets);
+        assert_eq!(a.arena_bytes, b.arena_bytes);
+        assert_eq!(a.lower_bound, b.lower_bound);
+        assert_eq!(a.strategy, b.strategy);
+    }
+
+    /// The payload offset of instruction 0 (relative to the payload start).
+    fn first_instr(bytes: &[u8]) -> usize {
+        let (_, p) = unframe(PLAN_MAGIC, PLAN_VERSION, bytes).unwrap();
+        let model_len = u32::from_le_bytes([p[0], p[1], p[2], p[3]]) as usize;
+        4 + model_len + 4 + 2 + 1 + 4
+    }
+
+    fn patched(bytes: &[u8], at: usize, v: u8) -> Vec<u8> {
+        let (_, p) = unframe(PLAN_MAGIC, PLAN_VERSION, bytes).unwrap();
+        let mut p = p.to_vec();
+        p[at] = v;
+        frame(PLAN_MAGIC, PLAN_VERSION, &p)
+    }
+
+    #[test]
+    fn plan_round_trips() {
+        let s = spec();
+        for plan in [
+            plain(),
+            shaped(),
+            Plan::with_sharing(Graph::new(&s, 2).unwrap(), false),
+        ] {
+            let (s2, p2) = decode_plan(&encode_plan(&s, &plan)).unwrap();
+            assert_eq!(s2, s);
+            assert_same(&plan, &p2);
+            assert!(!plan.offsets.is_empty());
+        }
+    }
+
+    #[test]
+    fn unknown_strategy_reads_as_stored() {
+        let mut plan = plain();
+        plan.strategy = "hand-made";
+        let (_, p2) = decode_plan(&encode_plan(&spec(), &plan)).unwrap();
+        assert_eq!(p2.strategy, STORED_STRATEGY);
+    }
+
+    #[test]
+    fn table_round_trips_and_picks_by_budget() {
+        let s = spec();
+        let small = shaped();
+        let big = plain();
+        let table = PlanTable {
+            entries: vec![
+                PlanEntry {
+                    budget: big.needed_bytes(),
+                    plan: big.clone(),
+                },
+                PlanEntry {
+                    budget: small.needed_bytes(),
+                    plan: small.clone(),
+                },
+            ],
+        };
+        let bytes = encode_plan_table(&s, &table);
+        let (s2, t2) = decode_plan_table(&bytes).unwrap();
+        assert_eq!(s2, s);
+        assert_eq!(t2.entries.len(), 2);
+        // Written in budget order.
+        let (lo, hi) = if small.needed_bytes() <= big.needed_bytes() {
+            (&small, &big)
+        } else {
+            (&big, &small)
+        };
+        assert_same(&t2.entries[0].plan, lo);
+        assert_same(&t2.entries[1].plan, hi);
+        assert_eq!(t2.entries[0].budget, lo.needed_bytes());
+        assert!(t2.for_budget(lo.needed_bytes() - 1).is_none());
+        assert_eq!(
+            t2.for_budget(lo.needed_bytes()).unwrap().budget,
+            lo.needed_bytes()
+        );
+        assert_eq!(t2.for_budget(usize::MAX).unwrap().budget, hi.needed_bytes());
+        // A plan file is not a table file.
+        assert_eq!(
+            decode_plan_table(&encode_plan(&s, &big)).unwrap_err(),
+            FormatError::BadMagic
+        );
+    }
+
+    #[test]
+    fn unsorted_table_is_rejected() {
+        let s = spec();
+        let p = plain();
+        let bytes = encode_plan_table(
+            &s,
+            &PlanTable {
+                entries: vec![
+                    PlanEntry {
+                        budget: 100,
+                        plan: p.clone(),
+                    },
+                    PlanEntry {
+                        budget: 200,
+                        plan: p,
+                    },
+                ],
+            },
+        );
+        let (_, payload) = unframe(TABLE_MAGIC, TABLE_VERSION, &bytes).unwrap();
+        let mut payload = payload.to_vec();
+        let model_len = u32::from_le_bytes(payload[..4].try_into().unwrap()) as usize;
+        let first_budget = 4 + model_len + 4;
+        payload[first_budget..first_budget + 8].copy_from_slice(&300u64.to_le_bytes());
+        let e = decode_plan_table(&frame(TABLE_MAGIC, TABLE_VERSION, &payload)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                FormatError::BadValue {
+                    field: "budget",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn corrupt_byte_is_a_checksum_error() {
+        let mut b = encode_plan(&spec(), &plain());
+        let i = b.len() - 10;
+        b[i] ^= 0x10;
+        assert!(matches!(
+            decode_plan(&b),
+            Err(FormatError::BadChecksum { .. })
+        ));
+    }
+
+    #[test]
+    fn overlapping_live_storages_are_rejected() {
+        let mut plan = plain();
+        // Two persistent storages (weights) are alive together for the whole step.
+        let (i, j) = {
+            let mut pairs = (0..plan.lives.len()).flat_map(|i| (0..i).map(move |j| (i, j)));
+            let l = &plan.lives;
+            pairs
+                .find(|&(i, j)| l[i].first <= l[j].last && l[j].first <= l[i].last)
+                .unwrap()
+        };
+        plan.offsets[i] = plan.offsets[j];
+        let e = decode_plan(&encode_plan(&spec(), &plan)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                FormatError::BadValue {
+                    field: "offsets",
+                    reason: "storages alive together overlap",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bad_layouts_and_values_are_rejected() {
+        let s = spec();
+        let field = |b: &[u8]| match decode_plan(b) {
+            Err(FormatError::BadValue { field, .. }) => field,
+            other => panic!("expected BadValue, got {other:?}"),
+        };
+        // Misaligned offset.
+        let mut p = plain();
+        p.offsets[0] += 8;
+        p.arena_bytes += 64;
+        assert_eq!(field(&encode_plan(&s, &p)), "offsets");
+        // Arena too small.
+        let mut p = plain();
+        p.arena_bytes -= ALIGN;
+        assert_eq!(field(&encode_plan(&s, &p)), "offsets");
+        // Storage count differs.
+        let mut p = plain();
+        p.offsets.pop();
+        assert_eq!(field(&encode_plan(&s, &p)), "storage count");
+        // Node out of range; a non-loss at the loss node.
+        let mut p = plain();
+        p.program[0].node = 99;
+        assert_eq!(field(&encode_plan(&s, &p)), "instruction node");
+        let mut p = plain();
+        p.program[0].node = LOSS_NODE;
+        assert_eq!(field(&encode_plan(&s, &p)), "instruction node");
+        // Micro-batch index beyond micro_batches.
+        let mut p = plain();
+        p.program[0].mb = 1;
+        assert_eq!(field(&encode_plan(&s, &p)), "instruction micro-batch");
+        // Unknown phase and placement bytes.
+        let b = encode_plan(&s, &plain());
+        let i = first_instr(&b);
+        assert_eq!(field(&patched(&b, i + 2, 6)), "instruction phase");
+        assert_eq!(field(&patched(&b, i + 5, 3)), "instruction placement");
+        // Batch 0 and a batch too large.
+        let batch_at = i - 11;
+        assert_eq!(field(&patched(&b, batch_at, 0)), "micro-batch size");
+        assert_eq!(field(&patched(&b, batch_at + 3, 1)), "micro-batch size");
+        // Bad in-place flag.
+        assert_eq!(field(&patched(&b, i - 5, 2)), "in_place");
+        // A model that cannot be realised (a 9×9 kernel on an 8×8 input).
+        let mut bad_spec = s.clone();
+        bad_spec.layers[0].kind = LayerKind::Conv2d {
+            out: 4,
+            kernel: [9, 9],
+            stride: [1, 1],
+            padding: [0, 0],
+            groups: 1,
+            bias: true,
+        };
+        assert_eq!(field(&encode_plan(&bad_spec, &plain())), "model");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+        /// Fuzz: arbitrary bytes never panic, with or without a valid header.
+        #[test]
+        fn decode_never_panics_on_random_bytes(data in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode_plan(&data);
+            let _ = decode_plan_table(&data);
+            let _ = decode_plan(&frame(PLAN_MAGIC, PLAN_VERSION, &data));
+            let _ = decode_plan_table(&frame(TABLE_MAGIC, TABLE_VERSION, &data));
+        }
+
+        /// Fuzz: mutations of valid plan and table payloads (re-framed so the checksum passes, and with
+        /// the inner model re-framed too when `deep`) never panic.
+        #[test]
+        fn decode_never_panics_on_mutated_payload(
+            muts in proptest::collection::vec((0usize..4096, any::<u8>()), 1..4),
+            cut in 0usize..4096,
+            deep in any::<bool>(),
+            table in any::<bool>(),
+        ) {
+            let s = spec();
+            let (magic, version, bytes) = if table {
+                let t = PlanTable { entries: vec![
+                    PlanEntry { budget: 1000, plan: shaped() },
+                    PlanEntry { budget: 1 << 30, plan: plain() },
+                ] };
+                (TABLE_MAGIC, TABLE_VERSION, encode_plan_table(&s, &t))
+            } else {
+                (PLAN_MAGIC, PLAN_VERSION, encode_plan(&s, &shaped()))
+            };
+            let (_, payload) = unframe(magic, version, &bytes).unwrap();
+            let mut p = payload.to_vec();
+            if deep {
+                // Mutate the model inside, re-framing it so its own checksum passes.
+                let len = u32::from_le_bytes(p[..4].try_into().unwrap()) as usize;
+                let (_, mp) = unframe(crate::format::MODEL_MAGIC, 1, &p[4..4 + len]).unwrap();
+                let mut mp = mp.to_vec();
+                for &(pos, val) in &muts {
+                    let i = pos % mp.len();
+                    mp[i] = val;
+                }
+                let m = frame(crate::format::MODEL_MAGIC, 1, &mp);
+                let mut q = Vec::new();
+                q.extend_from_slice(&(m.len() as u32).to_le_bytes());
+                q.extend_from_slice(&m);
+                q.extend_from_slice(&p[4 + len..]);
+                p = q;
+            } else {
+                for &(pos, val) in &muts {
+                    let i = pos % p.len();
+                    p[i] = val;
+                }
+                if cut % 3 == 0 {
+                    p.truncate(p.len() - cut % p.len());
+                }
+            }
+            let framed = frame(magic, version, &p);
+            if table {
+                let _ = decode_plan_table(&framed);
+            } else {
+                let _ = decode_plan(&framed);
+            }
+        }
+    }
+}

@@ -1,0 +1,547 @@
+//! Memory policies: how to train a batch whose plain plan does not fit the budget, without changing the
+//! maths. Micro-batching (Sage's gradient accumulation; only for sample-separable graphs), Melon's
+//! memory-calibrated progressive recomputation, and Sage's hybrid; the search picks the fastest feasible
+//! plan under a [`CostModel`], or reports the smallest budget any plan needs.
+pub mod cost;
+#[cfg(test)]
+mod tests;
+
+use alloc::vec;
+use alloc::vec::Vec;
+use core::fmt;
+
+pub use cost::CostModel;
+
+use crate::budget::{Budget, BudgetError};
+use crate::graph::{Graph, GraphError, NodeOp, TensorId, TensorKind};
+use crate::model::ModelSpec;
+use crate::plan::{share_groups, Eo, Instr, Phase, Plan, PlanShape, Schedule, ALIGN};
+
+/// Which policy (or ordering of policies) to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyKind {
+    /// The fastest feasible plan among all below (by the cost model).
+    Auto,
+    /// The plain plan only.
+    Plain,
+    /// Split the batch only.
+    MicroBatch,
+    /// Recompute only (whole batch).
+    Recompute,
+    /// Sage: shrink the micro-batch down to the efficient size, then recompute.
+    Hybrid,
+    /// Sage's "checkpointing prioritised" ordering: recompute at the whole batch first, then shrink.
+    RecomputeFirst,
+}
+
+impl PolicyKind {
+    /// Name for tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::Auto => "auto",
+            PolicyKind::Plain => "plain",
+            PolicyKind::MicroBatch => "micro-batch",
+            PolicyKind::Recompute => "recompute",
+            PolicyKind::Hybrid => "hybrid",
+            PolicyKind::RecomputeFirst => "recompute-first",
+        }
+    }
+    /// Parses a name.
+    pub fn parse(s: &str) -> Option<PolicyKind> {
+        [
+            Self::Auto,
+            Self::Plain,
+            Self::MicroBatch,
+            Self::Recompute,
+            Self::Hybrid,
+            Self::RecomputeFirst,
+        ]
+        .into_iter()
+        .find(|k| k.name() == s)
+    }
+}
+
+/// A plan chosen for a budget, with what it costs.
+#[derive(Clone, Debug)]
+pub struct Chosen {
+    /// The plan.
+    pub plan: Plan,
+    /// The policy that produced it.
+    pub policy: PolicyKind,
+    /// Recompute instructions in one step.
+    pub recomputes: usize,
+    /// FLOPs those recomputations add per step.
+    pub extra_flops: u64,
+    /// Predicted milliseconds per step.
+    pub predicted_ms: f64,
+}
+
+impl Chosen {
+    fn new(plan: Plan, policy: PolicyKind, cost: &CostModel) -> Self {
+        let recomputes = plan
+            .program
+            .iter()
+            .filter(|i| i.phase == Phase::Recompute)
+            .count();
+        let extra_flops = plan
+            .program
+            .iter()
+            .filter(|i| i.phase == Phase::Recompute)
+            .map(|i| {
+                cost::flops_per_sample(&plan.graph, i.node as usize, Phase::Forward)
+                    * plan.graph.batch as u64
+            })
+            .sum();
+        let predicted_ms = cost.step_ms(&plan);
+        Chosen {
+            plan,
+            policy,
+            recomputes,
+            extra_flops,
+            predicted_ms,
+        }
+    }
+    /// Micro-batch size.
+    pub fn micro_batch(&self) -> usize {
+        self.plan.graph.batch
+    }
+}
+
+/// Why no plan was made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PlanError {
+    /// The model does not realise.
+    Graph(GraphError),
+    /// No policy fits; `needed` is the smallest budget a plan was found for.
+    Budget(BudgetError),
+}
+
+impl fmt::Display for PlanError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PlanError::Graph(e) => write!(f, "{e}"),
+            PlanError::Budget(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+#[cfg(feature = "std")]
+impl std::error::Error for PlanError {}
+
+impl From<GraphError> for PlanError {
+    fn from(e: GraphError) -> Self {
+        PlanError::Graph(e)
+    }
+}
+
+/// Whether samples are independent in the graph (no BatchNorm in training mode), so micro-batching
+/// gives the whole batch's gradients.
+pub fn sample_separable(g: &Graph) -> bool {
+    !g.nodes
+        .iter()
+        .any(|n| matches!(n.op, NodeOp::BatchNorm { train: true, .. }))
+}
+
+fn arena_budget(budget: usize) -> usize {
+    budget.saturating_sub(ALIGN - 1)
+}
+
+/// Melon's memory-calibrated progressive recomputation (Algorithm 1 of the Melon paper), on the real
+/// layout: lay the program out; at the first execution order where the arena's high-water mark exceeds
+/// the budget, discard the live activation with the highest TPS = bytes × freed lifetime / recompute
+/// time (never one the current instruction uses, nor one the next instruction needs), insert its
+/// recomputation (recursively from live sources) before its next use, and lay out again. Returns the
+/// fitting plan, or `Err` with the smallest plan reached when nothing more can be discarded.
+pub fn recompute(
+    g: &Graph,
+    micro_batches: u16,
+    budget: usize,
+    cost: &CostModel,
+) -> Result<Plan, Plan> {
+    let roots = share_groups(g, true);
+    let mut program = Schedule::micro_batched(g, micro_batches).program;
+    let limit = arena_budget(budget);
+    let mut best: Option<Plan> = None;
+    for _ in 0..4 * program.len() + 64 {
+        let plan = Plan::from_program(g.clone(), micro_batches, program.clone(), roots.clone());
+        if plan.arena_bytes <= limit {
+            return Ok(plan);
+        }
+        if best
+            .as_ref()
+            .is_none_or(|b| plan.arena_bytes < b.arena_bytes)
+        {
+            best = Some(plan.clone());
+        }
+        // Where memory overflows: first by bytes live at once (what discarding reduces directly), then by
+        // the layout's high-water mark (fragmentation), each at its first overflowing execution order.
+        let live = live_profile(&plan);
+        let pool = plan.pool_profile();
+        let mut points: Vec<Eo> = Vec::new();
+        if let Some(t) = live.iter().position(|&b| b > limit) {
+            points.push(t as Eo);
+        }
+        if let Some(t) = pool.iter().position(|&b| b > limit) {
+            points.push(t as Eo);
+        }
+        // Then every overflowing point, fullest first.
+        let mut rest: Vec<Eo> = (0..live.len() as Eo)
+            .filter(|&t| live[t as usize] > limit || pool[t as usize] > limit)
+            .collect();
+        rest.sort_by_key(|&t| core::cmp::Reverse(live[t as usize]));
+        points.extend(rest);
+        let mut done = false;
+        for t in points {
+            if let Some((at, chain)) = best_discard(&plan, t, cost) {
+                program.splice(at..at, chain);
+                done = true;
+                break;
+            }
+        }
+        if !done {
+            break;
+        }
+    }
+    let last = Plan::from_program(g.clone(), micro_batches, program, roots);
+    let b = match best {
+        Some(b) if b.arena_bytes <= last.arena_bytes => b,
+        _ => last,
+    };
+    Err(b)
+}
+
+/// The tensors a Forward/Recompute of `node` writes into group `gid`'s storage.
+fn writes_group(p: &Plan, node: usize, gid: u32) -> bool {
+    let n = &p.graph.nodes[node];
+    let in_g = |t: TensorId| p.group_of[t as usize] == Some(gid);
+    in_g(n.out) || (matches!(n.op, NodeOp::MaxPool(_)) && n.saved.iter().any(|&s| in_g(s)))
+}
+
+/// Picks the storage to discard at `t` and returns (insert position, recompute chain).
+fn best_discard(p: &Plan, t: Eo, cost: &CostModel) -> Option<(usize, Vec<Instr>)> {
+    // Melon's rule first: never the next instruction's inputs. Only when nothing else can go, a tensor
+    // the next instruction needs may be regenerated just in time (right before it), which still frees
+    // it at `t`.
+    discard_candidate(p, t, cost, false).or_else(|| discard_candidate(p, t, cost, true))
+}
+
+fn discard_candidate(
+    p: &Plan,
+    t: Eo,
+    cost: &CostModel,
+    just_in_time: bool,
+) -> Option<(usize, Vec<Instr>)> {
+    let mut best: Option<(f64, usize, Vec<Instr>)> = None;
+    let gid_of_storage = storage_groups(p);
+    for (s, life) in p.lives.iter().enumerate() {
+        if life.first > t || life.last <= t || life.kind != TensorKind::Activation {
+            continue;
+        }
+        let touches = &p.touches[s];
+        if touches.binary_search(&t).is_ok() {
+            continue; // the current instruction uses it
+        }
+        let Some(&u) = touches.iter().find(|&&e| e > t) else {
+            continue;
+        };
+        if u == t + 1 && !just_in_time {
+            continue; // the next instruction needs it
+        }
+        let gid = gid_of_storage[s];
+        // Producers of this value: Forward/Recompute instructions in the segment writing the group.
+        let producers: Vec<usize> = touches
+            .iter()
+            .filter(|&&e| e < t)
+            .filter_map(|&e| {
+                let ins = &p.program[e as usize];
+                matches!(ins.phase, Phase::Forward | Phase::Recompute).then_some(ins.node as usize)
+            })
+            .filter(|&node| writes_group(p, node, gid))
+            .collect();
+        if producers.is_empty() || !group_recomputable(p, gid) {
+            continue;
+        }
+        let mb = p.program[u as usize].mb;
+        let mut chain = Vec::new();
+        if !build_chain(p, &producers, u, mb, &mut chain, 0) {
+            continue;
+        }
+        let ns = cost.chain_ns(&chain, p.graph.batch).max(1.0);
+        let tps = life.bytes as f64 * (u - t) as f64 / ns;
+        if best.as_ref().is_none_or(|b| tps > b.0) {
+            best = Some((tps, u as usize, chain));
+        }
+    }
+    best.map(|(_, u, c)| (u, c))
+}
+
+/// Bytes live at each execution order (the lower bound's profile).
+pub fn live_profile(p: &Plan) -> Vec<usize> {
+    let mut d = vec![0i64; p.program.len() + 1];
+    for l in &p.lives {
+        d[l.first as usize] += l.bytes as i64;
+        d[(l.last as usize + 1).min(p.program.len())] -= l.bytes as i64;
+    }
+    let mut acc = 0i64;
+    let mut v: Vec<usize> = d
+        .iter()
+        .map(|x| {
+            acc += x;
+            acc.max(0) as usize
+        })
+        .collect();
+    v.pop();
+    v
+}
+
+fn storage_groups(p: &Plan) -> Vec<u32> {
+    let mut v = vec![u32::MAX; p.lives.len()];
+    for (gid, segs) in p.segments.iter().enumerate() {
+        for &(_, s) in segs {
+            v[s as usize] = gid as u32;
+        }
+    }
+    v
+}
+
+/// A group can be regenerated by re-running forwards: its tensors are node outputs (or max-pool
+/// indices), not BatchNorm's saved statistics.
+fn group_recomputable(p: &Plan, gid: u32) -> bool {
+    p.group_of
+        .iter()
+        .enumerate()
+        .filter(|(_, g)| **g == Some(gid))
+        .all(|(t, _)| {
+            let t = t as TensorId;
+            p.graph
+                .nodes
+                .iter()
+                .any(|n| n.out == t || (matches!(n.op, NodeOp::MaxPool(_)) && n.saved.contains(&t)))
+        })
+}
+
+/// Appends to `chain` the recompute instructions that regenerate the outputs of `producers` (in order)
+/// before execution order `u`, recursively regenerating inputs that are not live then. False when an
+/// input was overwritten in place and cannot be regenerated without clobbering a live value.
+fn build_chain(
+    p: &Plan,
+    producers: &[usize],
+    u: Eo,
+    mb: u16,
+    chain: &mut Vec<Instr>,
+    depth: usize,
+) -> bool {
+    if depth > 64 {
+        return false;
+    }
+    for &node in producers {
+        if chain.iter().any(|i| i.node as usize == node) {
+            continue;
+        }
+        for &x in &p.graph.nodes[node].inputs {
+            if p.graph.tensors[x as usize].kind == TensorKind::External {
+                continue;
+            }
+            // Produced earlier in this chain: valid by construction.
+            if chain
+                .iter()
+                .any(|i| p.graph.nodes[i.node as usize].out == x)
+            {
+                continue;
+            }
+            match value_at(p, x, u) {
+                Value::Valid => {}
+                Value::Clobbered => return false,
+                Value::Dead => {
+                    // Regenerate x: its group's producers up to x's own producer, in forward order.
+                    let Some(gid) = p.group_of[x as usize] else {
+                        return false;
+                    };
+                    let Some(xn) = p.graph.nodes.iter().position(|n| n.out == x) else {
+                        return false;
+                    };
+                    let mut pre: Vec<usize> =
+                        (0..=xn).filter(|&k| writes_group(p, k, gid)).collect();
+                    // Only the in-place chain that ends in x (earlier writers of other values are not needed).
+                    pre.retain(|&k| {
+                        k == xn || p.roots[p.graph.nodes[k].out as usize] == p.roots[x as usize]
+                    });
+                    if !build_chain(p, &pre, u, mb, chain, depth + 1) {
+                        return false;
+                    }
+                }
+            }
+        }
+        chain.push(Instr {
+            node: node as u16,
+            phase: Phase::Recompute,
+            mb,
+            placement: Default::default(),
+        });
+    }
+    true
+}
+
+enum Value {
+    Valid,
+    Dead,
+    Clobbered,
+}
+
+/// Whether tensor `x` holds its own value just before `u`: its group has a segment live across `u` whose
+/// last forward writer before `u` is `x`'s producer.
+fn value_at(p: &Plan, x: TensorId, u: Eo) -> Value {
+    let Some(gid) = p.group_of[x as usize] else {
+        return Value::Valid;
+    };
+    let Some(s) = p.storage_at(x, u) else {
+        return Value::Dead;
+    };
+    let life = &p.lives[s as usize];
+    if !(life.first < u && life.last >= u) {
+        return Value::Dead;
+    }
+    let Some(xn) = p.graph.nodes.iter().position(|n| n.out == x) else {
+        return Value::Valid;
+    };
+    let last_writer = p.touches[s as usize]
+        .iter()
+        .filter(|&&e| e < u)
+        .filter_map(|&e| {
+            let ins = &p.program[e as usize];
+            (matches!(ins.phase, Phase::Forward | Phase::Recompute)
+                && writes_group(p, ins.node as usize, gid))
+            .then_some(ins.node as usize)
+        })
+        .next_back();
+    if last_writer == Some(xn) {
+        Value::Valid
+    } else {
+        Value::Clobbered
+    }
+}
+
+/// The plain plan of `spec` at micro-batch `b` with `m` micro-batches.
+fn micro_plan(spec: &ModelSpec, b: usize, m: usize) -> Result<Plan, GraphError> {
+    Ok(Plan::shaped(
+        Graph::new(spec, b)?,
+        PlanShape {
+            micro_batches: m as u16,
+            in_place: true,
+        },
+    ))
+}
+
+/// Plans `spec` for steps of `batch` samples within `budget` using `kind`. `cost` ranks candidates
+/// (it is evaluated per plan; pass [`CostModel::estimate`] of the whole-batch graph or a measured one).
+pub fn plan_for_budget(
+    spec: &ModelSpec,
+    batch: usize,
+    budget: Budget,
+    kind: PolicyKind,
+    cost: &CostModel,
+) -> Result<Chosen, PlanError> {
+    let g = Graph::new(spec, batch)?;
+    let plain = Plan::new(g.clone());
+    let fits = |p: &Plan| p.needed_bytes() <= budget.bytes;
+    if fits(&plain) {
+        return Ok(Chosen::new(plain, PolicyKind::Plain, cost));
+    }
+    let separable = sample_separable(&g);
+    let mut smallest = plain.needed_bytes();
+    let mut note = |p: &Plan| smallest = smallest.min(p.needed_bytes());
+    let mut candidates: Vec<Chosen> = Vec::new();
+    let kinds: &[PolicyKind] = match kind {
+        PolicyKind::Auto => &[
+            PolicyKind::MicroBatch,
+            PolicyKind::Recompute,
+            PolicyKind::Hybrid,
+        ],
+        PolicyKind::Plain => &[],
+        k => core::slice::from_ref(match k {
+            PolicyKind::MicroBatch => &PolicyKind::MicroBatch,
+            PolicyKind::Recompute => &PolicyKind::Recompute,
+            PolicyKind::Hybrid => &PolicyKind::Hybrid,
+            _ => &PolicyKind::RecomputeFirst,
+        }),
+    };
+    for &k in kinds {
+        match k {
+            PolicyKind::MicroBatch if separable => {
+                // Largest micro-batch whose plain plan fits (arena grows with the micro-batch).
+                for b in (1..batch).rev() {
+                    let p = micro_plan(spec, b, batch.div_ceil(b))?;
+                    note(&p);
+                    if fits(&p) {
+                        candidates.push(Chosen::new(p, k, cost));
+                        break;
+                    }
+                }
+            }
+            PolicyKind::Recompute => match recompute(&g, 1, budget.bytes, cost) {
+                Ok(p) => candidates.push(Chosen::new(p, k, cost)),
+                Err(p) => note(&p),
+            },
+            PolicyKind::Hybrid | PolicyKind::RecomputeFirst => {
+                let sizes: Vec<usize> = if separable {
+                    let eff = cost.efficient_micro_batch(&g, batch, 0.9).max(1);
+                    // Hybrid: micro-batch down to the efficient size, then recompute (and only below
+                    // that, smaller micro-batches with recompute). RecomputeFirst: recompute at each
+                    // size, largest first.
+                    let mut v: Vec<usize> = (1..=batch).rev().collect();
+                    if k == PolicyKind::Hybrid {
+                        v.sort_by_key(|&b| (b < eff, core::cmp::Reverse(b)));
+                    }
+                    v
+                } else {
+                    vec![batch]
+                };
+                for b in sizes {
+                    let m = batch.div_ceil(b);
+                    let gb = Graph::new(spec, b)?;
+                    if k == PolicyKind::Hybrid {
+                        let p = micro_plan(spec, b, m)?;
+                        note(&p);
+                        if fits(&p) {
+                            candidates.push(Chosen::new(p, k, cost));
+                            break;
+                        }
+                        if b > cost.efficient_micro_batch(&g, batch, 0.9).max(1) {
+                            continue;
+                        }
+                    }
+                    match recompute(&gb, m as u16, budget.bytes, cost) {
+                        Ok(p) => {
+                            candidates.push(Chosen::new(p, k, cost));
+                            break;
+                        }
+                        Err(p) => note(&p),
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    candidates
+        .into_iter()
+        .min_by(|a, b| a.predicted_ms.total_cmp(&b.predicted_ms))
+        .ok_or(PlanError::Budget(BudgetError::TooSmall {
+            needed: smallest,
+            given: budget.bytes,
+        }))
+}
+
+/// The smallest budget any policy reaches for `spec` at `batch` (micro-batch 1 where separable, maximal
+/// recomputation).
+pub fn min_budget(spec: &ModelSpec, batch: usize, cost: &CostModel) -> Result<usize, GraphError> {
+    let g = Graph::new(spec, batch)?;
+    let mut best = match recompute(&g, 1, 0, cost) {
+        Ok(p) | Err(p) => p.needed_bytes(),
+    };
+    if sample_separable(&g) {
+        let g1 = Graph::new(spec, 1)?;
+        let (Ok(p) | Err(p)) = recompute(&g1, batch as u16, 0, cost);
+        best = best.min(p.needed_bytes());
+    }
+    Ok(best)
+}
