@@ -20,6 +20,7 @@ fn held_out_accuracy(example: &str, budget: usize) -> f32 {
         seed: 1,
         progress: false,
         quiet: true,
+        policy: frugal_core::policy::PolicyKind::Auto,
     };
     let rep = train::train(&m, &tr, &te, &opts, m.train.weights.as_ref()).unwrap();
     assert!(
@@ -52,16 +53,57 @@ fn transfer_head_on_frozen_backbone_learns() {
 fn budget_below_the_plan_is_a_typed_error_naming_the_need() {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/digits-cnn.toml");
     let m = load_model(&path).unwrap();
-    let err = train::plan_for(&m, 32, Budget::new(1000)).unwrap_err();
+    let err = train::plan_for(
+        &m,
+        32,
+        Budget::new(1000),
+        frugal_core::policy::PolicyKind::Auto,
+        None,
+    )
+    .unwrap_err();
     match err {
         train::TrainError::Budget(frugal_core::BudgetError::TooSmall { needed, given }) => {
             assert_eq!(given, 1000);
             assert!(needed > 1000);
             assert!(
-                train::plan_for(&m, 32, Budget::new(needed)).is_ok(),
+                train::plan_for(
+                    &m,
+                    32,
+                    Budget::new(needed),
+                    frugal_core::policy::PolicyKind::Auto,
+                    None
+                )
+                .is_ok(),
                 "the reported need must suffice"
             );
         }
         e => panic!("expected TooSmall, got {e}"),
     }
+}
+
+#[test]
+fn a_batch_larger_than_the_budget_trains_to_the_same_accuracy_band() {
+    // Batch 256 of the small CNN inside 64 KiB: far below its plain arena, so the policy must split the
+    // batch (and recompute) — training must still work.
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/digits-cnn.toml");
+    let m = load_model(&path).unwrap();
+    let (tr, te) = frugal_cli::data::digits();
+    let budget = 64 << 10;
+    let opts = TrainOptions {
+        batch: 256,
+        epochs: 40,
+        budget: Budget::new(budget),
+        seed: 1,
+        progress: false,
+        quiet: true,
+        policy: frugal_core::policy::PolicyKind::Auto,
+    };
+    let rep = train::train(&m, &tr, &te, &opts, None).unwrap();
+    assert!(rep.arena_bytes + 63 <= budget);
+    assert!(
+        rep.micro_batch < 256,
+        "expected micro-batching, got {}",
+        rep.micro_batch
+    );
+    assert!(rep.test_accuracy >= 0.9, "accuracy {}", rep.test_accuracy);
 }

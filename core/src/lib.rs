@@ -26,6 +26,7 @@ pub mod budget;
 pub mod kernels;
 pub mod ops;
 pub mod rng;
+pub mod spill;
 
 #[cfg(feature = "alloc")]
 pub mod exec;

@@ -4,7 +4,9 @@
 //! - `bench memory [--only id,id] [--steps N]`: the reference workloads, each in a fresh process: arena,
 //!   lower bound, peak RSS over the process baseline, ms/step at one thread, beside PyTorch's and the
 //!   best peer's numbers measured on this machine kind.
+//! - `bench budget`: the memory policies — Melon's headline, smallest budgets, Sage's orderings.
 mod bench;
+mod budget;
 
 use std::process::{Command, ExitCode};
 
@@ -12,6 +14,9 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let r = match args.first().map(String::as_str) {
         Some("test") => test(),
+        Some("bench") if args.get(1).map(String::as_str) == Some("budget") => {
+            budget::main(&args[2..])
+        }
         Some("bench") => bench::main(&args[1..]),
         Some("__bench-one") => bench::child(&args[1..]),
         _ => {

@@ -16,6 +16,7 @@ use crate::ops;
 use crate::optim::{self, StepCtx};
 use crate::plan::{Eo, Instr, Phase, Plan, ALIGN, LOSS_NODE};
 use crate::rng::{hash2, Rng};
+pub use crate::spill::{Spill, SpillError};
 
 /// The targets of a batch.
 #[derive(Clone, Copy, Debug)]
@@ -52,6 +53,9 @@ pub enum ExecError {
     Placement(Placement),
     /// A named tensor does not exist or has another size.
     Tensor(&'static str),
+    /// The host's spill store failed a swap. A failed swap-out rejects the step before any update (all
+    /// swap-outs precede the first update); a failed swap-in aborts the step mid-backward.
+    Spill(SpillError),
 }
 
 impl fmt::Display for ExecError {
@@ -66,12 +70,19 @@ impl fmt::Display for ExecError {
             ExecError::BadPlan(what) => write!(f, "inconsistent plan: {what}"),
             ExecError::Placement(p) => write!(f, "no backend for placement {p:?}"),
             ExecError::Tensor(what) => write!(f, "tensor access: {what}"),
+            ExecError::Spill(e) => write!(f, "{e}"),
         }
     }
 }
 
 #[cfg(feature = "std")]
 impl std::error::Error for ExecError {}
+
+impl From<SpillError> for ExecError {
+    fn from(e: SpillError) -> Self {
+        ExecError::Spill(e)
+    }
+}
 
 impl From<BudgetError> for ExecError {
     fn from(b: BudgetError) -> Self {
@@ -419,6 +430,120 @@ impl<'p, B: Backend> Executor<'p, B> {
         Ok(stats)
     }
 
+    /// [`Executor::train_step`] for plans with swap instructions ([`Phase::SpillOut`], [`Phase::SpillIn`],
+    /// see [`crate::policy::swap`]): their bytes go to and come back from `spill`, keyed by tensor id. A
+    /// swap-in with `k` instructions between it and its tensor's next use is announced with
+    /// [`Spill::prefetch`] `k` instructions before the swap-in itself (at most [`MAX_PREFETCH_LEAD`]), so
+    /// a host can read it in the background. Results are bit-identical to the plain plan's.
+    pub fn train_step_spilled(
+        &mut self,
+        arena: &mut [u8],
+        x: &[f32],
+        target: Target<'_>,
+        spill: &mut dyn Spill,
+    ) -> Result<StepStats, ExecError> {
+        self.train_step_spilled_observed(arena, x, target, spill, &mut ())
+    }
+
+    /// [`Executor::train_step_spilled`] calling `obs` after every instruction.
+    pub fn train_step_spilled_observed(
+        &mut self,
+        arena: &mut [u8],
+        x: &[f32],
+        target: Target<'_>,
+        spill: &mut dyn Spill,
+        obs: &mut impl Observer,
+    ) -> Result<StepStats, ExecError> {
+        let n = self.check_batch(x, Some(target), self.plan.batch())?;
+        let plan = self.plan;
+        let a = self.arena(arena)?;
+        let mut stats = StepStats {
+            samples: n,
+            ..StepStats::default()
+        };
+        let ctx = StepCtx { t: self.steps + 1 };
+        let step_seed = hash2(plan.graph.seed, self.steps as u64);
+        let per = plan.graph.input_dims.numel();
+        let outs = plan.graph.pred_dims().numel();
+        let mb_size = plan.graph.batch;
+        let mb_samples = |mb: u16| n.saturating_sub(mb as usize * mb_size).min(mb_size);
+        let mut loss = 0f64;
+        for (eo, ins) in plan.program.iter().enumerate() {
+            let eo = eo as Eo;
+            // Announce the swap-ins whose prefetch point is here.
+            for j in eo + 1..plan.n_eo().min(eo + 1 + MAX_PREFETCH_LEAD) {
+                let next = &plan.program[j as usize];
+                if next.phase == Phase::SpillIn
+                    && mb_samples(next.mb) > 0
+                    && prefetch_point(plan, j) == Some(eo)
+                {
+                    let (_, len) = spill_region(plan, j)?;
+                    spill.prefetch(next.node as u32, len);
+                }
+            }
+            if ins.placement != Placement::Cpu && ins.placement != self.backend.placement() {
+                return Err(ExecError::Placement(ins.placement));
+            }
+            // This instruction's micro-batch: samples [start, start + n_mb).
+            let start = ins.mb as usize * mb_size;
+            let n_mb = if ins.phase == Phase::Apply {
+                n
+            } else {
+                mb_samples(ins.mb)
+            };
+            if n_mb == 0 {
+                continue; // a partial batch leaves the last micro-batches empty
+            }
+            let xs = if ins.phase == Phase::Apply {
+                x
+            } else {
+                &x[start * per..(start + n_mb) * per]
+            };
+            match ins.phase {
+                Phase::SpillOut => {
+                    let (off, len) = spill_region(plan, eo)?;
+                    spill.write(ins.node as u32, &a[off..off + len])?;
+                }
+                Phase::SpillIn => {
+                    let (off, len) = spill_region(plan, eo)?;
+                    spill.read(ins.node as u32, &mut a[off..off + len])?;
+                }
+                Phase::Loss => {
+                    let t = match target {
+                        Target::Classes(y) => Target::Classes(&y[start..start + n_mb]),
+                        Target::Values(v) => {
+                            Target::Values(&v[start * outs..(start + n_mb) * outs])
+                        }
+                    };
+                    let (l, correct) = run_loss(plan, eo, a, n_mb, t, true, n)?;
+                    if !l.is_finite() {
+                        return Err(ExecError::NonFinite("the loss"));
+                    }
+                    loss += l as f64 * n_mb as f64;
+                    stats.correct += correct;
+                }
+                _ => run_instr(
+                    plan,
+                    eo,
+                    a,
+                    ins,
+                    n_mb,
+                    xs,
+                    Mode::Train,
+                    RunSeed {
+                        seed: step_seed,
+                        start,
+                    },
+                    ctx,
+                )?,
+            }
+            obs.after(eo as usize, ins, a);
+        }
+        stats.loss = (loss / n as f64) as f32;
+        self.steps += 1;
+        Ok(stats)
+    }
+
     /// Forward pass in evaluation mode (BatchNorm uses running statistics, no dropout) and the loss
     /// without derivatives, on at most one micro-batch of samples. Returns the mean loss and the correct
     /// count.
@@ -476,6 +601,10 @@ impl<'p, B: Backend> Executor<'p, B> {
                     ctx,
                 )?,
                 (Phase::Loss, 0) => return Ok(eo as Eo),
+                // Swap plans only swap in after the loss; earlier, the forward would read stale bytes.
+                (Phase::SpillIn, 0) => {
+                    return Err(ExecError::BadPlan("a swap-in before the loss"));
+                }
                 _ => {}
             }
         }
@@ -496,6 +625,40 @@ fn tensor_mut<'a>(
         .get_mut(off..off + len)
         .ok_or(ExecError::BadPlan("tensor outside the arena"))?;
     f32s(s)
+}
+
+/// Farthest ahead of a swap-in that [`Executor::train_step_spilled`] announces it to the spill store.
+pub const MAX_PREFETCH_LEAD: Eo = 64;
+
+/// Arena range (offset, bytes) of the whole storage a swap instruction at `eo` moves.
+fn spill_region(plan: &Plan, eo: Eo) -> Result<(usize, usize), ExecError> {
+    let bad = ExecError::BadPlan("a swap names a tensor that is not in the arena");
+    let t = plan.program[eo as usize].spilled().ok_or(bad.clone())?;
+    let s = plan.storage_at(t, eo).ok_or(bad.clone())? as usize;
+    let (off, len) = (plan.offsets[s], plan.lives[s].bytes);
+    if off.checked_add(len).is_none_or(|e| e > plan.arena_bytes) {
+        return Err(bad);
+    }
+    Ok((off, len))
+}
+
+/// Where the swap-in at `j` is announced: as many instructions before it as it precedes its tensor's next
+/// use (at most [`MAX_PREFETCH_LEAD`]), never before its swap-out; None when that is `j` itself.
+fn prefetch_point(plan: &Plan, j: Eo) -> Option<Eo> {
+    let t = plan.program[j as usize].spilled()?;
+    let gid = plan.group_of.get(t as usize).copied().flatten()? as usize;
+    let segs = &plan.segments[gid];
+    let k = segs.iter().position(|&(start, _)| start == j)?;
+    let s = segs[k].1 as usize;
+    let next_use = *plan.touches[s].iter().find(|&&e| e > j)?;
+    // Instructions between the swap-in and the use.
+    let lead = (next_use - j - 1).min(MAX_PREFETCH_LEAD);
+    // The swap-out ends the previous segment; the bytes exist only after it.
+    let out = k
+        .checked_sub(1)
+        .map_or(0, |p| plan.lives[segs[p].1 as usize].last + 1);
+    let p = (j - lead).max(out);
+    (p < j).then_some(p)
 }
 
 /// (offset, bytes) of the first `elems` elements of `t` at `eo`, or (0, 0) for none/external.
@@ -616,6 +779,9 @@ fn run_instr(
         Phase::GradX => grad_x(plan, eo, a, node, n, rs),
         Phase::Apply => apply(plan, eo, a, node, ctx),
         Phase::Loss => Err(ExecError::BadPlan("loss instruction in the wrong place")),
+        Phase::SpillOut | Phase::SpillIn => Err(ExecError::BadPlan(
+            "a swap instruction needs a spill store (Executor::train_step_spilled)",
+        )),
     }
 }
 
@@ -1160,7 +1326,28 @@ fn grad_x(
             c, hw, eps, train, ..
         } => {
             let xin = node.inputs[0];
-            if *train {
+            if *train && dx.is_some_and(|d| same(plan, eo, dy, d)) {
+                let [xb, db, mb, ib, gb] = carve(
+                    a,
+                    [
+                        reg(plan, eo, Some(xin), in_elems),
+                        reg(plan, eo, Some(dy), out_elems),
+                        whole(plan, eo, node.saved.first().copied()),
+                        whole(plan, eo, node.saved.get(1).copied()),
+                        whole(plan, eo, w),
+                    ],
+                )?;
+                ops::bn_grad_x_inplace(
+                    n,
+                    *c,
+                    *hw,
+                    f32s(xb)?,
+                    f32s(db)?,
+                    f32s(mb)?,
+                    f32s(ib)?,
+                    f32s(gb)?,
+                );
+            } else if *train {
                 let [xb, dyb, mb, ib, gb, dxb] = carve(
                     a,
                     [

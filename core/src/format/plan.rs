@@ -19,6 +19,9 @@
 //!             | strategy length: u8 | strategy name bytes
 //! ```
 //!
+//! Phases are coded 0 F, 1 loss, 2 CG, 3 CD, 4 apply, 5 recompute, 6 swap-out, 7 swap-in; a swap's
+//! `node` is the id of the tensor it moves (an in-arena, non-persistent tensor of the model).
+//!
 //! Decoding trusts nothing: every enum value, node index and micro-batch index is checked, the storage
 //! count must match the storages recomputed from the program, and the stored layout must be aligned, fit
 //! its arena, and never give two storages alive at the same execution order overlapping bytes.
@@ -26,7 +29,7 @@ use alloc::vec::Vec;
 
 use super::{decode_model, encode_model, FormatError, Reader};
 use crate::backend::Placement;
-use crate::graph::{Graph, GraphError};
+use crate::graph::{Graph, GraphError, TensorKind};
 use crate::model::ModelSpec;
 use crate::plan::{
     lifetimes, share_groups, strategies, Instr, Phase, Plan, TensorLife, ALIGN, LOSS_NODE,
@@ -111,6 +114,8 @@ fn phase_code(p: Phase) -> u8 {
         Phase::GradX => 3,
         Phase::Apply => 4,
         Phase::Recompute => 5,
+        Phase::SpillOut => 6,
+        Phase::SpillIn => 7,
     }
 }
 
@@ -282,10 +287,17 @@ fn get_body(r: &mut Reader<'_>, spec: &ModelSpec) -> Result<Plan, FormatError> {
             3 => Phase::GradX,
             4 => Phase::Apply,
             5 => Phase::Recompute,
+            6 => Phase::SpillOut,
+            7 => Phase::SpillIn,
             _ => return Err(bad("instruction phase", phase_at, "unknown phase")),
         };
         let ok = if phase == Phase::Loss {
             node == LOSS_NODE
+        } else if matches!(phase, Phase::SpillOut | Phase::SpillIn) {
+            // Swaps name a tensor: it must exist, be in the arena and not be persistent.
+            graph.tensors.get(node as usize).is_some_and(|t| {
+                t.bytes > 0 && t.kind != TensorKind::External && !t.kind.persistent()
+            })
         } else {
             (node as usize) < n_nodes
         };
@@ -680,7 +692,7 @@ mod tests {
         // Unknown phase and placement bytes.
         let b = encode_plan(&s, &plain());
         let i = first_instr(&b);
-        assert_eq!(field(&patched(&b, i + 2, 6)), "instruction phase");
+        assert_eq!(field(&patched(&b, i + 2, 8)), "instruction phase");
         assert_eq!(field(&patched(&b, i + 5, 3)), "instruction placement");
         // Batch 0 and a batch too large.
         let batch_at = i - 11;

@@ -778,7 +778,9 @@ impl<'a> Builder<'a> {
                     NodeOp::View if consumers.get(&t).copied() == Some(1) => {
                         Share::ReadView(d_out_id)
                     }
-                    NodeOp::Act(_) | NodeOp::Dropout { .. } => Share::ModifyView(d_out_id),
+                    NodeOp::Act(_)
+                    | NodeOp::Dropout { .. }
+                    | NodeOp::BatchNorm { train: true, .. } => Share::ModifyView(d_out_id),
                     NodeOp::Add if k == 0 => Share::ModifyView(d_out_id),
                     _ => Share::Own,
                 };

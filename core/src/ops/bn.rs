@@ -315,6 +315,39 @@ pub fn bn_grad_x<T: Real>(
     }
 }
 
+/// [`bn_grad_x`] in place: `d` holds dy on entry and dx on return. Each channel's sums are taken before
+/// that channel is overwritten, so the result is bit-identical to the out-of-place version.
+#[allow(clippy::too_many_arguments)]
+pub fn bn_grad_x_inplace<T: Real>(
+    n: usize,
+    c: usize,
+    hw: usize,
+    x: &[T],
+    d: &mut [T],
+    mean: &[T],
+    invstd: &[T],
+    gamma: &[T],
+) {
+    let count = n * hw;
+    if count == 0 {
+        return;
+    }
+    let cnt = T::from_usize(count);
+    for ch in 0..c {
+        let (mu, is) = (mean[ch], invstd[ch]);
+        let (sdy, dotp) = chan_grad_sums(n, c, hw, x, d, ch, mu);
+        let k = dotp * is * is / cnt;
+        let gm = sdy / cnt;
+        let a = is * gamma[ch];
+        for s in 0..n {
+            let o = (s * c + ch) * hw;
+            for (g, &x) in d[o..o + hw].iter_mut().zip(&x[o..o + hw]) {
+                *g = (*g - gm - (x - mu) * k) * a;
+            }
+        }
+    }
+}
+
 /// Eval-mode (frozen) input gradient: `dx = dy·γ/√(run_var + eps)` (added when `accumulate`).
 #[allow(clippy::too_many_arguments)]
 pub fn bn_grad_x_eval<T: Real>(
@@ -387,6 +420,29 @@ mod tests {
             e,
         );
         o
+    }
+
+    #[test]
+    fn grad_x_in_place_is_bit_identical() {
+        let (n, c, hw) = (3, 2, 5);
+        let mut rng = crate::rng::Rng::new(11);
+        let v = |rng: &mut crate::rng::Rng, k: usize| {
+            (0..k)
+                .map(|_| rng.uniform(-1.0, 1.0))
+                .collect::<alloc::vec::Vec<f32>>()
+        };
+        let (x, dy, g) = (
+            v(&mut rng, n * c * hw),
+            v(&mut rng, n * c * hw),
+            v(&mut rng, c),
+        );
+        let mean = [0.1f32, -0.2];
+        let invstd = [1.3f32, 0.7];
+        let mut dx = alloc::vec![0f32; n * c * hw];
+        bn_grad_x(n, c, hw, &x, &dy, &mean, &invstd, &g, &mut dx, false);
+        let mut d = dy.clone();
+        bn_grad_x_inplace(n, c, hw, &x, &mut d, &mean, &invstd, &g);
+        assert!(d.iter().zip(&dx).all(|(a, b)| a.to_bits() == b.to_bits()));
     }
 
     #[test]

@@ -30,7 +30,10 @@ pub mod pool;
 mod testutil;
 
 pub use act::{act_fwd, act_fwd_inplace, act_grad, act_grad_inplace, Act};
-pub use bn::{bn_fwd_eval, bn_fwd_recompute, bn_fwd_train, bn_grad_w, bn_grad_x, bn_grad_x_eval};
+pub use bn::{
+    bn_fwd_eval, bn_fwd_recompute, bn_fwd_train, bn_grad_w, bn_grad_x, bn_grad_x_eval,
+    bn_grad_x_inplace,
+};
 pub use conv::{conv_fwd, conv_grad_w, conv_grad_x, conv_scratch_len, ConvGeom, CONV_COL_CAP};
 pub use dropout::{
     dropout_fwd, dropout_fwd_inplace, dropout_grad, dropout_grad_inplace, dropout_keep,

@@ -40,6 +40,12 @@ pub enum Phase {
     Apply = 4,
     /// Forward re-run to regenerate a discarded activation (no side effects on running statistics).
     Recompute = 5,
+    /// Swap out (NNTrainer §4.3): reads a group's storage and hands it to the host's spill store; the
+    /// storage's lifetime segment ends here. `Instr::node` holds the *tensor id*, not a node index.
+    SpillOut = 6,
+    /// Swap in: a fresh write of the group from the spill store, starting a new lifetime segment that the
+    /// layout places like any other. `Instr::node` holds the *tensor id*.
+    SpillIn = 7,
 }
 
 impl Phase {
@@ -52,6 +58,8 @@ impl Phase {
             Phase::GradX => "CD",
             Phase::Apply => "AG",
             Phase::Recompute => "RF",
+            Phase::SpillOut => "SO",
+            Phase::SpillIn => "SI",
         }
     }
 }
@@ -72,6 +80,25 @@ pub struct Instr {
 
 /// Node index used by the loss instruction.
 pub const LOSS_NODE: u16 = u16::MAX;
+
+impl Instr {
+    /// A swap instruction ([`Phase::SpillOut`] or [`Phase::SpillIn`]) of tensor `t` in micro-batch `mb`;
+    /// the tensor id is stored in `node` (None when it does not fit in 16 bits or `phase` is no swap).
+    pub fn spill(phase: Phase, t: TensorId, mb: u16) -> Option<Instr> {
+        let node = u16::try_from(t).ok().filter(|&n| n != LOSS_NODE)?;
+        matches!(phase, Phase::SpillOut | Phase::SpillIn).then_some(Instr {
+            node,
+            phase,
+            mb,
+            placement: Placement::Cpu,
+        })
+    }
+
+    /// The tensor a swap instruction moves (None for every other phase).
+    pub fn spilled(&self) -> Option<TensorId> {
+        matches!(self.phase, Phase::SpillOut | Phase::SpillIn).then_some(self.node as TensorId)
+    }
+}
 
 /// The ordered program of one training step.
 #[derive(Clone, Debug)]
@@ -141,6 +168,13 @@ pub fn touches(g: &Graph, ins: &Instr, out: &mut Vec<TensorId>) {
         out.extend(g.loss_scratch);
         return;
     }
+    if let Some(t) = ins.spilled() {
+        // Swaps carry a tensor id in `node`.
+        if (t as usize) < g.tensors.len() {
+            out.push(t);
+        }
+        return;
+    }
     let Some(n) = g.nodes.get(ins.node as usize) else {
         return;
     };
@@ -200,7 +234,7 @@ pub fn touches(g: &Graph, ins: &Instr, out: &mut Vec<TensorId>) {
                 out.extend(p.state.iter().copied());
             }
         }
-        Phase::Loss => {}
+        Phase::Loss | Phase::SpillOut | Phase::SpillIn => {}
     }
 }
 
@@ -211,6 +245,10 @@ pub fn fresh_write(g: &Graph, ins: &Instr, t: TensorId, root: bool) -> bool {
     let kind = g.tensors[t as usize].kind;
     if kind == TensorKind::Scratch {
         return true;
+    }
+    if ins.phase == Phase::SpillIn {
+        // A swap-in rewrites the whole group (whichever member it names) from the spill store.
+        return !kind.persistent() && ins.spilled() == Some(t);
     }
     if !root || kind.persistent() {
         return false;

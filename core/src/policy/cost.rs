@@ -18,6 +18,8 @@ fn slot(p: Phase) -> usize {
         Phase::GradX => 2,
         Phase::Apply => 3,
         Phase::Loss => 4,
+        // Swaps are not modelled (`instr_ns` prices them at 0); any slot will do.
+        Phase::SpillOut | Phase::SpillIn => 3,
     }
 }
 
@@ -140,6 +142,9 @@ impl CostModel {
 
     /// Predicted nanoseconds of one instruction on `n` samples.
     pub fn instr_ns(&self, ins: &Instr, n: usize) -> f64 {
+        if ins.spilled().is_some() {
+            return 0.0; // moving bytes to the host's spill store is not modelled
+        }
         let row = if ins.phase == Phase::Loss {
             self.costs.last()
         } else {

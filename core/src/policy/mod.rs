@@ -4,6 +4,9 @@
 //! plan under a [`CostModel`], or reports the smallest budget any plan needs.
 pub mod cost;
 #[cfg(test)]
+mod oracle_tests;
+pub mod swap;
+#[cfg(test)]
 mod tests;
 
 use alloc::vec;
@@ -506,7 +509,7 @@ pub fn plan_for_budget(
                             candidates.push(Chosen::new(p, k, cost));
                             break;
                         }
-                        if b > cost.efficient_micro_batch(&g, batch, 0.9).max(1) {
+                        if separable && b > cost.efficient_micro_batch(&g, batch, 0.9).max(1) {
                             continue;
                         }
                     }

@@ -7,6 +7,7 @@
 //! - [`svg`]: pictures — the arena layout over execution order, training curves.
 //! - [`progress`]: per-epoch progress bars that stay quiet in CI logs.
 //! - [`fsutil`]: crash-safe file writes.
+//! - [`spill`]: the file-backed store for swapped-out tensors, with background prefetch.
 //!
 //! Library errors are typed enums whose messages name the file, the field or place, and the reason.
 #![warn(missing_docs)]
@@ -14,10 +15,12 @@
 pub mod checkpoint;
 pub mod data;
 pub mod fsutil;
+pub mod measure;
 pub mod progress;
 pub mod report;
 #[cfg(feature = "toml")]
 pub mod spec_toml;
+pub mod spill;
 pub mod svg;
 #[cfg(feature = "toml")]
 pub mod train;

@@ -1,16 +1,17 @@
-//! `frugal`: train a model inside a memory budget, or show the plan of its arena.
+//! `frugal`: train a model inside a memory budget, or show the plans of its arena.
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use frugal_cli::report;
 use frugal_cli::spec_toml::{load_model, DatasetSource};
-use frugal_cli::svg::{arena_svg, curves_svg, human_bytes};
+use frugal_cli::svg::{arena_svg, curves_svg, human_bytes, timeline_svg, TimelinePanel};
 use frugal_cli::train::{self, parse_size, TrainOptions};
-use frugal_cli::{checkpoint, fsutil};
+use frugal_cli::{checkpoint, fsutil, measure};
 use frugal_core::budget::Budget;
 use frugal_core::graph::Graph;
 use frugal_core::plan::Plan;
+use frugal_core::policy::{self, CostModel, PolicyKind};
 
 #[derive(Parser)]
 #[command(
@@ -23,15 +24,30 @@ struct Cli {
     cmd: Cmd,
 }
 
+fn parse_policy(s: &str) -> Result<PolicyKind, String> {
+    PolicyKind::parse(s).ok_or_else(|| {
+        format!(
+            "unknown policy {s:?} (auto, plain, micro-batch, recompute, hybrid, recompute-first)"
+        )
+    })
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Train a model (TOML) on its data set under a memory budget.
     Train {
         /// Model description (see docs/model-format.md).
         model: PathBuf,
-        /// Arena budget, e.g. 2MiB, 600KiB (default: unlimited).
+        /// Arena budget, e.g. 2MiB, 600KiB (default: unlimited). Batches that do not fit are
+        /// micro-batched and/or recomputed, with the same gradients.
         #[arg(long, value_parser = parse_size)]
         budget: Option<usize>,
+        /// Memory policy when the plain plan does not fit the budget.
+        #[arg(long, default_value = "auto", value_parser = parse_policy)]
+        policy: PolicyKind,
+        /// Rank plans by instruction times measured on this device instead of the FLOPs estimate.
+        #[arg(long)]
+        profile: bool,
         /// Samples per step (default: the model file's [train] batch, else 32).
         #[arg(long)]
         batch: Option<usize>,
@@ -51,19 +67,34 @@ enum Cmd {
         #[arg(long)]
         weights: Option<PathBuf>,
     },
-    /// Print the plan of one training step: every tensor, its lifetime and offset; optionally draw it.
+    /// Print the plan of one training step: every tensor, its lifetime and offset; or, with --budgets,
+    /// a table of plans for a ladder of budgets.
     Plan {
         /// Model description.
         model: PathBuf,
         /// Samples per step.
         #[arg(long, default_value_t = 32)]
         batch: usize,
-        /// Draw the arena (execution order × address) as SVG.
+        /// Budgets to plan for, e.g. 64KiB,128KiB,1MiB: prints budget → feasible, micro-batch,
+        /// recomputes, extra FLOPs, predicted and measured ms/step.
+        #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+        budgets: Vec<usize>,
+        /// Policy for --budgets.
+        #[arg(long, default_value = "auto", value_parser = parse_policy)]
+        policy: PolicyKind,
+        /// Draw the arena (execution order × address) as SVG; with --budgets one file per budget
+        /// (`<name>-<budget>.svg`).
         #[arg(long)]
         svg: Option<PathBuf>,
+        /// Draw the memory timeline (bytes in use per instruction, the budget, recomputes marked).
+        #[arg(long)]
+        timeline: Option<PathBuf>,
         /// Also list the program (instructions in execution order).
         #[arg(long)]
         program: bool,
+        /// Rank plans by instruction times measured on this device.
+        #[arg(long)]
+        profile: bool,
     },
 }
 
@@ -77,11 +108,31 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
+type Res = Result<(), Box<dyn std::error::Error>>;
+
+fn cost_model(
+    spec: &frugal_core::model::ModelSpec,
+    batch: usize,
+    profile: bool,
+) -> Result<CostModel, Box<dyn std::error::Error>> {
+    if profile {
+        eprintln!(
+            "profiling instruction times at batch {batch} and {} …",
+            (batch / 4).max(1)
+        );
+        Ok(measure::profile(spec, batch)?)
+    } else {
+        Ok(CostModel::estimate(&Graph::new(spec, batch)?))
+    }
+}
+
+fn run(cli: Cli) -> Res {
     match cli.cmd {
         Cmd::Train {
             model,
             budget,
+            policy,
+            profile,
             batch,
             epochs,
             seed,
@@ -95,7 +146,6 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             let source = mf.train.dataset.clone().unwrap_or(DatasetSource::Digits);
             let (train_set, test_set) = train::load_data(&source)?;
             let budget_v = budget.map(Budget::new).unwrap_or(Budget::UNLIMITED);
-            let plan = Plan::new(Graph::new(&mf.spec, batch)?);
             println!(
                 "model {}: {} layers, {} train / {} test samples",
                 model.display(),
@@ -103,8 +153,18 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 train_set.len(),
                 test_set.len()
             );
-            println!("{}", report::summary(&plan, budget));
-            plan.check_budget(budget_v)?;
+            let cost = cost_model(&mf.spec, batch, profile)?;
+            let chosen = train::plan_for(&mf, batch, budget_v, policy, Some(&cost))?;
+            println!("{}", report::summary(&chosen.plan, budget));
+            println!(
+                "policy: {}, micro-batch {} × {}, {} recomputes per step (+{:.2} MFLOP), predicted {:.2} ms/step",
+                chosen.policy.name(),
+                chosen.plan.graph.batch,
+                chosen.plan.micro_batches,
+                chosen.recomputes,
+                chosen.extra_flops as f64 / 1e6,
+                chosen.predicted_ms
+            );
             let opts = TrainOptions {
                 batch,
                 epochs,
@@ -112,6 +172,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 seed,
                 progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
                 quiet: false,
+                policy,
             };
             let w = weights.or(mf.train.weights.clone());
             let rep = train::train(&mf, &train_set, &test_set, &opts, w.as_ref())?;
@@ -145,37 +206,157 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Cmd::Plan {
             model,
             batch,
+            budgets,
+            policy,
             svg,
+            timeline,
             program,
+            profile,
         } => {
             let mf = load_model(&model)?;
-            let plan = Plan::new(Graph::new(&mf.spec, batch)?);
-            print!("{}", report::tensor_table(&plan));
-            if program {
-                println!("program: {}", report::program_listing(&plan));
+            if budgets.is_empty() {
+                let plan = Plan::new(Graph::new(&mf.spec, batch)?);
+                print!("{}", report::tensor_table(&plan));
+                if program {
+                    println!("program: {}", report::program_listing(&plan));
+                }
+                println!("{}", report::summary(&plan, None));
+                if let Some(p) = svg {
+                    let title = format!(
+                        "{} — batch {batch}, arena {}",
+                        model.display(),
+                        human_bytes(plan.arena_bytes)
+                    );
+                    fsutil::write_atomic(
+                        &p,
+                        arena_svg(
+                            &report::arena_rects(&plan),
+                            plan.arena_bytes,
+                            plan.n_eo(),
+                            &title,
+                        )
+                        .as_bytes(),
+                    )?;
+                    println!("arena picture: {}", p.display());
+                }
+                if let Some(p) = timeline {
+                    let panel = report::timeline_panel(&plan, None, "plain plan".into());
+                    fsutil::write_atomic(&p, timeline_svg(&[panel]).as_bytes())?;
+                    println!("memory timeline: {}", p.display());
+                }
+                return Ok(());
             }
-            println!("{}", report::summary(&plan, None));
-            if let Some(p) = svg {
-                let title = format!(
-                    "{} — batch {batch}, arena {}",
-                    model.display(),
-                    human_bytes(plan.arena_bytes)
-                );
-                fsutil::write_atomic(
-                    &p,
-                    arena_svg(
-                        &report::arena_rects(&plan),
-                        plan.arena_bytes,
-                        plan.n_eo(),
-                        &title,
-                    )
-                    .as_bytes(),
-                )?;
-                println!("arena picture: {}", p.display());
-            }
+            plan_table(
+                &mf.spec,
+                &model,
+                batch,
+                &budgets,
+                policy,
+                profile,
+                svg.as_deref(),
+                timeline.as_deref(),
+                program,
+            )?;
         }
     }
     Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn plan_table(
+    spec: &frugal_core::model::ModelSpec,
+    model: &Path,
+    batch: usize,
+    budgets: &[usize],
+    policy: PolicyKind,
+    profile: bool,
+    svg: Option<&Path>,
+    timeline: Option<&Path>,
+    program: bool,
+) -> Res {
+    let cost = cost_model(spec, batch, profile)?;
+    let plain = Plan::new(Graph::new(spec, batch)?);
+    println!(
+        "{} at batch {batch}: unconstrained arena {} ({} B)",
+        model.display(),
+        human_bytes(plain.arena_bytes),
+        plain.arena_bytes
+    );
+    println!("| budget | feasible | policy | micro-batch | recomputes | extra MFLOP | arena | predicted ms/step | measured ms/step |");
+    println!("|---|---|---|---|---:|---:|---|---:|---:|");
+    let mut panels: Vec<TimelinePanel> = Vec::new();
+    for &b in budgets {
+        match policy::plan_for_budget(spec, batch, Budget::new(b), policy, &cost) {
+            Ok(c) => {
+                let measured = measure::step_ms(&c.plan, 3)?;
+                println!(
+                    "| {} | yes | {} | {} × {} | {} | {:.2} | {} | {:.2} | {:.2} |",
+                    human_bytes(b),
+                    c.policy.name(),
+                    c.plan.graph.batch,
+                    c.plan.micro_batches,
+                    c.recomputes,
+                    c.extra_flops as f64 / 1e6,
+                    human_bytes(c.plan.arena_bytes),
+                    c.predicted_ms,
+                    measured
+                );
+                if program {
+                    println!("  program: {}", report::program_listing(&c.plan));
+                }
+                if let Some(p) = svg {
+                    let path = suffixed(p, &human_bytes(b).replace(' ', ""));
+                    let title = format!(
+                        "{} — batch {batch}, budget {}, {} plan, arena {}",
+                        model.display(),
+                        human_bytes(b),
+                        c.policy.name(),
+                        human_bytes(c.plan.arena_bytes)
+                    );
+                    fsutil::write_atomic(
+                        &path,
+                        arena_svg(
+                            &report::arena_rects(&c.plan),
+                            c.plan.arena_bytes,
+                            c.plan.n_eo(),
+                            &title,
+                        )
+                        .as_bytes(),
+                    )?;
+                }
+                panels.push(report::timeline_panel(
+                    &c.plan,
+                    Some(b),
+                    format!(
+                        "budget {} — {} ({} recomputes, micro-batch {})",
+                        human_bytes(b),
+                        c.policy.name(),
+                        c.recomputes,
+                        c.plan.graph.batch
+                    ),
+                ));
+            }
+            Err(e) => println!("| {} | no: {e} | | | | | | | |", human_bytes(b)),
+        }
+    }
+    if let Some(p) = svg {
+        println!("arena pictures: {}", suffixed(p, "<budget>").display());
+    }
+    if let Some(p) = timeline {
+        fsutil::write_atomic(p, timeline_svg(&panels).as_bytes())?;
+        println!("memory timeline: {}", p.display());
+    }
+    Ok(())
+}
+
+fn suffixed(p: &Path, tag: &str) -> PathBuf {
+    let stem = p
+        .file_stem()
+        .map_or_else(|| "plan".into(), |s| s.to_string_lossy().into_owned());
+    let ext = p
+        .extension()
+        .map_or_else(|| "svg".into(), |s| s.to_string_lossy().into_owned());
+    p.with_file_name(format!("{stem}-{tag}.{ext}"))
 }
 
 fn default_checkpoint(model: &Path) -> PathBuf {

@@ -103,3 +103,42 @@ pub fn arena_rects(plan: &Plan) -> Vec<ArenaRect> {
         })
         .collect()
 }
+
+/// The memory timeline of one step of `plan`: arena bytes in use after each instruction (the highest end
+/// of any storage live there), recomputations and swaps marked, the budget as a line.
+pub fn timeline_panel(
+    plan: &Plan,
+    budget: Option<usize>,
+    title: String,
+) -> crate::svg::TimelinePanel {
+    use crate::svg::{Mark, TimelinePoint};
+    use frugal_core::plan::Phase;
+    let profile = plan.pool_profile();
+    let points = plan
+        .program
+        .iter()
+        .enumerate()
+        .map(|(eo, ins)| {
+            let name = plan
+                .graph
+                .nodes
+                .get(ins.node as usize)
+                .map_or("loss", |n| n.name.as_str());
+            let mark = match ins.phase {
+                Phase::Recompute => Mark::Recompute,
+                _ => Mark::Normal,
+            };
+            TimelinePoint {
+                eo: eo as u32,
+                bytes: profile[eo],
+                label: format!("{}({name}) mb{}", ins.phase.short(), ins.mb),
+                mark,
+            }
+        })
+        .collect();
+    crate::svg::TimelinePanel {
+        title,
+        points,
+        budgets: budget.map(|b| vec![(0, b)]).unwrap_or_default(),
+    }
+}

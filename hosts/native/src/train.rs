@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use frugal_core::budget::{Budget, BudgetError};
 use frugal_core::exec::{ExecError, Executor, Target};
 use frugal_core::graph::{Graph, GraphError};
-use frugal_core::plan::Plan;
+use frugal_core::policy::{self, Chosen, CostModel, PlanError, PolicyKind};
 
 use crate::checkpoint::{self, CheckpointError};
 use crate::data::{self, DataError, Dataset};
@@ -29,6 +29,8 @@ pub struct TrainOptions {
     pub progress: bool,
     /// Print nothing.
     pub quiet: bool,
+    /// Memory policy when the plain plan does not fit.
+    pub policy: PolicyKind,
 }
 
 /// What a run produced.
@@ -46,6 +48,12 @@ pub struct TrainReport {
     pub lower_bound: usize,
     /// The trained persistent tensors (name, shape, values), ready to save.
     pub tensors: Vec<(String, Vec<usize>, Vec<f32>)>,
+    /// The policy of the plan used.
+    pub policy: PolicyKind,
+    /// Its micro-batch size.
+    pub micro_batch: usize,
+    /// Recompute instructions per step.
+    pub recomputes: usize,
 }
 
 /// Why a run failed.
@@ -95,6 +103,15 @@ from!(Budget, BudgetError);
 from!(Exec, ExecError);
 from!(Checkpoint, CheckpointError);
 
+impl From<PlanError> for TrainError {
+    fn from(e: PlanError) -> Self {
+        match e {
+            PlanError::Graph(g) => TrainError::Graph(g),
+            PlanError::Budget(b) => TrainError::Budget(b),
+        }
+    }
+}
+
 /// Splits a data set deterministically: sample i is held out iff `i % 5 == 0` (the digits' rule).
 pub fn split(ds: Dataset) -> Result<(Dataset, Dataset), DataError> {
     let per = ds.dims.numel();
@@ -127,11 +144,31 @@ pub fn load_data(src: &DatasetSource) -> Result<(Dataset, Dataset), DataError> {
     }
 }
 
-/// Plans `model` for `batch` and checks the budget.
-pub fn plan_for(model: &ModelFile, batch: usize, budget: Budget) -> Result<Plan, TrainError> {
-    let plan = Plan::new(Graph::new(&model.spec, batch)?);
-    plan.check_budget(budget)?;
-    Ok(plan)
+/// Plans `model` for steps of `batch` samples within `budget`: the plain plan when it fits, else the
+/// fastest plan `policy` finds (a typed error names the smallest budget that works).
+pub fn plan_for(
+    model: &ModelFile,
+    batch: usize,
+    budget: Budget,
+    policy: PolicyKind,
+    cost: Option<&CostModel>,
+) -> Result<Chosen, TrainError> {
+    let g = Graph::new(&model.spec, batch)?;
+    let estimate;
+    let cost = match cost {
+        Some(c) => c,
+        None => {
+            estimate = CostModel::estimate(&g);
+            &estimate
+        }
+    };
+    Ok(policy::plan_for_budget(
+        &model.spec,
+        batch,
+        budget,
+        policy,
+        cost,
+    )?)
 }
 
 /// Loads named tensors into the executor's persistent tensors; returns how many were loaded.
@@ -200,7 +237,8 @@ pub fn train(
             train.dims, spec.input
         )));
     }
-    let plan = plan_for(model, opts.batch, opts.budget)?;
+    let chosen = plan_for(model, opts.batch, opts.budget, opts.policy, None)?;
+    let plan = chosen.plan;
     let outputs = plan.graph.pred_dims().numel();
     if train.classes as usize > outputs {
         return Err(TrainError::Mismatch(format!(
@@ -218,8 +256,8 @@ pub fn train(
         }
     }
     let per = spec.input.numel();
-    let mut xbuf = vec![0f32; opts.batch * per];
-    let mut ybuf = vec![0u32; opts.batch];
+    let mut xbuf = vec![0f32; opts.batch.max(plan.batch()) * per];
+    let mut ybuf = vec![0u32; opts.batch.max(plan.batch())];
     let steps = train.len().div_ceil(opts.batch) as u64;
     let mut curves = Vec::new();
     for epoch in 0..opts.epochs {
@@ -265,6 +303,9 @@ pub fn train(
         arena_bytes: plan.arena_bytes,
         lower_bound: plan.lower_bound,
         tensors,
+        policy: chosen.policy,
+        micro_batch: plan.graph.batch,
+        recomputes: chosen.recomputes,
     })
 }
 

@@ -1,0 +1,160 @@
+//! `cargo xtask bench budget`: what the memory policies buy, measured in one run on this machine.
+//! - Melon's headline: at a budget equal to the unconstrained arena at batch 32, the largest batch that
+//!   trains (any exact policy) and its samples/s relative to the unconstrained batch 32.
+//! - The smallest feasible budget relative to the unconstrained arena, and ms/step at half of it.
+//! - Sage's orderings side by side at fixed budgets: micro-batch only, recompute only, hybrid,
+//!   recompute-first.
+use std::path::Path;
+
+use frugal_cli::measure::step_ms;
+use frugal_cli::spec_toml::load_model;
+use frugal_core::budget::Budget;
+use frugal_core::graph::Graph;
+use frugal_core::model::ModelSpec;
+use frugal_core::plan::Plan;
+use frugal_core::policy::{self, CostModel, PolicyKind};
+
+const STEPS: usize = 7;
+
+fn model(name: &str) -> Result<ModelSpec, String> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples")
+        .join(name);
+    Ok(load_model(&p).map_err(|e| e.to_string())?.spec)
+}
+
+fn fmt_kib(b: usize) -> String {
+    format!("{:.1} KiB", b as f64 / 1024.0)
+}
+
+pub fn main(_args: &[String]) -> Result<(), String> {
+    println!("`cargo xtask bench budget` — 1 thread, ms/step = median of {STEPS} steps on synthetic data.\n");
+    let models = [
+        ("digits-cnn.toml", "small CNN"),
+        ("residual-bn.toml", "residual-BN CNN"),
+    ];
+
+    println!(
+        "### Melon's headline: largest batch at the budget of the unconstrained batch-32 arena\n"
+    );
+    println!("| model | budget | b32 ms/step | b32 samples/s | largest batch | its plan | samples/s | × batch | × samples/s |");
+    println!("|---|---|---:|---:|---:|---|---:|---:|---:|");
+    for (file, name) in models {
+        let spec = model(file)?;
+        let base = Plan::new(Graph::new(&spec, 32).map_err(|e| e.to_string())?);
+        let budget = base.needed_bytes();
+        let base_ms = step_ms(&base, STEPS).map_err(|e| e.to_string())?;
+        let base_sps = 32.0 / base_ms * 1e3;
+        let mut best: Option<(usize, policy::Chosen)> = None;
+        for batch in [48, 64, 96, 128, 160, 192, 256, 384, 512] {
+            let cost = CostModel::estimate(&Graph::new(&spec, batch).map_err(|e| e.to_string())?);
+            if let Ok(c) =
+                policy::plan_for_budget(&spec, batch, Budget::new(budget), PolicyKind::Auto, &cost)
+            {
+                best = Some((batch, c));
+            }
+        }
+        match best {
+            Some((b, c)) => {
+                let ms = step_ms(&c.plan, STEPS).map_err(|e| e.to_string())?;
+                let sps = b as f64 / ms * 1e3;
+                println!(
+                    "| {name} | {} | {base_ms:.2} | {base_sps:.0} | {b} | {} (micro-batch {} × {}, {} recomputes) | {sps:.0} | {:.1}× | {:.2} |",
+                    fmt_kib(budget),
+                    c.policy.name(),
+                    c.plan.graph.batch,
+                    c.plan.micro_batches,
+                    c.recomputes,
+                    b as f64 / 32.0,
+                    sps / base_sps
+                );
+            }
+            None => println!(
+                "| {name} | {} | {base_ms:.2} | {base_sps:.0} | 32 | — | — | 1.0× | — |",
+                fmt_kib(budget)
+            ),
+        }
+    }
+
+    println!("\n### Smallest feasible budget, and the time at half the unconstrained arena (batch 128)\n");
+    println!("| model | unconstrained arena | ms/step | smallest budget | ÷ arena | at ½ arena: plan | ms/step | × time |");
+    println!("|---|---|---:|---|---:|---|---:|---:|");
+    for (file, name) in models {
+        let spec = model(file)?;
+        let batch = 128;
+        let g = Graph::new(&spec, batch).map_err(|e| e.to_string())?;
+        let cost = CostModel::estimate(&g);
+        let plain = Plan::new(g.clone());
+        let ms = step_ms(&plain, STEPS).map_err(|e| e.to_string())?;
+        let min = policy::min_budget(&spec, batch, &cost).map_err(|e| e.to_string())?;
+        let half = plain.needed_bytes() / 2;
+        let (desc, hms) =
+            match policy::plan_for_budget(&spec, batch, Budget::new(half), PolicyKind::Auto, &cost)
+            {
+                Ok(c) => {
+                    let t = step_ms(&c.plan, STEPS).map_err(|e| e.to_string())?;
+                    (
+                        format!(
+                            "{} (micro-batch {} × {}, {} recomputes)",
+                            c.policy.name(),
+                            c.plan.graph.batch,
+                            c.plan.micro_batches,
+                            c.recomputes
+                        ),
+                        t,
+                    )
+                }
+                Err(e) => (format!("infeasible: {e}"), f64::NAN),
+            };
+        println!(
+            "| {name} | {} | {ms:.2} | {} | {:.3} | {desc} | {hms:.2} | {:.2} |",
+            fmt_kib(plain.needed_bytes()),
+            fmt_kib(min),
+            min as f64 / plain.needed_bytes() as f64,
+            hms / ms
+        );
+    }
+
+    println!(
+        "\n### Policy orderings (Sage §3.4.3) at fractions of the unconstrained arena, batch 128\n"
+    );
+    println!(
+        "| model | budget | micro-batch only | recompute only | hybrid (Sage) | recompute-first |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for (file, name) in models {
+        let spec = model(file)?;
+        let g = Graph::new(&spec, 128).map_err(|e| e.to_string())?;
+        let cost = CostModel::estimate(&g);
+        let plain = Plan::new(g);
+        for frac in [0.75, 0.5, 0.25] {
+            let b = (plain.needed_bytes() as f64 * frac) as usize;
+            let mut cells = Vec::new();
+            for k in [
+                PolicyKind::MicroBatch,
+                PolicyKind::Recompute,
+                PolicyKind::Hybrid,
+                PolicyKind::RecomputeFirst,
+            ] {
+                cells.push(
+                    match policy::plan_for_budget(&spec, 128, Budget::new(b), k, &cost) {
+                        Ok(c) => {
+                            let t = step_ms(&c.plan, STEPS).map_err(|e| e.to_string())?;
+                            format!(
+                                "{t:.2} ms ({}×{}, {} rc)",
+                                c.plan.graph.batch, c.plan.micro_batches, c.recomputes
+                            )
+                        }
+                        Err(_) => "infeasible".into(),
+                    },
+                );
+            }
+            println!(
+                "| {name} | {frac} × ({}) | {} |",
+                fmt_kib(b),
+                cells.join(" | ")
+            );
+        }
+    }
+    Ok(())
+}
