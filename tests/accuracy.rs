@@ -21,6 +21,7 @@ fn held_out_accuracy(example: &str, budget: usize) -> f32 {
         progress: false,
         quiet: true,
         policy: frugal_core::policy::PolicyKind::Auto,
+        approx: Default::default(),
     };
     let rep = train::train(&m, &tr, &te, &opts, m.train.weights.as_ref()).unwrap();
     assert!(
@@ -59,6 +60,7 @@ fn budget_below_the_plan_is_a_typed_error_naming_the_need() {
         Budget::new(1000),
         frugal_core::policy::PolicyKind::Auto,
         None,
+        Default::default(),
     )
     .unwrap_err();
     match err {
@@ -71,7 +73,8 @@ fn budget_below_the_plan_is_a_typed_error_naming_the_need() {
                     32,
                     Budget::new(needed),
                     frugal_core::policy::PolicyKind::Auto,
-                    None
+                    None,
+                    Default::default(),
                 )
                 .is_ok(),
                 "the reported need must suffice"
@@ -97,6 +100,7 @@ fn a_batch_larger_than_the_budget_trains_to_the_same_accuracy_band() {
         progress: false,
         quiet: true,
         policy: frugal_core::policy::PolicyKind::Auto,
+        approx: Default::default(),
     };
     let rep = train::train(&m, &tr, &te, &opts, None).unwrap();
     assert!(rep.arena_bytes + 63 <= budget);

@@ -1,10 +1,14 @@
 //! Executor: runs a [`Plan`] over a caller-owned `&mut [u8]` arena. A training step is a loop over the
 //! plan's instructions; every tensor is a slice of the arena at its planned offset, so a step allocates
 //! nothing. Hosts never reach inside: they hand in a batch and read back a loss.
+mod adapt;
+#[cfg(test)]
+mod adapt_tests;
 mod arena;
 
 use core::fmt;
 
+pub use adapt::{ladder, AdaptObserver, Adapted};
 pub use arena::carve;
 use arena::{f32s, f32s_ro, u32s};
 

@@ -444,13 +444,34 @@ pub fn plan_for_budget(
     kind: PolicyKind,
     cost: &CostModel,
 ) -> Result<Chosen, PlanError> {
+    plan_for_budget_with(spec, batch, budget, kind, cost, Approximations::default())
+}
+
+/// Approximations a user may opt into; none is ever chosen silently.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Approximations {
+    /// Ghost batch normalisation: let BatchNorm models micro-batch, normalising each micro-batch with its
+    /// own statistics (and updating the running statistics once per micro-batch). Changes the maths
+    /// (Hoffer et al. 2017); frugal never does it unless asked.
+    pub ghost_batch_norm: bool,
+}
+
+/// [`plan_for_budget`] with opt-in approximations.
+pub fn plan_for_budget_with(
+    spec: &ModelSpec,
+    batch: usize,
+    budget: Budget,
+    kind: PolicyKind,
+    cost: &CostModel,
+    approx: Approximations,
+) -> Result<Chosen, PlanError> {
     let g = Graph::new(spec, batch)?;
     let plain = Plan::new(g.clone());
     let fits = |p: &Plan| p.needed_bytes() <= budget.bytes;
     if fits(&plain) {
         return Ok(Chosen::new(plain, PolicyKind::Plain, cost));
     }
-    let separable = sample_separable(&g);
+    let separable = sample_separable(&g) || approx.ghost_batch_norm;
     let mut smallest = plain.needed_bytes();
     let mut note = |p: &Plan| smallest = smallest.min(p.needed_bytes());
     let mut candidates: Vec<Chosen> = Vec::new();

@@ -209,3 +209,39 @@ fn residual_bn_recompute_halves_the_arena_bit_exactly() {
         "recompute changed the result"
     );
 }
+
+#[test]
+fn ghost_batch_norm_is_used_only_when_asked() {
+    let spec = random_model(
+        &[
+            (0, 2, true),
+            (2, 0, true),
+            (3, 0, true),
+            (0, 2, true),
+            (2, 0, true),
+        ],
+        1,
+        8,
+        2,
+    );
+    let g = Graph::new(&spec, 64).unwrap();
+    let cost = CostModel::estimate(&g);
+    let plain = Plan::new(g);
+    let budget = Budget::new(plain.needed_bytes() / 3);
+    // Without the opt-in a BatchNorm model is never micro-batched, whatever the budget.
+    if let Ok(c) = plan_for_budget(&spec, 64, budget, PolicyKind::Auto, &cost) {
+        assert_eq!(c.plan.micro_batches, 1);
+    }
+    let c = plan_for_budget_with(
+        &spec,
+        64,
+        budget,
+        PolicyKind::MicroBatch,
+        &cost,
+        Approximations {
+            ghost_batch_norm: true,
+        },
+    )
+    .unwrap();
+    assert!(c.plan.micro_batches > 1);
+}

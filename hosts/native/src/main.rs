@@ -11,7 +11,7 @@ use frugal_cli::{checkpoint, fsutil, measure};
 use frugal_core::budget::Budget;
 use frugal_core::graph::Graph;
 use frugal_core::plan::Plan;
-use frugal_core::policy::{self, CostModel, PolicyKind};
+use frugal_core::policy::{self, Approximations, CostModel, PolicyKind};
 
 #[derive(Parser)]
 #[command(
@@ -48,6 +48,10 @@ enum Cmd {
         /// Rank plans by instruction times measured on this device instead of the FLOPs estimate.
         #[arg(long)]
         profile: bool,
+        /// Opt in to ghost batch norm: BatchNorm models may micro-batch, each micro-batch normalised with
+        /// its own statistics (an approximation; never chosen without this flag).
+        #[arg(long)]
+        ghost_batch_norm: bool,
         /// Samples per step (default: the model file's [train] batch, else 32).
         #[arg(long)]
         batch: Option<usize>,
@@ -133,6 +137,7 @@ fn run(cli: Cli) -> Res {
             budget,
             policy,
             profile,
+            ghost_batch_norm,
             batch,
             epochs,
             seed,
@@ -154,7 +159,8 @@ fn run(cli: Cli) -> Res {
                 test_set.len()
             );
             let cost = cost_model(&mf.spec, batch, profile)?;
-            let chosen = train::plan_for(&mf, batch, budget_v, policy, Some(&cost))?;
+            let approx = Approximations { ghost_batch_norm };
+            let chosen = train::plan_for(&mf, batch, budget_v, policy, Some(&cost), approx)?;
             println!("{}", report::summary(&chosen.plan, budget));
             println!(
                 "policy: {}, micro-batch {} × {}, {} recomputes per step (+{:.2} MFLOP), predicted {:.2} ms/step",
@@ -173,6 +179,7 @@ fn run(cli: Cli) -> Res {
                 progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
                 quiet: false,
                 policy,
+                approx,
             };
             let w = weights.or(mf.train.weights.clone());
             let rep = train::train(&mf, &train_set, &test_set, &opts, w.as_ref())?;

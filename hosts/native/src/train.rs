@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use frugal_core::budget::{Budget, BudgetError};
 use frugal_core::exec::{ExecError, Executor, Target};
 use frugal_core::graph::{Graph, GraphError};
-use frugal_core::policy::{self, Chosen, CostModel, PlanError, PolicyKind};
+use frugal_core::policy::{self, Approximations, Chosen, CostModel, PlanError, PolicyKind};
 
 use crate::checkpoint::{self, CheckpointError};
 use crate::data::{self, DataError, Dataset};
@@ -31,6 +31,8 @@ pub struct TrainOptions {
     pub quiet: bool,
     /// Memory policy when the plain plan does not fit.
     pub policy: PolicyKind,
+    /// Opt-in approximations (ghost batch norm).
+    pub approx: Approximations,
 }
 
 /// What a run produced.
@@ -152,6 +154,7 @@ pub fn plan_for(
     budget: Budget,
     policy: PolicyKind,
     cost: Option<&CostModel>,
+    approx: Approximations,
 ) -> Result<Chosen, TrainError> {
     let g = Graph::new(&model.spec, batch)?;
     let estimate;
@@ -162,12 +165,13 @@ pub fn plan_for(
             &estimate
         }
     };
-    Ok(policy::plan_for_budget(
+    Ok(policy::plan_for_budget_with(
         &model.spec,
         batch,
         budget,
         policy,
         cost,
+        approx,
     )?)
 }
 
@@ -237,7 +241,14 @@ pub fn train(
             train.dims, spec.input
         )));
     }
-    let chosen = plan_for(model, opts.batch, opts.budget, opts.policy, None)?;
+    let chosen = plan_for(
+        model,
+        opts.batch,
+        opts.budget,
+        opts.policy,
+        None,
+        opts.approx,
+    )?;
     let plan = chosen.plan;
     let outputs = plan.graph.pred_dims().numel();
     if train.classes as usize > outputs {
