@@ -60,9 +60,14 @@ pub fn main(_args: &[String]) -> Result<(), String> {
         let mut best: Option<(usize, policy::Chosen)> = None;
         for batch in [48, 64, 96, 128, 160, 192, 256, 384, 512] {
             let cost = CostModel::estimate(&Graph::new(&spec, batch).map_err(|e| e.to_string())?);
-            if let Ok(c) =
-                policy::plan_for_budget(&spec, batch, Budget::new(budget), PolicyKind::Auto, &cost)
-            {
+            if let Ok(c) = policy::plan_for_budget_with(
+                &spec,
+                batch,
+                Budget::new(budget),
+                PolicyKind::Auto,
+                &cost,
+                approx,
+            ) {
                 best = Some((batch, c));
             }
         }

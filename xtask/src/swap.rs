@@ -183,8 +183,8 @@ pub fn child(args: &[String]) -> Result<(), String> {
         fnv(&mut hash, loss.to_bits());
     }
     let peak = status_kib("VmHWM:");
-    let st = spill.stats();
     drop(step);
+    let st = spill.stats();
     for (_, _, t) in ex.state_tensors().collect::<Vec<_>>() {
         for v in ex.read(&mut arena, t).map_err(|e| e.to_string())? {
             fnv(&mut hash, v.to_bits());

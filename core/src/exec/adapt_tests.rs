@@ -182,8 +182,9 @@ impl AdaptObserver for Check {
     }
 }
 
-/// Runs `steps` adaptive steps starting on `table.entries[start]`; `sched(call)` is the budget the host
-/// reports before the `call`-th instruction (counting over all steps). Returns the results as
+/// Runs `steps` adaptive steps starting on `table.entries[start]`; `sched(call, eo, plan)` is the budget
+/// the host reports before the `call`-th instruction (counting over all steps), instruction `eo` of
+/// `plan`. Returns the results as
 /// [`plain_run`] does, each step's [`Adapted`], and the observer.
 fn adaptive_run(
     table: &PlanTable,
@@ -191,7 +192,7 @@ fn adaptive_run(
     steps: usize,
     x: &[f32],
     y: &[u32],
-    mut sched: impl FnMut(usize) -> Option<usize>,
+    mut sched: impl FnMut(usize, usize, &Plan) -> Option<usize>,
 ) -> Result<(Vec<f32>, Vec<Adapted>, Check), ExecError> {
     let cap = table
         .entries
@@ -209,8 +210,8 @@ fn adaptive_run(
     let mut out = Vec::new();
     let mut ads = Vec::new();
     for _ in 0..steps {
-        let mut at = |_eo: usize, _p: &Plan| {
-            let b = sched(calls);
+        let mut at = |eo: usize, p: &Plan| {
+            let b = sched(calls, eo, p);
             calls += 1;
             if let Some(b) = b {
                 budget.set(b);
@@ -262,29 +263,21 @@ fn halving_the_budget_mid_step_is_bit_exact() {
         // Every step starts on the largest plan and halves the budget at `frac` of its instructions.
         let at = (len as f64 * frac) as usize;
         let full = top.needed_bytes();
-        let mut step_start = 0usize;
-        let mut on_big = true;
-        let (got, ads, check) = adaptive_run(&table, table.entries.len() - 1, 3, &x, &y, |c| {
-            // `c` counts instructions; a step on the big plan has `len` of them until the switch.
-            if c == step_start {
-                on_big = true;
-                return Some(full);
+        let top_id = ptr::from_ref(top) as usize;
+        let (got, ads, check) = adaptive_run(&table, 0, 3, &x, &y, |_, eo, p| {
+            if eo == 0 {
+                Some(full)
+            } else if eo == at && ptr::from_ref(p) as usize == top_id {
+                Some(full / 2)
+            } else {
+                None
             }
-            if on_big && c == step_start + at {
-                on_big = false;
-                return Some(full / 2);
-            }
-            None
-        })
-        .map(|r| {
-            step_start = 0;
-            r
         })
         .unwrap_or_else(|e| panic!("{frac}: {e}"));
-        let _ = step_start;
         assert_eq!(bits(&got), bits(&want), "halving at {frac}");
         for ad in &ads {
-            assert!(ad.switches >= 1, "{frac}: {ad:?}");
+            // Up to the top plan before the first instruction, down to half at `frac`.
+            assert_eq!(ad.switches, 2, "{frac}: {ad:?}");
             assert!(!ad.restarted, "{frac}: {ad:?}");
         }
         assert!(check.instrs > 0);
@@ -303,9 +296,10 @@ fn halving_at_fixed_points_switches_once_per_step() {
     for frac in [0.25, 0.5, 0.75] {
         // One step only: start on the top plan, halve at frac; then two steps on the small plan.
         let at = (top.program.len() as f64 * frac) as usize;
-        let (got, ads, check) =
-            adaptive_run(&table, top_i, 3, &x, &y, |c| (c == at).then_some(full / 2))
-                .unwrap_or_else(|e| panic!("{frac}: {e}"));
+        let (got, ads, check) = adaptive_run(&table, top_i, 3, &x, &y, |c, _, _| {
+            (c == at).then_some(full / 2)
+        })
+        .unwrap_or_else(|e| panic!("{frac}: {e}"));
         assert_eq!(bits(&got), bits(&want), "halving at {frac}");
         assert_eq!(ads[0].switches, 1);
         assert!(ads[0].bytes_moved > 0);
@@ -330,7 +324,7 @@ fn a_rise_mid_step_switches_after_the_step() {
     let top = largest(&table);
     let want = plain_run(&Plan::new(g.clone()), 2, &x, &y);
     let mid = small.program.len() / 2;
-    let (got, ads, check) = adaptive_run(&table, 0, 2, &x, &y, |c| {
+    let (got, ads, check) = adaptive_run(&table, 0, 2, &x, &y, |c, _, _| {
         (c == mid).then_some(top.needed_bytes())
     })
     .unwrap();
@@ -379,7 +373,7 @@ fn restart_baseline_is_bit_exact() {
 fn a_budget_below_every_plan_is_an_error() {
     let (g, table) = bn_table();
     let (x, y) = batch_of(&g, 16, 7);
-    let r = adaptive_run(&table, table.entries.len() - 1, 1, &x, &y, |c| {
+    let r = adaptive_run(&table, table.entries.len() - 1, 1, &x, &y, |c, _, _| {
         (c == 5).then_some(64)
     });
     assert!(matches!(r, Err(ExecError::Budget(_))));
@@ -393,7 +387,7 @@ fn random_schedules_never_exceed_the_budget_and_are_bit_exact() {
     let mut schedules = 0usize;
     let mut totals = Adapted::default();
     let mut models = 0usize;
-    let mut next = |rng: &mut Rng, n: u32| (rng.uniform(0.0, 1.0) * n as f32) as u32 % n.max(1);
+    let next = |rng: &mut Rng, n: u32| (rng.uniform(0.0, 1.0) * n as f32) as u32 % n.max(1);
     while schedules < 1000 {
         let k = 1 + next(&mut rng, 9) as usize;
         let choices: Vec<(u8, u8, bool)> = (0..k)
@@ -438,7 +432,7 @@ fn random_schedules_never_exceed_the_budget_and_are_bit_exact() {
                 })
                 .collect();
             let start_budget = table.entries[start].plan.needed_bytes();
-            let (got, ads, check) = adaptive_run(&table, start, steps, &x, &y, |c| {
+            let (got, ads, check) = adaptive_run(&table, start, steps, &x, &y, |c, _, _| {
                 if c == 0 {
                     return Some(
                         start_budget.max(events.iter().find(|e| e.0 == 0).map_or(0, |e| e.1)),

@@ -50,14 +50,15 @@
 //! Instead of guessing, the test *builds* the optimal Revolve schedule with `s` slots as a frugal program
 //! (forwards in order, then the backward instructions with the DP's recompute chains before them), lays
 //! it out with [`Plan::from_program`] (the memory model and layouts `recompute` itself uses), checks that it
-//! trains bit-identically to the plain plan, and takes its `needed_bytes` as the budget. At that budget a
-//! schedule with the Revolve optimum's recompute count provably fits, so frugal's count must be within
-//! 10% of it.
+//! trains bit-identically to the plain plan, and takes as the budget the fixed part plus its peak in
+//! whole activations (`M`). At that budget a schedule with the Revolve optimum's recompute count provably
+//! fits, so frugal's count must be within 10% of it.
 //!
-//! frugal may *beat* Revolve's count at that budget: the budget can leave room for an extra checkpoint in
-//! phases without a pending derivative. For the analysis the test also computes the optimum of nested
-//! (Revolve-shaped) schedules in frugal's exact memory model at that budget ([`exact_dp`]); it only
-//! prints it.
+//! frugal may *beat* Revolve's count at that budget: `s` and `s + 1` slots can need the same `M` (e.g.
+//! N = 8: s = 1 and s = 2 both need 4 activations), and a one-step advance costs one working activation,
+//! not two. For the analysis the test also computes the optimum of nested (Revolve-shaped) schedules in
+//! frugal's exact memory model at `M` activations ([`exact_dp`], checked by building and running its
+//! programs); the table prints it but asserts only the Revolve bound the task asks for.
 use alloc::format;
 use alloc::string::String;
 use alloc::vec;
@@ -420,6 +421,31 @@ fn recomputes(p: &Plan) -> usize {
         .count()
 }
 
+/// Analysis only, a prototype for the policy: removes recompute instructions, last first, while the plan
+/// still fits `limit` (repeated until nothing more goes). On this chain dropping a recompute is always
+/// correct — nothing but node `j − 1` writes `x_j`, so readers see the same value from an earlier
+/// producer; in general a removal is valid only where that holds (in-place groups, BatchNorm statistics).
+fn prune(g: &Graph, p: &Plan, limit: usize) -> Plan {
+    let mut program = p.program.clone();
+    loop {
+        let mut changed = false;
+        for i in (0..program.len()).rev() {
+            if program[i].phase != Phase::Recompute {
+                continue;
+            }
+            let mut q = program.clone();
+            q.remove(i);
+            if plan_of(g, q.clone()).arena_bytes <= limit {
+                program = q;
+                changed = true;
+            }
+        }
+        if !changed {
+            return plan_of(g, program);
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Self-checks of the programs and the memory model
 // ---------------------------------------------------------------------------------------------------------
@@ -471,14 +497,14 @@ fn revolve_and_exact_programs_are_valid_and_match_their_oracles() {
             recomputes(&p)
         );
     }
-    for m in 0..=n {
+    for (m, &optimum) in sweep[n].iter().enumerate() {
         let Some(prog) = exact_program(&g, m) else {
             // Reversing needs the pending derivative and a forward's two activations.
             assert!(m < 3, "m = {m}");
             continue;
         };
         let p = plan_of(&g, prog);
-        assert_eq!(recomputes(&p) as u64, sweep[n][m], "m = {m}");
+        assert_eq!(recomputes(&p) as u64, optimum, "m = {m}");
         assert!(p.arena_bytes <= fixed + m * A, "m = {m}");
         assert!(
             same(&p),
@@ -510,6 +536,8 @@ struct Row {
     exact: u64,
     /// frugal's recomputes (None: it found no plan within the budget).
     frugal: Option<usize>,
+    /// frugal's plan after [`prune`] (analysis only).
+    pruned: Option<usize>,
     /// Arena of frugal's plan (the smallest it reached when it found none).
     frugal_arena: usize,
 }
@@ -520,29 +548,34 @@ impl Row {
             .is_some_and(|c| c as u64 * 100 <= self.revolve * (100 + percent))
     }
     fn print(&self) {
-        let ratio: String = match (self.frugal, self.revolve) {
-            (Some(0), 0) => "1.000".into(),
-            (Some(_), 0) => "inf".into(),
-            (Some(c), o) => format!("{:.3}", c as f64 / o as f64),
-            (None, _) => "no fit".into(),
+        let ratio = |c: Option<usize>, o: u64| -> String {
+            match (c, o) {
+                (Some(0), 0) => "1.000".into(),
+                (Some(_), 0) => "inf".into(),
+                (Some(c), o) => format!("{:.3}", c as f64 / o as f64),
+                (None, _) => "no fit".into(),
+            }
         };
+        let count = |c: Option<usize>| c.map_or(String::from("-"), |c| format!("{c}"));
         println!(
-            "| {:>3} | {:>2} | {:>6} | {:>2} | {:>7} | {:>5} | {:>6} | {:>6} |",
+            "| {:>3} | {:>2} | {:>6} | {:>2} | {:>7} | {:>5} | {:>6} | {:>8} | {:>7} | {:>6} |",
             self.n,
             self.s,
             self.budget,
             self.units,
             self.revolve,
             self.exact,
-            self.frugal.map_or("-".into(), |c| format!("{c}")),
-            ratio,
+            count(self.frugal),
+            ratio(self.frugal, self.revolve),
+            ratio(self.frugal, self.exact),
+            count(self.pruned),
         );
     }
 }
 
 fn header() {
     println!("activation A = {A} B");
-    println!("|   N |  s | budget | M  | revolve | exact | frugal |  ratio |");
+    println!("|   N |  s | budget |  M | revolve | exact | frugal | /revolve |  /exact | pruned |");
 }
 
 /// Runs frugal's recompute at the budget of the optimal Revolve schedule with `s` slots.
@@ -561,12 +594,17 @@ fn measure(n: usize, s: usize) -> Row {
     let exact = sweep[n][units];
     assert!(exact <= revolve);
     let cost = CostModel::estimate(&g);
-    let (frugal, frugal_arena) = match recompute(&g, 1, budget, &cost) {
+    let (frugal, pruned, frugal_arena) = match recompute(&g, 1, budget, &cost) {
         Ok(p) => {
             assert!(p.needed_bytes() <= budget);
-            (Some(recomputes(&p)), p.arena_bytes)
+            let q = prune(&g, &p, budget - (ALIGN - 1));
+            if n == 8 {
+                let (a, b) = (run_steps(&p, 2), run_steps(&q, 2));
+                assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+            }
+            (Some(recomputes(&p)), Some(recomputes(&q)), p.arena_bytes)
         }
-        Err(p) => (None, p.arena_bytes),
+        Err(p) => (None, None, p.arena_bytes),
     };
     Row {
         n,
@@ -576,6 +614,7 @@ fn measure(n: usize, s: usize) -> Row {
         revolve,
         exact,
         frugal,
+        pruned,
         frugal_arena,
     }
 }
@@ -610,10 +649,27 @@ fn chain_oracle_table() {
 }
 
 /// Cases where frugal's recompute count is within 10% of the Revolve optimum.
-const PASSING: &[(usize, usize)] = &[];
+const PASSING: &[(usize, usize)] = &[
+    (8, 1),
+    (8, 3),
+    (8, 4),
+    (12, 1),
+    (12, 2),
+    (16, 1),
+    (16, 2),
+    (16, 3),
+    (24, 1),
+    (24, 2),
+    (24, 3),
+];
 
-/// Cases where it is not yet: the same 10% bound, failing until the algorithm is fixed.
-const FAILING: &[(usize, usize)] = &[];
+/// Cases where it is not yet (frugal / Revolve: 5/4, 9/7, 7/6, 13/10, 25/21): the same 10% bound,
+/// failing until the policy is fixed. Cause: Melon's loop never takes a recompute back. A value discarded
+/// at an early overflow point (the forward/backward peak) is regenerated before its next use even when,
+/// by then, later discards and freed checkpoints leave room to keep an earlier regeneration alive: the
+/// plans contain `r5 r6 r7 CD8 CD7 r5` where the second `r5` is redundant. Dropping recomputes while the
+/// plan still fits ([`prune`]) meets the bound in every case of the grid (the table's last column).
+const FAILING: &[(usize, usize)] = &[(8, 2), (12, 3), (12, 4), (16, 4), (24, 4)];
 
 #[test]
 fn chain_recompute_within_10_percent_of_revolve() {
@@ -636,8 +692,5 @@ fn chain_recompute_within_10_percent_of_revolve_known_misses() {
             bad.push(r);
         }
     }
-    assert!(
-        bad.is_empty(),
-        "beyond 10% of the Revolve optimum: {bad:#?}"
-    );
+    assert!(bad.is_empty(), "beyond 10% of the Revolve optimum: {bad:?}");
 }

@@ -99,6 +99,10 @@ enum Cmd {
         /// Rank plans by instruction times measured on this device.
         #[arg(long)]
         profile: bool,
+        /// With --budgets: store the feasible plans as a plan table (versioned, checksummed binary) that
+        /// a device loads beside the model.
+        #[arg(long)]
+        save_table: Option<PathBuf>,
     },
 }
 
@@ -219,6 +223,7 @@ fn run(cli: Cli) -> Res {
             timeline,
             program,
             profile,
+            save_table,
         } => {
             let mf = load_model(&model)?;
             if budgets.is_empty() {
@@ -263,6 +268,7 @@ fn run(cli: Cli) -> Res {
                 svg.as_deref(),
                 timeline.as_deref(),
                 program,
+                save_table.as_deref(),
             )?;
         }
     }
@@ -280,6 +286,7 @@ fn plan_table(
     svg: Option<&Path>,
     timeline: Option<&Path>,
     program: bool,
+    save_table: Option<&Path>,
 ) -> Res {
     let cost = cost_model(spec, batch, profile)?;
     let plain = Plan::new(Graph::new(spec, batch)?);
@@ -292,6 +299,9 @@ fn plan_table(
     println!("| budget | feasible | policy | micro-batch | recomputes | extra MFLOP | arena | predicted ms/step | measured ms/step |");
     println!("|---|---|---|---|---:|---:|---|---:|---:|");
     let mut panels: Vec<TimelinePanel> = Vec::new();
+    let mut table = frugal_core::format::PlanTable {
+        entries: Vec::new(),
+    };
     for &b in budgets {
         match policy::plan_for_budget(spec, batch, Budget::new(b), policy, &cost) {
             Ok(c) => {
@@ -331,6 +341,10 @@ fn plan_table(
                         .as_bytes(),
                     )?;
                 }
+                table.entries.push(frugal_core::format::PlanEntry {
+                    budget: b,
+                    plan: c.plan.clone(),
+                });
                 panels.push(report::timeline_panel(
                     &c.plan,
                     Some(b),
@@ -348,6 +362,15 @@ fn plan_table(
     }
     if let Some(p) = svg {
         println!("arena pictures: {}", suffixed(p, "<budget>").display());
+    }
+    if let Some(p) = save_table {
+        table.entries.sort_by_key(|e| e.budget);
+        fsutil::write_atomic(p, &frugal_core::format::encode_plan_table(spec, &table))?;
+        println!(
+            "plan table ({} plans): {}",
+            table.entries.len(),
+            p.display()
+        );
     }
     if let Some(p) = timeline {
         fsutil::write_atomic(p, timeline_svg(&panels).as_bytes())?;

@@ -126,3 +126,98 @@ pub fn profile(spec: &ModelSpec, batch: usize) -> Result<CostModel, ProfileError
     let tb = instr_ns(&pb, 3).map_err(ProfileError::Exec)?;
     Ok(CostModel::fit(&g, (&pa, batch, &ta), (&pb, small, &tb)))
 }
+
+/// Where a profiled cost model is cached: `$XDG_CACHE_HOME/frugal` or `~/.cache/frugal`, keyed by the
+/// model's binary encoding and the batch.
+pub fn cache_path(spec: &ModelSpec, batch: usize) -> Option<std::path::PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))?;
+    let key = frugal_core::format::crc32(&frugal_core::format::encode_model(spec));
+    Some(
+        base.join("frugal")
+            .join(format!("cost-{key:08x}-b{batch}.txt")),
+    )
+}
+
+fn encode_cost(c: &CostModel) -> String {
+    let mut s = format!("frugal-cost 1 {}\n", c.costs.len());
+    for row in &c.costs {
+        let cells: Vec<String> = row.iter().map(|(f, p)| format!("{f} {p}")).collect();
+        s.push_str(&cells.join(" "));
+        s.push('\n');
+    }
+    s
+}
+
+fn decode_cost(text: &str, rows: usize) -> Option<CostModel> {
+    let mut lines = text.lines();
+    let head: Vec<&str> = lines.next()?.split_whitespace().collect();
+    if head.len() != 3
+        || head[0] != "frugal-cost"
+        || head[1] != "1"
+        || head[2].parse::<usize>().ok()? != rows
+    {
+        return None;
+    }
+    let mut costs = Vec::with_capacity(rows);
+    for line in lines.take(rows) {
+        let v: Vec<f64> = line
+            .split_whitespace()
+            .map(|x| x.parse().ok())
+            .collect::<Option<_>>()?;
+        if v.len() != 10 || v.iter().any(|x| !x.is_finite() || *x < 0.0) {
+            return None;
+        }
+        costs.push([
+            (v[0], v[1]),
+            (v[2], v[3]),
+            (v[4], v[5]),
+            (v[6], v[7]),
+            (v[8], v[9]),
+        ]);
+    }
+    (costs.len() == rows).then_some(CostModel {
+        costs,
+        measured: true,
+    })
+}
+
+/// [`profile`] with a cache: the first call measures and stores, later calls read (a corrupt or stale
+/// cache file is ignored and rewritten). Returns the model and whether it came from the cache.
+pub fn profile_cached(spec: &ModelSpec, batch: usize) -> Result<(CostModel, bool), ProfileError> {
+    let rows = spec.layers.len() + 1;
+    let path = cache_path(spec, batch);
+    if let Some(c) = path
+        .as_ref()
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|t| decode_cost(&t, rows))
+    {
+        return Ok((c, true));
+    }
+    let c = profile(spec, batch)?;
+    if let Some(p) = path {
+        if let Some(dir) = p.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let _ = crate::fsutil::write_atomic(&p, encode_cost(&c).as_bytes());
+    }
+    Ok((c, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cost_cache_round_trips_and_rejects_garbage() {
+        let c = CostModel {
+            costs: vec![[(1.0, 2.0), (3.0, 4.0), (5.0, 6.0), (7.0, 8.0), (9.0, 10.5)]; 3],
+            measured: true,
+        };
+        assert_eq!(decode_cost(&encode_cost(&c), 3), Some(c.clone()));
+        assert_eq!(decode_cost(&encode_cost(&c), 4), None);
+        assert_eq!(decode_cost("frugal-cost 1 3\n1 2 nan", 3), None);
+        assert_eq!(decode_cost("", 3), None);
+    }
+}

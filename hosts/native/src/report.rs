@@ -104,8 +104,8 @@ pub fn arena_rects(plan: &Plan) -> Vec<ArenaRect> {
         .collect()
 }
 
-/// The memory timeline of one step of `plan`: arena bytes in use after each instruction (the highest end
-/// of any storage live there), recomputations and swaps marked, the budget as a line.
+/// The memory timeline of one step of `plan`: bytes in use at each instruction (every storage live there),
+/// recomputations and swaps marked, the budget as a line.
 pub fn timeline_panel(
     plan: &Plan,
     budget: Option<usize>,
@@ -113,7 +113,7 @@ pub fn timeline_panel(
 ) -> crate::svg::TimelinePanel {
     use crate::svg::{Mark, TimelinePoint};
     use frugal_core::plan::Phase;
-    let profile = plan.pool_profile();
+    let profile = frugal_core::policy::live_profile(plan);
     let points = plan
         .program
         .iter()
