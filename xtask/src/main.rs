@@ -23,6 +23,7 @@ fn main() -> ExitCode {
         Some("bench") if args.get(1).map(String::as_str) == Some("swap") => swap::main(&args[2..]),
         Some("bench") => bench::main(&args[1..]),
         Some("__bench-swap-one") => swap::child(&args[1..]),
+        Some("__swap-explain") => swap::explain(&args[1..]),
         Some("__bench-one") => bench::child(&args[1..]),
         _ => {
             eprintln!("usage: cargo xtask test | cargo xtask bench memory [--only linear,conv2d,...] [--steps N]");

@@ -380,3 +380,44 @@ pub fn main(args: &[String]) -> Result<(), String> {
         Err("swap variants gave different results".into())
     }
 }
+
+/// Temporary: explain a plan.
+pub fn explain(args: &[String]) -> Result<(), String> {
+    let scale: u32 = num(args, "--scale", 4)?;
+    let l: usize = num(args, "--lookahead", 0)?;
+    let budget: usize = num(args, "--budget", 0)?;
+    let g = Graph::new(&vgg16(scale), 64).map_err(|e| e.to_string())?;
+    let (Ok(p) | Err(p)) = plan_swap(&g, l, budget);
+    let live = frugal_core::policy::live_profile(&p);
+    let pool = p.pool_profile();
+    for (eo, ins) in p.program.iter().enumerate() {
+        let name = if ins.spilled().is_some() {
+            p.graph.tensors[ins.node as usize].name.clone()
+        } else {
+            p.graph
+                .nodes
+                .get(ins.node as usize)
+                .map_or("loss".into(), |n| n.name.clone())
+        };
+        let lv: Vec<String> = p
+            .lives
+            .iter()
+            .filter(|x| x.first <= eo as u32 && x.last >= eo as u32 && x.bytes > 100_000)
+            .map(|x| format!("{}:{:.1}", x.name, x.bytes as f64 / MIB))
+            .collect();
+        println!(
+            "{eo:3} {:4} {:20} live {:6.2} pool {:6.2}  {}",
+            ins.phase.short(),
+            name,
+            live[eo] as f64 / MIB,
+            pool[eo] as f64 / MIB,
+            lv.join(" ")
+        );
+    }
+    println!(
+        "arena {:.2} lb {:.2}",
+        p.arena_bytes as f64 / MIB,
+        p.lower_bound as f64 / MIB
+    );
+    Ok(())
+}

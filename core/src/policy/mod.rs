@@ -168,7 +168,7 @@ pub fn recompute(
     for _ in 0..4 * program.len() + 64 {
         let plan = Plan::from_program(g.clone(), micro_batches, program.clone(), roots.clone());
         if plan.arena_bytes <= limit {
-            return Ok(plan);
+            return Ok(prune(plan, limit));
         }
         if best
             .as_ref()
@@ -393,6 +393,98 @@ enum Value {
 
 /// Whether tensor `x` holds its own value just before `u`: its group has a segment live across `u` whose
 /// last forward writer before `u` is `x`'s producer.
+/// Takes recomputations back: greedy discards can leave a recompute that later decisions made
+/// redundant. Removes Recompute instructions, last first, while the plan still fits and every reader still
+/// sees the value it needs; repeats until nothing changes.
+fn prune(mut plan: Plan, limit: usize) -> Plan {
+    let mut attempts = 0;
+    loop {
+        let mut changed = false;
+        let mut i = plan.program.len();
+        while i > 0 {
+            i -= 1;
+            if plan.program[i].phase != Phase::Recompute {
+                continue;
+            }
+            attempts += 1;
+            if attempts > 4096 {
+                return plan;
+            }
+            let mut program = plan.program.clone();
+            program.remove(i);
+            if !values_consistent(&plan.graph, &program) {
+                continue;
+            }
+            let cand = Plan::from_program(
+                plan.graph.clone(),
+                plan.micro_batches,
+                program,
+                plan.roots.clone(),
+            );
+            if cand.arena_bytes <= limit {
+                plan = cand;
+                changed = true;
+            }
+        }
+        if !changed {
+            return plan;
+        }
+    }
+}
+
+/// Every activation an instruction reads was last written (within its micro-batch) by the node that
+/// produces it — no reader sees a value overwritten in place or never produced.
+fn values_consistent(g: &Graph, program: &[Instr]) -> bool {
+    let producer: Vec<Option<usize>> = {
+        let mut v = vec![None; g.tensors.len()];
+        for (k, n) in g.nodes.iter().enumerate() {
+            v[n.out as usize] = Some(k);
+        }
+        v
+    };
+    let roots = share_groups(g, true);
+    // Last forward writer of each storage group (by root), per micro-batch: reset at each micro-batch's
+    // first forward.
+    let mut last: Vec<Option<usize>> = vec![None; g.tensors.len()];
+    let mut mb = u16::MAX;
+    for ins in program {
+        if ins.mb != mb && ins.phase == Phase::Forward {
+            mb = ins.mb;
+            last.iter_mut().for_each(|v| *v = None);
+        }
+        let Some(n) = g.nodes.get(ins.node as usize) else {
+            continue;
+        };
+        let mut reads: Vec<TensorId> = Vec::new();
+        match ins.phase {
+            Phase::Forward | Phase::Recompute | Phase::GradW => {
+                reads.extend(n.inputs.iter().copied())
+            }
+            Phase::GradX => match n.op {
+                NodeOp::Act(_) => reads.push(n.out),
+                NodeOp::BatchNorm { train: true, .. } => reads.extend(n.inputs.iter().copied()),
+                _ => {}
+            },
+            _ => {}
+        }
+        for x in reads {
+            if g.tensors[x as usize].kind != TensorKind::Activation {
+                continue;
+            }
+            let Some(px) = producer[x as usize] else {
+                continue;
+            };
+            if last[roots[x as usize] as usize] != Some(px) {
+                return false;
+            }
+        }
+        if matches!(ins.phase, Phase::Forward | Phase::Recompute) {
+            last[roots[n.out as usize] as usize] = Some(ins.node as usize);
+        }
+    }
+    true
+}
+
 fn value_at(p: &Plan, x: TensorId, u: Eo) -> Value {
     let Some(gid) = p.group_of[x as usize] else {
         return Value::Valid;

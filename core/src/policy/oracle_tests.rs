@@ -682,7 +682,7 @@ fn chain_recompute_within_10_percent_of_revolve() {
 }
 
 #[test]
-fn chain_recompute_within_10_percent_of_revolve_known_misses() {
+fn chain_recompute_within_10_percent_of_revolve_formerly_missed() {
     header();
     let mut bad = Vec::new();
     for &(n, s) in FAILING {
