@@ -2,8 +2,9 @@
 //! ([`crate::policy::swap::plan_swap`]) moves an activation out of the arena after its last forward use
 //! ([`Phase::SpillOut`](crate::plan::Phase::SpillOut)) and back in shortly before its backward use
 //! ([`Phase::SpillIn`](crate::plan::Phase::SpillIn)); the executor hands the bytes to a host-provided
-//! [`Spill`] (a file, flash, another memory). Swapping only moves bytes: a swap plan's results are
-//! bit-identical to the plain plan's.
+//! [`Spill`] (a file, flash, another memory) and, when the store asks for it ([`Spill::lookahead`]),
+//! announces each swap-in a few instructions early so the host can read it in the background. Swapping
+//! only moves bytes: a swap plan's results are bit-identical to the plain plan's.
 use core::fmt;
 
 /// Why a [`Spill`] could not store or return bytes.
@@ -75,10 +76,16 @@ pub trait Spill {
     /// Fills `out` with the `out.len()` bytes stored under `key`.
     fn read(&mut self, key: u32, out: &mut [u8]) -> Result<(), SpillError>;
     /// Hint: `key` (`len` bytes) will be read soon, so a host can start reading it in the background.
-    /// The executor calls it as many instructions ahead of the swap-in as the plan's lookahead. A
-    /// prefetch that is never followed by a read must not leak.
+    /// The executor calls it [`Spill::lookahead`] instructions before the swap-in (never before the
+    /// key's swap-out). A prefetch that is never followed by a read must not leak.
     fn prefetch(&mut self, key: u32, len: usize) {
         let _ = (key, len);
+    }
+    /// How many instructions before each swap-in this store wants its [`Spill::prefetch`] hint: 0 (the
+    /// default) is on-demand swapping, no hints; a few instructions let a background reader overlap
+    /// the executor's compute (proactive swapping).
+    fn lookahead(&self) -> usize {
+        0
     }
 }
 
@@ -91,6 +98,9 @@ impl<S: Spill + ?Sized> Spill for &mut S {
     }
     fn prefetch(&mut self, key: u32, len: usize) {
         (**self).prefetch(key, len)
+    }
+    fn lookahead(&self) -> usize {
+        (**self).lookahead()
     }
 }
 
@@ -105,6 +115,8 @@ pub struct MemSpill {
     pub read: usize,
     /// Prefetch hints received so far.
     pub prefetches: usize,
+    /// What [`Spill::lookahead`] answers.
+    pub lookahead: usize,
 }
 
 #[cfg(feature = "alloc")]
@@ -143,5 +155,8 @@ impl Spill for MemSpill {
     }
     fn prefetch(&mut self, _key: u32, _len: usize) {
         self.prefetches += 1;
+    }
+    fn lookahead(&self) -> usize {
+        self.lookahead
     }
 }

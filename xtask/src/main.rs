@@ -5,8 +5,9 @@
 //!   lower bound, peak RSS over the process baseline, ms/step at one thread, beside PyTorch's and the
 //!   best peer's numbers measured on this machine kind.
 //! - `bench budget`: the memory policies — Melon's headline, smallest budgets, Sage's orderings.
-//! - `bench swap [--scale S] [--lookahead L] [--budget-mib M] [--steps N]`: proactive swap (NNTrainer
-//!   §4.3) on VGG-16/CIFAR: no swap, on-demand and proactive swap, each in a fresh process.
+//! - `bench swap [--scale S] [--lookahead L] [--budget-mib M] [--steps N] [--rounds R] [--keep-cache]`:
+//!   proactive swap (NNTrainer §4.3) on VGG-16/CIFAR: no swap, on-demand and proactive swap, each in a
+//!   fresh process.
 mod bench;
 mod budget;
 mod swap;
@@ -23,7 +24,6 @@ fn main() -> ExitCode {
         Some("bench") if args.get(1).map(String::as_str) == Some("swap") => swap::main(&args[2..]),
         Some("bench") => bench::main(&args[1..]),
         Some("__bench-swap-one") => swap::child(&args[1..]),
-        Some("__swap-explain") => swap::explain(&args[1..]),
         Some("__bench-one") => bench::child(&args[1..]),
         _ => {
             eprintln!("usage: cargo xtask test | cargo xtask bench memory [--only linear,conv2d,...] [--steps N]");

@@ -1,11 +1,18 @@
 //! `cargo xtask bench swap`: proactive swap (NNTrainer §4.3) on the VGG-16 / CIFAR-shape workload NNTrainer
-//! used (batch 64, 3×32×32; conv stack 64-64-M-128-128-M-256×3-M-512×3-M-512×3-M; linear 512→512→10).
-//! Three variants, each in a fresh child process: no swap, on-demand swap (lookahead 0) and proactive
-//! swap (lookahead L, prefetched by [`FileSpill`]'s background thread). Measured like `bench memory`:
-//! baseline RSS after the model, data, arena and spill file exist; kernel high-water mark reset; 2
-//! warm-up steps, then timed steps; peak = high-water mark − baseline; ms/step = the median. Every
-//! variant also prints a hash of its losses and final weights: swapping only moves bytes, so the hashes
-//! must be equal.
+//! used (batch 64, 3×32×32; conv stack 64-64-M-128-128-M-256×3-M-512×3-M-512×3-M; linear 512→512→10;
+//! `--scale S` divides every width by S). Each variant runs in a fresh child process:
+//! - no swap (the plain plan);
+//! - on-demand swap: `plan_swap(g, 0, budget)`, a [`FileSpill`] without prefetch;
+//! - proactive swap: the same plan, the store asking for each swap-in `L` instructions early and reading
+//!   it in the background;
+//! - proactive swap with the swap-ins also placed `L` instructions early in the arena
+//!   (`plan_swap(g, L, budget)`, NNTrainer's reservation), to show what that costs.
+//!
+//! The store writes swapped tensors back to disk and drops them from the page cache (`--keep-cache`
+//! turns that off), so their bytes really leave RAM. Measured like `bench memory`: baseline RSS after
+//! the model, data, arena and spill file exist; kernel high-water mark reset; 2 warm-up steps, then timed
+//! steps; peak = high-water mark − baseline; ms/step = the median. Every variant also prints a hash of
+//! its losses and final weights: swapping only moves bytes, so the hashes must be equal.
 use std::process::Command;
 use std::time::Instant;
 
@@ -16,6 +23,7 @@ use frugal_core::model::{Dims, LayerKind, LayerSpec, LossKind, ModelSpec, Optimi
 use frugal_core::plan::Plan;
 use frugal_core::policy::swap::{plan_swap, swap_volume};
 use frugal_core::rng::Rng;
+use frugal_core::spill::{Spill, SpillError};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -118,15 +126,32 @@ fn status_kib(field: &str) -> usize {
         .unwrap_or(0)
 }
 
-/// The plan of a variant: `None` = no swap, `Some(l)` = swap with lookahead `l` under `budget`. The bool
-/// says whether the plan fits the budget.
-fn variant_plan(g: &Graph, lookahead: Option<usize>, budget: usize) -> (Plan, bool) {
-    match lookahead {
-        None => (Plan::new(g.clone()), true),
-        Some(l) => match plan_swap(g, l, budget) {
-            Ok(p) => (p, true),
-            Err(p) => (p, false),
-        },
+/// Times the calls the executor makes into the store (its foreground cost of swapping).
+struct Timed<S> {
+    inner: S,
+    ns: u64,
+}
+
+impl<S: Spill> Spill for Timed<S> {
+    fn write(&mut self, key: u32, data: &[u8]) -> Result<(), SpillError> {
+        let t = Instant::now();
+        let r = self.inner.write(key, data);
+        self.ns += t.elapsed().as_nanos() as u64;
+        r
+    }
+    fn read(&mut self, key: u32, out: &mut [u8]) -> Result<(), SpillError> {
+        let t = Instant::now();
+        let r = self.inner.read(key, out);
+        self.ns += t.elapsed().as_nanos() as u64;
+        r
+    }
+    fn prefetch(&mut self, key: u32, len: usize) {
+        let t = Instant::now();
+        self.inner.prefetch(key, len);
+        self.ns += t.elapsed().as_nanos() as u64;
+    }
+    fn lookahead(&self) -> usize {
+        self.inner.lookahead()
     }
 }
 
@@ -136,33 +161,47 @@ fn fnv(h: &mut u64, bits: u32) {
     }
 }
 
-/// The measuring child: prints one `RESULT` line.
+/// The measuring child: prints one `RESULT` line. `--plan-lookahead none` is the plain plan.
 pub fn child(args: &[String]) -> Result<(), String> {
     let scale: u32 = num(args, "--scale", 1)?;
     let batch: usize = num(args, "--batch", 64)?;
     let steps: usize = num(args, "--steps", 5)?;
     let budget: usize = num(args, "--budget", 0)?;
-    let lookahead: Option<usize> = match arg(args, "--lookahead") {
+    let store_lookahead: usize = num(args, "--store-lookahead", 0)?;
+    let evict = num::<u8>(args, "--evict", 1)? != 0;
+    let plan_lookahead: Option<usize> = match arg(args, "--plan-lookahead") {
         None | Some("none") => None,
         Some(v) => Some(
             v.parse()
-                .map_err(|_| format!("--lookahead: bad value {v}"))?,
+                .map_err(|_| format!("--plan-lookahead: bad value {v}"))?,
         ),
     };
     let spec = vgg16(scale);
     let g = Graph::new(&spec, batch).map_err(|e| e.to_string())?;
-    let (plan, fits) = variant_plan(&g, lookahead, budget);
+    let (plan, fits) = match plan_lookahead {
+        None => (Plan::new(g.clone()), true),
+        Some(l) => match plan_swap(&g, l, budget) {
+            Ok(p) => (p, true),
+            Err(p) => (p, false),
+        },
+    };
     let (pairs, swapped) = swap_volume(&plan);
     let mut arena = vec![0u8; plan.needed_bytes()];
     let mut ex = Executor::new(&plan, &arena).map_err(|e| e.to_string())?;
     ex.init_params(&mut arena, 0).map_err(|e| e.to_string())?;
-    let mut spill = FileSpill::new().map_err(|e| format!("spill file: {e}"))?;
+    let mut spill = Timed {
+        inner: FileSpill::new()
+            .map_err(|e| format!("spill file: {e}"))?
+            .with_lookahead(store_lookahead)
+            .evicting(evict),
+        ns: 0,
+    };
     let per = spec.input.numel();
     let mut rng = Rng::new(0);
     let x: Vec<f32> = (0..batch * per).map(|_| rng.uniform(-1.0, 1.0)).collect();
     let y: Vec<u32> = (0..batch as u32).map(|i| i % 10).collect();
     let mut step = |arena: &mut [u8]| -> Result<f32, String> {
-        let r = match lookahead {
+        let r = match plan_lookahead {
             None => ex.train_step(arena, &x, Target::Classes(&y)),
             Some(_) => ex.train_step_spilled(arena, &x, Target::Classes(&y), &mut spill),
         };
@@ -183,8 +222,8 @@ pub fn child(args: &[String]) -> Result<(), String> {
         fnv(&mut hash, loss.to_bits());
     }
     let peak = status_kib("VmHWM:");
-    drop(step);
-    let st = spill.stats();
+    let st = spill.inner.stats();
+    let store_ms = spill.ns as f64 / 1e6 / (steps + 2) as f64;
     for (_, _, t) in ex.state_tensors().collect::<Vec<_>>() {
         for v in ex.read(&mut arena, t).map_err(|e| e.to_string())? {
             fnv(&mut hash, v.to_bits());
@@ -194,13 +233,13 @@ pub fn child(args: &[String]) -> Result<(), String> {
     let median = times[times.len() / 2];
     let n = (steps + 2) as f64;
     println!(
-        "RESULT {} {} {baseline} {peak} {median:.3} {pairs} {swapped} {} {} {:.3} {} {hash:016x}",
+        "RESULT {} {} {baseline} {peak} {median:.3} {pairs} {swapped} {} {} {:.3} {} {hash:016x} {store_ms:.3}",
         plan.arena_bytes,
         fits as u8,
         st.prefetched_reads as f64 / n,
         st.direct_reads as f64 / n,
         st.wait_ns as f64 / 1e6 / n,
-        st.peak_staged,
+        (st.evicted as f64 / n) as u64,
     );
     Ok(())
 }
@@ -216,8 +255,9 @@ struct Row {
     prefetched: f64,
     direct: f64,
     wait_ms: f64,
-    staged: usize,
+    evicted: usize,
     hash: String,
+    store_ms: f64,
 }
 
 fn run_child(exe: &std::path::Path, name: &str, args: &[String]) -> Result<Row, String> {
@@ -253,18 +293,22 @@ fn run_child(exe: &std::path::Path, name: &str, args: &[String]) -> Result<Row, 
         prefetched: p(8)?,
         direct: p(9)?,
         wait_ms: p(10)?,
-        staged: p(11)? as usize,
+        evicted: p(11)? as usize,
         hash: f.get(12).unwrap_or(&"?").to_string(),
+        store_ms: p(13)?,
     })
 }
 
 /// The parent: `cargo xtask bench swap [--scale S] [--batch B] [--lookahead L] [--budget-mib M]
-/// [--steps N]`. Without `--budget-mib`, the budget is the smallest arena the proactive planner reaches.
+/// [--steps N] [--keep-cache]`. Without `--budget-mib`, the budget is the smallest arena the on-demand
+/// planner reaches.
 pub fn main(args: &[String]) -> Result<(), String> {
     let scale: u32 = num(args, "--scale", 4)?;
     let batch: usize = num(args, "--batch", 64)?;
     let lookahead: usize = num(args, "--lookahead", 3)?;
     let steps: usize = num(args, "--steps", 5)?;
+    let rounds: usize = num::<usize>(args, "--rounds", 3)?.max(1);
+    let evict = !args.iter().any(|a| a == "--keep-cache");
     let spec = vgg16(scale);
     let g = Graph::new(&spec, batch).map_err(|e| e.to_string())?;
     let plain = Plan::new(g.clone());
@@ -277,9 +321,9 @@ pub fn main(args: &[String]) -> Result<(), String> {
         }
         None => {
             let t = Instant::now();
-            let (Ok(p) | Err(p)) = plan_swap(&g, lookahead, 0);
+            let (Ok(p) | Err(p)) = plan_swap(&g, 0, 0);
             eprintln!(
-                "smallest proactive arena: {:.2} MiB (planned in {:.0} ms)",
+                "smallest swap arena: {:.2} MiB (planned in {:.0} ms)",
                 p.arena_bytes as f64 / MIB,
                 t.elapsed().as_secs_f64() * 1e3
             );
@@ -287,7 +331,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         }
     };
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let common = |l: &str| -> Vec<String> {
+    let child_args = |plan: &str, store: usize| -> Vec<String> {
         [
             "--scale",
             &scale.to_string(),
@@ -297,26 +341,55 @@ pub fn main(args: &[String]) -> Result<(), String> {
             &steps.to_string(),
             "--budget",
             &budget.to_string(),
-            "--lookahead",
-            l,
+            "--plan-lookahead",
+            plan,
+            "--store-lookahead",
+            &store.to_string(),
+            "--evict",
+            if evict { "1" } else { "0" },
         ]
         .iter()
         .map(|s| s.to_string())
         .collect()
     };
+    let l = lookahead.to_string();
     let variants = [
-        ("no swap".to_string(), "none".to_string()),
-        ("on-demand swap".to_string(), "0".to_string()),
+        ("no swap".to_string(), child_args("none", 0)),
+        ("on-demand swap".to_string(), child_args("0", 0)),
         (
             format!("proactive swap (lookahead {lookahead})"),
-            lookahead.to_string(),
+            child_args("0", lookahead),
+        ),
+        (
+            format!("proactive, swap-ins placed {lookahead} early"),
+            child_args(&l, lookahead),
         ),
     ];
+    // Rounds run the variants in turn, so a noisy neighbour slows all of them alike; each variant
+    // reports the fastest of its rounds' median steps (peak RSS and store time: the median round).
+    let mut runs: Vec<Vec<Row>> = (0..variants.len()).map(|_| Vec::new()).collect();
+    for round in 0..rounds {
+        for (k, (name, a)) in variants.iter().enumerate() {
+            eprint!("round {}/{rounds}: {name} … ", round + 1);
+            let r = run_child(&exe, name, a)?;
+            eprintln!("{:.1} ms/step", r.ms);
+            runs[k].push(r);
+        }
+    }
+    let mut spread = Vec::new();
     let mut rows = Vec::new();
-    for (name, l) in &variants {
-        eprint!("{name} … ");
-        let r = run_child(&exe, name, &common(l))?;
-        eprintln!("{:.1} ms/step", r.ms);
+    for mut v in runs {
+        let median = |f: fn(&Row) -> f64| {
+            let mut x: Vec<f64> = v.iter().map(f).collect();
+            x.sort_by(f64::total_cmp);
+            x[x.len() / 2]
+        };
+        let (peak, store) = (median(|r| r.peak_mib), median(|r| r.store_ms));
+        v.sort_by(|a, b| a.ms.total_cmp(&b.ms));
+        spread.push((v[0].ms, v[v.len() - 1].ms));
+        let mut r = v.swap_remove(0);
+        r.peak_mib = peak;
+        r.store_ms = store;
         rows.push(r);
     }
     let widths = if scale == 1 {
@@ -325,23 +398,28 @@ pub fn main(args: &[String]) -> Result<(), String> {
         format!("channels ÷{scale}")
     };
     println!(
-        "\n`cargo xtask bench swap{}` — VGG-16 ({widths}), batch {batch}, 3×32×32, SGD; 1 thread; fresh process per row; MiB = 2^20 bytes.",
+        "\n`cargo xtask bench swap{}` — VGG-16 ({widths}), batch {batch}, 3×32×32, SGD; executor on 1 thread, the store's I/O thread beside it; fresh process per row; MiB = 2^20 bytes.",
         args.iter().map(|a| format!(" {a}")).collect::<String>()
     );
     println!(
-        "Plain arena {:.2} MiB; swap budget {:.2} MiB; swap store: a temporary file (FileSpill), prefetches read by a background thread.",
+        "Plain arena {:.2} MiB; swap budget {:.2} MiB; store: FileSpill (a temporary file{}).",
         plain.arena_bytes as f64 / MIB,
-        budget as f64 / MIB
+        budget as f64 / MIB,
+        if evict {
+            "; swapped bytes written back and dropped from the page cache"
+        } else {
+            "; the kernel may keep swapped bytes cached"
+        }
     );
-    println!("Peak = VmHWM over the baseline (model, data, arena allocated, weights written); ms/step = median of {steps} steps after 2 warm-up steps.\n");
-    println!("| variant | arena MiB | swaps/step | swapped MiB/step (each way) | peak over baseline MiB | peak vs no swap | ms/step | time vs no swap | prefetched / direct reads per step | wait ms/step | staging peak MiB | result hash |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    println!("Peak = VmHWM over the baseline (model, data, arena allocated, weights written); ms/step = median of {steps} steps after 2 warm-up steps, best of {rounds} rounds run in turn (range of the rounds in brackets; other processes share this machine); store ms/step = time inside the store's calls on the executor's thread (median round).\n");
+    println!("| variant | arena MiB | swaps/step | swapped MiB/step (each way) | peak over baseline MiB | peak vs no swap | ms/step | time vs no swap | store ms/step | prefetched / on-demand reads per step | wait for prefetch ms/step | evicted MiB/step | result hash |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     let base = &rows[0];
-    for r in &rows {
+    for (r, (lo, hi)) in rows.iter().zip(&spread) {
         println!(
-            "| {}{} | {:.2} | {} | {:.2} | {:.2} | {:.2}× smaller | {:.1} | {:+.1}% | {:.0} / {:.0} | {:.2} | {:.2} | {} |",
+            "| {}{} | {:.2} | {} | {:.2} | {:.2} | {:.2}× smaller | {:.1} [{lo:.0}–{hi:.0}] | {:+.1}% | {:.2} | {:.0} / {:.0} | {:.2} | {:.2} | {} |",
             r.name,
-            if r.fits { "" } else { " (over budget)" },
+            if r.fits { "" } else { " (over budget: smallest reached)" },
             r.arena as f64 / MIB,
             r.pairs,
             r.swapped as f64 / MIB,
@@ -349,10 +427,11 @@ pub fn main(args: &[String]) -> Result<(), String> {
             base.peak_mib / r.peak_mib.max(1e-9),
             r.ms,
             (r.ms / base.ms - 1.0) * 100.0,
+            r.store_ms,
             r.prefetched,
             r.direct,
             r.wait_ms,
-            r.staged as f64 / MIB,
+            r.evicted as f64 / MIB,
             r.hash
         );
     }
@@ -379,45 +458,4 @@ pub fn main(args: &[String]) -> Result<(), String> {
     } else {
         Err("swap variants gave different results".into())
     }
-}
-
-/// Temporary: explain a plan.
-pub fn explain(args: &[String]) -> Result<(), String> {
-    let scale: u32 = num(args, "--scale", 4)?;
-    let l: usize = num(args, "--lookahead", 0)?;
-    let budget: usize = num(args, "--budget", 0)?;
-    let g = Graph::new(&vgg16(scale), 64).map_err(|e| e.to_string())?;
-    let (Ok(p) | Err(p)) = plan_swap(&g, l, budget);
-    let live = frugal_core::policy::live_profile(&p);
-    let pool = p.pool_profile();
-    for (eo, ins) in p.program.iter().enumerate() {
-        let name = if ins.spilled().is_some() {
-            p.graph.tensors[ins.node as usize].name.clone()
-        } else {
-            p.graph
-                .nodes
-                .get(ins.node as usize)
-                .map_or("loss".into(), |n| n.name.clone())
-        };
-        let lv: Vec<String> = p
-            .lives
-            .iter()
-            .filter(|x| x.first <= eo as u32 && x.last >= eo as u32 && x.bytes > 100_000)
-            .map(|x| format!("{}:{:.1}", x.name, x.bytes as f64 / MIB))
-            .collect();
-        println!(
-            "{eo:3} {:4} {:20} live {:6.2} pool {:6.2}  {}",
-            ins.phase.short(),
-            name,
-            live[eo] as f64 / MIB,
-            pool[eo] as f64 / MIB,
-            lv.join(" ")
-        );
-    }
-    println!(
-        "arena {:.2} lb {:.2}",
-        p.arena_bytes as f64 / MIB,
-        p.lower_bound as f64 / MIB
-    );
-    Ok(())
 }

@@ -1,14 +1,14 @@
 //! Executor: runs a [`Plan`] over a caller-owned `&mut [u8]` arena. A training step is a loop over the
 //! plan's instructions; every tensor is a slice of the arena at its planned offset, so a step allocates
 //! nothing. Hosts never reach inside: they hand in a batch and read back a loss.
-mod adapt;
+pub mod adapt;
 #[cfg(test)]
 mod adapt_tests;
 mod arena;
 
 use core::fmt;
 
-pub use adapt::{ladder, AdaptObserver, Adapted};
+pub use adapt::{ladder, pick, AdaptObserver, Adapted};
 pub use arena::carve;
 use arena::{f32s, f32s_ro, u32s};
 
@@ -435,10 +435,10 @@ impl<'p, B: Backend> Executor<'p, B> {
     }
 
     /// [`Executor::train_step`] for plans with swap instructions ([`Phase::SpillOut`], [`Phase::SpillIn`],
-    /// see [`crate::policy::swap`]): their bytes go to and come back from `spill`, keyed by tensor id. A
-    /// swap-in with `k` instructions between it and its tensor's next use is announced with
-    /// [`Spill::prefetch`] `k` instructions before the swap-in itself (at most [`MAX_PREFETCH_LEAD`]), so
-    /// a host can read it in the background. Results are bit-identical to the plain plan's.
+    /// see [`crate::policy::swap`]): their bytes go to and come back from `spill`, keyed by tensor id.
+    /// Each swap-in is announced with [`Spill::prefetch`] [`Spill::lookahead`] instructions before it
+    /// (at most [`MAX_PREFETCH_LEAD`], never before its swap-out), so a host can read it in the
+    /// background. Results are bit-identical to the plain plan's.
     pub fn train_step_spilled(
         &mut self,
         arena: &mut [u8],
@@ -471,15 +471,16 @@ impl<'p, B: Backend> Executor<'p, B> {
         let outs = plan.graph.pred_dims().numel();
         let mb_size = plan.graph.batch;
         let mb_samples = |mb: u16| n.saturating_sub(mb as usize * mb_size).min(mb_size);
+        let ahead = spill.lookahead().min(MAX_PREFETCH_LEAD as usize) as Eo;
         let mut loss = 0f64;
         for (eo, ins) in plan.program.iter().enumerate() {
             let eo = eo as Eo;
             // Announce the swap-ins whose prefetch point is here.
-            for j in eo + 1..plan.n_eo().min(eo + 1 + MAX_PREFETCH_LEAD) {
+            for j in eo + 1..plan.n_eo().min(eo + 1 + ahead) {
                 let next = &plan.program[j as usize];
                 if next.phase == Phase::SpillIn
                     && mb_samples(next.mb) > 0
-                    && prefetch_point(plan, j) == Some(eo)
+                    && prefetch_point(plan, j, ahead) == Some(eo)
                 {
                     let (_, len) = spill_region(plan, j)?;
                     spill.prefetch(next.node as u32, len);
@@ -646,22 +647,18 @@ fn spill_region(plan: &Plan, eo: Eo) -> Result<(usize, usize), ExecError> {
     Ok((off, len))
 }
 
-/// Where the swap-in at `j` is announced: as many instructions before it as it precedes its tensor's next
-/// use (at most [`MAX_PREFETCH_LEAD`]), never before its swap-out; None when that is `j` itself.
-fn prefetch_point(plan: &Plan, j: Eo) -> Option<Eo> {
+/// Where the swap-in at `j` is announced: `ahead` instructions before it, but never before its swap-out
+/// (the bytes exist only after it); None when that leaves no instruction in between.
+fn prefetch_point(plan: &Plan, j: Eo, ahead: Eo) -> Option<Eo> {
     let t = plan.program[j as usize].spilled()?;
     let gid = plan.group_of.get(t as usize).copied().flatten()? as usize;
     let segs = &plan.segments[gid];
     let k = segs.iter().position(|&(start, _)| start == j)?;
-    let s = segs[k].1 as usize;
-    let next_use = *plan.touches[s].iter().find(|&&e| e > j)?;
-    // Instructions between the swap-in and the use.
-    let lead = (next_use - j - 1).min(MAX_PREFETCH_LEAD);
-    // The swap-out ends the previous segment; the bytes exist only after it.
+    // The swap-out is the last use of the previous segment.
     let out = k
         .checked_sub(1)
         .map_or(0, |p| plan.lives[segs[p].1 as usize].last + 1);
-    let p = (j - lead).max(out);
+    let p = j.saturating_sub(ahead).max(out);
     (p < j).then_some(p)
 }
 
@@ -807,6 +804,7 @@ fn input<'a>(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn forward(
     plan: &Plan,
     eo: Eo,

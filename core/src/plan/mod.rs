@@ -397,9 +397,9 @@ pub fn lifetimes(g: &Graph, program: &[Instr], roots: &[u32]) -> Lifetimes {
     }
     let ng = groups.len();
     let mut gbytes = vec![0usize; ng];
-    for t in 0..nt {
-        if let Some(gid) = group_of[t] {
-            gbytes[gid as usize] = gbytes[gid as usize].max(align_up(g.tensors[t].bytes));
+    for (t, gid) in group_of.iter().enumerate() {
+        if let Some(gid) = gid {
+            gbytes[*gid as usize] = gbytes[*gid as usize].max(align_up(g.tensors[t].bytes));
         }
     }
     let mut lives: Vec<TensorLife> = Vec::new();
@@ -618,7 +618,7 @@ impl Plan {
         let gid = self.group_of.get(t as usize).copied().flatten()? as usize;
         let segs = &self.segments[gid];
         let i = segs.partition_point(|&(start, _)| start <= eo);
-        Some(segs[i.checked_sub(1).unwrap_or(0)].1)
+        Some(segs[i.saturating_sub(1)].1)
     }
 
     /// Arena byte range of tensor `t` at execution order `eo` (None if external).

@@ -39,6 +39,7 @@ struct Gap {
 /// swap-out right after its last use before the gap and a swap-in `lookahead` compute instructions before
 /// its next use (as many as the gap allows, never before the loss), and lays the program out again, until
 /// the arena fits. Returns `Err` with the smallest plan reached when nothing more can be swapped.
+#[allow(clippy::result_large_err)] // like `policy::recompute`: both outcomes are whole plans
 pub fn plan_swap(g: &Graph, lookahead: usize, budget: usize) -> Result<Plan, Plan> {
     let roots = share_groups(g, true);
     let mut program = Schedule::new(g).program;
@@ -297,15 +298,93 @@ mod tests {
                 p.arena_bytes,
                 plain.arena_bytes
             );
-            let mut spill = MemSpill::new();
-            let got = run_spilled(&p, 3, &mut spill);
-            assert_eq!(bits(&got), bits(&want), "lookahead {lookahead}");
             let (pairs, bytes) = swap_volume(&p);
-            assert_eq!(spill.written, 3 * bytes);
-            assert_eq!(spill.read, 3 * bytes);
-            // Every swap-in is announced once per step when it has a lead, never on demand.
-            let want_prefetches = if lookahead == 0 { 0 } else { 3 * pairs };
-            assert_eq!(spill.prefetches, want_prefetches, "lookahead {lookahead}");
+            // The store's lookahead only decides when swap-ins are announced.
+            for ahead in [0, 2, 5] {
+                let mut spill = MemSpill::new();
+                spill.lookahead = ahead;
+                let got = run_spilled(&p, 3, &mut spill);
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "lookahead {lookahead}, ahead {ahead}"
+                );
+                assert_eq!(spill.written, 3 * bytes);
+                assert_eq!(spill.read, 3 * bytes);
+                // Every swap-in is announced once per step when the store asks, never on demand.
+                let want_prefetches = if ahead == 0 { 0 } else { 3 * pairs };
+                assert_eq!(spill.prefetches, want_prefetches, "lookahead {lookahead}");
+            }
+        }
+    }
+
+    /// Logs every call: prefetches come after the key's write and before its read, `lookahead`
+    /// instructions ahead of the swap-in (as far as the swap-out allows).
+    #[test]
+    fn prefetches_follow_the_write_and_lead_the_read() {
+        struct Log<'a> {
+            inner: MemSpill,
+            events: Vec<(char, u32, usize)>,
+            eo: &'a core::cell::Cell<usize>,
+        }
+        impl Spill for Log<'_> {
+            fn write(&mut self, key: u32, data: &[u8]) -> Result<(), SpillError> {
+                self.events.push(('w', key, self.eo.get()));
+                self.inner.write(key, data)
+            }
+            fn read(&mut self, key: u32, out: &mut [u8]) -> Result<(), SpillError> {
+                self.events.push(('r', key, self.eo.get()));
+                self.inner.read(key, out)
+            }
+            fn prefetch(&mut self, key: u32, _: usize) {
+                self.events.push(('p', key, self.eo.get()));
+            }
+            fn lookahead(&self) -> usize {
+                2
+            }
+        }
+        let g = Graph::new(&cnn(), 8).unwrap();
+        let (Ok(p) | Err(p)) = plan_swap(&g, 1, 0);
+        let mut arena = vec![0u8; p.needed_bytes()];
+        let mut ex = Executor::new(&p, &arena).unwrap();
+        ex.init_params(&mut arena, 9).unwrap();
+        let (x, y) = data(&p, 8);
+        let now = core::cell::Cell::new(0);
+        let mut log = Log {
+            inner: MemSpill::new(),
+            events: Vec::new(),
+            eo: &now,
+        };
+        // The observer runs after each instruction: the next one's index is then `eo + 1`.
+        let mut obs = |eo: usize, _: &Instr, _: &[u8]| now.set(eo + 1);
+        ex.train_step_spilled_observed(&mut arena, &x, Target::Classes(&y), &mut log, &mut obs)
+            .unwrap();
+        let swaps = swaps(&p, Phase::SpillIn);
+        assert_eq!(log.events.iter().filter(|e| e.0 == 'p').count(), swaps);
+        for (i, &(op, key, eo)) in log.events.iter().enumerate() {
+            let before = log.events[..i]
+                .iter()
+                .rev()
+                .find(|e| e.1 == key)
+                .map(|e| e.0);
+            match op {
+                'p' => {
+                    assert_eq!(before, Some('w'));
+                    // Announced exactly 2 instructions before its swap-in, or right after the swap-out.
+                    let read = log.events[i..]
+                        .iter()
+                        .find(|e| e.1 == key && e.0 == 'r')
+                        .unwrap()
+                        .2;
+                    let wrote = log.events[..i].iter().rev().find(|e| e.1 == key).unwrap().2;
+                    assert!(
+                        read - eo == 2 || eo == wrote + 1,
+                        "{op} {key} at {eo}, read at {read}"
+                    );
+                }
+                'r' => assert!(matches!(before, Some('w' | 'p'))),
+                _ => {}
+            }
         }
     }
 
@@ -340,10 +419,19 @@ mod tests {
                         .count();
                     let out = (0..eo)
                         .rev()
-                        .find(|&e| p.program[e].phase == Phase::SpillOut && p.program[e].node == ins.node)
+                        .find(|&e| {
+                            p.program[e].phase == Phase::SpillOut && p.program[e].node == ins.node
+                        })
                         .unwrap();
-                    let short = p.program[out + 1..eo].iter().filter(|i| i.spilled().is_none()).count() == 1;
-                    assert!(compute == 3 || (compute < 3 && (short || eo == loss + 1)), "{compute} at {eo}");
+                    let short = p.program[out + 1..eo]
+                        .iter()
+                        .filter(|i| i.spilled().is_none())
+                        .count()
+                        == 1;
+                    assert!(
+                        compute == 3 || (compute < 3 && (short || eo == loss + 1)),
+                        "{compute} at {eo}"
+                    );
                 }
             }
         }

@@ -1,8 +1,15 @@
 //! [`FileSpill`]: the native host's store for swapped-out tensors (NNTrainer §4.3, proactive swap). One
-//! file in a temporary directory, a region per key; a background thread services
-//! [`Spill::prefetch`] hints by reading a key into a staging buffer while the executor computes, so the
-//! swap-in that follows only copies memory. That overlap is what makes proactive swapping (a lookahead
-//! of a few instructions) cheaper than on-demand swapping (read right before the use).
+//! file in a temporary directory, a region per key, read and written with positioned I/O straight from
+//! and into the arena (no copies held in the process).
+//!
+//! A background thread does the slow parts off the executor's thread:
+//! - **prefetch**: when the executor announces a swap-in ([`Spill::lookahead`] instructions early), the
+//!   thread reads the key's bytes into the kernel's page cache, so the swap-in itself is a memory copy
+//!   instead of a disk read. That overlap is what makes proactive swapping cheaper than on-demand.
+//! - **eviction** (optional, Linux): after a swap-out the thread writes the bytes back to disk and drops
+//!   them from the page cache, so swapped-out tensors really leave RAM (as on a device that has none to
+//!   spare) instead of lingering in the cache. Without it the kernel keeps them cached while memory is
+//!   plentiful, and on-demand reads are memory copies too.
 //!
 //! The file is unlinked as soon as it is open (on Unix), so nothing is left behind even after a crash.
 use std::collections::HashMap;
@@ -17,10 +24,10 @@ use std::time::Instant;
 
 use frugal_core::spill::{Spill, SpillError};
 
-/// Granularity of a key's region in the file.
+/// Granularity of a key's region in the file (a page, so eviction never touches a neighbour).
 const REGION_ALIGN: u64 = 4096;
-/// Staging buffers kept for reuse (each as large as the largest tensor prefetched into it).
-const POOL_MAX: usize = 4;
+/// Bytes the background thread reads at a time when prefetching (its only buffer).
+const WARM_CHUNK: usize = 256 * 1024;
 
 /// What a [`FileSpill`] did so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -29,14 +36,14 @@ pub struct SpillStats {
     pub written: u64,
     /// Bytes returned by reads.
     pub read: u64,
-    /// Reads served from a prefetched staging buffer.
+    /// Reads whose bytes a prefetch had brought in.
     pub prefetched_reads: u64,
-    /// Reads that went to the file directly (no prefetch was pending).
+    /// Reads with no prefetch before them (on demand).
     pub direct_reads: u64,
     /// Nanoseconds reads spent waiting for a prefetch still in flight.
     pub wait_ns: u64,
-    /// Largest total of staging buffers held at once (bytes).
-    pub peak_staged: u64,
+    /// Bytes written back and dropped from the page cache.
+    pub evicted: u64,
 }
 
 struct Slot {
@@ -46,39 +53,39 @@ struct Slot {
     len: Option<usize>,
 }
 
-struct Job {
-    offset: u64,
-    len: usize,
-    buf: Vec<u8>,
-    reply: SyncSender<(Vec<u8>, io::Result<()>)>,
+enum Job {
+    /// Read `len` bytes at `offset` into the page cache, then signal `done`.
+    Warm {
+        offset: u64,
+        len: usize,
+        done: SyncSender<()>,
+    },
+    /// Write back and drop from the page cache `len` bytes at `offset`.
+    Evict { offset: u64, len: usize },
 }
 
-struct Pending {
-    len: usize,
-    reply: Receiver<(Vec<u8>, io::Result<()>)>,
-}
-
-/// A [`Spill`] backed by one temporary file, with a background reader for prefetches.
+/// A [`Spill`] backed by one temporary file, with a background thread for prefetch and eviction.
 pub struct FileSpill {
     file: Arc<File>,
     path: PathBuf,
     slots: HashMap<u32, Slot>,
     end: u64,
+    lookahead: usize,
+    evict: bool,
     jobs: Option<Sender<Job>>,
     worker: Option<JoinHandle<()>>,
-    pending: HashMap<u32, Pending>,
-    pool: Vec<Vec<u8>>,
-    staged: u64,
+    pending: HashMap<u32, Receiver<()>>,
+    evicted: Arc<AtomicU64>,
     stats: SpillStats,
 }
 
 impl FileSpill {
-    /// A store in the system's temporary directory.
+    /// An on-demand store (no prefetch, no eviction) in the system's temporary directory.
     pub fn new() -> io::Result<FileSpill> {
         Self::in_dir(&std::env::temp_dir())
     }
 
-    /// A store whose file lives in `dir` (a fast local disk, ideally).
+    /// Like [`FileSpill::new`], with the file in `dir` (a fast local disk, ideally).
     pub fn in_dir(dir: &Path) -> io::Result<FileSpill> {
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let name = format!(
@@ -97,37 +104,51 @@ impl FileSpill {
         #[cfg(unix)]
         let _ = std::fs::remove_file(&path);
         let file = Arc::new(file);
+        let evicted = Arc::new(AtomicU64::new(0));
         let (tx, rx) = mpsc::channel::<Job>();
-        let reader = Arc::clone(&file);
-        let worker = std::thread::Builder::new()
-            .name("frugal-spill".into())
-            .stack_size(64 * 1024)
-            .spawn(move || {
-                for mut job in rx {
-                    // Sizing (page faults, zeroing) happens here too, off the executor's thread.
-                    job.buf.resize(job.len, 0);
-                    let r = read_at(&reader, &mut job.buf, job.offset);
-                    // The executor may have given up on this prefetch (an aborted step): ignore.
-                    let _ = job.reply.send((job.buf, r));
-                }
-            })?;
+        let worker = {
+            let file = Arc::clone(&file);
+            let evicted = Arc::clone(&evicted);
+            std::thread::Builder::new()
+                .name("frugal-spill".into())
+                .stack_size(64 * 1024)
+                .spawn(move || background(&file, &rx, &evicted))?
+        };
         Ok(FileSpill {
             file,
             path,
             slots: HashMap::new(),
             end: 0,
+            lookahead: 0,
+            evict: false,
             jobs: Some(tx),
             worker: Some(worker),
             pending: HashMap::new(),
-            pool: Vec::new(),
-            staged: 0,
+            evicted,
             stats: SpillStats::default(),
         })
     }
 
+    /// Asks the executor to announce each swap-in `n` instructions early, and prefetches it then
+    /// (proactive swapping); 0 is on-demand.
+    pub fn with_lookahead(mut self, n: usize) -> FileSpill {
+        self.lookahead = n;
+        self
+    }
+
+    /// Writes every swapped-out tensor back to disk and drops it from the page cache (Linux; elsewhere
+    /// a no-op), so its bytes really leave RAM.
+    pub fn evicting(mut self, on: bool) -> FileSpill {
+        self.evict = on && cfg!(target_os = "linux");
+        self
+    }
+
     /// What the store did so far.
     pub fn stats(&self) -> SpillStats {
-        self.stats
+        SpillStats {
+            evicted: self.evicted.load(Ordering::Relaxed),
+            ..self.stats
+        }
     }
 
     /// Bytes of file space the keys occupy.
@@ -135,61 +156,55 @@ impl FileSpill {
         self.end
     }
 
-    /// Takes the result of the prefetch of `key`, if one is pending (waits for it).
-    fn take_pending(&mut self, key: u32) -> Option<(usize, Vec<u8>, io::Result<()>)> {
-        let p = self.pending.remove(&key)?;
+    fn send(&self, job: Job) -> bool {
+        self.jobs.as_ref().is_some_and(|j| j.send(job).is_ok())
+    }
+
+    /// Waits for the prefetch of `key`, if one is pending; true if there was one.
+    fn wait_pending(&mut self, key: u32) -> bool {
+        let Some(done) = self.pending.remove(&key) else {
+            return false;
+        };
         let t = Instant::now();
-        let got = p.reply.recv();
+        // An error means the worker is gone; the read then simply goes to the file.
+        let _ = done.recv();
         self.stats.wait_ns += t.elapsed().as_nanos() as u64;
-        self.staged = self.staged.saturating_sub(p.len as u64);
-        match got {
-            Ok((buf, r)) => Some((p.len, buf, r)),
-            // The worker is gone (it panicked): treat as a failed read.
-            Err(_) => Some((
-                p.len,
-                Vec::new(),
-                Err(io::Error::other("spill reader stopped")),
-            )),
-        }
+        true
     }
+}
 
-    fn recycle(&mut self, buf: Vec<u8>) {
-        if buf.capacity() > 0 {
-            if self.pool.len() >= POOL_MAX {
-                // Keep the largest buffers.
-                if let Some((i, _)) = self.pool.iter().enumerate().min_by_key(|x| x.1.capacity()) {
-                    if self.pool[i].capacity() < buf.capacity() {
-                        self.pool[i] = buf;
+/// The background thread: prefetches and evictions, in the order they were asked for.
+fn background(file: &File, jobs: &Receiver<Job>, evicted: &AtomicU64) {
+    let mut chunk: Vec<u8> = Vec::new();
+    for job in jobs {
+        match job {
+            Job::Warm { offset, len, done } => {
+                chunk.resize(WARM_CHUNK.min(len), 0);
+                let mut at = 0usize;
+                while at < len {
+                    let n = chunk.len().min(len - at);
+                    // A failed prefetch is not an error: the read that follows reports it.
+                    if read_at(file, &mut chunk[..n], offset + at as u64).is_err() {
+                        break;
                     }
+                    at += n;
                 }
-            } else {
-                self.pool.push(buf);
+                // The executor may have given up on this prefetch (an aborted step): ignore.
+                let _ = done.send(());
             }
-        }
-    }
-
-    fn buffer(&mut self, len: usize) -> Vec<u8> {
-        // The smallest pooled buffer that is large enough, else a new one.
-        let best = self
-            .pool
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| b.capacity() >= len)
-            .min_by_key(|(_, b)| b.capacity())
-            .map(|(i, _)| i);
-        match best {
-            Some(i) => self.pool.swap_remove(i),
-            None => Vec::with_capacity(len),
+            Job::Evict { offset, len } => {
+                if evict(file, offset, len) {
+                    evicted.fetch_add(len as u64, Ordering::Relaxed);
+                }
+            }
         }
     }
 }
 
 impl Spill for FileSpill {
     fn write(&mut self, key: u32, data: &[u8]) -> Result<(), SpillError> {
-        // A prefetch of the key's previous bytes is stale now.
-        if let Some((_, buf, _)) = self.take_pending(key) {
-            self.recycle(buf);
-        }
+        // A prefetch of the key's previous bytes is stale now; let it finish first.
+        self.wait_pending(key);
         let len = data.len() as u64;
         let slot = match self.slots.get_mut(&key) {
             Some(s) if s.cap >= len => s,
@@ -214,17 +229,24 @@ impl Spill for FileSpill {
             os: e.raw_os_error(),
         })?;
         slot.len = Some(data.len());
+        let offset = slot.offset;
         self.stats.written += len;
+        if self.evict {
+            self.send(Job::Evict {
+                offset,
+                len: data.len(),
+            });
+        }
         Ok(())
     }
 
     fn read(&mut self, key: u32, out: &mut [u8]) -> Result<(), SpillError> {
-        let (offset, len) = match self.slots.get(&key) {
+        let offset = match self.slots.get(&key) {
             Some(Slot {
                 offset,
                 len: Some(len),
                 ..
-            }) if *len == out.len() => (*offset, *len),
+            }) if *len == out.len() => *offset,
             _ => {
                 return Err(SpillError::Missing {
                     key,
@@ -232,25 +254,16 @@ impl Spill for FileSpill {
                 })
             }
         };
-        match self.take_pending(key) {
-            Some((plen, buf, Ok(()))) if plen == len => {
-                out.copy_from_slice(&buf);
-                self.recycle(buf);
-                self.stats.prefetched_reads += 1;
-            }
-            other => {
-                // No prefetch, another length, or it failed: read directly (and report that error).
-                if let Some((_, buf, _)) = other {
-                    self.recycle(buf);
-                }
-                read_at(&self.file, out, offset).map_err(|e| SpillError::Read {
-                    key,
-                    os: e.raw_os_error(),
-                })?;
-                self.stats.direct_reads += 1;
-            }
+        if self.wait_pending(key) {
+            self.stats.prefetched_reads += 1;
+        } else {
+            self.stats.direct_reads += 1;
         }
-        self.stats.read += len as u64;
+        read_at(&self.file, out, offset).map_err(|e| SpillError::Read {
+            key,
+            os: e.raw_os_error(),
+        })?;
+        self.stats.read += out.len() as u64;
         Ok(())
     }
 
@@ -269,26 +282,14 @@ impl Spill for FileSpill {
         if stored != len {
             return;
         }
-        let buf = self.buffer(len);
-        let (reply, rx) = mpsc::sync_channel(1);
-        let sent = self.jobs.as_ref().map(|j| {
-            j.send(Job {
-                offset,
-                len,
-                buf,
-                reply,
-            })
-        });
-        match sent {
-            Some(Ok(())) => {
-                self.pending.insert(key, Pending { len, reply: rx });
-                self.staged += len as u64;
-                self.stats.peak_staged = self.stats.peak_staged.max(self.staged);
-            }
-            // The worker is gone: the read will go to the file directly.
-            Some(Err(mpsc::SendError(job))) => self.recycle(job.buf),
-            None => {}
+        let (done, rx) = mpsc::sync_channel(1);
+        if self.send(Job::Warm { offset, len, done }) {
+            self.pending.insert(key, rx);
         }
+    }
+
+    fn lookahead(&self) -> usize {
+        self.lookahead
     }
 }
 
@@ -310,9 +311,38 @@ impl std::fmt::Debug for FileSpill {
             .field("path", &self.path)
             .field("keys", &self.slots.len())
             .field("file_bytes", &self.end)
-            .field("stats", &self.stats)
+            .field("lookahead", &self.lookahead)
+            .field("evict", &self.evict)
+            .field("stats", &self.stats())
             .finish()
     }
+}
+
+/// Writes `len` bytes at `offset` back to disk and drops them from the page cache; true if done.
+#[cfg(target_os = "linux")]
+fn evict(file: &File, offset: u64, len: usize) -> bool {
+    use std::os::unix::io::AsRawFd;
+    let fd = file.as_raw_fd();
+    let (Ok(off), Ok(n)) = (
+        libc::off64_t::try_from(offset),
+        libc::off64_t::try_from(len),
+    ) else {
+        return false;
+    };
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+        | libc::SYNC_FILE_RANGE_WRITE
+        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    // SAFETY: plain system calls on an open descriptor this thread's `File` keeps alive; no memory is
+    // passed.
+    unsafe {
+        libc::sync_file_range(fd, off, n, flags) == 0
+            && libc::posix_fadvise64(fd, off, n, libc::POSIX_FADV_DONTNEED) == 0
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn evict(_: &File, _: u64, _: usize) -> bool {
+    false
 }
 
 #[cfg(unix)]
@@ -369,8 +399,13 @@ mod tests {
     }
 
     #[test]
-    fn round_trips_with_and_without_prefetch() {
-        let mut s = FileSpill::new().unwrap();
+    fn round_trips_with_and_without_prefetch_and_eviction() {
+        for evict in [false, true] {
+            round_trips(FileSpill::new().unwrap().evicting(evict));
+        }
+    }
+
+    fn round_trips(mut s: FileSpill) {
         let a = pattern(10_000, 1);
         let b = pattern(300, 2);
         s.write(7, &a).unwrap();
@@ -498,9 +533,12 @@ mod tests {
         let plain = Plan::new(g.clone());
         let want = run(&plain, None);
         for lookahead in [0, 3] {
-            let (Ok(p) | Err(p)) = plan_swap(&g, lookahead, 0);
-            assert!(p.arena_bytes < plain.arena_bytes, "lookahead {lookahead}");
-            let mut s = FileSpill::new().unwrap();
+            let (Ok(p) | Err(p)) = plan_swap(&g, 0, 0);
+            assert!(p.arena_bytes < plain.arena_bytes);
+            let mut s = FileSpill::new()
+                .unwrap()
+                .with_lookahead(lookahead)
+                .evicting(true);
             assert_eq!(run(&p, Some(&mut s)), want, "lookahead {lookahead}");
             let st = s.stats();
             assert!(
@@ -508,7 +546,7 @@ mod tests {
                 "lookahead {lookahead}: {st:?}"
             );
             if lookahead > 0 {
-                assert!(st.prefetched_reads > 0, "{st:?}");
+                assert!(st.prefetched_reads > 0 && st.direct_reads == 0, "{st:?}");
             } else {
                 assert_eq!(st.prefetched_reads, 0);
             }
