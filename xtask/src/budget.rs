@@ -6,9 +6,10 @@
 //!   recompute-first.
 use std::path::Path;
 
-use frugal_cli::measure::step_ms;
+use frugal_cli::measure::{step_ms, Batch};
 use frugal_cli::spec_toml::load_model;
 use frugal_core::budget::Budget;
+use frugal_core::exec::{ladder, pick, Executor};
 use frugal_core::graph::Graph;
 use frugal_core::model::ModelSpec;
 use frugal_core::plan::Plan;
@@ -172,6 +173,99 @@ pub fn main(_args: &[String]) -> Result<(), String> {
                 cells.join(" | ")
             );
         }
+    }
+    adaptation()?;
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Melon §4.4: the budget drops at 25/50/75 % of a step. On-the-fly adaptation (switch plans between two
+/// ops, move what both plans keep) against stop-and-restart of the step on the smaller plan; overhead =
+/// step time minus the uninterrupted step on the larger plan.
+fn adaptation() -> Result<(), String> {
+    let spec = model("residual-bn.toml")?;
+    let batch = 128;
+    let g = Graph::new(&spec, batch).map_err(|e| e.to_string())?;
+    let cost = CostModel::estimate(&g);
+    let plain = Plan::new(g.clone()).needed_bytes();
+    // The residual-BN model's recompute floor is 0.57× its arena, so the drop is to 0.6×.
+    let low = plain * 3 / 5;
+    let table = ladder(&spec, batch, &[plain, low], &cost).map_err(|e| e.to_string())?;
+    let top = &table.entries.last().ok_or("empty ladder")?.plan;
+    let small = &pick(&table, low)
+        .ok_or("no plan for the lower budget")?
+        .plan;
+    let b = Batch::new(top, batch);
+    let run = |mode: u8, at: usize| -> Result<f64, String> {
+        let mut times = Vec::new();
+        for _ in 0..STEPS {
+            let mut arena = vec![0u8; top.needed_bytes()];
+            let mut ex = Executor::new(top, &arena).map_err(|e| e.to_string())?;
+            ex.init_params(&mut arena, 1).map_err(|e| e.to_string())?;
+            let t = std::time::Instant::now();
+            match mode {
+                0 => {
+                    ex.train_step(&mut arena, &b.x, b.target())
+                        .map_err(|e| e.to_string())?;
+                }
+                1 => {
+                    let mut fired = false;
+                    let mut budget_at = |eo: usize, _: &Plan| {
+                        (eo == at && !fired).then(|| {
+                            fired = true;
+                            Budget::new(low)
+                        })
+                    };
+                    ex.train_step_adaptive(
+                        &mut arena,
+                        &b.x,
+                        b.target(),
+                        &table,
+                        &mut budget_at,
+                        &mut (),
+                    )
+                    .map_err(|e| e.to_string())?;
+                }
+                _ => {
+                    ex.train_step_restart_at(&mut arena, &b.x, b.target(), at, small, &mut ())
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        Ok(median(times))
+    };
+    let base = run(0, 0)?;
+    println!(
+        "\n### Budget drop mid-step (Melon §4.4): residual-BN CNN, batch 128, {} → {}\n",
+        fmt_kib(plain),
+        fmt_kib(low)
+    );
+    println!(
+        "uninterrupted step on the large plan: {base:.2} ms; the small plan has {} recomputes\n",
+        small
+            .program
+            .iter()
+            .filter(|i| i.phase == frugal_core::plan::Phase::Recompute)
+            .count()
+    );
+    println!("| drop at | on-the-fly ms | stop-restart ms | on-the-fly overhead | restart overhead | on-the-fly / restart |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for frac in [0.25, 0.5, 0.75] {
+        let at = (top.program.len() as f64 * frac) as usize;
+        let a = run(1, at)?;
+        let r = run(2, at)?;
+        println!(
+            "| {:.0}% | {a:.2} | {r:.2} | {:.2} | {:.2} | {:.0}% |",
+            frac * 100.0,
+            a - base,
+            r - base,
+            100.0 * (a - base).max(0.0) / (r - base).max(1e-9)
+        );
     }
     Ok(())
 }
