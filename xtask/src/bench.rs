@@ -41,7 +41,7 @@ const REFERENCE: &[(&str, usize, f64, f64, f64, f64, &str)] = &[
     ("small_cnn", 128, 13.1, 42.3, 20.90, 20.0, "Burn ndarray"),
 ];
 
-fn status_kib(field: &str) -> usize {
+pub(crate) fn status_kib(field: &str) -> usize {
     let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     s.lines()
         .find(|l| l.starts_with(field))
@@ -50,7 +50,7 @@ fn status_kib(field: &str) -> usize {
         .unwrap_or(0)
 }
 
-fn arg<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+pub(crate) fn arg<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
     args.iter()
         .position(|a| a == name)
         .and_then(|i| args.get(i + 1))

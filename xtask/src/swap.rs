@@ -13,6 +13,7 @@
 //! the model, data, arena and spill file exist; kernel high-water mark reset; 2 warm-up steps, then timed
 //! steps; peak = high-water mark − baseline; ms/step = the median. Every variant also prints a hash of
 //! its losses and final weights: swapping only moves bytes, so the hashes must be equal.
+use crate::bench::{arg, status_kib};
 use std::process::Command;
 use std::time::Instant;
 
@@ -103,27 +104,11 @@ pub fn vgg16(scale: u32) -> ModelSpec {
     }
 }
 
-fn arg<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map(String::as_str)
-}
-
 fn num<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> Result<T, String> {
     match arg(args, name) {
         None => Ok(default),
         Some(v) => v.parse().map_err(|_| format!("{name}: bad value {v}")),
     }
-}
-
-fn status_kib(field: &str) -> usize {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    s.lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 /// Times the calls the executor makes into the store (its foreground cost of swapping).
