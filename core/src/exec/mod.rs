@@ -822,7 +822,7 @@ fn forward(
     let b = node.params.get(1).map(|p| p.value);
     let s = node.scratch[scratch_slot::FWD];
     match &node.op {
-        NodeOp::Linear { fin, fout } => {
+        NodeOp::Linear { .. } | NodeOp::Conv(_) => {
             let [xb, wb, bb, yb, sb] = carve(
                 a,
                 [
@@ -834,38 +834,12 @@ fn forward(
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
-            ops::linear_fwd(
-                n,
-                *fin,
-                *fout,
-                x,
-                f32s(wb)?,
-                opt_f32(bb)?.map(|b| &*b),
-                f32s(yb)?,
-                f32s(sb)?,
-            );
-        }
-        NodeOp::Conv(g) => {
-            let [xb, wb, bb, yb, sb] = carve(
-                a,
-                [
-                    reg(plan, eo, Some(xin), in_elems),
-                    whole(plan, eo, w),
-                    whole(plan, eo, b),
-                    reg(plan, eo, Some(node.out), out_elems),
-                    whole(plan, eo, s),
-                ],
-            )?;
-            let x = input(plan, xin, xb, xext, in_elems)?;
-            ops::conv_fwd(
-                g,
-                n,
-                x,
-                f32s(wb)?,
-                opt_f32(bb)?.map(|b| &*b),
-                f32s(yb)?,
-                f32s(sb)?,
-            );
+            let (w, b, y, s) = (f32s(wb)?, opt_f32(bb)?.map(|b| &*b), f32s(yb)?, f32s(sb)?);
+            match &node.op {
+                NodeOp::Linear { fin, fout } => ops::linear_fwd(n, *fin, *fout, x, w, b, y, s),
+                NodeOp::Conv(g) => ops::conv_fwd(g, n, x, w, b, y, s),
+                _ => return Err(ExecError::BadPlan("not a linear or convolution layer")),
+            }
         }
         NodeOp::MaxPool(g) => {
             let [xb, yb, ib] = carve(
@@ -1067,7 +1041,7 @@ fn grad_w(
         .d_out
         .ok_or(ExecError::BadPlan("gradient without an output derivative"))?;
     match &node.op {
-        NodeOp::Linear { fin, fout } => {
+        NodeOp::Linear { .. } | NodeOp::Conv(_) => {
             let [xb, dyb, dwb, dbb, sb] = carve(
                 a,
                 [
@@ -1079,40 +1053,14 @@ fn grad_w(
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
-            ops::linear_grad_w(
-                n,
-                *fin,
-                *fout,
-                x,
-                f32s(dyb)?,
-                f32s(dwb)?,
-                opt_f32(dbb)?,
-                acc_w,
-                f32s(sb)?,
-            );
-        }
-        NodeOp::Conv(g) => {
-            let [xb, dyb, dwb, dbb, sb] = carve(
-                a,
-                [
-                    reg(plan, eo, Some(xin), in_elems),
-                    reg(plan, eo, Some(dy), out_elems),
-                    whole(plan, eo, dw),
-                    whole(plan, eo, db),
-                    whole(plan, eo, s),
-                ],
-            )?;
-            let x = input(plan, xin, xb, xext, in_elems)?;
-            ops::conv_grad_w(
-                g,
-                n,
-                x,
-                f32s(dyb)?,
-                f32s(dwb)?,
-                opt_f32(dbb)?,
-                acc_w,
-                f32s(sb)?,
-            );
+            let (dy, dw, db, s) = (f32s(dyb)?, f32s(dwb)?, opt_f32(dbb)?, f32s(sb)?);
+            match &node.op {
+                NodeOp::Linear { fin, fout } => {
+                    ops::linear_grad_w(n, *fin, *fout, x, dy, dw, db, acc_w, s)
+                }
+                NodeOp::Conv(g) => ops::conv_grad_w(g, n, x, dy, dw, db, acc_w, s),
+                _ => return Err(ExecError::BadPlan("not a linear or convolution layer")),
+            }
         }
         NodeOp::BatchNorm { c, hw, .. } => {
             let [xb, dyb, mb, ib, dgb, dbb] = carve(
@@ -1169,7 +1117,7 @@ fn grad_x(
     let w = node.params.first().map(|p| p.value);
     let s = node.scratch[scratch_slot::GRAD_X];
     match &node.op {
-        NodeOp::Linear { fin, fout } => {
+        NodeOp::Linear { .. } | NodeOp::Conv(_) => {
             let [dyb, wb, dxb, sb] = carve(
                 a,
                 [
@@ -1179,28 +1127,14 @@ fn grad_x(
                     whole(plan, eo, s),
                 ],
             )?;
-            ops::linear_grad_x(
-                n,
-                *fin,
-                *fout,
-                f32s(dyb)?,
-                f32s(wb)?,
-                f32s(dxb)?,
-                acc,
-                f32s(sb)?,
-            );
-        }
-        NodeOp::Conv(g) => {
-            let [dyb, wb, dxb, sb] = carve(
-                a,
-                [
-                    reg(plan, eo, Some(dy), out_elems),
-                    whole(plan, eo, w),
-                    reg(plan, eo, dx, in_elems),
-                    whole(plan, eo, s),
-                ],
-            )?;
-            ops::conv_grad_x(g, n, f32s(dyb)?, f32s(wb)?, f32s(dxb)?, acc, f32s(sb)?);
+            let (dy, w, dx, s) = (f32s(dyb)?, f32s(wb)?, f32s(dxb)?, f32s(sb)?);
+            match &node.op {
+                NodeOp::Linear { fin, fout } => {
+                    ops::linear_grad_x(n, *fin, *fout, dy, w, dx, acc, s)
+                }
+                NodeOp::Conv(g) => ops::conv_grad_x(g, n, dy, w, dx, acc, s),
+                _ => return Err(ExecError::BadPlan("not a linear or convolution layer")),
+            }
         }
         NodeOp::MaxPool(g) => {
             let [dyb, ib, dxb] = carve(

@@ -197,10 +197,12 @@ impl Node {
         self.params.iter().any(|p| p.grad.is_some())
     }
     /// Has a compute-derivative phase (some input needs a derivative and this node must compute it).
+    /// A view whose input derivative is a read-only view of its output derivative needs no instruction.
     pub fn has_grad_x(&self, g: &Graph) -> bool {
-        self.d_in.iter().enumerate().any(|(i, d)| match d {
-            Some((t, _)) => !(matches!(self.op, NodeOp::View) && g.is_view_of(*t, self.d_out, i)),
-            None => false,
+        self.d_in.iter().flatten().any(|&(t, _)| {
+            let zero_copy = matches!(self.op, NodeOp::View)
+                && matches!((g.tensors[t as usize].share, self.d_out), (Share::ReadView(v), Some(d)) if v == d);
+            !zero_copy
         })
     }
 }
@@ -291,11 +293,6 @@ impl Graph {
     /// Realises `spec` for batches of `batch` samples.
     pub fn new(spec: &ModelSpec, batch: usize) -> Result<Graph, GraphError> {
         Builder::new(spec, batch)?.build()
-    }
-
-    /// True when derivative `t` (the derivative of input `i` of a view node) is a read-only view of `d_out`.
-    fn is_view_of(&self, t: TensorId, d_out: Option<TensorId>, _i: usize) -> bool {
-        matches!((self.tensors[t as usize].share, d_out), (Share::ReadView(v), Some(d)) if v == d)
     }
 
     /// All parameters with their node index.
@@ -809,32 +806,18 @@ impl<'a> Builder<'a> {
                 }
                 _ => (0, 0, 0),
             };
-            let has_gw = node.has_grad_w();
-            let has_gx = node.d_in.iter().any(|d| d.is_some());
-            let name = node.name.clone();
-            if fwd > 0 {
-                node.scratch[scratch_slot::FWD] = Some(self.tensor(
-                    format!("{name}.scratch(F)"),
-                    TensorKind::Scratch,
-                    fwd,
-                    Share::Own,
-                )?);
-            }
-            if gw > 0 && has_gw {
-                node.scratch[scratch_slot::GRAD_W] = Some(self.tensor(
-                    format!("{name}.scratch(CG)"),
-                    TensorKind::Scratch,
-                    gw,
-                    Share::Own,
-                )?);
-            }
-            if gx > 0 && has_gx {
-                node.scratch[scratch_slot::GRAD_X] = Some(self.tensor(
-                    format!("{name}.scratch(CD)"),
-                    TensorKind::Scratch,
-                    gx,
-                    Share::Own,
-                )?);
+            let needed = [
+                true,
+                node.has_grad_w(),
+                node.d_in.iter().any(|d| d.is_some()),
+            ];
+            for (slot, (elems, tag)) in [(fwd, "F"), (gw, "CG"), (gx, "CD")].into_iter().enumerate()
+            {
+                if elems > 0 && needed[slot] {
+                    let name = format!("{}.scratch({tag})", node.name);
+                    node.scratch[slot] =
+                        Some(self.tensor(name, TensorKind::Scratch, elems, Share::Own)?);
+                }
             }
         }
 
