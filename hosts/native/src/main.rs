@@ -104,6 +104,15 @@ enum Cmd {
         #[arg(long)]
         save_table: Option<PathBuf>,
     },
+    /// Convert a model (TOML) to frugal's binary model format (`.frgm`, versioned and checksummed), the
+    /// form devices, the browser and the wasm sandbox load.
+    Convert {
+        /// Model description.
+        model: PathBuf,
+        /// Output file (default: the model's path with the extension `.frgm`).
+        #[arg(short, long)]
+        out: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -136,6 +145,19 @@ fn cost_model(
 
 fn run(cli: Cli) -> Res {
     match cli.cmd {
+        Cmd::Convert { model, out } => {
+            let mf = load_model(&model)?;
+            let bytes = frugal_core::format::encode_model(&mf.spec);
+            let out = out.unwrap_or_else(|| model.with_extension("frgm"));
+            fsutil::write_atomic(&out, &bytes)?;
+            println!(
+                "{} → {} ({} bytes)",
+                model.display(),
+                out.display(),
+                bytes.len()
+            );
+            Ok(())
+        }
         Cmd::Train {
             model,
             budget,

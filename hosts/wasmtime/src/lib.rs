@@ -1,0 +1,1 @@
+//! frugal in a wasmtime sandbox (skeleton; see issue 5).

@@ -1,0 +1,1 @@
+//! frugal in the browser (skeleton; see issue 5).
