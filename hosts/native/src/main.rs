@@ -156,7 +156,6 @@ fn run(cli: Cli) -> Res {
                 out.display(),
                 bytes.len()
             );
-            Ok(())
         }
         Cmd::Train {
             model,
