@@ -42,5 +42,7 @@ pub mod optim;
 pub mod plan;
 #[cfg(feature = "alloc")]
 pub mod policy;
+#[cfg(feature = "alloc")]
+pub mod quant;
 
 pub use budget::{Budget, BudgetError};

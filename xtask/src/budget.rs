@@ -52,6 +52,7 @@ pub fn main(_args: &[String]) -> Result<(), String> {
     for (file, name, ghost) in headline {
         let approx = Approximations {
             ghost_batch_norm: ghost,
+            ..Default::default()
         };
         let spec = model(file)?;
         let base = Plan::new(Graph::new(&spec, 32).map_err(|e| e.to_string())?);

@@ -8,9 +8,19 @@
 //! - `bench swap [--scale S] [--lookahead L] [--budget-mib M] [--steps N] [--rounds R] [--keep-cache]`:
 //!   proactive swap (NNTrainer §4.3) on VGG-16/CIFAR: no swap, on-demand and proactive swap, each in a
 //!   fresh process.
+//! - `web [--serve [--port N]] [--test] [--bench]`: the browser build (`web-demo/dist/`), its Chromium
+//!   tests and its figures (see `web.rs`).
+//! - `firmware --board netduinoplus2|microbit`: builds `firmware/`, trains in QEMU, decodes the defmt log,
+//!   compares the first losses with a native run of the baked plan (see `firmware.rs`).
+//! - `cross`: the int8/quant tests of `frugal-core` natively, on aarch64 under qemu (NEON, `sdot`) and on
+//!   wasm32-wasip1 + simd128 under Node (see `cross.rs`).
 mod bench;
 mod budget;
+mod cross;
+mod firmware;
+mod int8;
 mod swap;
+mod web;
 
 use std::process::{Command, ExitCode};
 
@@ -22,9 +32,13 @@ fn main() -> ExitCode {
             budget::main(&args[2..])
         }
         Some("bench") if args.get(1).map(String::as_str) == Some("swap") => swap::main(&args[2..]),
+        Some("bench") if args.get(1).map(String::as_str) == Some("int8") => int8::main(&args[2..]),
         Some("bench") => bench::main(&args[1..]),
         Some("__bench-swap-one") => swap::child(&args[1..]),
         Some("__bench-one") => bench::child(&args[1..]),
+        Some("firmware") => firmware::main(&args[1..]),
+        Some("cross") => cross::main(&args[1..]),
+        Some("web") => web::main(&args[1..]),
         _ => {
             eprintln!("usage: cargo xtask test | cargo xtask bench memory [--only linear,conv2d,...] [--steps N]");
             Err("unknown task".into())

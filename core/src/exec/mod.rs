@@ -5,6 +5,7 @@ pub mod adapt;
 #[cfg(test)]
 mod adapt_tests;
 mod arena;
+pub mod int8;
 
 use core::fmt;
 
@@ -767,6 +768,9 @@ fn run_instr(
     if ins.node == LOSS_NODE {
         return Err(ExecError::BadPlan("loss instruction in the wrong place"));
     }
+    if ins.packed().is_some() {
+        return convert_half(plan, eo, a, ins); // `node` is a tensor id
+    }
     let node: &Node = plan
         .graph
         .nodes
@@ -783,7 +787,34 @@ fn run_instr(
         Phase::SpillOut | Phase::SpillIn => Err(ExecError::BadPlan(
             "a swap instruction needs a spill store (Executor::train_step_spilled)",
         )),
+        Phase::Pack | Phase::Unpack => Err(ExecError::BadPlan("pack/unpack dispatched as an op")),
     }
+}
+
+/// fp16 storage: [`Phase::Pack`] rounds the f32 tensor to IEEE half (nearest-even, saturating at ±65504
+/// so a large activation never turns into infinity) into its half copy; [`Phase::Unpack`] widens it back.
+fn convert_half(plan: &Plan, eo: Eo, a: &mut [u8], ins: &Instr) -> Result<(), ExecError> {
+    let bad = ExecError::BadPlan("a pack/unpack names a tensor without a half copy in the arena");
+    let x = ins.packed().ok_or(bad.clone())?;
+    let h = plan.graph.half_of(x).ok_or(bad.clone())?;
+    let (xr, hr) = (
+        plan.region_at(x, eo).ok_or(bad.clone())?,
+        plan.region_at(h, eo).ok_or(bad)?,
+    );
+    let elems = (xr.1 / 4).min(hr.1 / 2);
+    let [xb, hb] = carve(a, [(xr.0, elems * 4), (hr.0, elems * 2)])?;
+    if ins.phase == Phase::Pack {
+        for (v, o) in xb.chunks_exact(4).zip(hb.chunks_exact_mut(2)) {
+            let v = f32::from_le_bytes([v[0], v[1], v[2], v[3]]).clamp(-65504.0, 65504.0);
+            o.copy_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes());
+        }
+    } else {
+        for (v, o) in hb.chunks_exact(2).zip(xb.chunks_exact_mut(4)) {
+            let v = half::f16::from_bits(u16::from_le_bytes([v[0], v[1]])).to_f32();
+            o.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    Ok(())
 }
 
 /// The input slice of a node: from the arena, or the host's batch for the model input.

@@ -19,8 +19,9 @@
 //!             | strategy length: u8 | strategy name bytes
 //! ```
 //!
-//! Phases are coded 0 F, 1 loss, 2 CG, 3 CD, 4 apply, 5 recompute, 6 swap-out, 7 swap-in; a swap's
-//! `node` is the id of the tensor it moves (an in-arena, non-persistent tensor of the model).
+//! Phases are coded 0 F, 1 loss, 2 CG, 3 CD, 4 apply, 5 recompute, 6 swap-out, 7 swap-in, 8 pack to
+//! fp16, 9 unpack; a swap's or pack's `node` is the id of the tensor it moves (an in-arena,
+//! non-persistent tensor of the model; a pack's half copy is re-created in program order on decode).
 //!
 //! Decoding trusts nothing: every enum value, node index and micro-batch index is checked, the storage
 //! count must match the storages recomputed from the program, and the stored layout must be aligned, fit
@@ -29,7 +30,7 @@ use alloc::vec::Vec;
 
 use super::{decode_model, encode_model, FormatError, Reader};
 use crate::backend::Placement;
-use crate::graph::{Graph, GraphError, TensorKind};
+use crate::graph::{Graph, GraphError, TensorId, TensorKind};
 use crate::model::ModelSpec;
 use crate::plan::{
     lifetimes, share_groups, strategies, Instr, Phase, Plan, TensorLife, ALIGN, LOSS_NODE,
@@ -116,6 +117,8 @@ fn phase_code(p: Phase) -> u8 {
         Phase::Recompute => 5,
         Phase::SpillOut => 6,
         Phase::SpillIn => 7,
+        Phase::Pack => 8,
+        Phase::Unpack => 9,
     }
 }
 
@@ -253,7 +256,7 @@ fn get_body(r: &mut Reader<'_>, spec: &ModelSpec) -> Result<Plan, FormatError> {
     if batch == 0 || batch > MAX_BATCH {
         return Err(bad("micro-batch size", at, "must be between 1 and 1048576"));
     }
-    let graph = Graph::new(spec, batch).map_err(|e| bad("model", at, graph_reason(&e)))?;
+    let mut graph = Graph::new(spec, batch).map_err(|e| bad("model", at, graph_reason(&e)))?;
     let at = r.at();
     let micro_batches = r.u16("micro_batches")?;
     if micro_batches == 0 {
@@ -275,6 +278,7 @@ fn get_body(r: &mut Reader<'_>, spec: &ModelSpec) -> Result<Plan, FormatError> {
         ));
     }
     let n_nodes = graph.nodes.len();
+    let n_model_tensors = graph.tensors.len();
     let mut program = Vec::with_capacity(n.min(4096));
     for _ in 0..n {
         let at = r.at();
@@ -289,6 +293,8 @@ fn get_body(r: &mut Reader<'_>, spec: &ModelSpec) -> Result<Plan, FormatError> {
             5 => Phase::Recompute,
             6 => Phase::SpillOut,
             7 => Phase::SpillIn,
+            8 => Phase::Pack,
+            9 => Phase::Unpack,
             _ => return Err(bad("instruction phase", phase_at, "unknown phase")),
         };
         let ok = if phase == Phase::Loss {
@@ -298,6 +304,12 @@ fn get_body(r: &mut Reader<'_>, spec: &ModelSpec) -> Result<Plan, FormatError> {
             graph.tensors.get(node as usize).is_some_and(|t| {
                 t.bytes > 0 && t.kind != TensorKind::External && !t.kind.persistent()
             })
+        } else if phase == Phase::Pack {
+            // A pack names an activation of the model; its half copy is added in program order, as the
+            // fp16 policy does, so tensor ids match the encoder's.
+            (node as usize) < n_model_tensors && graph.add_half(node as TensorId).is_some()
+        } else if phase == Phase::Unpack {
+            (node as usize) < n_model_tensors && graph.half_of(node as TensorId).is_some()
         } else {
             (node as usize) < n_nodes
         };
@@ -692,7 +704,10 @@ mod tests {
         // Unknown phase and placement bytes.
         let b = encode_plan(&s, &plain());
         let i = first_instr(&b);
-        assert_eq!(field(&patched(&b, i + 2, 8)), "instruction phase");
+        assert_eq!(field(&patched(&b, i + 2, 10)), "instruction phase");
+        // A pack naming a node index that is no activation tensor, an unpack without a pack.
+        assert_eq!(field(&patched(&b, i + 2, 8)), "instruction node");
+        assert_eq!(field(&patched(&b, i + 2, 9)), "instruction node");
         assert_eq!(field(&patched(&b, i + 5, 3)), "instruction placement");
         // Batch 0 and a batch too large.
         let batch_at = i - 11;

@@ -7,7 +7,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 use core::fmt;
 
-use crate::model::{Dims, LayerKind, LossKind, ModelSpec, OptimizerSpec, Src};
+use crate::model::{Dims, LayerKind, LossKind, ModelSpec, OptimizerSpec, Precision, Src};
 use crate::ops::{self, Act, ConvGeom, PoolGeom};
 
 /// Index of a tensor in [`Graph::tensors`].
@@ -71,6 +71,34 @@ pub enum Share {
     External,
 }
 
+/// Element type of a tensor in the arena; its size decides the tensor's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// 32-bit float.
+    F32,
+    /// 8-bit signed integer with a power-of-two scale (int8 training).
+    I8,
+    /// 32-bit signed integer (accumulators).
+    I32,
+    /// IEEE half (fp16 storage).
+    F16,
+    /// 32-bit unsigned integer (f32 max-pool arg-max indices).
+    U32,
+    /// Bytes (int8 max-pool window indices; int8 scratch carved by the op itself).
+    U8,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub const fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F16 => 2,
+            DType::I8 | DType::U8 => 1,
+        }
+    }
+}
+
 /// One tensor.
 #[derive(Clone, Debug)]
 pub struct TensorInfo {
@@ -80,6 +108,8 @@ pub struct TensorInfo {
     pub kind: TensorKind,
     /// Size in bytes at the planned batch.
     pub bytes: usize,
+    /// Element type (bytes = elements × its size).
+    pub dtype: DType,
     /// Sharing request.
     pub share: Share,
 }
@@ -279,6 +309,11 @@ pub struct Graph {
     pub d_pred: TensorId,
     /// Scratch of the loss instruction, if any.
     pub loss_scratch: Option<TensorId>,
+    /// fp16 storage: (tensor, its IEEE-half copy) pairs added by [`Graph::add_half`] for
+    /// [`Phase::Pack`](crate::plan::Phase::Pack)/[`Phase::Unpack`](crate::plan::Phase::Unpack).
+    pub halves: Vec<(TensorId, TensorId)>,
+    /// Numeric precision of training (f32 unless realised with [`Graph::with_precision`]).
+    pub precision: Precision,
 }
 
 fn err(index: usize, name: &str, reason: impl Into<String>) -> GraphError {
@@ -295,6 +330,19 @@ impl Graph {
         Builder::new(spec, batch)?.build()
     }
 
+    /// Realises `spec` for batches of `batch` samples in `precision`: tensors are sized by their dtype
+    /// (int8 activations, derivatives and gradients; see [`crate::quant`]). A layer or loss the precision
+    /// does not support is a typed error naming it.
+    pub fn with_precision(
+        spec: &ModelSpec,
+        batch: usize,
+        precision: Precision,
+    ) -> Result<Graph, GraphError> {
+        let mut b = Builder::new(spec, batch)?;
+        b.precision = precision;
+        b.build()
+    }
+
     /// All parameters with their node index.
     pub fn params(&self) -> impl Iterator<Item = (usize, &Param)> {
         self.nodes
@@ -306,6 +354,35 @@ impl Graph {
     /// The prediction (last node's output).
     pub fn pred(&self) -> TensorId {
         self.nodes.last().map(|n| n.out).unwrap_or(self.input)
+    }
+
+    /// The IEEE-half copy of tensor `t` (fp16 storage), if it has one.
+    pub fn half_of(&self, t: TensorId) -> Option<TensorId> {
+        self.halves.iter().find(|h| h.0 == t).map(|h| h.1)
+    }
+
+    /// Adds an IEEE-half copy of activation `t` (half its bytes, rounded up to whole elements): where a
+    /// plan keeps `t` in fp16 between its forward and backward uses. Returns the existing copy when `t`
+    /// has one; None when `t` is not an activation.
+    pub fn add_half(&mut self, t: TensorId) -> Option<TensorId> {
+        if let Some(h) = self.half_of(t) {
+            return Some(h);
+        }
+        let info = self.tensors.get(t as usize)?;
+        if info.kind != TensorKind::Activation {
+            return None;
+        }
+        let half = TensorInfo {
+            name: format!("f16({})", info.name),
+            kind: TensorKind::Activation,
+            bytes: info.bytes / 4 * 2,
+            dtype: DType::F16,
+            share: Share::Own,
+        };
+        self.tensors.push(half);
+        let h = (self.tensors.len() - 1) as TensorId;
+        self.halves.push((t, h));
+        Some(h)
     }
 
     /// Per-sample prediction shape.
@@ -321,6 +398,7 @@ struct Builder<'a> {
     spec: &'a ModelSpec,
     batch: usize,
     tensors: Vec<TensorInfo>,
+    precision: Precision,
 }
 
 impl<'a> Builder<'a> {
@@ -335,6 +413,7 @@ impl<'a> Builder<'a> {
             spec,
             batch,
             tensors: Vec::new(),
+            precision: Precision::F32,
         })
     }
 
@@ -345,9 +424,23 @@ impl<'a> Builder<'a> {
         elems: usize,
         share: Share,
     ) -> Result<TensorId, GraphError> {
-        let bytes = elems.checked_mul(4).ok_or_else(|| GraphError::TooLarge {
-            tensor: name.clone(),
-        })?;
+        let dtype = crate::quant::dtype_of(self.precision, kind);
+        self.tensor_typed(name, kind, elems, share, dtype)
+    }
+
+    fn tensor_typed(
+        &mut self,
+        name: String,
+        kind: TensorKind,
+        elems: usize,
+        share: Share,
+        dtype: DType,
+    ) -> Result<TensorId, GraphError> {
+        let bytes = elems
+            .checked_mul(dtype.size())
+            .ok_or_else(|| GraphError::TooLarge {
+                tensor: name.clone(),
+            })?;
         if bytes > isize::MAX as usize / 2 {
             return Err(GraphError::TooLarge { tensor: name });
         }
@@ -355,6 +448,7 @@ impl<'a> Builder<'a> {
             name,
             kind,
             bytes,
+            dtype,
             share,
         });
         Ok((self.tensors.len() - 1) as TensorId)
@@ -392,7 +486,8 @@ impl<'a> Builder<'a> {
             0,
             Share::External,
         )?;
-        let slots = spec.optimizer.state_slots();
+        let slots = crate::quant::state_slots(self.precision, &spec.optimizer);
+        crate::quant::check_supported(self.precision, spec)?;
 
         // Forward pass: resolve shapes, create outputs, parameters, saved tensors and scratch.
         let mut nodes: Vec<Node> = Vec::with_capacity(spec.layers.len());
@@ -686,11 +781,17 @@ impl<'a> Builder<'a> {
                     }
                 }
                 NodeOp::MaxPool(_) => {
-                    saved.push(self.tensor(
+                    let dtype = if self.precision == Precision::F32 {
+                        DType::U32
+                    } else {
+                        DType::U8
+                    };
+                    saved.push(self.tensor_typed(
                         format!("{name}.argmax"),
                         TensorKind::Activation,
                         out_elems,
                         Share::Own,
+                        dtype,
                     )?);
                 }
                 _ => {}
@@ -794,8 +895,14 @@ impl<'a> Builder<'a> {
         }
 
         // Scratch per phase.
+        let int8 = self.precision != Precision::F32;
         for node in nodes.iter_mut() {
+            let ext_in = node
+                .inputs
+                .first()
+                .is_some_and(|&t| self.tensors[t as usize].kind == TensorKind::External);
             let (fwd, gw, gx) = match &node.op {
+                _ if int8 => crate::quant::scratch_bytes(self.precision, &node.op, n, ext_in),
                 NodeOp::Linear { fin, fout } => {
                     let s = ops::linear_scratch_len(n, *fin, *fout);
                     (s, s, s)
@@ -815,11 +922,29 @@ impl<'a> Builder<'a> {
             {
                 if elems > 0 && needed[slot] {
                     let name = format!("{}.scratch({tag})", node.name);
-                    node.scratch[slot] =
-                        Some(self.tensor(name, TensorKind::Scratch, elems, Share::Own)?);
+                    let dtype = if int8 { DType::U8 } else { DType::F32 };
+                    node.scratch[slot] = Some(self.tensor_typed(
+                        name,
+                        TensorKind::Scratch,
+                        elems,
+                        Share::Own,
+                        dtype,
+                    )?);
                 }
             }
         }
+        let loss_scratch = if int8 {
+            let classes = last.1.numel();
+            Some(self.tensor_typed(
+                String::from("loss.scratch"),
+                TensorKind::Scratch,
+                classes,
+                Share::Own,
+                DType::I32,
+            )?)
+        } else {
+            None
+        };
 
         Ok(Graph {
             batch: n,
@@ -832,7 +957,9 @@ impl<'a> Builder<'a> {
             optimizer: spec.optimizer,
             seed: spec.seed,
             d_pred,
-            loss_scratch: None,
+            loss_scratch,
+            halves: Vec::new(),
+            precision: self.precision,
         })
     }
 }

@@ -3,6 +3,7 @@
 //! Kernels know nothing of graphs or plans.
 
 pub mod gemm;
+pub mod int8;
 mod real;
 
 pub use gemm::{gemm, gemm_scratch_len, MatRef};

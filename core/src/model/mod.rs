@@ -225,3 +225,28 @@ pub struct ModelSpec {
     /// Seed for weight initialisation and dropout.
     pub seed: u64,
 }
+
+/// How the weights of an int8 run are updated (see [`crate::quant`] for the memory of each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Int8Update {
+    /// NITI: int8 weights only, no float copy. The int8 weight gradient is shifted down to
+    /// `update_bits` bits with stochastic rounding and subtracted with saturation; `update_bits` plays
+    /// the learning rate's role (the optimizer's `lr` is not used).
+    Integer {
+        /// Bit width of the largest update step (1..=7).
+        update_bits: u8,
+    },
+    /// f32 master weights updated by the model's optimizer from the dequantised int8 gradient, re-quantised
+    /// to int8 (power-of-two scale) for compute.
+    FloatMaster,
+}
+
+/// Numeric precision of a training run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Precision {
+    /// f32 everywhere (the default).
+    #[default]
+    F32,
+    /// int8 weights, activations and errors with int32 accumulation and power-of-two scales.
+    Int8(Int8Update),
+}

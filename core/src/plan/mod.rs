@@ -46,6 +46,13 @@ pub enum Phase {
     /// Swap in: a fresh write of the group from the spill store, starting a new lifetime segment that the
     /// layout places like any other. `Instr::node` holds the *tensor id*.
     SpillIn = 7,
+    /// fp16 storage: reads a group's storage (f32) and writes its IEEE-half copy
+    /// ([`Graph::half_of`](crate::graph::Graph::half_of)), a fresh tensor; the f32 segment ends here.
+    /// `Instr::node` holds the *tensor id*.
+    Pack = 8,
+    /// fp16 storage: a fresh write of the group (f32) from its half copy, starting a new lifetime segment;
+    /// the half copy's life ends here. `Instr::node` holds the *tensor id*.
+    Unpack = 9,
 }
 
 impl Phase {
@@ -60,6 +67,8 @@ impl Phase {
             Phase::Recompute => "RF",
             Phase::SpillOut => "SO",
             Phase::SpillIn => "SI",
+            Phase::Pack => "PK",
+            Phase::Unpack => "UP",
         }
     }
 }
@@ -97,6 +106,23 @@ impl Instr {
     /// The tensor a swap instruction moves (None for every other phase).
     pub fn spilled(&self) -> Option<TensorId> {
         matches!(self.phase, Phase::SpillOut | Phase::SpillIn).then_some(self.node as TensorId)
+    }
+
+    /// An fp16-storage instruction ([`Phase::Pack`] or [`Phase::Unpack`]) of tensor `t` (stored in
+    /// `node`; None when it does not fit in 16 bits or `phase` is neither).
+    pub fn half(phase: Phase, t: TensorId) -> Option<Instr> {
+        let node = u16::try_from(t).ok().filter(|&n| n != LOSS_NODE)?;
+        matches!(phase, Phase::Pack | Phase::Unpack).then_some(Instr {
+            node,
+            phase,
+            mb: 0,
+            placement: Placement::Cpu,
+        })
+    }
+
+    /// The f32 tensor a pack/unpack instruction converts (None for every other phase).
+    pub fn packed(&self) -> Option<TensorId> {
+        matches!(self.phase, Phase::Pack | Phase::Unpack).then_some(self.node as TensorId)
     }
 }
 
@@ -175,6 +201,14 @@ pub fn touches(g: &Graph, ins: &Instr, out: &mut Vec<TensorId>) {
         }
         return;
     }
+    if let Some(t) = ins.packed() {
+        // Pack/unpack carry the f32 tensor's id; they also touch its half copy.
+        if let Some(h) = g.half_of(t) {
+            out.push(t);
+            out.push(h);
+        }
+        return;
+    }
     let Some(n) = g.nodes.get(ins.node as usize) else {
         return;
     };
@@ -234,7 +268,7 @@ pub fn touches(g: &Graph, ins: &Instr, out: &mut Vec<TensorId>) {
                 out.extend(p.state.iter().copied());
             }
         }
-        Phase::Loss | Phase::SpillOut | Phase::SpillIn => {}
+        Phase::Loss | Phase::SpillOut | Phase::SpillIn | Phase::Pack | Phase::Unpack => {}
     }
 }
 
@@ -249,6 +283,13 @@ pub fn fresh_write(g: &Graph, ins: &Instr, t: TensorId, root: bool) -> bool {
     if ins.phase == Phase::SpillIn {
         // A swap-in rewrites the whole group (whichever member it names) from the spill store.
         return !kind.persistent() && ins.spilled() == Some(t);
+    }
+    if let Some(x) = ins.packed() {
+        // A pack writes the half copy; an unpack rewrites the whole group from it.
+        return match ins.phase {
+            Phase::Pack => g.half_of(x) == Some(t),
+            _ => !kind.persistent() && x == t,
+        };
     }
     if !root || kind.persistent() {
         return false;

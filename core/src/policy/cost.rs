@@ -19,7 +19,7 @@ fn slot(p: Phase) -> usize {
         Phase::Apply => 3,
         Phase::Loss => 4,
         // Swaps are not modelled (`instr_ns` prices them at 0); any slot will do.
-        Phase::SpillOut | Phase::SpillIn => 3,
+        Phase::SpillOut | Phase::SpillIn | Phase::Pack | Phase::Unpack => 3,
     }
 }
 

@@ -3,6 +3,7 @@
 //! memory-calibrated progressive recomputation, and Sage's hybrid; the search picks the fastest feasible
 //! plan under a [`CostModel`], or reports the smallest budget any plan needs.
 pub mod cost;
+pub mod half;
 #[cfg(test)]
 mod oracle_tests;
 pub mod swap;
@@ -547,6 +548,10 @@ pub struct Approximations {
     /// own statistics (and updating the running statistics once per micro-batch). Changes the maths
     /// (Hoffer et al. 2017); frugal never does it unless asked.
     pub ghost_batch_norm: bool,
+    /// fp16 storage ([`half::f16_storage`]): activations saved for the backward pass are kept as IEEE
+    /// half between forward and backward (compute stays f32). Applies to the single-micro-batch plan;
+    /// when that does not fit, the budget error names what it needs.
+    pub f16_storage: bool,
 }
 
 /// [`plan_for_budget`] with opt-in approximations.
@@ -559,8 +564,19 @@ pub fn plan_for_budget_with(
     approx: Approximations,
 ) -> Result<Chosen, PlanError> {
     let g = Graph::new(spec, batch)?;
-    let plain = Plan::new(g.clone());
     let fits = |p: &Plan| p.needed_bytes() <= budget.bytes;
+    if approx.f16_storage {
+        let p = half::f16_storage(&g);
+        return if fits(&p) {
+            Ok(Chosen::new(p, PolicyKind::Plain, cost))
+        } else {
+            Err(PlanError::Budget(BudgetError::TooSmall {
+                needed: p.needed_bytes(),
+                given: budget.bytes,
+            }))
+        };
+    }
+    let plain = Plan::new(g.clone());
     if fits(&plain) {
         return Ok(Chosen::new(plain, PolicyKind::Plain, cost));
     }

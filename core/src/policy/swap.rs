@@ -19,17 +19,17 @@ use super::live_profile;
 
 /// One gap of a storage that could be swapped: its value is needed again at `next` after `last`.
 #[derive(Clone, Copy)]
-struct Gap {
+pub(crate) struct Gap {
     /// The tensor the swap names (a member of the storage's group).
-    tensor: TensorId,
+    pub(crate) tensor: TensorId,
     /// Last use before the gap.
-    last: Eo,
+    pub(crate) last: Eo,
     /// Where the swap-in goes (the instruction it precedes).
-    at: Eo,
+    pub(crate) at: Eo,
     /// Bytes of the storage.
-    bytes: usize,
+    pub(crate) bytes: usize,
     /// Next use after the gap.
-    next: Eo,
+    pub(crate) next: Eo,
 }
 
 /// Plans one training step of `g` (whole batch, no micro-batching) that fits `budget` bytes (as
@@ -108,7 +108,7 @@ fn pick_gap(p: &Plan, lookahead: usize, limit: usize) -> Option<Gap> {
 /// Every swappable gap of `p`: consecutive uses `last < next` of an activation storage whose next use
 /// comes after the loss, where the swap-in (`lookahead` compute instructions before `next`, fewer in a
 /// short gap, and after the loss) leaves the storage free for at least one instruction.
-fn gaps(p: &Plan, lookahead: usize) -> Vec<Gap> {
+pub(crate) fn gaps(p: &Plan, lookahead: usize) -> Vec<Gap> {
     let prog = &p.program;
     let Some(loss) = prog.iter().position(|i| i.phase == Phase::Loss) else {
         return Vec::new();

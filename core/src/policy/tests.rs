@@ -240,6 +240,7 @@ fn ghost_batch_norm_is_used_only_when_asked() {
         &cost,
         Approximations {
             ghost_batch_norm: true,
+            ..Default::default()
         },
     )
     .unwrap();

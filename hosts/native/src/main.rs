@@ -70,6 +70,17 @@ enum Cmd {
         /// Weights to load before training (overrides the model file's).
         #[arg(long)]
         weights: Option<PathBuf>,
+        /// Numeric precision: f32, int8 (pure integer: int8 weights, NITI update), int8-master (int8
+        /// compute, f32 master weights and the model's optimizer), or f16-storage (f32 compute, the
+        /// activations kept for the backward pass stored as IEEE half). int8 runs the plain plan.
+        #[arg(long, default_value = "f32")]
+        precision: String,
+        /// int8 pure-integer update: bit width of the largest weight step (the learning rate's role).
+        #[arg(long, default_value_t = train::DEFAULT_UPDATE_BITS)]
+        update_bits: u8,
+        /// int8: recompute every scale every step instead of self-adaptively (Mandheling §3.4).
+        #[arg(long)]
+        rescale_every_step: bool,
     },
     /// Print the plan of one training step: every tensor, its lifetime and offset; or, with --budgets,
     /// a table of plans for a ladder of budgets.
@@ -169,8 +180,18 @@ fn run(cli: Cli) -> Res {
             save,
             plot,
             weights,
+            precision,
+            update_bits,
+            rescale_every_step,
         } => {
             let mf = load_model(&model)?;
+            // fp16 storage is an opt-in approximation of the f32 plan (compute stays f32).
+            let f16_storage = precision == "f16-storage";
+            let precision = if f16_storage {
+                frugal_core::model::Precision::F32
+            } else {
+                train::parse_precision(&precision, update_bits)?
+            };
             let batch = batch.or(mf.train.batch.map(|b| b as usize)).unwrap_or(32);
             let epochs = epochs.or(mf.train.epochs).unwrap_or(10);
             let source = mf.train.dataset.clone().unwrap_or(DatasetSource::Digits);
@@ -183,10 +204,37 @@ fn run(cli: Cli) -> Res {
                 train_set.len(),
                 test_set.len()
             );
+            if precision != frugal_core::model::Precision::F32 {
+                return train_int8_cli(
+                    &mf,
+                    &model,
+                    (&train_set, &test_set),
+                    (batch, epochs, seed, budget_v),
+                    precision,
+                    rescale_every_step,
+                    (save, plot, weights),
+                );
+            }
             let cost = cost_model(&mf.spec, batch, profile)?;
-            let approx = Approximations { ghost_batch_norm };
+            let approx = Approximations {
+                ghost_batch_norm,
+                f16_storage,
+            };
             let chosen = train::plan_for(&mf, batch, budget_v, policy, Some(&cost), approx)?;
             println!("{}", report::summary(&chosen.plan, budget));
+            if f16_storage {
+                let f32_plan = Plan::new(Graph::new(&mf.spec, batch)?);
+                let (full, half) = policy::half::packed_bytes(&chosen.plan);
+                println!(
+                    "fp16 storage: layer outputs kept for the backward pass {} → {}; all activations kept {} → {} (arena {} → {})",
+                    human_bytes(full),
+                    human_bytes(half),
+                    human_bytes(policy::half::saved_activation_bytes(&f32_plan)),
+                    human_bytes(policy::half::saved_activation_bytes(&chosen.plan)),
+                    human_bytes(f32_plan.arena_bytes),
+                    human_bytes(chosen.plan.arena_bytes)
+                );
+            }
             println!(
                 "policy: {}, micro-batch {} × {}, {} recomputes per step (+{:.2} MFLOP), predicted {:.2} ms/step",
                 chosen.policy.name(),
@@ -415,4 +463,81 @@ fn default_checkpoint(model: &Path) -> PathBuf {
         .file_stem()
         .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
     PathBuf::from("checkpoints").join(format!("{stem}.safetensors"))
+}
+
+/// `frugal train --precision int8|int8-master`: the int8 plan, per-epoch rescale counters, the
+/// held-out accuracy and a dequantised checkpoint.
+#[allow(clippy::type_complexity)]
+fn train_int8_cli(
+    mf: &frugal_cli::spec_toml::ModelFile,
+    model: &Path,
+    (train_set, test_set): (&frugal_cli::data::Dataset, &frugal_cli::data::Dataset),
+    (batch, epochs, seed, budget): (usize, u32, u64, Budget),
+    precision: frugal_core::model::Precision,
+    every_step: bool,
+    (save, plot, weights): (Option<PathBuf>, Option<PathBuf>, Option<PathBuf>),
+) -> Res {
+    use frugal_core::quant::Rescale;
+    let plan = Plan::new(frugal_core::graph::Graph::with_precision(
+        &mf.spec, batch, precision,
+    )?);
+    let f32_plan = Plan::new(Graph::new(&mf.spec, batch)?);
+    println!(
+        "precision {precision:?}: int8 arena {} (lower bound {}), f32 arena {} — ratio {:.3}",
+        human_bytes(plan.arena_bytes),
+        human_bytes(plan.lower_bound),
+        human_bytes(f32_plan.arena_bytes),
+        plan.arena_bytes as f64 / f32_plan.arena_bytes.max(1) as f64
+    );
+    let opts = TrainOptions {
+        batch,
+        epochs,
+        budget,
+        seed,
+        progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        quiet: false,
+        policy: PolicyKind::Plain,
+        approx: Approximations::default(),
+    };
+    let rescale = if every_step {
+        Rescale::EveryStep
+    } else {
+        Rescale::Adaptive
+    };
+    let w = weights.or(mf.train.weights.clone());
+    let rep = train::train_int8(
+        mf,
+        train_set,
+        test_set,
+        &opts,
+        precision,
+        rescale,
+        w.as_ref(),
+        |p, c| println!("  epoch {}: {c}", p.epoch),
+    )?;
+    println!("{}", rep.counts);
+    let r = &rep.report;
+    let correct = (r.test_accuracy * r.test_samples as f32).round() as usize;
+    println!(
+        "held-out accuracy: {:.2}% ({correct}/{})",
+        r.test_accuracy * 100.0,
+        r.test_samples
+    );
+    let save = save.unwrap_or_else(|| suffixed(&default_checkpoint(model), "int8"));
+    if let Some(dir) = save.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let named: Vec<(&str, &[usize], &[f32])> = r
+        .tensors
+        .iter()
+        .map(|(n, s, v)| (n.as_str(), s.as_slice(), v.as_slice()))
+        .collect();
+    checkpoint::save_safetensors(&save, &named, None)?;
+    println!("checkpoint (dequantised f32): {}", save.display());
+    if let Some(p) = plot {
+        fsutil::write_atomic(&p, curves_svg(&r.epochs).as_bytes())?;
+        println!("curves: {}", p.display());
+    }
+    println!("arena used: {}", human_bytes(r.arena_bytes));
+    Ok(())
 }

@@ -4,9 +4,13 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use frugal_core::budget::{Budget, BudgetError};
+use frugal_core::exec::int8::Int8Executor;
 use frugal_core::exec::{ExecError, Executor, Target};
 use frugal_core::graph::{Graph, GraphError};
+use frugal_core::model::{Int8Update, Precision};
+use frugal_core::plan::Plan;
 use frugal_core::policy::{self, Approximations, Chosen, CostModel, PlanError, PolicyKind};
+use frugal_core::quant::{Rescale, RescaleCounts};
 
 use crate::checkpoint::{self, CheckpointError};
 use crate::data::{self, DataError, Dataset};
@@ -317,6 +321,176 @@ pub fn train(
         policy: chosen.policy,
         micro_batch: plan.graph.batch,
         recomputes: chosen.recomputes,
+    })
+}
+
+/// Default bit width of the pure-integer update (best of 1–4 on the digits MLP and CNN: 4).
+pub const DEFAULT_UPDATE_BITS: u8 = 4;
+
+/// Parses `--precision`: `f32`, `int8` (pure integer, NITI update) or `int8-master` (int8 compute, f32
+/// master weights and the model's optimizer). `update_bits` is the integer update's bit width.
+pub fn parse_precision(s: &str, update_bits: u8) -> Result<Precision, String> {
+    match s {
+        "f32" => Ok(Precision::F32),
+        "int8" | "int8-integer" => Ok(Precision::Int8(Int8Update::Integer { update_bits })),
+        "int8-master" => Ok(Precision::Int8(Int8Update::FloatMaster)),
+        _ => Err(format!(
+            "unknown precision {s:?} (f32, int8 = pure integer, int8-master = f32 master weights)"
+        )),
+    }
+}
+
+/// What an int8 run produced besides the usual report.
+#[derive(Clone, Debug)]
+pub struct Int8Report {
+    /// Accuracy, curves, arena, trained tensors (dequantised to f32).
+    pub report: TrainReport,
+    /// Rescale counters over the whole run.
+    pub counts: RescaleCounts,
+    /// Rescale counters per epoch.
+    pub per_epoch: Vec<RescaleCounts>,
+}
+
+/// Fraction correct on `ds` with an int8 executor.
+pub fn evaluate_int8(
+    ex: &mut Int8Executor<'_>,
+    arena: &mut [u8],
+    ds: &Dataset,
+) -> Result<(f32, f32), TrainError> {
+    let batch = ex.plan().graph.batch;
+    let per = ds.dims.numel();
+    let (mut correct, mut loss) = (0usize, 0f64);
+    let mut i = 0;
+    while i < ds.len() {
+        let n = batch.min(ds.len() - i);
+        let s = ex.evaluate(
+            arena,
+            &ds.x[i * per..(i + n) * per],
+            Target::Classes(&ds.y[i..i + n]),
+        )?;
+        correct += s.correct;
+        loss += s.loss as f64 * n as f64;
+        i += n;
+    }
+    Ok((
+        correct as f32 / ds.len().max(1) as f32,
+        (loss / ds.len().max(1) as f64) as f32,
+    ))
+}
+
+/// Trains `model` in int8 (`precision` must be [`Precision::Int8`]) on the plain plan of its int8 graph
+/// (tensors sized in int8 bytes); the budget is checked against it. `on_epoch` sees each epoch's point
+/// and rescale counters.
+#[allow(clippy::too_many_arguments)]
+pub fn train_int8(
+    model: &ModelFile,
+    train: &Dataset,
+    test: &Dataset,
+    opts: &TrainOptions,
+    precision: Precision,
+    rescale: Rescale,
+    weights: Option<&PathBuf>,
+    mut on_epoch: impl FnMut(&EpochPoint, &RescaleCounts),
+) -> Result<Int8Report, TrainError> {
+    let spec = &model.spec;
+    if train.dims.numel() != spec.input.numel() {
+        return Err(TrainError::Mismatch(format!(
+            "the data has samples of {} but the model's input is {}",
+            train.dims, spec.input
+        )));
+    }
+    let plan = Plan::new(Graph::with_precision(spec, opts.batch, precision)?);
+    plan.check_budget(opts.budget)?;
+    let outputs = plan.graph.pred_dims().numel();
+    if train.classes as usize > outputs {
+        return Err(TrainError::Mismatch(format!(
+            "the data has {} classes but the model outputs {outputs}",
+            train.classes
+        )));
+    }
+    let mut arena = vec![0u8; plan.needed_bytes()];
+    let mut ex = Int8Executor::new(&plan, &arena)?;
+    ex.set_rescale(rescale);
+    ex.init_params(&mut arena, spec.seed)?;
+    if let Some(w) = weights {
+        let tensors = checkpoint::load_safetensors(w)?;
+        let mut loaded = 0;
+        for (name, shape, t) in ex.state_tensors().collect::<Vec<_>>() {
+            if let Some((_, s, v)) = tensors.iter().find(|(n, _, _)| *n == name) {
+                if *s != shape {
+                    return Err(TrainError::Mismatch(format!(
+                        "{}: tensor {name} has shape {s:?}, the model needs {shape:?}",
+                        w.display()
+                    )));
+                }
+                ex.write_f32(&mut arena, t, v)?;
+                loaded += 1;
+            }
+        }
+        if !opts.quiet {
+            println!("loaded {loaded} tensors from {}", w.display());
+        }
+    }
+    let per = spec.input.numel();
+    let mut xbuf = vec![0f32; opts.batch * per];
+    let mut ybuf = vec![0u32; opts.batch];
+    let steps = train.len().div_ceil(opts.batch) as u64;
+    let mut curves = Vec::new();
+    let mut per_epoch = Vec::new();
+    for epoch in 0..opts.epochs {
+        let before = ex.counts();
+        let order = train.shuffle_indices(opts.seed, epoch as u64);
+        let bar = (!opts.quiet)
+            .then(|| EpochBar::with_terminal(epoch + 1, opts.epochs, steps, opts.progress));
+        let (mut loss_sum, mut correct, mut seen) = (0f64, 0usize, 0usize);
+        for chunk in order.chunks(opts.batch) {
+            let n = chunk.len();
+            train.batch(chunk, &mut xbuf, &mut ybuf);
+            let s = ex.train_step(&mut arena, &xbuf[..n * per], Target::Classes(&ybuf[..n]))?;
+            loss_sum += s.loss as f64 * n as f64;
+            correct += s.correct;
+            seen += n;
+            if let Some(b) = &bar {
+                b.step(
+                    (loss_sum / seen as f64) as f32,
+                    correct as f32 / seen as f32,
+                );
+            }
+        }
+        let (test_acc, _) = evaluate_int8(&mut ex, &mut arena, test)?;
+        let p = EpochPoint {
+            epoch: epoch + 1,
+            train_loss: (loss_sum / seen.max(1) as f64) as f32,
+            train_acc: correct as f32 / seen.max(1) as f32,
+            test_acc: Some(test_acc),
+        };
+        if let Some(b) = bar {
+            b.finish(p.train_loss, p.train_acc, p.test_acc);
+        }
+        let c = ex.counts().since(&before);
+        on_epoch(&p, &c);
+        per_epoch.push(c);
+        curves.push(p);
+    }
+    let (test_accuracy, _) = evaluate_int8(&mut ex, &mut arena, test)?;
+    let mut tensors = Vec::new();
+    for (name, shape, t) in ex.state_tensors().collect::<Vec<_>>() {
+        tensors.push((name, shape, ex.read_f32(&mut arena, t)?));
+    }
+    Ok(Int8Report {
+        report: TrainReport {
+            epochs: curves,
+            test_accuracy,
+            test_samples: test.len(),
+            arena_bytes: plan.arena_bytes,
+            lower_bound: plan.lower_bound,
+            tensors,
+            policy: PolicyKind::Plain,
+            micro_batch: plan.graph.batch,
+            recomputes: 0,
+        },
+        counts: ex.counts(),
+        per_epoch,
     })
 }
 

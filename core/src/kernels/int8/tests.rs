@@ -1,0 +1,560 @@
+//! Conformance suite: the same tests for every kernel (skipped at run time when unavailable), all exact:
+//! the GEMM against the naive i64 [`igemm_reference`], the rescaling and `max_abs` of every SIMD flavour
+//! against the portable code bit for bit, and the portable rescaling against an i64/f64-free reference
+//! written from the definition.
+use super::*;
+use proptest::prelude::*;
+use std::{format, string::String, vec, vec::Vec};
+
+/// How an operand is laid out in memory.
+#[derive(Clone, Copy, Debug)]
+enum Layout {
+    /// Row-major, rows padded by `pad`.
+    Row(usize),
+    /// Column-major (a transposed row-major matrix), columns padded by `pad`.
+    Col(usize),
+    /// Neither stride is 1.
+    Strided,
+}
+
+fn layout_strategy() -> impl Strategy<Value = Layout> {
+    prop_oneof![
+        (0usize..3).prop_map(Layout::Row),
+        (0usize..3).prop_map(Layout::Col),
+        Just(Layout::Strided),
+    ]
+}
+
+/// Tiny deterministic generator for operand values.
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> u32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) as u32
+    }
+    /// Any i8, with the extremes −128, −127 and 127 over-represented (they stress exactness).
+    fn value(&mut self, extremes: bool) -> i8 {
+        let r = self.next();
+        if extremes {
+            [-128, -127, 127, -128][(r % 4) as usize]
+        } else if r.is_multiple_of(8) {
+            [-128i8, 127, -127, 0][(r / 8 % 4) as usize]
+        } else {
+            (r >> 8) as u8 as i8
+        }
+    }
+}
+
+/// An operand of `rows×cols` in `layout`, padding filled with a sentinel (its products would show).
+fn operand(
+    rows: usize,
+    cols: usize,
+    layout: Layout,
+    rng: &mut Lcg,
+    extremes: bool,
+) -> (Vec<i8>, usize, usize) {
+    let (rs, cs) = match layout {
+        Layout::Row(pad) => (cols + pad, 1),
+        Layout::Col(pad) => (1, rows + pad),
+        Layout::Strided => (2 * cols + 1, 2),
+    };
+    let len = if rows == 0 || cols == 0 {
+        0
+    } else {
+        (rows - 1) * rs + (cols - 1) * cs + 1
+    };
+    let mut data = vec![99i8; len];
+    for i in 0..rows {
+        for j in 0..cols {
+            data[i * rs + j * cs] = rng.value(extremes);
+        }
+    }
+    (data, rs, cs)
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    m: usize,
+    n: usize,
+    k: usize,
+    la: Layout,
+    lb: Layout,
+    ldc_pad: usize,
+    accumulate: bool,
+    extremes: bool,
+    /// `None`: exactly [`igemm_scratch_len`]; else at most this many bytes.
+    scratch_len: Option<usize>,
+    seed: u64,
+}
+
+fn check(kernel: IgemmKernel, case: Case) -> Result<(), String> {
+    let Case {
+        m,
+        n,
+        k,
+        la,
+        lb,
+        ldc_pad,
+        accumulate,
+        extremes,
+        scratch_len,
+        seed,
+    } = case;
+    let mut rng = Lcg(seed);
+    let (a, ars, acs) = operand(m, k, la, &mut rng, extremes);
+    let (b, brs, bcs) = operand(k, n, lb, &mut rng, extremes);
+    let a = MatRef {
+        data: &a,
+        rs: ars,
+        cs: acs,
+    };
+    let b = MatRef {
+        data: &b,
+        rs: brs,
+        cs: bcs,
+    };
+    let ldc = n + ldc_pad;
+    let sentinel = -123_456_789i32;
+    let mut c = vec![sentinel; m * ldc + 3];
+    for i in 0..m {
+        for j in 0..n {
+            c[i * ldc + j] = (rng.next() as i32) >> 8;
+        }
+    }
+    let c0 = c.clone();
+    let mut want = c.clone();
+    igemm_reference(m, n, k, a, b, &mut want, ldc, accumulate);
+    let full = igemm_scratch_len(m, n, k);
+    let mut scratch = vec![77i8; scratch_len.unwrap_or(full).min(full)];
+    igemm_with(kernel, m, n, k, a, b, &mut c, ldc, accumulate, &mut scratch);
+    for (idx, (&got, &exp)) in c.iter().zip(&want).enumerate() {
+        if got != exp {
+            let (i, j) = (idx / ldc.max(1), idx % ldc.max(1));
+            let inside = i < m && j < n;
+            return Err(format!(
+                "C[{i},{j}] = {got}, reference {exp} ({}; was {})",
+                if inside { "inside" } else { "outside C" },
+                c0[idx]
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn case_strategy(max_dim: usize) -> impl Strategy<Value = Case> {
+    (
+        (1..=max_dim, 1..=max_dim, 0..=max_dim),
+        (layout_strategy(), layout_strategy(), 0usize..4),
+        (any::<bool>(), prop::bool::weighted(0.2)),
+        prop_oneof![3 => Just(None), 1 => (0usize..3000).prop_map(Some)],
+        any::<u64>(),
+    )
+        .prop_map(
+            |((m, n, k), (la, lb, ldc_pad), (accumulate, extremes), scratch_len, seed)| Case {
+                m,
+                n,
+                k,
+                la,
+                lb,
+                ldc_pad,
+                accumulate,
+                extremes,
+                scratch_len,
+                seed,
+            },
+        )
+}
+
+/// Shapes with several k blocks (k > 512), several n blocks (n > 768), every edge, vectors.
+const LARGE: &[(usize, usize, usize)] = &[
+    (32, 256, 784),
+    (9, 784, 8),
+    (16, 100, 150),
+    (13, 800, 530),
+    (70, 97, 1027),
+    (1, 1600, 3),
+    (75, 1, 260),
+    (1, 1, 1),
+];
+
+/// k near [`MAX_K`] with all-extreme values: the largest exact sums (|C| up to 2^31 − 2^14) in both signs.
+fn near_max_k(kernel: IgemmKernel) {
+    for (k, av, bv) in [
+        (MAX_K, -128i8, -128i8),
+        (MAX_K, -128, 127),
+        (MAX_K - 5, 127, 127),
+    ] {
+        let (m, n) = (3, 17);
+        let a = vec![av; m * k];
+        let mut b = vec![bv; k * n];
+        b[5 * n + 16] = 0; // one column differs, so a wrong column order shows
+        let mut c = vec![0i32; m * n];
+        let mut want = c.clone();
+        let mut scratch = vec![0i8; igemm_scratch_len(m, n, k)];
+        let (a, b) = (MatRef::row_major(&a, k), MatRef::row_major(&b, n));
+        igemm_with(kernel, m, n, k, a, b, &mut c, n, false, &mut scratch);
+        igemm_reference(m, n, k, a, b, &mut want, n, false);
+        assert_eq!(c, want, "k = {k}, a = {av}, b = {bv}");
+        let exact = i64::from(av) * i64::from(bv) * k as i64;
+        assert_eq!(i64::from(c[0]), exact, "no wrap-around at k = {k}");
+    }
+}
+
+fn rescale_case_strategy() -> impl Strategy<Value = (Vec<i32>, u32, Rounding, u64)> {
+    (
+        prop::collection::vec(
+            prop_oneof![
+                4 => any::<i32>(),
+                2 => -70_000i32..70_000,
+                1 => prop::sample::select(vec![i32::MIN, i32::MIN + 1, i32::MAX, -1, 0, 1, 127, -127, 128, -128, 191, -191, 192, -192]),
+            ],
+            0..300,
+        ),
+        0u32..=31,
+        prop_oneof![
+            Just(Rounding::Nearest),
+            any::<u64>().prop_map(Rounding::Stochastic)
+        ],
+        prop_oneof![
+            any::<u64>(),
+            (0u64..100).prop_map(|x| (1u64 << 32) - x),
+            (0u64..100).prop_map(|x| u64::MAX - x)
+        ],
+    )
+}
+
+/// Whether the comma-separated kernel names in `FRUGAL_REQUIRE_KERNELS` include `k`: `cargo xtask cross`
+/// sets it so a kernel that should run on the (emulated) CPU cannot be skipped silently.
+fn required(k: IgemmKernel) -> bool {
+    std::env::var("FRUGAL_REQUIRE_KERNELS")
+        .is_ok_and(|v| v.split(',').any(|n| n.trim() == k.name()))
+}
+
+macro_rules! conformance {
+    ($($name:ident => $kernel:expr;)*) => {$(
+        mod $name {
+            use super::*;
+
+            fn kernel() -> Option<IgemmKernel> {
+                let k = $kernel;
+                if k.is_available() {
+                    Some(k)
+                } else {
+                    assert!(!required(k), "{} is required here (FRUGAL_REQUIRE_KERNELS) but not available", k.name());
+                    std::eprintln!("skipping: {:?} not available here", k);
+                    None
+                }
+            }
+
+            proptest! {
+                #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+                #[test]
+                fn igemm_matches_reference(case in case_strategy(60)) {
+                    if let Some(kern) = kernel() {
+                        prop_assert_eq!(check(kern, case), Ok(()));
+                    }
+                }
+
+                #[test]
+                fn rescale_matches_portable((src, shift, rounding, offset) in rescale_case_strategy()) {
+                    if let Some(kern) = kernel() {
+                        let mut want = vec![0i8; src.len()];
+                        let mut got = vec![1i8; src.len()];
+                        let n_want = rescale_i32_to_i8_with(IgemmKernel::Portable, &src, shift, rounding, offset, &mut want);
+                        let n_got = rescale_i32_to_i8_with(kern, &src, shift, rounding, offset, &mut got);
+                        prop_assert_eq!(&got, &want);
+                        prop_assert_eq!(n_got, n_want);
+                    }
+                }
+
+                #[test]
+                fn max_abs_matches_portable(x in prop::collection::vec(any::<i32>(), 0..100), extreme in prop::sample::select(vec![0i32, i32::MIN, i32::MAX, -1])) {
+                    if let Some(kern) = kernel() {
+                        let mut x = x;
+                        x.push(extreme);
+                        for len in [x.len(), x.len() / 2, 0] {
+                            prop_assert_eq!(max_abs_i32_with(kern, &x[..len]), max_abs_portable(&x[..len]));
+                        }
+                    }
+                }
+            }
+
+            #[test]
+            fn igemm_large_shapes_all_layouts() {
+                let Some(kern) = kernel() else { return };
+                let layouts = [Layout::Row(0), Layout::Col(1), Layout::Strided];
+                for (s, &(m, n, k)) in LARGE.iter().enumerate() {
+                    for (t, (&la, &lb)) in layouts.iter().zip(layouts.iter().rev()).enumerate() {
+                        for (accumulate, scratch_len) in [(false, None), (true, None), (false, Some(300))] {
+                            let case = Case {
+                                m, n, k, la, lb, ldc_pad: t, accumulate, extremes: t == 1, scratch_len,
+                                seed: (s * 7 + t) as u64,
+                            };
+                            assert_eq!(check(kern, case), Ok(()), "{case:?}");
+                        }
+                    }
+                }
+            }
+
+            #[test]
+            fn igemm_near_max_k_is_exact() {
+                if let Some(kern) = kernel() {
+                    near_max_k(kern);
+                }
+            }
+
+            #[test]
+            fn igemm_k_zero_zeroes_or_keeps() {
+                let Some(kern) = kernel() else { return };
+                let mut c = [5i32; 12];
+                let e: [i8; 0] = [];
+                igemm_with(kern, 3, 3, 0, MatRef::row_major(&e, 0), MatRef::row_major(&e, 3), &mut c, 4, true, &mut []);
+                assert_eq!(c, [5; 12]);
+                igemm_with(kern, 3, 3, 0, MatRef::row_major(&e, 0), MatRef::row_major(&e, 3), &mut c, 4, false, &mut []);
+                assert_eq!(c, [0, 0, 0, 5, 0, 0, 0, 5, 0, 0, 0, 5]);
+            }
+
+            #[test]
+            fn rescale_tiles_like_one_call() {
+                let Some(kern) = kernel() else { return };
+                let src: Vec<i32> = (0..1000).map(|i: i32| i.wrapping_mul(2_654_435_761u32 as i32) >> 9).collect();
+                for offset in [0u64, 5, (1 << 32) - 300, u64::MAX - 400] {
+                    let r = Rounding::Stochastic(42);
+                    let mut whole = vec![0i8; src.len()];
+                    let n_whole = rescale_i32_to_i8_with(kern, &src, 13, r, offset, &mut whole);
+                    let mut pieces = vec![0i8; src.len()];
+                    let mut n_pieces = 0;
+                    for (lo, hi) in [(0, 1), (1, 40), (40, 41), (41, 333), (333, 1000)] {
+                        n_pieces += rescale_i32_to_i8_with(kern, &src[lo..hi], 13, r, offset.wrapping_add(lo as u64), &mut pieces[lo..hi]);
+                    }
+                    assert_eq!(whole, pieces, "offset {offset}");
+                    assert_eq!(n_whole, n_pieces);
+                    assert!(n_whole > 0, "the data has values beyond 127·2^13");
+                }
+            }
+        }
+    )*};
+}
+
+conformance! {
+    portable => IgemmKernel::Portable;
+    avx2 => IgemmKernel::Avx2;
+    avx512_vnni => IgemmKernel::Avx512Vnni;
+    neon => IgemmKernel::Neon;
+    neon_dot => IgemmKernel::NeonDot;
+    simd128 => IgemmKernel::Simd128;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The portable rescaling against its definition, computed independently in i128 / exact rationals
+// ---------------------------------------------------------------------------------------------------------
+
+/// `round(x / 2^s)` from the definition: exact integer arithmetic in i128, halves away from zero.
+fn nearest_def(x: i32, s: u32) -> i128 {
+    let (x, d) = (i128::from(x), 1i128 << s);
+    let q = x.abs() / d;
+    let r = x.abs() % d;
+    let q = if 2 * r >= d && s > 0 { q + 1 } else { q };
+    if x < 0 {
+        -q
+    } else {
+        q
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+    #[test]
+    fn nearest_matches_definition((src, shift, _, offset) in rescale_case_strategy()) {
+        let mut got = vec![0i8; src.len()];
+        let n = rescale_i32_to_i8_with(IgemmKernel::Portable, &src, shift, Rounding::Nearest, offset, &mut got);
+        let mut clamped = 0;
+        for (&x, &y) in src.iter().zip(&got) {
+            let q = nearest_def(x, shift);
+            clamped += usize::from(!(-127..=127).contains(&q));
+            prop_assert_eq!(i128::from(y), q.clamp(-127, 127), "x = {}, shift = {}", x, shift);
+        }
+        prop_assert_eq!(n, clamped);
+    }
+
+    #[test]
+    fn stochastic_is_floor_or_ceil((src, shift, _, offset) in rescale_case_strategy(), seed in any::<u64>()) {
+        let mut got = vec![0i8; src.len()];
+        let n = rescale_i32_to_i8_with(IgemmKernel::Portable, &src, shift, Rounding::Stochastic(seed), offset, &mut got);
+        let mut clamped = 0;
+        for (i, (&x, &y)) in src.iter().zip(&got).enumerate() {
+            let d = 1i128 << shift;
+            let fl = i128::from(x).div_euclid(d);
+            let exact = i128::from(x) % d == 0;
+            // Recompute this element's choice from the documented noise to check the value, not just the range.
+            let idx = offset.wrapping_add(i as u64);
+            let r = noise(stream_key(seed, (idx >> 32) as u32), idx as u32, shift);
+            let q = (i128::from(x) + i128::from(r)).div_euclid(d);
+            prop_assert!(q == fl || (!exact && q == fl + 1));
+            clamped += usize::from(!(-127..=127).contains(&q));
+            prop_assert_eq!(i128::from(y), q.clamp(-127, 127));
+        }
+        prop_assert_eq!(n, clamped);
+    }
+}
+
+/// Stochastic rounding is unbiased: over many elements of the same value, the mean result is x / 2^s.
+#[test]
+fn stochastic_rounding_is_unbiased() {
+    // 3.3 in units of 2^10: P(4) = 0.3. With N = 100 000 independent draws the standard deviation of the
+    // mean is sqrt(0.3·0.7/N) ≈ 0.00145; 0.01 is ~7 sigma, so a fair hash passes and a biased one
+    // (e.g. always floor: mean 3.0, or nearest: 3.0) fails by far.
+    let x = (3.3f64 * 1024.0) as i32; // 3379 = 3·1024 + 307
+    let want = f64::from(x) / 1024.0;
+    let src = vec![x; 100_000];
+    let mut dst = vec![0i8; src.len()];
+    for seed in [1u64, 0xdead_beef, u64::MAX] {
+        rescale_i32_to_i8(&src, 10, Rounding::Stochastic(seed), 12345, &mut dst);
+        let mean = dst.iter().map(|&v| f64::from(v)).sum::<f64>() / dst.len() as f64;
+        assert!(
+            (mean - want).abs() < 0.01,
+            "seed {seed}: mean {mean}, want {want}"
+        );
+        assert!(dst.iter().all(|&v| v == 3 || v == 4));
+    }
+    // Different seeds give different noise.
+    let mut other = vec![0i8; src.len()];
+    rescale_i32_to_i8(&src, 10, Rounding::Stochastic(2), 12345, &mut other);
+    assert_ne!(dst, other);
+}
+
+#[test]
+fn bit_width_and_shift_follow_listing_1() {
+    assert_eq!(bit_width(0), 0);
+    assert_eq!(bit_width(1), 1);
+    assert_eq!(bit_width(127), 7);
+    assert_eq!(bit_width(128), 8);
+    assert_eq!(bit_width(u32::MAX), 32);
+    assert_eq!(shift_for(0), 0);
+    assert_eq!(shift_for(127), 0);
+    assert_eq!(shift_for(128), 1);
+    assert_eq!(shift_for(255), 1);
+    assert_eq!(shift_for(256), 2);
+    assert_eq!(shift_for(1 << 31), 25);
+    // The shift is the smallest that brings max_abs into ±127 under floor (nearest may still clamp one
+    // step, which the saturation count reports).
+    for v in [
+        1u32,
+        100,
+        127,
+        128,
+        1000,
+        65535,
+        1 << 20,
+        (1 << 31) - 1,
+        1 << 31,
+    ] {
+        let s = shift_for(v);
+        assert!(v >> s <= 127, "{v}");
+        assert!(s == 0 || v >> (s - 1) > 127, "{v}");
+    }
+    assert_eq!(max_abs_i32(&[3, -7, 5]), 7);
+    assert_eq!(max_abs_i32(&[i32::MIN, 5]), 1 << 31);
+    assert_eq!(max_abs_i32(&[]), 0);
+}
+
+#[test]
+fn rescale_examples() {
+    let src = [
+        0,
+        1,
+        -1,
+        2,
+        -2,
+        3,
+        -3,
+        1000,
+        -1000,
+        255,
+        -255,
+        254,
+        i32::MIN,
+        i32::MAX,
+    ];
+    let mut dst = [0i8; 14];
+    let n = rescale_i32_to_i8(&src, 1, Rounding::Nearest, 0, &mut dst);
+    // 1/2 = 0.5 → 1, -0.5 → -1, 1.5 → 2, 127.5 → 128 → clamped, 127 exact.
+    assert_eq!(
+        dst,
+        [0, 1, -1, 1, -1, 2, -2, 127, -127, 127, -127, 127, -127, 127]
+    );
+    assert_eq!(n, 6);
+    let n = rescale_i32_to_i8(&src, 0, Rounding::Nearest, 0, &mut dst);
+    assert_eq!(n, 7);
+    assert_eq!(dst[..7], [0, 1, -1, 2, -2, 3, -3]);
+}
+
+#[test]
+#[should_panic(expected = "MAX_K")]
+// wasm32-wasip1 aborts on panic, so libtest cannot catch one there; the native runs check this.
+#[cfg_attr(target_family = "wasm", ignore = "panics abort on wasm")]
+fn k_above_max_panics() {
+    let a = [0i8; 1];
+    igemm(
+        1,
+        1,
+        MAX_K + 1,
+        MatRef {
+            data: &a,
+            rs: 0,
+            cs: 0,
+        },
+        MatRef {
+            data: &a,
+            rs: 0,
+            cs: 0,
+        },
+        &mut [0],
+        1,
+        false,
+        &mut [],
+    );
+}
+
+#[test]
+fn max_k_is_the_exact_bound() {
+    assert!((MAX_K as i64) * 128 * 128 <= i64::from(i32::MAX));
+    assert!((MAX_K as i64 + 1) * 128 * 128 > i64::from(i32::MAX));
+}
+
+#[test]
+fn selected_kernel_is_available() {
+    let k = IgemmKernel::selected();
+    assert!(k.is_available());
+    assert_eq!(k, IgemmKernel::selected());
+    std::eprintln!("selected int8 kernel: {}", k.name());
+}
+
+#[test]
+fn scratch_len_is_bounded_and_fits_every_kernel() {
+    assert_eq!(igemm_scratch_len(0, 5, 5), 0);
+    assert_eq!(igemm_scratch_len(5, 5, 0), 0);
+    let cap = igemm_scratch_len(100_000, 100_000, 100_000);
+    assert!(cap < 800 * 1024, "{cap}");
+    let buf = vec![0i8; cap + 64];
+    for &(m, n, k) in &[
+        (32, 256, 784),
+        (8, 9, 784),
+        (2048, 1024, 784),
+        (1, 1, 1),
+        (70, 1100, 300),
+    ] {
+        let len = igemm_scratch_len(m, n, k);
+        assert!(len <= cap);
+        for shift in 0..64 {
+            for spec in ALL_SPECS {
+                let ideal = Blocking::new(spec, n, k, KC, NC);
+                let got = fit(spec, n, k, &buf[shift..shift + len]).map(|(b, _)| b);
+                assert_eq!(got, Some(ideal), "{m}×{n}×{k}, shift {shift}, {spec:?}");
+            }
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! Host side of the firmware build: plans the board's model for its budget with `frugal-core` and bakes
+//! the binary plan (`FRGP`, which embeds the `FRGM` model), the digits slices and `memory.x` into the build.
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use frugal_core::format::decode_model;
+use frugal_core::format::plan::encode_plan;
+use frugal_core::graph::Graph;
+use frugal_core::policy::{plan_for_budget, CostModel, PolicyKind};
+use frugal_core::Budget;
+
+#[path = "src/boards.rs"]
+#[allow(dead_code)]
+mod boards;
+#[path = "src/stream.rs"]
+#[allow(dead_code)]
+mod stream;
+
+fn board() -> boards::Board {
+    let on = |f: &str| std::env::var_os(format!("CARGO_FEATURE_{}", f.to_uppercase())).is_some();
+    let chosen: Vec<boards::Board> = boards::ALL.into_iter().filter(|b| on(b.name)).collect();
+    match chosen.as_slice() {
+        [b] => *b,
+        _ => panic!(
+            "frugal-firmware: enable exactly one board feature ({}); use `cargo xtask firmware --board NAME`",
+            boards::ALL.map(|b| b.name).join(", ")
+        ),
+    }
+}
+
+/// The data part of an IDX file after checking its magic and dimensions.
+fn idx<'a>(bytes: &'a [u8], magic: u32, dims: &[u32], file: &str) -> &'a [u8] {
+    let rank = dims.len();
+    let head = 4 + 4 * rank;
+    assert!(bytes.len() >= head, "{file}: shorter than its header");
+    let m = u32::from_be_bytes(bytes[0..4].try_into().unwrap());
+    assert_eq!(m, magic, "{file}: magic");
+    for (i, &d) in dims.iter().enumerate() {
+        let got = u32::from_be_bytes(bytes[4 + 4 * i..8 + 4 * i].try_into().unwrap());
+        // The first dimension (samples) may be anything; the others must match.
+        assert!(
+            i == 0 || got == d,
+            "{file}: dimension {i} is {got}, want {d}"
+        );
+    }
+    &bytes[head..]
+}
+
+fn slice(root: &Path, split: &str, n: usize, out: &Path) {
+    let dir = root.join("data/digits");
+    let ip = dir.join(format!("digits-{split}-images.idx"));
+    let lp = dir.join(format!("digits-{split}-labels.idx"));
+    println!("cargo:rerun-if-changed={}", ip.display());
+    println!("cargo:rerun-if-changed={}", lp.display());
+    let ib = fs::read(&ip).expect("bundled digits images");
+    let lb = fs::read(&lp).expect("bundled digits labels");
+    let images = idx(&ib, 0x803, &[0, 8, 8], &ip.display().to_string());
+    let labels = idx(&lb, 0x801, &[0], &lp.display().to_string());
+    assert!(
+        images.len() >= n * stream::PIXELS && labels.len() >= n,
+        "{split}: fewer than {n} samples"
+    );
+    assert!(labels[..n].iter().all(|&l| l < 10), "{split}: label ≥ 10");
+    fs::write(
+        out.join(format!("{split}_images.bin")),
+        &images[..n * stream::PIXELS],
+    )
+    .unwrap();
+    fs::write(out.join(format!("{split}_labels.bin")), &labels[..n]).unwrap();
+}
+
+fn main() {
+    let b = board();
+    let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap()).join("..");
+    println!("cargo:rerun-if-changed=src/boards.rs");
+    println!("cargo:rerun-if-changed=src/stream.rs");
+
+    // The plan: the board's model at its batch, planned for its budget (the arena's size).
+    let model_path = root.join(b.model);
+    println!("cargo:rerun-if-changed={}", model_path.display());
+    let bytes = fs::read(&model_path).unwrap_or_else(|e| panic!("{}: {e}", model_path.display()));
+    let spec = decode_model(&bytes).unwrap_or_else(|e| panic!("{}: {e}", model_path.display()));
+    let g = Graph::new(&spec, b.batch).unwrap_or_else(|e| panic!("{}: {e}", b.model));
+    let chosen = plan_for_budget(
+        &spec,
+        b.batch,
+        Budget { bytes: b.arena },
+        PolicyKind::Auto,
+        &CostModel::estimate(&g),
+    )
+    .unwrap_or_else(|e| panic!("{} does not fit {} B on {}: {e}", b.model, b.arena, b.name));
+    fs::write(out.join("plan.frgp"), encode_plan(&spec, &chosen.plan)).unwrap();
+
+    slice(&root, "train", b.n_train, &out);
+    slice(&root, "test", b.n_test, &out);
+
+    // Linker scripts: cortex-m-rt's link.x reads memory.x; defmt's defmt.x places the log strings.
+    let memory = format!(
+        "MEMORY\n{{\n  FLASH : ORIGIN = {:#010x}, LENGTH = {}\n  RAM : ORIGIN = {:#010x}, LENGTH = {}\n}}\n",
+        b.flash.0, b.flash.1, b.ram.0, b.ram.1
+    );
+    fs::write(out.join("memory.x"), memory).unwrap();
+    println!("cargo:rustc-link-search={}", out.display());
+    // defmt keeps only errors unless DEFMT_LOG says otherwise; the run's log is its report.
+    println!("cargo:rerun-if-env-changed=DEFMT_LOG");
+    if std::env::var_os("DEFMT_LOG").is_none() {
+        println!("cargo:rustc-env=DEFMT_LOG=info");
+    }
+    if std::env::var("TARGET").is_ok_and(|t| t.starts_with("thumb")) {
+        println!("cargo:rustc-link-arg-bins=-Tlink.x");
+        println!("cargo:rustc-link-arg-bins=-Tdefmt.x");
+    }
+}

@@ -1,0 +1,265 @@
+//! # frugal-firmware
+//!
+//! frugal training on a microcontroller, the shape of a wearable that learns its user's gestures:
+//! - the **budget** is a static arena (`Board::arena` bytes); the trainable weights, gradients, optimizer
+//!   state and activations all live in it, at offsets the host's planner chose at build time;
+//! - the **plan** (`FRGP`, with its `FRGM` model) was computed by `build.rs` with `frugal-core` for this
+//!   budget and sits in flash; it is decoded at boot into a small static heap, which is never touched
+//!   again: every training step is checked to allocate nothing;
+//! - a `heapless` ring buffer holds the most recent labelled samples of a stream (the bundled digits in
+//!   flash stand in for a sensor); every `batch` arrivals it trains one step on them, and after each
+//!   epoch it evaluates on a held-out slice;
+//! - defmt logs (over semihosting) loss, accuracy, SysTick ticks per step and the RAM used; the run exits
+//!   through semihosting with status 0 when the held-out accuracy reached the board's threshold and the
+//!   RAM stayed within its limit.
+//!
+//! `unsafe` lives only in [`rt`] (board and runtime glue); the core is used exactly as on other targets.
+#![no_std]
+#![no_main]
+#![deny(unsafe_code)]
+
+extern crate alloc;
+
+mod boards;
+mod rt;
+mod stream;
+
+use defmt::{error, info, Display2Format};
+use defmt_semihosting as _;
+use frugal_core::exec::{Executor, Target};
+use frugal_core::format::plan::decode_plan;
+use heapless::Deque;
+
+#[cfg(all(feature = "netduinoplus2", feature = "microbit"))]
+compile_error!("enable exactly one board feature: netduinoplus2 or microbit");
+#[cfg(not(any(feature = "netduinoplus2", feature = "microbit")))]
+compile_error!("enable one board feature: netduinoplus2 or microbit");
+
+/// The board this build is for.
+#[cfg(feature = "netduinoplus2")]
+pub const BOARD: boards::Board = boards::NETDUINOPLUS2;
+/// The board this build is for.
+#[cfg(all(feature = "microbit", not(feature = "netduinoplus2")))]
+pub const BOARD: boards::Board = boards::MICROBIT;
+
+/// Samples per step (and the ring buffer's capacity).
+const BATCH: usize = BOARD.batch;
+/// Steps whose loss is logged one by one (the xtask compares them with a native run).
+const LOGGED_STEPS: u32 = 10;
+
+static PLAN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/plan.frgp"));
+static TRAIN_X: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/train_images.bin"));
+static TRAIN_Y: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/train_labels.bin"));
+static TEST_X: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/test_images.bin"));
+static TEST_Y: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/test_labels.bin"));
+
+/// One labelled sample as the sensor delivers it.
+#[derive(Clone, Copy)]
+struct Sample {
+    pixels: [u8; stream::PIXELS],
+    label: u8,
+}
+
+fn sample(images: &[u8], labels: &[u8], i: usize) -> Sample {
+    let mut pixels = [0u8; stream::PIXELS];
+    pixels.copy_from_slice(&images[i * stream::PIXELS..(i + 1) * stream::PIXELS]);
+    Sample {
+        pixels,
+        label: labels[i],
+    }
+}
+
+#[cortex_m_rt::entry]
+fn main() -> ! {
+    rt::init();
+    let ok = run();
+    rt::exit(ok)
+}
+
+/// The whole run; true when the accuracy and RAM targets were met.
+fn run() -> bool {
+    info!(
+        "frugal-firmware on {=str}: arena (budget) {=usize} B, heap {=usize} B, batch {=usize}, {=usize} training / {=usize} held-out samples in flash",
+        BOARD.name, BOARD.arena, BOARD.heap, BATCH, BOARD.n_train, BOARD.n_test
+    );
+    // Clock check: `delay(n)` runs n + 1 iterations of `subs; bne`, 2(n + 1) instructions; under
+    // `-icount shift=0` (1 instruction = 1 ns) that is 2(n + 1) × f / 1e9 SysTick ticks.
+    let t0 = rt::ticks();
+    cortex_m::asm::delay(1_000_000);
+    info!(
+        "clock check: cortex_m::asm::delay(1000000) (2000002 instructions) took {=u64} ticks; stack high-water before decoding: {=usize} B",
+        rt::ticks() - t0,
+        rt::stack_used()
+    );
+    let t0 = rt::ticks();
+    let plan = match decode_plan(PLAN) {
+        Ok((_spec, plan)) => plan,
+        Err(e) => {
+            error!("the baked plan does not decode: {}", Display2Format(&e));
+            return false;
+        }
+    };
+    let h = rt::heap();
+    info!(
+        "plan decoded in {=u64} ticks: {=usize} instructions, micro-batch {=usize} x {=u16}, arena {=usize} B (lower bound {=usize} B, layout {=str}); heap {=usize} B in use, peak {=usize} B, {=u32} allocations",
+        rt::ticks() - t0,
+        plan.program.len(),
+        plan.graph.batch,
+        plan.micro_batches,
+        plan.arena_bytes,
+        plan.lower_bound,
+        plan.strategy,
+        h.in_use,
+        h.peak,
+        h.allocs
+    );
+    info!(
+        "stack high-water after decoding: {=usize} B",
+        rt::stack_used()
+    );
+    if plan.graph.input_dims.numel() != stream::PIXELS || plan.batch() != BATCH {
+        error!("the plan's input or batch does not match the board's data");
+        return false;
+    }
+    let arena = rt::arena();
+    let mut ex = match Executor::new(&plan, arena) {
+        Ok(ex) => ex,
+        Err(e) => {
+            error!("{}", Display2Format(&e));
+            return false;
+        }
+    };
+    if let Err(e) = ex.init_params(arena, BOARD.seed) {
+        error!("{}", Display2Format(&e));
+        return false;
+    }
+
+    let allocs_before = rt::heap().allocs;
+    let mut ring: Deque<Sample, BATCH> = Deque::new();
+    let mut x = [0f32; BATCH * stream::PIXELS];
+    let mut y = [0u32; BATCH];
+    let steps = stream::steps_per_epoch(BOARD.n_train, BATCH);
+    let mut step: u32 = 0;
+    let mut accuracy_pct = 0;
+    let mut train_ticks = 0u64;
+    for epoch in 0..BOARD.epochs {
+        let (mut loss_sum, mut seen, mut correct) = (0f32, 0usize, 0usize);
+        for _ in 0..steps {
+            // The sensor delivers `BATCH` new samples; the ring keeps the most recent ones.
+            for j in 0..BATCH {
+                let k = step as usize * BATCH + j;
+                let i = stream::sample_at(k, BOARD.n_train);
+                if ring.is_full() {
+                    ring.pop_front();
+                }
+                let _ = ring.push_back(sample(TRAIN_X, TRAIN_Y, i));
+            }
+            for (j, s) in ring.iter().enumerate() {
+                for (d, &p) in x[j * stream::PIXELS..(j + 1) * stream::PIXELS]
+                    .iter_mut()
+                    .zip(&s.pixels)
+                {
+                    *d = stream::pixel(p);
+                }
+                y[j] = s.label as u32;
+            }
+            let t = rt::ticks();
+            let stats = match ex.train_step(arena, &x, Target::Classes(&y)) {
+                Ok(s) => s,
+                Err(e) => {
+                    error!("step {=u32}: {}", step, Display2Format(&e));
+                    return false;
+                }
+            };
+            let dt = rt::ticks() - t;
+            train_ticks += dt;
+            if step == 0 {
+                info!(
+                    "stack high-water after the first step: {=usize} B",
+                    rt::stack_used()
+                );
+            }
+            if step < LOGGED_STEPS {
+                info!(
+                    "step {=u32} loss {=f32} bits {=u32:#x} ticks {=u64}",
+                    step,
+                    stats.loss,
+                    stats.loss.to_bits(),
+                    dt
+                );
+            }
+            loss_sum += stats.loss * stats.samples as f32;
+            seen += stats.samples;
+            correct += stats.correct;
+            step += 1;
+        }
+        // Held-out accuracy, one planned micro-batch at a time.
+        let (mut right, mut total) = (0usize, 0usize);
+        let mb = plan.graph.batch;
+        let mut i = 0;
+        while i < BOARD.n_test {
+            let n = mb.min(BOARD.n_test - i);
+            for j in 0..n {
+                let s = sample(TEST_X, TEST_Y, i + j);
+                for (d, &p) in x[j * stream::PIXELS..(j + 1) * stream::PIXELS]
+                    .iter_mut()
+                    .zip(&s.pixels)
+                {
+                    *d = stream::pixel(p);
+                }
+                y[j] = s.label as u32;
+            }
+            match ex.evaluate(arena, &x[..n * stream::PIXELS], Target::Classes(&y[..n])) {
+                Ok(s) => right += s.correct,
+                Err(e) => {
+                    error!("evaluate: {}", Display2Format(&e));
+                    return false;
+                }
+            }
+            total += n;
+            i += n;
+        }
+        let allocs = rt::heap().allocs - allocs_before;
+        accuracy_pct = right * 100 / total;
+        info!(
+            "epoch {=usize}: train loss {=f32}, train accuracy {=usize}/{=usize}, held-out accuracy {=usize}/{=usize} ({=usize}%), {=u64} ticks/step, heap allocations since boot decoding {=u32}",
+            epoch,
+            loss_sum / seen as f32,
+            correct,
+            seen,
+            right,
+            total,
+            accuracy_pct,
+            train_ticks / step as u64,
+            allocs
+        );
+        if allocs != 0 {
+            error!("training or evaluation allocated on the heap");
+            return false;
+        }
+    }
+    let statics = rt::statics_bytes();
+    let stack = rt::stack_used();
+    let ram = statics + stack;
+    info!(
+        "ticks per training step {=u64} at {=u64} Hz core clock; RAM: statics {=usize} B (arena {=usize}, heap {=usize}) + stack high-water {=usize} B = {=usize} B of limit {=usize} B",
+        train_ticks / step.max(1) as u64,
+        BOARD.sysclk_hz,
+        statics,
+        BOARD.arena,
+        BOARD.heap,
+        stack,
+        ram,
+        BOARD.ram_limit
+    );
+    let ok = accuracy_pct >= BOARD.threshold_pct && ram <= BOARD.ram_limit;
+    info!(
+        "result: held-out accuracy {=usize}% (threshold {=usize}%), RAM {=usize} B (limit {=usize} B): {=str}",
+        accuracy_pct,
+        BOARD.threshold_pct,
+        ram,
+        BOARD.ram_limit,
+        if ok { "PASS" } else { "FAIL" }
+    );
+    ok
+}

@@ -1,0 +1,95 @@
+//! Weights in and out as safetensors bytes (PyTorch `state_dict` names), the format the native host's
+//! checkpoints use. Loading accepts F32, F16 and BF16 tensors; saving writes F32.
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+
+use crate::error::WebError;
+
+/// One tensor: name, shape (row-major), values.
+pub type NamedTensor = (String, Vec<usize>, Vec<f32>);
+
+/// Parses safetensors bytes into f32 tensors. Never panics, whatever the bytes.
+pub fn parse(bytes: &[u8]) -> Result<Vec<NamedTensor>, WebError> {
+    let st = SafeTensors::deserialize(bytes).map_err(|e| WebError::Weights(e.to_string()))?;
+    let mut out = Vec::new();
+    for (name, view) in st.tensors() {
+        let data = view.data();
+        let values: Vec<f32> = match view.dtype() {
+            Dtype::F32 => data
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            Dtype::F16 => data
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            Dtype::BF16 => data
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            other => {
+                return Err(WebError::Weights(alloc::format!(
+                    "tensor \"{name}\" has element type {other:?}; only F32, F16 and BF16 are supported"
+                )))
+            }
+        };
+        out.push((name, view.shape().to_vec(), values));
+    }
+    Ok(out)
+}
+
+/// Encodes tensors as F32 safetensors bytes.
+pub fn serialize(tensors: &[NamedTensor]) -> Result<Vec<u8>, WebError> {
+    let raw: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+        .collect();
+    let mut views = Vec::with_capacity(tensors.len());
+    for ((name, shape, _), bytes) in tensors.iter().zip(&raw) {
+        let view = TensorView::new(Dtype::F32, shape.clone(), bytes)
+            .map_err(|e| WebError::Weights(alloc::format!("tensor \"{name}\": {e}")))?;
+        views.push((name.as_str(), view));
+    }
+    safetensors::serialize(views, None).map_err(|e| WebError::Weights(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::vec;
+
+    #[test]
+    fn f32_tensors_round_trip() {
+        let t = vec![
+            (
+                "fc.weight".to_string(),
+                vec![2, 3],
+                vec![1.0, -2.5, 3.25, 0.0, 1e-7, -0.0],
+            ),
+            ("fc.bias".to_string(), vec![2], vec![0.5, f32::MAX]),
+        ];
+        let bytes = serialize(&t).unwrap();
+        let mut got = parse(&bytes).unwrap();
+        got.sort_by(|a, b| b.0.cmp(&a.0));
+        assert_eq!(got, t);
+    }
+
+    #[test]
+    fn corrupt_bytes_are_errors_never_panics() {
+        let good = serialize(&[("w".to_string(), vec![4], vec![1.0; 4])]).unwrap();
+        assert!(parse(&[]).is_err());
+        assert!(parse(&good[..good.len() - 1]).is_err());
+        assert!(parse(b"\xff\xff\xff\xff\xff\xff\xff\x7f{}").is_err());
+        // Every single-byte corruption either parses or is an error.
+        for i in 0..good.len() {
+            for v in [0u8, b'9', b'"', 0xff] {
+                let mut b = good.clone();
+                b[i] = v;
+                let _ = parse(&b);
+            }
+        }
+    }
+}

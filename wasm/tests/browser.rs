@@ -1,0 +1,153 @@
+//! The JS API's error paths, in Chromium (wasm-bindgen-test through chromedriver; `cargo xtask web
+//! --test` runs it). Every bad call must throw a JS `Error` with a message, never trap, and leave the
+//! trainer usable.
+#![cfg(target_arch = "wasm32")]
+
+use frugal_wasm::js::{Trainer, TrainerOptions};
+use js_sys::{Error, Object, Reflect};
+use wasm_bindgen::{JsCast, JsValue};
+use wasm_bindgen_test::*;
+
+wasm_bindgen_test_configure!(run_in_browser);
+
+const TRANSFER: &[u8] = include_bytes!("../../examples/transfer.frgm");
+const BACKBONE: &[u8] = include_bytes!("../../examples/digits-backbone.safetensors");
+
+fn options(pairs: &[(&str, JsValue)]) -> TrainerOptions {
+    let o = Object::new();
+    for (k, v) in pairs {
+        Reflect::set(&o, &JsValue::from_str(k), v).unwrap();
+    }
+    o.unchecked_into()
+}
+
+/// The thrown value as (name, message), asserting it is an `Error`.
+fn thrown(v: JsValue) -> (String, String) {
+    let e: &Error = v.dyn_ref().expect("a JS Error");
+    (e.name().into(), e.message().into())
+}
+
+fn trainer() -> Trainer {
+    Trainer::create(
+        TRANSFER,
+        BACKBONE,
+        Some(options(&[("classes", 3.into()), ("batch", 8.into())])),
+    )
+    .unwrap()
+}
+
+#[wasm_bindgen_test]
+fn bad_samples_throw_errors_and_keep_the_trainer_usable() {
+    let mut t = trainer();
+    let (name, msg) = thrown(t.add_sample(&[0.0; 10], 0.0).unwrap_err());
+    assert_eq!(name, "ArgumentError");
+    assert!(msg.contains("has 10 values"), "{msg}");
+    let mut x = [0.25f32; 64];
+    x[3] = f32::INFINITY;
+    assert!(thrown(t.add_sample(&x, 0.0).unwrap_err())
+        .1
+        .contains("value 3 is inf"));
+    for label in [3.0, -1.0, 1.5, f64::NAN, f64::INFINITY] {
+        let (_, msg) = thrown(t.add_sample(&[0.0; 64], label).unwrap_err());
+        assert!(msg.starts_with("label:"), "{label}: {msg}");
+    }
+    assert!(thrown(t.train_steps(1.0).unwrap_err())
+        .1
+        .contains("no samples"));
+    assert!(thrown(t.train_steps(f64::NAN).unwrap_err())
+        .1
+        .contains("steps"));
+    assert!(thrown(t.predict(&[0.0; 65]).unwrap_err())
+        .1
+        .contains("65 values"));
+    assert!(thrown(t.predict(&[]).unwrap_err()).1.contains("0 values"));
+    assert_eq!(t.sample_count(), 0);
+    t.add_sample(&[0.5; 64], 2.0).unwrap();
+    let losses = t.train_steps(3.0).unwrap();
+    assert_eq!(losses.len(), 3);
+    assert!(losses.iter().all(|l| l.is_finite()));
+    assert_eq!(t.predict(&[0.5; 128]).unwrap().len(), 6);
+}
+
+#[wasm_bindgen_test]
+fn budget_errors_carry_the_smallest_feasible_budget() {
+    let mut t = trainer();
+    let before = t.plan_info();
+    let e = t.set_budget(100.0).unwrap_err();
+    let (name, msg) = thrown(e.clone());
+    assert_eq!(name, "BudgetError");
+    let needed = Reflect::get(&e, &"neededBytes".into())
+        .unwrap()
+        .as_f64()
+        .unwrap();
+    let given = Reflect::get(&e, &"givenBytes".into())
+        .unwrap()
+        .as_f64()
+        .unwrap();
+    assert_eq!(given, 100.0);
+    assert!(
+        needed > 100.0 && msg.contains(&format!("{needed}")),
+        "{msg}"
+    );
+    // The trainer kept its plan; the named budget works.
+    let arena = |p: &JsValue, k: &str| Reflect::get(p, &k.into()).unwrap().as_f64().unwrap();
+    assert_eq!(
+        arena(&before, "allocatedBytes"),
+        arena(&t.plan_info(), "allocatedBytes")
+    );
+    t.set_budget(needed).unwrap();
+    assert!(arena(&t.plan_info(), "allocatedBytes") <= needed);
+    assert_eq!(arena(&t.plan_info(), "budgetBytes"), needed);
+    for bad in [f64::NAN, -1.0, 1.5] {
+        assert_eq!(thrown(t.set_budget(bad).unwrap_err()).0, "ArgumentError");
+    }
+    t.set_budget(f64::INFINITY).unwrap();
+    assert_eq!(arena(&t.plan_info(), "budgetBytes"), f64::INFINITY);
+    // Creating under a budget that is too small throws the same kind of error.
+    let e = Trainer::create(TRANSFER, BACKBONE, Some(options(&[("budget", 64.into())])))
+        .err()
+        .unwrap();
+    assert_eq!(thrown(e).0, "BudgetError");
+}
+
+#[wasm_bindgen_test]
+fn corrupt_bytes_and_bad_options_throw_errors() {
+    let create = |m: &[u8], w: &[u8], o: Option<TrainerOptions>| {
+        thrown(Trainer::create(m, w, o).err().expect("an error"))
+    };
+    assert_eq!(create(&[], &[], None).0, "ModelError");
+    assert!(create(b"FRGM\x01\x00", &[], None).1.contains("truncated"));
+    let mut m = TRANSFER.to_vec();
+    m[30] ^= 0xff;
+    assert!(create(&m, &[], None).1.contains("checksum"));
+    assert_eq!(create(TRANSFER, &BACKBONE[..50], None).0, "WeightsError");
+    assert_eq!(
+        create(TRANSFER, b"\x08\0\0\0\0\0\0\0{}", None).0,
+        "WeightsError"
+    );
+    let opt = |k: &str, v: JsValue| create(TRANSFER, BACKBONE, Some(options(&[(k, v)])));
+    assert!(opt("bacth", 4.into())
+        .1
+        .contains("unknown option \"bacth\""));
+    assert!(opt("batch", 0.into()).1.contains("options.batch"));
+    assert!(opt("batch", "8".into()).1.contains("must be a number"));
+    assert!(opt("classes", 0.5.into()).1.contains("options.classes"));
+    assert!(opt("policy", "fast".into()).1.contains("unknown policy"));
+    assert!(opt("seed", (-1).into()).1.contains("options.seed"));
+    let not_object: TrainerOptions = JsValue::from(7).unchecked_into();
+    assert!(create(TRANSFER, BACKBONE, Some(not_object))
+        .1
+        .contains("must be an object"));
+    // Valid options still work afterwards.
+    let t = Trainer::create(
+        TRANSFER,
+        BACKBONE,
+        Some(options(&[
+            ("policy", "recompute".into()),
+            ("classes", 2.into()),
+        ])),
+    )
+    .unwrap();
+    assert_eq!(t.classes(), 2);
+    assert_eq!(t.loaded_tensors(), 4);
+}

@@ -1,0 +1,217 @@
+//! `cargo xtask cross`: the integer kernels and integer training tests of `frugal-core` (every test whose
+//! name contains `int8` or `quant`) on three machines:
+//!
+//! 1. natively (every int8 kernel this CPU has is required to run: AVX2, AVX-512 VNNI);
+//! 2. `aarch64-unknown-linux-gnu` under `qemu-aarch64`, twice: `-cpu max` (NEON and `sdot` both required)
+//!    and `-cpu cortex-a53` (no `dotprod`: the plain NEON kernel alone); plus a `no_std` build with
+//!    `-C target-feature=+dotprod`, where the kernel choice is made at compile time;
+//! 3. `wasm32-wasip1` with `-C target-feature=+simd128`, run by Node's WASI (the `simd128` kernel required).
+//!
+//! It fails if any suite fails or runs no test. A "required" kernel that is unavailable fails the suite
+//! (the tests read `FRUGAL_REQUIRE_KERNELS`), so a misconfigured emulator cannot skip it silently.
+//!
+//! Needs (Debian): `apt-get install -y gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user nodejs`
+//! (Node ≥ 20 for `node:wasi`); the Rust targets are added here with `rustup`.
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use frugal_core::kernels::int8::IgemmKernel;
+
+/// Test-name filters (libtest runs a test when its name contains any of them).
+const FILTERS: [&str; 2] = ["int8", "quant"];
+
+/// Node ESM program running a WASI command module: `node run-wasi.mjs module.wasm args…`.
+const WASI_RUNNER: &str = r#"import { readFile } from 'node:fs/promises';
+import { WASI } from 'node:wasi';
+const [file, ...args] = process.argv.slice(2);
+const wasi = new WASI({ version: 'preview1', args: [file, ...args], env: process.env, returnOnExit: true });
+const module = await WebAssembly.compile(await readFile(file));
+const instance = await WebAssembly.instantiate(module, { wasi_snapshot_preview1: wasi.wasiImport });
+process.exitCode = wasi.start(instance);
+"#;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
+}
+
+pub fn main(args: &[String]) -> Result<(), String> {
+    if let Some(a) = args.first() {
+        return Err(format!(
+            "`cargo xtask cross` takes no arguments (got `{a}`)"
+        ));
+    }
+    let _ = Command::new("rustup")
+        .args([
+            "target",
+            "add",
+            "aarch64-unknown-linux-gnu",
+            "wasm32-wasip1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    for (tool, arg, pkg) in [
+        (
+            "aarch64-linux-gnu-gcc",
+            "--version",
+            "gcc-aarch64-linux-gnu libc6-dev-arm64-cross",
+        ),
+        ("qemu-aarch64", "--version", "qemu-user"),
+        ("node", "--version", "nodejs (≥ 20)"),
+    ] {
+        let ok = Command::new(tool)
+            .arg(arg)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            return Err(format!("`{tool}` not found: apt-get install -y {pkg}"));
+        }
+    }
+    let mut report = Vec::new();
+
+    // 1. Native.
+    let native: Vec<&str> = IgemmKernel::ALL
+        .iter()
+        .filter(|k| k.is_available())
+        .map(|k| k.name())
+        .collect();
+    let n = suite("native", None, &[], &native.join(","))?;
+    report.push(format!("native ({}): {n} tests", native.join(", ")));
+
+    // 2. aarch64 under qemu-user.
+    let linker = [(
+        "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER",
+        "aarch64-linux-gnu-gcc".to_string(),
+    )];
+    for (cpu, required) in [
+        ("max", "portable,neon,neon-dotprod"),
+        ("cortex-a53", "portable,neon"),
+    ] {
+        let env = [
+            linker[0].clone(),
+            (
+                "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER",
+                format!("qemu-aarch64 -cpu {cpu} -L /usr/aarch64-linux-gnu"),
+            ),
+        ];
+        let n = suite(
+            &format!("aarch64 (qemu -cpu {cpu})"),
+            Some("aarch64-unknown-linux-gnu"),
+            &env,
+            required,
+        )?;
+        report.push(format!("aarch64, qemu -cpu {cpu} ({required}): {n} tests"));
+    }
+    // Compile-time kernel choice (no `std`): `sdot` selected statically.
+    let dot_dir = target_dir().join("xtask-cross-dotprod");
+    run(Command::new(cargo_bin())
+        .args([
+            "build",
+            "-p",
+            "frugal-core",
+            "--no-default-features",
+            "--target",
+            "aarch64-unknown-linux-gnu",
+        ])
+        .env("CARGO_TARGET_DIR", &dot_dir)
+        .env(
+            "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
+            "-C target-feature=+dotprod",
+        ))?;
+    report.push("aarch64 no_std +dotprod: builds".into());
+
+    // 3. wasm32-wasip1 + simd128 under Node's WASI.
+    let runner = target_dir().join("xtask-cross").join("run-wasi.mjs");
+    std::fs::create_dir_all(runner.parent().expect("has a parent"))
+        .and_then(|()| std::fs::write(&runner, WASI_RUNNER))
+        .map_err(|e| format!("cannot write {}: {e}", runner.display()))?;
+    let env = [
+        (
+            "CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS",
+            "-C target-feature=+simd128".to_string(),
+        ),
+        (
+            "CARGO_TARGET_WASM32_WASIP1_RUNNER",
+            format!("node --no-warnings {}", runner.display()),
+        ),
+    ];
+    let n = suite(
+        "wasm32-wasip1 + simd128 (node WASI)",
+        Some("wasm32-wasip1"),
+        &env,
+        "portable,simd128",
+    )?;
+    report.push(format!(
+        "wasm32-wasip1 + simd128 (portable, simd128): {n} tests"
+    ));
+
+    eprintln!("\ncross: all suites passed");
+    for line in report {
+        eprintln!("  {line}");
+    }
+    Ok(())
+}
+
+fn cargo_bin() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
+fn run(cmd: &mut Command) -> Result<(), String> {
+    eprintln!("\n$ {cmd:?}");
+    let st = cmd
+        .status()
+        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    if st.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd:?} failed ({st})"))
+    }
+}
+
+/// Runs the filtered `frugal-core` tests for `target` (native when `None`) with `required` kernels, echoes
+/// the output and returns how many tests passed; an error if the run fails or no test ran.
+fn suite(
+    label: &str,
+    target: Option<&str>,
+    env: &[(&str, String)],
+    required: &str,
+) -> Result<usize, String> {
+    let mut cmd = Command::new(cargo_bin());
+    cmd.args(["test", "-p", "frugal-core", "--lib", "--tests"]);
+    if let Some(t) = target {
+        cmd.args(["--target", t]);
+    }
+    // One test thread: wasm32-wasip1 has no threads (elsewhere it keeps qemu's memory use modest).
+    cmd.arg("--").args(FILTERS).arg("--test-threads=1");
+    cmd.env("FRUGAL_REQUIRE_KERNELS", required);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    eprintln!("\n== {label}\n$ {cmd:?}");
+    let out = cmd
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    print!("{stdout}");
+    if !out.status.success() {
+        return Err(format!("{label}: tests failed ({})", out.status));
+    }
+    let passed: usize = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("test result: ok. "))
+        .filter_map(|l| l.split(' ').next()?.parse::<usize>().ok())
+        .sum();
+    if passed == 0 {
+        return Err(format!("{label}: no test ran (filters {FILTERS:?})"));
+    }
+    Ok(passed)
+}

@@ -1,0 +1,389 @@
+//! `cargo xtask firmware --board netduinoplus2|microbit [--timeout SECS]`: builds `firmware/` for the
+//! board, runs it in `qemu-system-arm` with `-icount shift=0` (one instruction = 1 ns of virtual time, so
+//! SysTick ticks convert to instructions), decodes its defmt log with `defmt-print`, prints it, and
+//! checks that the firmware's first 10 losses equal a native run of the very plan baked into the ELF
+//! (found in the binary by its `FRGP` frame) on the same stream of samples. The exit status is the
+//! firmware's (0: accuracy and RAM targets met); a loss mismatch fails too.
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use frugal_cli::spec_toml::load_model;
+use frugal_core::exec::{Executor, Target};
+use frugal_core::format::encode_model;
+use frugal_core::format::plan::decode_plan;
+use frugal_core::plan::Plan;
+
+#[path = "../../firmware/src/boards.rs"]
+#[allow(dead_code)]
+mod boards;
+#[path = "../../firmware/src/stream.rs"]
+#[allow(dead_code)]
+mod stream;
+
+/// Steps whose losses the firmware logs one by one and this task compares.
+const COMPARED_STEPS: usize = 10;
+/// QEMU `-icount` shift: each instruction advances virtual time by 2^shift ns.
+const ICOUNT_SHIFT: u32 = 0;
+
+fn usage() -> String {
+    "usage: cargo xtask firmware --board netduinoplus2|microbit [--timeout SECS]".into()
+}
+
+/// Runs the task.
+pub fn main(args: &[String]) -> Result<(), String> {
+    let mut board = None;
+    let mut timeout = 600u64;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--board" => {
+                let name = it.next().ok_or_else(usage)?;
+                board = Some(
+                    boards::ALL
+                        .into_iter()
+                        .find(|b| b.name == name)
+                        .ok_or_else(|| format!("unknown board {name:?}; {}", usage()))?,
+                );
+            }
+            "--timeout" => {
+                timeout = it.next().and_then(|s| s.parse().ok()).ok_or_else(usage)?;
+            }
+            _ => return Err(usage()),
+        }
+    }
+    let board = board.ok_or_else(usage)?;
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    check_model_file(&root, &board)?;
+    let elf = build(&root, &board)?;
+    let (ok, log) = run_qemu(&elf, &board, timeout)?;
+    println!("{log}");
+
+    let fw = firmware_losses(&log);
+    if !ok && fw.len() < COMPARED_STEPS {
+        return Err(format!(
+            "firmware on {} failed after logging {} step losses (see the log above)",
+            board.name,
+            fw.len()
+        ));
+    }
+    let native = native_losses(
+        &root,
+        &board,
+        &std::fs::read(&elf).map_err(|e| e.to_string())?,
+    )?;
+    compare(&fw, &native)?;
+    println!(
+        "losses: the firmware's first {COMPARED_STEPS} equal the native run of the same plan (f32, within 1e-5 relative)"
+    );
+    if let Some((ticks, hz)) = ticks_per_step(&log) {
+        let insns = ticks as f64 * 1e9 / hz as f64 / f64::from(1u32 << ICOUNT_SHIFT);
+        println!(
+            "instructions per training step ({} samples): {:.0} (SysTick {ticks} ticks at {hz} Hz under `qemu-system-arm -machine {} -icount shift={ICOUNT_SHIFT}`)",
+            board.batch, insns, board.qemu_machine
+        );
+    }
+    if ok {
+        println!("firmware on {}: PASS", board.name);
+        Ok(())
+    } else {
+        Err(format!("firmware on {} exited with failure", board.name))
+    }
+}
+
+/// The board's binary model must be the conversion of its TOML, when it has one beside it.
+fn check_model_file(root: &Path, b: &boards::Board) -> Result<(), String> {
+    let frgm = root.join(b.model);
+    let toml = frgm.with_extension("toml");
+    if !toml.exists() {
+        return Ok(());
+    }
+    let m = load_model(&toml).map_err(|e| format!("{}: {e}", toml.display()))?;
+    let have = std::fs::read(&frgm).map_err(|e| format!("{}: {e}", frgm.display()))?;
+    if encode_model(&m.spec) != have {
+        return Err(format!(
+            "{} is stale: run `frugal convert {} -o {}`",
+            frgm.display(),
+            toml.display(),
+            frgm.display()
+        ));
+    }
+    Ok(())
+}
+
+fn build(root: &Path, b: &boards::Board) -> Result<PathBuf, String> {
+    let _ = Command::new("rustup")
+        .args(["target", "add", b.target])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let manifest = root.join("firmware/Cargo.toml");
+    let manifest = manifest.to_str().ok_or("non-UTF-8 repository path")?;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let args = [
+        "build",
+        "--release",
+        "--manifest-path",
+        manifest,
+        "--target",
+        b.target,
+        "--features",
+        b.name,
+    ];
+    eprintln!(
+        "\n$ CARGO_PROFILE_RELEASE_OPT_LEVEL={} cargo {}",
+        b.opt_level,
+        args.join(" ")
+    );
+    let st = Command::new(cargo)
+        .args(args)
+        .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", b.opt_level)
+        .status()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    if !st.success() {
+        return Err(format!(
+            "building the firmware for {} failed ({st})",
+            b.name
+        ));
+    }
+    Ok(target_dir.join(b.target).join("release/frugal-firmware"))
+}
+
+/// Runs the ELF in QEMU, returns (exit status 0, decoded log).
+fn run_qemu(elf: &Path, b: &boards::Board, timeout: u64) -> Result<(bool, String), String> {
+    let shift = format!("shift={ICOUNT_SHIFT}");
+    let mut args: Vec<&str> = vec![
+        "-machine",
+        b.qemu_machine,
+        "-cpu",
+        b.qemu_cpu,
+        "-nographic",
+        "-monitor",
+        "none",
+        "-semihosting-config",
+        "enable=on,target=native",
+        "-icount",
+        &shift,
+        "-kernel",
+    ];
+    let elf_s = elf.to_str().ok_or("non-UTF-8 ELF path")?;
+    args.push(elf_s);
+    eprintln!("\n$ qemu-system-arm {}", args.join(" "));
+    let mut child = Command::new("qemu-system-arm")
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            format!(
+                "cannot run qemu-system-arm ({e}); install it: apt-get install -y qemu-system-arm"
+            )
+        })?;
+    let mut out = child.stdout.take().ok_or("no QEMU stdout")?;
+    let reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = out.read_to_end(&mut buf);
+        buf
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().map_err(|e| e.to_string())? {
+            break Some(s);
+        }
+        if start.elapsed() > Duration::from_secs(timeout) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let raw = reader.join().map_err(|_| "QEMU reader thread panicked")?;
+    let log = decode_defmt(elf_s, &raw)?;
+    match status {
+        None => Err(format!("{log}\nQEMU timed out after {timeout} s")),
+        Some(s) => Ok((s.success(), log)),
+    }
+}
+
+fn decode_defmt(elf: &str, raw: &[u8]) -> Result<String, String> {
+    let mut p = Command::new("defmt-print")
+        .args(["-e", elf])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            format!("cannot run defmt-print ({e}); install it: cargo install defmt-print")
+        })?;
+    p.stdin
+        .take()
+        .ok_or("no defmt-print stdin")?
+        .write_all(raw)
+        .map_err(|e| e.to_string())?;
+    let o = p.wait_with_output().map_err(|e| e.to_string())?;
+    let mut s = String::from_utf8_lossy(&o.stdout).into_owned();
+    s.push_str(&String::from_utf8_lossy(&o.stderr));
+    Ok(s)
+}
+
+/// `step N loss L bits 0xB ticks T` lines: the loss of step N, exactly (from its bits).
+fn firmware_losses(log: &str) -> Vec<(usize, f32)> {
+    log.lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let i = w.iter().position(|&t| t == "step")?;
+            if w.get(i + 2) != Some(&"loss") || w.get(i + 4) != Some(&"bits") {
+                return None;
+            }
+            let n = w.get(i + 1)?.parse().ok()?;
+            let bits = u32::from_str_radix(w.get(i + 5)?.trim_start_matches("0x"), 16).ok()?;
+            Some((n, f32::from_bits(bits)))
+        })
+        .collect()
+}
+
+/// `ticks per training step T at F Hz`.
+fn ticks_per_step(log: &str) -> Option<(u64, u64)> {
+    let l = log
+        .lines()
+        .find(|l| l.contains("ticks per training step"))?;
+    let w: Vec<&str> = l.split_whitespace().collect();
+    let i = w.iter().position(|&t| t == "step")?;
+    Some((w.get(i + 1)?.parse().ok()?, w.get(i + 3)?.parse().ok()?))
+}
+
+/// The `FRGP` frame in the ELF that decodes (the magic also appears as a constant in the code).
+fn baked_plan(elf: &[u8]) -> Result<Plan, String> {
+    let mut at = 0;
+    while let Some(p) = elf[at..].windows(4).position(|w| w == b"FRGP") {
+        let pos = at + p;
+        at = pos + 1;
+        let Some(len) = elf.get(pos + 8..pos + 12) else {
+            continue;
+        };
+        let len = u32::from_le_bytes(len.try_into().unwrap()) as usize;
+        let Some(frame) = elf.get(pos..pos + 16 + len) else {
+            continue;
+        };
+        if let Ok((_, plan)) = decode_plan(frame) {
+            return Ok(plan);
+        }
+    }
+    Err("no decodable FRGP plan in the firmware ELF".into())
+}
+
+fn idx_body(path: &Path, header: usize) -> Result<Vec<u8>, String> {
+    let b = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    b.get(header..)
+        .map(<[u8]>::to_vec)
+        .ok_or_else(|| format!("{}: shorter than its header", path.display()))
+}
+
+/// The first steps natively: the plan baked into `elf`, the same initialisation seed and the same stream.
+fn native_losses(root: &Path, b: &boards::Board, elf: &[u8]) -> Result<Vec<f32>, String> {
+    let plan = baked_plan(elf)?;
+    let dir = root.join("data/digits");
+    let images = idx_body(&dir.join("digits-train-images.idx"), 16)?;
+    let labels = idx_body(&dir.join("digits-train-labels.idx"), 8)?;
+    let mut arena = vec![0u8; plan.needed_bytes()];
+    let mut ex = Executor::new(&plan, &arena).map_err(|e| e.to_string())?;
+    ex.init_params(&mut arena, b.seed)
+        .map_err(|e| e.to_string())?;
+    let px = stream::PIXELS;
+    let mut x = vec![0f32; b.batch * px];
+    let mut y = vec![0u32; b.batch];
+    let mut out = Vec::new();
+    for s in 0..COMPARED_STEPS {
+        for j in 0..b.batch {
+            let i = stream::sample_at(s * b.batch + j, b.n_train);
+            for (d, &v) in x[j * px..(j + 1) * px]
+                .iter_mut()
+                .zip(&images[i * px..(i + 1) * px])
+            {
+                *d = stream::pixel(v);
+            }
+            y[j] = u32::from(labels[i]);
+        }
+        let st = ex
+            .train_step(&mut arena, &x, Target::Classes(&y))
+            .map_err(|e| e.to_string())?;
+        out.push(st.loss);
+    }
+    Ok(out)
+}
+
+fn compare(fw: &[(usize, f32)], native: &[f32]) -> Result<(), String> {
+    if fw.len() < COMPARED_STEPS {
+        return Err(format!(
+            "the firmware logged {} step losses, want {COMPARED_STEPS}",
+            fw.len()
+        ));
+    }
+    println!("step  firmware loss   native loss     relative difference");
+    let mut bad = Vec::new();
+    for (i, &want) in native.iter().enumerate() {
+        let (n, got) = fw[i];
+        // The firmware runs the portable kernels with Cortex-M rounding, natively the SIMD kernel
+        // chosen at run time sums in another order: f32 losses agree to 1e-5 relative, not bit for bit.
+        let rel = (got - want).abs() / want.abs().max(f32::MIN_POSITIVE);
+        println!("{n:>4}  {got:<14} {want:<14} {rel:.2e}");
+        // (A NaN difference fails: `is_some_and` is false for it.)
+        if n != i || !rel.partial_cmp(&1e-5).is_some_and(|o| o.is_le()) {
+            bad.push(i);
+        }
+    }
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "firmware losses differ from the native run at steps {bad:?}"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LOG: &str = "INFO  step 0 loss 2.2807765 bits 0x4011f83e ticks 318420\n\
+                       INFO  step 1 loss 2.394706 bits 0x401942dd ticks 318640\n\
+                       INFO  ticks per training step 339046 at 168000000 Hz core clock; RAM: ...\n";
+
+    #[test]
+    fn losses_are_read_exactly_from_their_bits() {
+        let l = firmware_losses(LOG);
+        assert_eq!(l.len(), 2);
+        assert_eq!(l[0], (0, f32::from_bits(0x4011_f83e)));
+        assert_eq!(l[1].1.to_bits(), 0x4019_42dd);
+        assert_eq!(ticks_per_step(LOG), Some((339_046, 168_000_000)));
+    }
+
+    #[test]
+    fn compare_rejects_a_loss_off_by_more_than_1e5_relative() {
+        let native: Vec<f32> = (0..COMPARED_STEPS).map(|i| 2.0 + i as f32 * 0.01).collect();
+        let same: Vec<(usize, f32)> = native.iter().copied().enumerate().collect();
+        assert!(compare(&same, &native).is_ok());
+        let mut off = same.clone();
+        off[3].1 *= 1.0 + 2e-5;
+        assert!(compare(&off, &native).is_err());
+        let mut nan = same.clone();
+        nan[5].1 = f32::NAN;
+        assert!(compare(&nan, &native).is_err());
+        assert!(compare(&same[..COMPARED_STEPS - 1], &native).is_err());
+    }
+
+    #[test]
+    fn the_stream_is_a_permutation_of_the_slice_each_epoch() {
+        for n in [1000usize, 1437] {
+            let mut seen = vec![false; n];
+            for k in n..2 * n {
+                seen[stream::sample_at(k, n)] = true;
+            }
+            assert!(seen.iter().all(|&s| s), "n = {n}");
+        }
+    }
+}

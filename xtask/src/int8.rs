@@ -1,0 +1,310 @@
+//! `cargo xtask bench int8 [--check] [--epochs N]`: the integer-training figures of issue 4 on the
+//! bundled digits — held-out accuracy f32 vs int8 float-master vs int8 pure-integer for the MLP and the
+//! small CNN (their example settings), int8 / f32 arena for the same model and batch, ms/step int8 vs
+//! f32 on the small CNN at batch 64 (this process is single-threaded), and the rescale passes the
+//! self-adaptive schedule removes after epoch 1 with its accuracy change against rescaling every step.
+//! `--check` fails when a target of the issue is missed.
+use std::path::PathBuf;
+use std::time::Instant;
+
+use frugal_cli::data::Dataset;
+use frugal_cli::spec_toml::{load_model, ModelFile};
+use frugal_cli::train::{self, TrainOptions, DEFAULT_UPDATE_BITS};
+use frugal_core::budget::Budget;
+use frugal_core::exec::int8::Int8Executor;
+use frugal_core::exec::{Executor, Target};
+use frugal_core::graph::Graph;
+use frugal_core::model::{Int8Update, Precision};
+use frugal_core::plan::Plan;
+use frugal_core::quant::{Rescale, RescaleCounts};
+
+const PURE: Precision = Precision::Int8(Int8Update::Integer {
+    update_bits: DEFAULT_UPDATE_BITS,
+});
+const MASTER: Precision = Precision::Int8(Int8Update::FloatMaster);
+
+fn model(name: &str) -> Result<ModelFile, String> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples")
+        .join(name);
+    load_model(&p).map_err(|e| e.to_string())
+}
+
+fn opts(m: &ModelFile, epochs: Option<u32>) -> TrainOptions {
+    TrainOptions {
+        batch: m.train.batch.unwrap_or(32) as usize,
+        epochs: epochs.unwrap_or(m.train.epochs.unwrap_or(30)),
+        budget: Budget::UNLIMITED,
+        seed: 1,
+        progress: false,
+        quiet: true,
+        policy: frugal_core::policy::PolicyKind::Plain,
+        approx: Default::default(),
+    }
+}
+
+struct Run {
+    acc: f32,
+    later: RescaleCounts,
+    all: RescaleCounts,
+}
+
+fn run(
+    m: &ModelFile,
+    data: &(Dataset, Dataset),
+    p: Precision,
+    r: Rescale,
+    epochs: Option<u32>,
+) -> Result<Run, String> {
+    let o = opts(m, epochs);
+    if p == Precision::F32 {
+        let rep = train::train(m, &data.0, &data.1, &o, None).map_err(|e| e.to_string())?;
+        return Ok(Run {
+            acc: rep.test_accuracy,
+            later: RescaleCounts::default(),
+            all: RescaleCounts::default(),
+        });
+    }
+    let rep = train::train_int8(m, &data.0, &data.1, &o, p, r, None, |_, _| {})
+        .map_err(|e| e.to_string())?;
+    let mut later = RescaleCounts::default();
+    for c in rep.per_epoch.iter().skip(1) {
+        later.add(c);
+    }
+    Ok(Run {
+        acc: rep.report.test_accuracy,
+        later,
+        all: rep.counts,
+    })
+}
+
+/// The fp16-storage row: (held-out accuracy, stored / f32 bytes of the layer outputs the backward
+/// pass reads, stored / f32 bytes of every activation alive across the loss).
+fn fp16_row(
+    m: &ModelFile,
+    data: &(Dataset, Dataset),
+    epochs: Option<u32>,
+) -> Result<(f32, f64, f64), String> {
+    let mut o = opts(m, epochs);
+    o.approx.f16_storage = true;
+    let rep = train::train(m, &data.0, &data.1, &o, None).map_err(|e| e.to_string())?;
+    let g = Graph::new(&m.spec, o.batch).map_err(|e| e.to_string())?;
+    let f32_plan = Plan::new(g.clone());
+    let half = frugal_core::policy::half::f16_storage(&g);
+    let (full, stored) = frugal_core::policy::half::packed_bytes(&half);
+    let all_f32 = frugal_core::policy::half::saved_activation_bytes(&f32_plan);
+    let all_half = frugal_core::policy::half::saved_activation_bytes(&half);
+    Ok((
+        rep.test_accuracy,
+        stored as f64 / full.max(1) as f64,
+        all_half as f64 / all_f32.max(1) as f64,
+    ))
+}
+
+/// One training step over (arena, inputs, labels).
+type StepFn<'a> = dyn FnMut(&mut [u8], &[f32], &[u32]) -> Result<(), String> + 'a;
+
+/// Median ms/step over `steps` steps at `batch` (after 3 warm-up steps) for f32 (None) or int8.
+fn ms_per_step(
+    m: &ModelFile,
+    data: &Dataset,
+    batch: usize,
+    p: Precision,
+    steps: usize,
+) -> Result<f64, String> {
+    let per = m.spec.input.numel();
+    let mut times = Vec::new();
+    let g = Graph::with_precision(&m.spec, batch, p).map_err(|e| e.to_string())?;
+    let plan = Plan::new(g);
+    let mut arena = vec![0u8; plan.needed_bytes()];
+    let mut xb = vec![0f32; batch * per];
+    let mut yb = vec![0u32; batch];
+    let order: Vec<usize> = (0..data.len()).collect();
+    let mut f32ex;
+    let mut i8ex;
+    let mut step: Box<StepFn> = if p == Precision::F32 {
+        f32ex = Executor::new(&plan, &arena).map_err(|e| e.to_string())?;
+        f32ex
+            .init_params(&mut arena, 1)
+            .map_err(|e| e.to_string())?;
+        Box::new(move |a, x, y| {
+            f32ex
+                .train_step(a, x, Target::Classes(y))
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+    } else {
+        i8ex = Int8Executor::new(&plan, &arena).map_err(|e| e.to_string())?;
+        i8ex.init_params(&mut arena, 1).map_err(|e| e.to_string())?;
+        Box::new(move |a, x, y| {
+            i8ex.train_step(a, x, Target::Classes(y))
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+    };
+    for s in 0..steps + 3 {
+        let start = (s * batch) % (data.len() - batch);
+        data.batch(&order[start..start + batch], &mut xb, &mut yb);
+        let t = Instant::now();
+        step(&mut arena, &xb, &yb)?;
+        if s >= 3 {
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    Ok(times[times.len() / 2])
+}
+
+pub fn main(args: &[String]) -> Result<(), String> {
+    let check = args.iter().any(|a| a == "--check");
+    let epochs = args
+        .iter()
+        .position(|a| a == "--epochs")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.parse::<u32>().map_err(|e| format!("--epochs: {e}")))
+        .transpose()?;
+    let data = frugal_cli::data::digits();
+    let mut failures = Vec::new();
+    let speed_only = args.iter().any(|a| a == "--speed-only");
+    if !speed_only {
+        accuracy_and_arena(&data, epochs, &mut failures)?;
+    }
+    speed(&data, &mut failures)?;
+    if failures.is_empty() {
+        println!("\nall int8 targets met");
+        return Ok(());
+    }
+    println!("\nmissed targets:");
+    for f in &failures {
+        println!("- {f}");
+    }
+    if check {
+        Err(format!("{} int8 target(s) missed", failures.len()))
+    } else {
+        Ok(())
+    }
+}
+
+fn accuracy_and_arena(
+    data: &(Dataset, Dataset),
+    epochs: Option<u32>,
+    failures: &mut Vec<String>,
+) -> Result<(), String> {
+    let data = data.clone();
+    println!("## int8 training (digits, held-out accuracy, example settings; pure-integer update bits {DEFAULT_UPDATE_BITS})\n");
+    println!("| model | f32 | int8 float-master | Δ | int8 pure-integer | Δ | fp16 storage | Δ | fp16 bytes: saved layer outputs / all activations across the loss |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut rescale_rows = Vec::new();
+    for name in ["digits-mlp.toml", "digits-cnn.toml"] {
+        let m = model(name)?;
+        let f = run(&m, &data, Precision::F32, Rescale::Adaptive, epochs)?;
+        let fm = run(&m, &data, MASTER, Rescale::Adaptive, epochs)?;
+        let pi = run(&m, &data, PURE, Rescale::Adaptive, epochs)?;
+        let fm_every = run(&m, &data, MASTER, Rescale::EveryStep, epochs)?;
+        let d_fm = 100.0 * (fm.acc - f.acc);
+        let d_pi = 100.0 * (pi.acc - f.acc);
+        let (h_acc, h_out, h_all) = fp16_row(&m, &data, epochs)?;
+        let d_h = 100.0 * (h_acc - f.acc);
+        println!(
+            "| {name} | {:.2}% | {:.2}% | {d_fm:+.2} | {:.2}% | {d_pi:+.2} | {:.2}% | {d_h:+.2} | {h_out:.2}× / {h_all:.2}× |",
+            100.0 * f.acc,
+            100.0 * fm.acc,
+            100.0 * pi.acc,
+            100.0 * h_acc
+        );
+        if d_h.abs() > 0.5 {
+            failures.push(format!(
+                "{name}: fp16 storage {d_h:+.2} points (target within ±0.5)"
+            ));
+        }
+        if h_out > 0.5 + 1e-9 {
+            failures.push(format!(
+                "{name}: fp16 storage keeps {h_out:.2}× the f32 bytes of the saved layer outputs (target 0.5×)"
+            ));
+        }
+        if d_fm < -1.0 {
+            failures.push(format!(
+                "{name}: float-master {d_fm:+.2} points (target ≥ −1.0)"
+            ));
+        }
+        if d_pi < -2.5 {
+            failures.push(format!(
+                "{name}: pure-integer {d_pi:+.2} points (target ≥ −2.5)"
+            ));
+        }
+        rescale_rows.push((name, fm, fm_every, pi));
+    }
+    println!("\n## self-adaptive rescaling (float-master; pure-integer counters for reference)\n");
+    println!("| model | passes skipped after epoch 1 | forced | accuracy adaptive | every step | Δ | pure-integer skipped after epoch 1 |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (name, fm, every, pi) in &rescale_rows {
+        let d = 100.0 * (fm.acc - every.acc);
+        println!(
+            "| {name} | {:.1}% ({} of {}) | {} | {:.2}% | {:.2}% | {d:+.2} | {:.1}% |",
+            100.0 * fm.later.skipped_fraction(),
+            fm.later.skipped,
+            fm.later.passes(),
+            fm.all.forced,
+            100.0 * fm.acc,
+            100.0 * every.acc,
+            100.0 * pi.later.skipped_fraction()
+        );
+        if fm.later.skipped_fraction() < 0.5 {
+            failures.push(format!(
+                "{name}: adaptive rescaling skipped < 50% after epoch 1"
+            ));
+        }
+        if d.abs() > 0.3 {
+            failures.push(format!(
+                "{name}: adaptive vs every-step accuracy {d:+.2} points (target within 0.3)"
+            ));
+        }
+    }
+    println!("\n## arena (plain plan, same model and batch; pure-integer / float-master vs f32)\n");
+    println!("| model | batch | f32 | int8 pure | ratio | int8 float-master | ratio |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (name, batch) in [
+        ("digits-mlp.toml", 32),
+        ("digits-cnn.toml", 32),
+        ("digits-cnn.toml", 64),
+    ] {
+        let m = model(name)?;
+        let bytes = |p| -> Result<usize, String> {
+            Ok(
+                Plan::new(Graph::with_precision(&m.spec, batch, p).map_err(|e| e.to_string())?)
+                    .arena_bytes,
+            )
+        };
+        let (f, pi, fm) = (bytes(Precision::F32)?, bytes(PURE)?, bytes(MASTER)?);
+        let r = pi as f64 / f as f64;
+        println!(
+            "| {name} | {batch} | {f} | {pi} | {r:.3} | {fm} | {:.3} |",
+            fm as f64 / f as f64
+        );
+        if r > 0.35 {
+            failures.push(format!(
+                "{name} batch {batch}: int8 arena ratio {r:.3} (target ≤ 0.35)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn speed(data: &(Dataset, Dataset), failures: &mut Vec<String>) -> Result<(), String> {
+    println!("\n## speed (small CNN, batch 64, one thread, median of 200 steps)\n");
+    let m = model("digits-cnn.toml")?;
+    let f = ms_per_step(&m, &data.0, 64, Precision::F32, 200)?;
+    let pi = ms_per_step(&m, &data.0, 64, PURE, 200)?;
+    let fm = ms_per_step(&m, &data.0, 64, MASTER, 200)?;
+    println!("| f32 ms/step | int8 pure ms/step | ratio | int8 float-master ms/step | ratio |");
+    println!("|---:|---:|---:|---:|---:|");
+    println!(
+        "| {f:.3} | {pi:.3} | {:.2} | {fm:.3} | {:.2} |",
+        pi / f,
+        fm / f
+    );
+    if pi / f > 0.5 {
+        failures.push(format!("ms/step ratio {:.2} (target ≤ 0.5)", pi / f));
+    }
+    Ok(())
+}

@@ -1,0 +1,341 @@
+//! `cargo xtask web [--serve [--port N]] [--test] [--bench]`: the browser build of frugal.
+//!
+//! - (no flag): builds `frugal-wasm` for `wasm32-unknown-unknown` (release, opt-level "s", LTO,
+//!   `+simd128`, a 128 KiB stack), runs `wasm-opt -Oz` and `wasm-bindgen --target web`, and copies the
+//!   demo into `web-demo/dist/`.
+//! - `--serve`: builds, then serves `web-demo/dist/` on 127.0.0.1 (`node web-demo/serve.mjs`).
+//! - `--test`: builds, then runs the Playwright test in headless Chromium (`web-demo/test/demo.test.mjs`:
+//!   the demo, cross-target losses, wasm memory vs budget) and the wasm-bindgen tests of the JS API's
+//!   error paths in Chromium through chromedriver.
+//! - `--bench`: builds, then times training steps of `examples/digits-cnn.frgm` (batch 32) natively in
+//!   this process and in Chromium, and reports the `.wasm` size and wasm memory vs budget.
+//!
+//! Needs: `rustup target add wasm32-unknown-unknown`, `cargo install wasm-bindgen-cli --version
+//! 0.2.130`, `apt-get install chromium chromium-driver binaryen`, `npm ci` in `web-demo/` (done here when
+//! `node_modules` is missing).
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use frugal_core::exec::{Executor, Target};
+use frugal_core::format::decode_model;
+use frugal_core::graph::Graph;
+use frugal_core::plan::Plan;
+
+/// The wasm-bindgen CLI must match the `wasm-bindgen` crate exactly.
+const WASM_BINDGEN_VERSION: &str = "0.2.130";
+/// The release `.wasm` must stay below this (issue 5).
+const MAX_WASM_BYTES: u64 = 400 * 1024;
+/// Demo files copied into `dist/` (the wasm-bindgen output is added beside them).
+const STATIC: &[&str] = &[
+    "index.html",
+    "style.css",
+    "app.js",
+    "worker.js",
+    "preprocess.js",
+];
+/// Model files the demo loads (from `examples/`).
+const MODELS: &[&str] = &["transfer.frgm", "digits-backbone.safetensors"];
+/// Flags of the wasm build: SIMD so the portable GEMM vectorises; a 128 KiB stack (the default is
+/// 1 MiB, which would count against the page's memory beside the budget).
+const WASM_RUSTFLAGS: &str = "-C target-feature=+simd128 -C link-arg=-zstack-size=131072";
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
+}
+
+fn run(cmd: &mut Command) -> Result<(), String> {
+    eprintln!("\n$ {cmd:?}");
+    let st = cmd
+        .status()
+        .map_err(|e| format!("cannot run {:?}: {e}", cmd.get_program()))?;
+    if st.success() {
+        Ok(())
+    } else {
+        Err(format!("{:?} failed ({st})", cmd.get_program()))
+    }
+}
+
+pub fn main(args: &[String]) -> Result<(), String> {
+    for a in args {
+        if !matches!(a.as_str(), "--serve" | "--test" | "--bench" | "--port")
+            && a.parse::<u16>().is_err()
+        {
+            return Err(format!(
+                "unknown argument {a:?}; usage: cargo xtask web [--serve [--port N]] [--test] [--bench]"
+            ));
+        }
+    }
+    let has = |f: &str| args.iter().any(|a| a == f);
+    let wasm = build()?;
+    if has("--test") {
+        test()?;
+    }
+    if has("--bench") {
+        bench(&wasm)?;
+    }
+    if has("--serve") {
+        let port = crate::bench::arg(args, "--port").unwrap_or("8080");
+        run(Command::new("node")
+            .arg(root().join("web-demo/serve.mjs"))
+            .args(["--port", port]))?;
+    }
+    Ok(())
+}
+
+/// Builds the module and the demo into `web-demo/dist/`; returns the `.wasm` path there.
+fn build() -> Result<PathBuf, String> {
+    let _ = Command::new("rustup")
+        .args(["target", "add", "wasm32-unknown-unknown"])
+        .status();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // A target directory of its own: the profile overrides below must not invalidate other builds.
+    let tdir = target_dir().join("web");
+    run(Command::new(&cargo)
+        .current_dir(root())
+        .env(
+            "CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS",
+            WASM_RUSTFLAGS,
+        )
+        .args([
+            "build",
+            "--release",
+            "--target",
+            "wasm32-unknown-unknown",
+            "-p",
+            "frugal-wasm",
+            "--lib",
+            "--config",
+            "profile.release.opt-level=\"s\"",
+            "--config",
+            "profile.release.lto=true",
+            "--config",
+            "profile.release.codegen-units=1",
+            "--config",
+            "profile.release.panic=\"abort\"",
+            "--config",
+            "profile.release.debug=false",
+        ])
+        .arg("--target-dir")
+        .arg(&tdir))?;
+    let version = Command::new("wasm-bindgen")
+        .arg("--version")
+        .output()
+        .map_err(|e| {
+            format!("cannot run wasm-bindgen ({e}); install it: cargo install wasm-bindgen-cli --version {WASM_BINDGEN_VERSION}")
+        })?;
+    let v = String::from_utf8_lossy(&version.stdout);
+    if !v.contains(WASM_BINDGEN_VERSION) {
+        return Err(format!(
+            "wasm-bindgen is {}, the crate needs {WASM_BINDGEN_VERSION}: cargo install wasm-bindgen-cli --version {WASM_BINDGEN_VERSION}",
+            v.trim()
+        ));
+    }
+    let demo = root().join("web-demo");
+    let dist = demo.join("dist");
+    let _ = std::fs::remove_dir_all(&dist);
+    std::fs::create_dir_all(&dist).map_err(|e| format!("{}: {e}", dist.display()))?;
+    // binaryen's optimiser for size (the limit is not met without it), run before wasm-bindgen (binaryen
+    // 108 breaks wasm-bindgen's externref table when run after it). The features are those rustc enables
+    // for wasm32, plus simd128.
+    let raw = tdir.join("wasm32-unknown-unknown/release/frugal_wasm.wasm");
+    let opt = tdir.join("frugal_wasm.wasm");
+    run(Command::new("wasm-opt")
+        .args(["-Oz", "--strip-debug", "--strip-producers"])
+        .args([
+            "--enable-simd",
+            "--enable-bulk-memory",
+            "--enable-sign-ext",
+            "--enable-nontrapping-float-to-int",
+            "--enable-mutable-globals",
+            "--enable-multivalue",
+            "--enable-reference-types",
+        ])
+        .arg(&raw)
+        .arg("-o")
+        .arg(&opt))
+    .map_err(|e| format!("{e} (wasm-opt comes with binaryen: apt-get install binaryen)"))?;
+    run(Command::new("wasm-bindgen")
+        .arg("--target")
+        .arg("web")
+        .arg("--out-dir")
+        .arg(&dist)
+        .arg(&opt))?;
+    let wasm = dist.join("frugal_wasm_bg.wasm");
+    for f in STATIC {
+        copy(&demo.join(f), &dist.join(f))?;
+    }
+    for f in MODELS {
+        copy(&root().join("examples").join(f), &dist.join(f))?;
+    }
+    let size = std::fs::metadata(&wasm)
+        .map_err(|e| format!("{}: {e}", wasm.display()))?
+        .len();
+    println!(
+        "built {} ({size} bytes = {:.1} KiB; limit {} KiB)",
+        dist.display(),
+        size as f64 / 1024.0,
+        MAX_WASM_BYTES / 1024
+    );
+    if size > MAX_WASM_BYTES {
+        return Err(format!(
+            "frugal_wasm_bg.wasm is {size} bytes, above the {MAX_WASM_BYTES}-byte limit"
+        ));
+    }
+    Ok(wasm)
+}
+
+fn copy(from: &Path, to: &Path) -> Result<(), String> {
+    std::fs::copy(from, to)
+        .map(|_| ())
+        .map_err(|e| format!("copy {} → {}: {e}", from.display(), to.display()))
+}
+
+/// `npm ci` in `web-demo/` when its `node_modules` is missing.
+fn npm_deps() -> Result<(), String> {
+    let demo = root().join("web-demo");
+    if !demo.join("node_modules/playwright-core").exists() {
+        run(Command::new("npm")
+            .current_dir(&demo)
+            .args(["ci", "--no-audit", "--no-fund"]))?;
+    }
+    Ok(())
+}
+
+fn test() -> Result<(), String> {
+    npm_deps()?;
+    run(Command::new("node").arg(root().join("web-demo/test/demo.test.mjs")))?;
+    // The JS API's error paths, in Chromium through chromedriver (wasm-bindgen-test).
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let chromedriver =
+        std::env::var("CHROMEDRIVER").unwrap_or_else(|_| "/usr/bin/chromedriver".into());
+    run(Command::new(cargo)
+        .current_dir(root().join("wasm"))
+        .env(
+            "CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER",
+            "wasm-bindgen-test-runner",
+        )
+        .env("CHROMEDRIVER", chromedriver)
+        .env("WASM_BINDGEN_TEST_TIMEOUT", "120")
+        .args([
+            "test",
+            "-p",
+            "frugal-wasm",
+            "--target",
+            "wasm32-unknown-unknown",
+            "--test",
+            "browser",
+        ])
+        .arg("--target-dir")
+        .arg(target_dir().join("web-test")))?;
+    Ok(())
+}
+
+/// Native ms/step of the digits CNN at batch 32: the same model bytes, seed and sample order as the
+/// browser run (`Trainer` with 1437 samples: consecutive 32-sample windows in file order). Best of
+/// `rounds` rounds of `steps` steps after a warm-up, to be robust to a busy machine.
+fn native_ms_per_step(rounds: usize, steps: usize) -> Result<f64, String> {
+    let bytes =
+        std::fs::read(root().join("examples/digits-cnn.frgm")).map_err(|e| e.to_string())?;
+    let spec = decode_model(&bytes).map_err(|e| e.to_string())?;
+    let batch = 32;
+    let plan = Plan::new(Graph::new(&spec, batch).map_err(|e| e.to_string())?);
+    let mut arena = vec![0u8; plan.needed_bytes()];
+    let mut ex = Executor::new(&plan, &arena).map_err(|e| e.to_string())?;
+    ex.init_params(&mut arena, 1).map_err(|e| e.to_string())?;
+    let (train, _) = frugal_cli::data::digits();
+    let per = spec.input.numel();
+    let (mut x, mut y) = (vec![0f32; batch * per], vec![0u32; batch]);
+    let mut cursor = 0;
+    let mut step = |ex: &mut Executor<'_>, arena: &mut [u8]| -> Result<(), String> {
+        let idx: Vec<usize> = (0..batch).map(|j| (cursor + j) % train.len()).collect();
+        cursor = (cursor + batch) % train.len();
+        train.batch(&idx, &mut x, &mut y);
+        ex.train_step(arena, &x, Target::Classes(&y))
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    for _ in 0..10 {
+        step(&mut ex, &mut arena)?;
+    }
+    let mut best = f64::INFINITY;
+    for _ in 0..rounds {
+        let t = Instant::now();
+        for _ in 0..steps {
+            step(&mut ex, &mut arena)?;
+        }
+        best = best.min(t.elapsed().as_secs_f64() * 1e3 / steps as f64);
+    }
+    Ok(best)
+}
+
+fn bench(wasm: &Path) -> Result<(), String> {
+    npm_deps()?;
+    let (rounds, steps) = (7, 40);
+    let native = native_ms_per_step(rounds, steps)?;
+    let out = Command::new("node")
+        .arg(root().join("web-demo/test/bench.mjs"))
+        .args([
+            "--rounds",
+            &rounds.to_string(),
+            "--steps",
+            &steps.to_string(),
+        ])
+        .output()
+        .map_err(|e| format!("cannot run node: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "web-demo/test/bench.mjs failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |k: &str| -> Result<f64, String> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| format!("bench.mjs printed no {k}=…:\n{text}"))
+    };
+    let wasm_ms = field("wasm_ms_per_step")?;
+    let size = std::fs::metadata(wasm).map_err(|e| e.to_string())?.len();
+    println!("\n## frugal in the browser (`cargo xtask web --bench`)\n");
+    println!("digits CNN (examples/digits-cnn.frgm), batch 32, Adam; best of {rounds} rounds of {steps} steps after 10 warm-up steps\n");
+    println!("| measure | value |");
+    println!("|---|---|");
+    println!("| native ms/step (this process) | {native:.3} |");
+    println!("| wasm ms/step (headless Chromium, simd128) | {wasm_ms:.3} |");
+    println!(
+        "| wasm / native | {:.2}× (target ≤ 2.5×) |",
+        wasm_ms / native
+    );
+    println!(
+        "| frugal_wasm_bg.wasm | {size} bytes ({:.1} KiB, limit 400 KiB) |",
+        size as f64 / 1024.0
+    );
+    for l in text.lines().filter(|l| l.starts_with("memory ")) {
+        // memory <budget> <allocated> <wasm bytes>
+        let v: Vec<f64> = l
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        if let [budget, alloc, mem] = v[..] {
+            println!(
+                "| wasm memory at a {:.0} KiB budget (arena {:.1} KiB) | {:.0} KiB = budget + {:.0} KiB |",
+                budget / 1024.0,
+                alloc / 1024.0,
+                mem / 1024.0,
+                (mem - budget) / 1024.0
+            );
+        }
+    }
+    println!("\ncommand: cargo xtask web --bench");
+    Ok(())
+}
