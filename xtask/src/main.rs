@@ -1,6 +1,8 @@
 //! `cargo xtask <task>`:
-//! - `test`: everything CI checks — fmt, clippy, the workspace tests, and `frugal-core` built without
-//!   `std` for `thumbv7em-none-eabihf` and `wasm32-unknown-unknown`.
+//! - `test [--fast]`: everything CI checks — fmt, clippy, the workspace tests, `frugal-core` built
+//!   without `std` for Cortex-M4F, Cortex-M0 and wasm32, the memory benchmark's targets, the int8 kernels
+//!   on aarch64 (qemu) and wasm32 (Node), the browser build and its Chromium tests, and the firmware on
+//!   both boards in QEMU (`--fast` leaves out those last three).
 //! - `bench memory [--only id,id] [--steps N]`: the reference workloads, each in a fresh process: arena,
 //!   lower bound, peak RSS over the process baseline, ms/step at one thread, beside PyTorch's and the
 //!   best peer's numbers measured on this machine kind.
@@ -27,7 +29,7 @@ use std::process::{Command, ExitCode};
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let r = match args.first().map(String::as_str) {
-        Some("test") => test(),
+        Some("test") => test(&args[1..]),
         Some("bench") if args.get(1).map(String::as_str) == Some("budget") => {
             budget::main(&args[2..])
         }
@@ -40,7 +42,7 @@ fn main() -> ExitCode {
         Some("cross") => cross::main(&args[1..]),
         Some("web") => web::main(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask test | cargo xtask bench memory [--only linear,conv2d,...] [--steps N]");
+            eprintln!("usage: cargo xtask test [--fast] | bench memory|budget|swap|int8 … | cross | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit");
             Err("unknown task".into())
         }
     };
@@ -67,7 +69,85 @@ fn cargo(args: &[&str]) -> Result<(), String> {
     }
 }
 
-fn test() -> Result<(), String> {
+/// What the emulated and browser legs need beyond cargo: (program, what installs it).
+const TOOLS: &[(&str, &str)] = &[
+    ("qemu-aarch64", "apt-get install -y qemu-user"),
+    (
+        "aarch64-linux-gnu-gcc",
+        "apt-get install -y gcc-aarch64-linux-gnu libc6-dev-arm64-cross",
+    ),
+    ("qemu-system-arm", "apt-get install -y qemu-system-arm"),
+    ("node", "apt-get install -y nodejs npm"),
+    ("npm", "apt-get install -y nodejs npm"),
+    ("chromium", "apt-get install -y chromium chromium-driver"),
+    (
+        "chromedriver",
+        "apt-get install -y chromium chromium-driver",
+    ),
+    ("wasm-opt", "apt-get install -y binaryen"),
+    (
+        "wasm-bindgen",
+        "cargo install wasm-bindgen-cli --version 0.2.130 --locked",
+    ),
+    (
+        "wasm-bindgen-test-runner",
+        "cargo install wasm-bindgen-cli --version 0.2.130 --locked",
+    ),
+    (
+        "defmt-print",
+        "cargo install defmt-print --version 1.2.0 --locked",
+    ),
+];
+
+/// Every target the checks build for.
+const TARGETS: &[&str] = &[
+    "thumbv7em-none-eabihf",
+    "thumbv6m-none-eabi",
+    "wasm32-unknown-unknown",
+    "wasm32-wasip1",
+    "aarch64-unknown-linux-gnu",
+];
+
+fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+}
+
+/// Fails before the first build when a tool of the full run is missing, naming how to install it
+/// (`.ci/run` installs all of them).
+fn preflight() -> Result<(), String> {
+    let missing: Vec<String> = TOOLS
+        .iter()
+        .filter(|(t, _)| !on_path(t))
+        .map(|(t, how)| format!("  {t}: {how}"))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "missing tools (`.ci/run` installs them; `cargo xtask test --fast` skips the emulated and browser legs):\n{}",
+        missing.join("\n")
+    ))
+}
+
+fn step(name: &str, r: Result<(), String>) -> Result<(), String> {
+    eprintln!("\n== {name}");
+    r.map_err(|e| format!("{name}: {e}"))
+}
+
+/// `cargo xtask test [--fast]`: everything CI checks. `--fast` leaves out the legs that need
+/// emulators and a browser (aarch64/wasm kernels, the web demo, the firmware in QEMU).
+fn test(args: &[String]) -> Result<(), String> {
+    let fast = args.iter().any(|a| a == "--fast");
+    if !fast {
+        preflight()?;
+    }
+    for target in TARGETS {
+        // Idempotent and quick when the target is already there.
+        let _ = Command::new("rustup")
+            .args(["target", "add", target])
+            .status();
+    }
     cargo(&["fmt", "--all", "--check"])?;
     cargo(&[
         "clippy",
@@ -78,11 +158,11 @@ fn test() -> Result<(), String> {
         "warnings",
     ])?;
     cargo(&["test", "--workspace"])?;
-    for target in ["thumbv7em-none-eabihf", "wasm32-unknown-unknown"] {
-        // Idempotent and quick when the target is already there.
-        let _ = Command::new("rustup")
-            .args(["target", "add", target])
-            .status();
+    for target in [
+        "thumbv7em-none-eabihf",
+        "thumbv6m-none-eabi",
+        "wasm32-unknown-unknown",
+    ] {
         cargo(&[
             "build",
             "-p",
@@ -114,6 +194,22 @@ fn test() -> Result<(), String> {
         "memory",
         "--check",
     ])?;
+    if !fast {
+        step(
+            "int8 kernels natively, on aarch64 (qemu) and wasm32 (Node)",
+            cross::main(&[]),
+        )?;
+        step(
+            "browser: frugal-wasm, the demo in Chromium, cross-target losses",
+            web::main(&["--test".to_string()]),
+        )?;
+        for board in ["netduinoplus2", "microbit"] {
+            step(
+                &format!("firmware on {board} (QEMU)"),
+                firmware::main(&["--board".to_string(), board.to_string()]),
+            )?;
+        }
+    }
     eprintln!("\nall checks passed");
     Ok(())
 }

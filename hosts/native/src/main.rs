@@ -81,6 +81,10 @@ enum Cmd {
         /// int8: recompute every scale every step instead of self-adaptively (Mandheling §3.4).
         #[arg(long)]
         rescale_every_step: bool,
+        /// int8: batch splitting (Mandheling §3.5) — profile every weight gradient on the first batch
+        /// and run the ones whose cost per FLOP jumps with batch size in smaller chunks.
+        #[arg(long)]
+        batch_split: bool,
     },
     /// Print the plan of one training step: every tensor, its lifetime and offset; or, with --budgets,
     /// a table of plans for a ladder of budgets.
@@ -183,6 +187,7 @@ fn run(cli: Cli) -> Res {
             precision,
             update_bits,
             rescale_every_step,
+            batch_split,
         } => {
             let mf = load_model(&model)?;
             // fp16 storage is an opt-in approximation of the f32 plan (compute stays f32).
@@ -211,7 +216,7 @@ fn run(cli: Cli) -> Res {
                     (&train_set, &test_set),
                     (batch, epochs, seed, budget_v),
                     precision,
-                    rescale_every_step,
+                    (rescale_every_step, batch_split),
                     (save, plot, weights),
                 );
             }
@@ -474,7 +479,7 @@ fn train_int8_cli(
     (train_set, test_set): (&frugal_cli::data::Dataset, &frugal_cli::data::Dataset),
     (batch, epochs, seed, budget): (usize, u32, u64, Budget),
     precision: frugal_core::model::Precision,
-    every_step: bool,
+    (every_step, batch_split): (bool, bool),
     (save, plot, weights): (Option<PathBuf>, Option<PathBuf>, Option<PathBuf>),
 ) -> Res {
     use frugal_core::quant::Rescale;
@@ -505,7 +510,7 @@ fn train_int8_cli(
         Rescale::Adaptive
     };
     let w = weights.or(mf.train.weights.clone());
-    let rep = train::train_int8(
+    let rep = train::train_int8_with(
         mf,
         train_set,
         test_set,
@@ -513,8 +518,27 @@ fn train_int8_cli(
         precision,
         rescale,
         w.as_ref(),
+        batch_split.then_some(train::SPLIT_THRESHOLD),
         |p, c| println!("  epoch {}: {c}", p.epoch),
     )?;
+    if batch_split {
+        println!(
+            "batch splitting (whole batch vs best chunk, same FLOPs; split above {:.2}×):",
+            train::SPLIT_THRESHOLD
+        );
+        for (name, full, chunk, best) in &rep.split {
+            let verdict = if *chunk < batch {
+                format!("split into chunks of {chunk}")
+            } else {
+                "kept whole".to_string()
+            };
+            println!(
+                "  {name}: {:.1} µs whole, {:.1} µs in chunks — {verdict}",
+                *full as f64 / 1e3,
+                *best as f64 / 1e3
+            );
+        }
+    }
     println!("{}", rep.counts);
     let r = &rep.report;
     let correct = (r.test_accuracy * r.test_samples as f32).round() as usize;

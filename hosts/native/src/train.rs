@@ -349,6 +349,22 @@ pub struct Int8Report {
     pub counts: RescaleCounts,
     /// Rescale counters per epoch.
     pub per_epoch: Vec<RescaleCounts>,
+    /// Batch splitting (Mandheling §3.5), when profiled: per weight-gradient op, (layer name,
+    /// whole-batch ns, chunk chosen (the batch when not split), that chunk size's ns for the same FLOPs).
+    pub split: Vec<(String, u64, usize, u64)>,
+}
+
+/// Threshold of `--batch-split`: an op's weight gradient is split when the whole batch takes more than
+/// this × its best chunked time for the same work (below ~10% the gain is within timing noise).
+pub const SPLIT_THRESHOLD: f64 = 1.1;
+
+/// Nanoseconds since the first call: the clock the int8 executor's profiling step reads.
+fn clock_ns() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos() as u64
 }
 
 /// Fraction correct on `ds` with an int8 executor.
@@ -390,6 +406,28 @@ pub fn train_int8(
     precision: Precision,
     rescale: Rescale,
     weights: Option<&PathBuf>,
+    on_epoch: impl FnMut(&EpochPoint, &RescaleCounts),
+) -> Result<Int8Report, TrainError> {
+    train_int8_with(
+        model, train, test, opts, precision, rescale, weights, None, on_epoch,
+    )
+}
+
+/// [`train_int8`] with batch splitting: with `split = Some(threshold)`, one profiling step on a copy of
+/// the arena (the first batch; the real run is untouched) times every weight gradient on the whole batch
+/// and in chunks, and splits the ops whose whole-batch time exceeds `threshold` × their best chunked
+/// time. Split ops combine their chunks' int8 gradients by Mandheling's Eq. 4, so results then depend on
+/// this machine's timings (not bit-exact across machines): opt-in.
+#[allow(clippy::too_many_arguments)]
+pub fn train_int8_with(
+    model: &ModelFile,
+    train: &Dataset,
+    test: &Dataset,
+    opts: &TrainOptions,
+    precision: Precision,
+    rescale: Rescale,
+    weights: Option<&PathBuf>,
+    split: Option<f64>,
     mut on_epoch: impl FnMut(&EpochPoint, &RescaleCounts),
 ) -> Result<Int8Report, TrainError> {
     let spec = &model.spec;
@@ -434,6 +472,29 @@ pub fn train_int8(
     let per = spec.input.numel();
     let mut xbuf = vec![0f32; opts.batch * per];
     let mut ybuf = vec![0u32; opts.batch];
+    let mut split_profile = Vec::new();
+    if let Some(threshold) = split {
+        let n = opts.batch.min(train.len());
+        let first: Vec<usize> = (0..n).collect();
+        train.batch(&first, &mut xbuf, &mut ybuf);
+        let mut scratch = arena.clone();
+        let mut probe = Int8Executor::new(&plan, &scratch)?;
+        probe.set_rescale(rescale);
+        let prof = probe.profile_split(
+            &mut scratch,
+            &xbuf[..n * per],
+            Target::Classes(&ybuf[..n]),
+            clock_ns,
+            threshold,
+        )?;
+        for &(node, full, chunk, best) in &prof {
+            if chunk < n {
+                ex.set_split(node, chunk as u16);
+            }
+            let name = plan.graph.nodes[node].name.clone();
+            split_profile.push((name, full, chunk, best));
+        }
+    }
     let steps = train.len().div_ceil(opts.batch) as u64;
     let mut curves = Vec::new();
     let mut per_epoch = Vec::new();
@@ -491,6 +552,7 @@ pub fn train_int8(
         },
         counts: ex.counts(),
         per_epoch,
+        split: split_profile,
     })
 }
 

@@ -98,3 +98,37 @@ fn malformed_model_names_the_field() {
     assert!(out.contains("kernal"), "{out}");
     std::fs::remove_file(&bad).ok();
 }
+
+#[test]
+fn int8_batch_split_profiles_every_weight_gradient() {
+    let dir = std::env::temp_dir().join(format!("frugal-cli-split-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ck = dir.join("ck.safetensors");
+    let (ok, out) = frugal(&[
+        "train",
+        "examples/digits-mlp.toml",
+        "--precision",
+        "int8",
+        "--batch-split",
+        "--epochs",
+        "1",
+        "--save",
+        ck.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}");
+    assert!(out.contains("batch splitting"), "{out}");
+    // One verdict per layer with a weight gradient (the MLP's three Linear layers), each timed.
+    for layer in ["fc1", "fc2", "fc3"] {
+        let line = out
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{layer}:")))
+            .unwrap_or_else(|| panic!("no batch-split line for {layer}:\n{out}"));
+        assert!(
+            line.contains("µs whole")
+                && (line.contains("kept whole") || line.contains("split into chunks of")),
+            "{line}"
+        );
+    }
+    assert!(out.contains("held-out accuracy"), "{out}");
+    std::fs::remove_dir_all(&dir).ok();
+}
