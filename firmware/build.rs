@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use frugal_core::format::decode_model;
 use frugal_core::format::plan::encode_plan;
 use frugal_core::graph::Graph;
+use frugal_core::model::{Int8Update, Precision};
+use frugal_core::plan::Plan;
 use frugal_core::policy::{plan_for_budget, CostModel, PolicyKind};
 use frugal_core::Budget;
 
@@ -81,16 +83,38 @@ fn main() {
     println!("cargo:rerun-if-changed={}", model_path.display());
     let bytes = fs::read(&model_path).unwrap_or_else(|e| panic!("{}: {e}", model_path.display()));
     let spec = decode_model(&bytes).unwrap_or_else(|e| panic!("{}: {e}", model_path.display()));
-    let g = Graph::new(&spec, b.batch).unwrap_or_else(|e| panic!("{}: {e}", b.model));
-    let chosen = plan_for_budget(
-        &spec,
-        b.batch,
-        Budget { bytes: b.arena },
-        PolicyKind::Auto,
-        &CostModel::estimate(&g),
-    )
-    .unwrap_or_else(|e| panic!("{} does not fit {} B on {}: {e}", b.model, b.arena, b.name));
-    fs::write(out.join("plan.frgp"), encode_plan(&spec, &chosen.plan)).unwrap();
+    let int8 = std::env::var_os("CARGO_FEATURE_INT8").is_some();
+    let plan = if int8 {
+        // int8: the plain plan of the int8 graph (the executor runs one micro-batch per step).
+        let update = match b.int8_update_bits {
+            0 => Int8Update::FloatMaster,
+            bits => Int8Update::Integer { update_bits: bits },
+        };
+        let g = Graph::with_precision(&spec, b.batch, Precision::Int8(update))
+            .unwrap_or_else(|e| panic!("{} in int8: {e}", b.model));
+        let plan = Plan::new(g);
+        let budget = b.arena_for(boards::Numerics::Int8);
+        assert!(
+            plan.needed_bytes() <= budget,
+            "{} in int8 needs {} B, more than the {budget} B arena of {}",
+            b.model,
+            plan.needed_bytes(),
+            b.name
+        );
+        plan
+    } else {
+        let g = Graph::new(&spec, b.batch).unwrap_or_else(|e| panic!("{}: {e}", b.model));
+        plan_for_budget(
+            &spec,
+            b.batch,
+            Budget { bytes: b.arena },
+            PolicyKind::Auto,
+            &CostModel::estimate(&g),
+        )
+        .unwrap_or_else(|e| panic!("{} does not fit {} B on {}: {e}", b.model, b.arena, b.name))
+        .plan
+    };
+    fs::write(out.join("plan.frgp"), encode_plan(&spec, &plan)).unwrap();
 
     slice(&root, "train", b.n_train, &out);
     slice(&root, "test", b.n_test, &out);

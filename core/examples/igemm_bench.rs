@@ -32,6 +32,15 @@ const SHAPES: &[(&str, usize, usize, usize, &str)] = &[
     ("conv2 dcol", 72, 196, 16, "TN"),
     ("conv2 dW", 16, 72, 196, "NT"),
     ("lenet c2 fwd", 16, 100, 150, "NN"),
+    // digits CNN (8×8 input, `cargo xtask bench int8` speed row): per-sample conv GEMMs, fc at batch 64
+    ("dig conv1 fwd", 8, 64, 9, "NN"),
+    ("dig conv1 dW", 8, 9, 64, "NT"),
+    ("dig conv2 fwd", 16, 16, 72, "NN"),
+    ("dig conv2 dW", 16, 72, 16, "NT"),
+    ("dig conv2 dcol", 72, 16, 16, "TN"),
+    ("dig c2 fwd x64", 16, 1024, 72, "NN"),
+    ("dig fc fwd", 64, 10, 64, "NT"),
+    ("dig fc dW", 10, 64, 64, "TN"),
     // big
     ("big square-ish", 1024, 784, 2048, "NN"),
 ];
@@ -63,8 +72,8 @@ fn main() {
         fk.name()
     );
     println!(
-        "{:<16} {:>18} {:>3}  {:>9}  {:<12} {:>9} {:>8}",
-        "workload", "m × n × k", "lay", "f32 GOP/s", "int8 kernel", "GOP/s", "vs f32"
+        "{:<16} {:>18} {:>3}  {:>9}  {:<12} {:>9} {:>8} {:>10}",
+        "workload", "m × n × k", "lay", "f32 GOP/s", "int8 kernel", "GOP/s", "vs f32", "int8 ns"
     );
     for &(name, m, n, k, lay) in SHAPES {
         let f = time_f32(fk, m, n, k, lay, budget);
@@ -72,12 +81,13 @@ fn main() {
             let t = time_i8(kern, m, n, k, lay, budget);
             let ops = 2.0 * (m * n * k) as f64 / 1e9;
             println!(
-                "{name:<16} {:>18} {lay:>3}  {:>9.1}  {:<12} {:>9.1} {:>7.2}×",
+                "{name:<16} {:>18} {lay:>3}  {:>9.1}  {:<12} {:>9.1} {:>7.2}× {:>10.0}",
                 format!("{m} × {n} × {k}"),
                 ops / f,
                 kern.name(),
                 ops / t,
-                f / t
+                f / t,
+                t * 1e9
             );
         }
     }

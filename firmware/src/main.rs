@@ -1,7 +1,8 @@
 //! # frugal-firmware
 //!
 //! frugal training on a microcontroller, the shape of a wearable that learns its user's gestures:
-//! - the **budget** is a static arena (`Board::arena` bytes); the trainable weights, gradients, optimizer
+//! - the **budget** is a static arena (`Board::arena` bytes, `arena_int8` with the `int8` feature, which
+//!   trains in int8 from an int8 plan); the trainable weights, gradients, optimizer
 //!   state and activations all live in it, at offsets the host's planner chose at build time;
 //! - the **plan** (`FRGP`, with its `FRGM` model) was computed by `build.rs` with `frugal-core` for this
 //!   budget and sits in flash; it is decoded at boot into a small static heap, which is never touched
@@ -26,8 +27,14 @@ mod stream;
 
 use defmt::{error, info, Display2Format};
 use defmt_semihosting as _;
-use frugal_core::exec::{Executor, Target};
+#[cfg(feature = "int8")]
+use frugal_core::exec::int8::Int8Executor;
+#[cfg(not(feature = "int8"))]
+use frugal_core::exec::Executor;
+use frugal_core::exec::{ExecError, StepStats, Target};
 use frugal_core::format::plan::decode_plan;
+use frugal_core::model::Precision;
+use frugal_core::plan::Plan;
 use heapless::Deque;
 
 #[cfg(all(feature = "netduinoplus2", feature = "microbit"))]
@@ -41,6 +48,17 @@ pub const BOARD: boards::Board = boards::NETDUINOPLUS2;
 /// The board this build is for.
 #[cfg(all(feature = "microbit", not(feature = "netduinoplus2")))]
 pub const BOARD: boards::Board = boards::MICROBIT;
+
+/// The numbers this build trains in.
+pub const NUMERICS: boards::Numerics = if cfg!(feature = "int8") {
+    boards::Numerics::Int8
+} else {
+    boards::Numerics::F32
+};
+/// Bytes of the static arena (the budget the baked plan was made for).
+pub const ARENA: usize = BOARD.arena_for(NUMERICS);
+/// Bytes of the boot heap.
+pub const HEAP: usize = BOARD.heap_for(NUMERICS);
 
 /// Samples per step (and the ring buffer's capacity).
 const BATCH: usize = BOARD.batch;
@@ -69,6 +87,42 @@ fn sample(images: &[u8], labels: &[u8], i: usize) -> Sample {
     }
 }
 
+/// The executor of this build's precision: only one is linked in (the micro:bit's 256 KiB of flash
+/// hold the int8 one and the data, not both).
+struct Ex<'p>(
+    #[cfg(feature = "int8")] Int8Executor<'p>,
+    #[cfg(not(feature = "int8"))] Executor<'p>,
+);
+
+impl<'p> Ex<'p> {
+    fn new(plan: &'p Plan, arena: &[u8]) -> Result<Self, ExecError> {
+        #[cfg(feature = "int8")]
+        let ex = Int8Executor::new(plan, arena)?;
+        #[cfg(not(feature = "int8"))]
+        let ex = Executor::new(plan, arena)?;
+        Ok(Ex(ex))
+    }
+    fn init_params(&mut self, arena: &mut [u8], seed: u64) -> Result<(), ExecError> {
+        self.0.init_params(arena, seed)
+    }
+    fn train_step(
+        &mut self,
+        arena: &mut [u8],
+        x: &[f32],
+        t: Target<'_>,
+    ) -> Result<StepStats, ExecError> {
+        self.0.train_step(arena, x, t)
+    }
+    fn evaluate(
+        &mut self,
+        arena: &mut [u8],
+        x: &[f32],
+        t: Target<'_>,
+    ) -> Result<StepStats, ExecError> {
+        self.0.evaluate(arena, x, t)
+    }
+}
+
 #[cortex_m_rt::entry]
 fn main() -> ! {
     rt::init();
@@ -76,11 +130,21 @@ fn main() -> ! {
     rt::exit(ok)
 }
 
-/// The whole run; true when the accuracy and RAM targets were met.
+/// The whole run; true when the accuracy and RAM targets were met. Decoding and training are separate
+/// frames, so the stack's peak is the larger of the two, not their sum (it matters on the micro:bit).
 fn run() -> bool {
+    match boot() {
+        Some(plan) => train(&plan),
+        None => false,
+    }
+}
+
+/// Boot report, clock check and plan decoding.
+#[inline(never)]
+fn boot() -> Option<Plan> {
     info!(
-        "frugal-firmware on {=str}: arena (budget) {=usize} B, heap {=usize} B, batch {=usize}, {=usize} training / {=usize} held-out samples in flash",
-        BOARD.name, BOARD.arena, BOARD.heap, BATCH, BOARD.n_train, BOARD.n_test
+        "frugal-firmware on {=str} in {=str}: arena (budget) {=usize} B, heap {=usize} B, batch {=usize}, {=usize} training / {=usize} held-out samples in flash",
+        BOARD.name, NUMERICS.name(), ARENA, HEAP, BATCH, BOARD.n_train, BOARD.n_test
     );
     // Clock check: `delay(n)` runs n + 1 iterations of `subs; bne`, 2(n + 1) instructions; under
     // `-icount shift=0` (1 instruction = 1 ns) that is 2(n + 1) × f / 1e9 SysTick ticks.
@@ -96,7 +160,7 @@ fn run() -> bool {
         Ok((_spec, plan)) => plan,
         Err(e) => {
             error!("the baked plan does not decode: {}", Display2Format(&e));
-            return false;
+            return None;
         }
     };
     let h = rt::heap();
@@ -117,12 +181,22 @@ fn run() -> bool {
         "stack high-water after decoding: {=usize} B",
         rt::stack_used()
     );
+    Some(plan)
+}
+
+/// Trains on the stream and evaluates after each epoch.
+#[inline(never)]
+fn train(plan: &Plan) -> bool {
     if plan.graph.input_dims.numel() != stream::PIXELS || plan.batch() != BATCH {
         error!("the plan's input or batch does not match the board's data");
         return false;
     }
     let arena = rt::arena();
-    let mut ex = match Executor::new(&plan, arena) {
+    if (plan.graph.precision != Precision::F32) != (NUMERICS == boards::Numerics::Int8) {
+        error!("the plan's precision is not this build's");
+        return false;
+    }
+    let mut ex = match Ex::new(plan, arena) {
         Ok(ex) => ex,
         Err(e) => {
             error!("{}", Display2Format(&e));
@@ -246,8 +320,8 @@ fn run() -> bool {
         train_ticks / step.max(1) as u64,
         BOARD.sysclk_hz,
         statics,
-        BOARD.arena,
-        BOARD.heap,
+        ARENA,
+        HEAP,
         stack,
         ram,
         BOARD.ram_limit

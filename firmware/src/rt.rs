@@ -1,5 +1,6 @@
 //! Board and runtime glue — the only module with `unsafe`: the static arena, the boot heap wrapped in a
-//! counting allocator, the SysTick clock, the stack paint, the semihosting exit and the panic handler.
+//! counting allocator, the SysTick clock, the stack paint, the semihosting exit, the panic and the
+//! hard-fault handlers.
 #![allow(unsafe_code)]
 
 use core::alloc::{GlobalAlloc, Layout};
@@ -13,7 +14,7 @@ use cortex_m_rt::exception;
 use critical_section::Mutex;
 use embedded_alloc::LlffHeap;
 
-use crate::BOARD;
+use crate::{ARENA, BOARD, HEAP};
 
 /// What the heap has seen since boot.
 #[derive(Clone, Copy, Default)]
@@ -51,7 +52,16 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which we pass on unchanged.
         let p = unsafe { self.heap.alloc(layout) };
-        if !p.is_null() {
+        if p.is_null() {
+            // Say so before the allocation-failure abort, which may have no room left to.
+            let s = heap();
+            defmt::error!(
+                "heap exhausted: {=usize} B requested with {=usize} of {=usize} B in use",
+                layout.size(),
+                s.in_use,
+                HEAP
+            );
+        } else {
             self.note(layout.size(), 0);
         }
         p
@@ -83,21 +93,21 @@ pub fn heap() -> HeapStats {
     critical_section::with(|cs| ALLOC.stats.borrow(cs).get())
 }
 
-/// The budget: a static arena of exactly `BOARD.arena` bytes.
+/// The budget: a static arena of exactly `ARENA` bytes.
 #[repr(C, align(64))]
-struct Arena([u8; BOARD.arena]);
+struct Arena([u8; ARENA]);
 
 static TAKEN: AtomicBool = AtomicBool::new(false);
 
 /// The arena, once (a second call is a bug and panics).
 pub fn arena() -> &'static mut [u8] {
-    static mut ARENA: Arena = Arena([0; BOARD.arena]);
+    static mut ARENA_MEM: Arena = Arena([0; ARENA]);
     critical_section::with(|_| {
         assert!(!TAKEN.load(Relaxed), "the arena is taken once");
         TAKEN.store(true, Relaxed);
     });
-    // SAFETY: `TAKEN` guarantees this is the only reference ever made to `ARENA`.
-    unsafe { &mut (*addr_of_mut!(ARENA)).0 }
+    // SAFETY: `TAKEN` guarantees this is the only reference ever made to `ARENA_MEM`.
+    unsafe { &mut (*addr_of_mut!(ARENA_MEM)).0 }
 }
 
 const PAINT: u32 = 0x5EED_F00D;
@@ -168,9 +178,9 @@ pub fn ticks() -> u64 {
 /// Boot: paint the stack, give the heap its static region, start the clock.
 pub fn init() {
     paint_stack();
-    static mut HEAP_MEM: [MaybeUninit<u8>; BOARD.heap] = [MaybeUninit::uninit(); BOARD.heap];
+    static mut HEAP_MEM: [MaybeUninit<u8>; HEAP] = [MaybeUninit::uninit(); HEAP];
     // SAFETY: called once at boot, before any allocation; the region is a static used by nothing else.
-    unsafe { ALLOC.heap.init(addr_of_mut!(HEAP_MEM) as usize, BOARD.heap) };
+    unsafe { ALLOC.heap.init(addr_of_mut!(HEAP_MEM) as usize, HEAP) };
     if let Some(mut p) = cortex_m::Peripherals::take() {
         p.SYST.set_clock_source(SystClkSource::Core);
         p.SYST.set_reload(0x00FF_FFFF);
@@ -191,6 +201,17 @@ pub fn exit(ok: bool) -> ! {
     loop {
         cortex_m::asm::bkpt();
     }
+}
+
+/// A fault (on these boards: the stack running into the statics, or an access outside RAM) ends the
+/// run with failure instead of spinning until the host's timeout.
+#[exception]
+unsafe fn HardFault(_frame: &cortex_m_rt::ExceptionFrame) -> ! {
+    defmt::error!(
+        "hard fault (stack high-water {=usize} B; the stack may have overrun the statics)",
+        stack_used()
+    );
+    exit(false)
 }
 
 #[panic_handler]

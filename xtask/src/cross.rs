@@ -5,7 +5,9 @@
 //! 2. `aarch64-unknown-linux-gnu` under `qemu-aarch64`, twice: `-cpu max` (NEON and `sdot` both required)
 //!    and `-cpu cortex-a53` (no `dotprod`: the plain NEON kernel alone); plus a `no_std` build with
 //!    `-C target-feature=+dotprod`, where the kernel choice is made at compile time;
-//! 3. `wasm32-wasip1` with `-C target-feature=+simd128`, run by Node's WASI (the `simd128` kernel required).
+//! 3. `wasm32-wasip1` with `-C target-feature=+simd128`, run by Node's WASI (the `simd128` kernels
+//!    required), where the f32 GEMM conformance suite (`kernels::gemm`, the explicit `simd128` f32 kernel
+//!    against the reference) runs too.
 //!
 //! It fails if any suite fails or runs no test. A "required" kernel that is unavailable fails the suite
 //! (the tests read `FRUGAL_REQUIRE_KERNELS`), so a misconfigured emulator cannot skip it silently.
@@ -19,6 +21,8 @@ use frugal_core::kernels::int8::IgemmKernel;
 
 /// Test-name filters (libtest runs a test when its name contains any of them).
 const FILTERS: [&str; 2] = ["int8", "quant"];
+/// Extra filter for the wasm32 run: the f32 GEMM suite (its `simd128` kernel exists only there).
+const WASM_GEMM_FILTER: &str = "kernels::gemm";
 
 /// Node ESM program running a WASI command module: `node run-wasi.mjs module.wasm args…`.
 const WASI_RUNNER: &str = r#"import { readFile } from 'node:fs/promises';
@@ -83,7 +87,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         .filter(|k| k.is_available())
         .map(|k| k.name())
         .collect();
-    let n = suite("native", None, &[], &native.join(","))?;
+    let n = suite("native", None, &[], &native.join(","), &[])?;
     report.push(format!("native ({}): {n} tests", native.join(", ")));
 
     // 2. aarch64 under qemu-user.
@@ -107,6 +111,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
             Some("aarch64-unknown-linux-gnu"),
             &env,
             required,
+            &[],
         )?;
         report.push(format!("aarch64, qemu -cpu {cpu} ({required}): {n} tests"));
     }
@@ -148,9 +153,10 @@ pub fn main(args: &[String]) -> Result<(), String> {
         Some("wasm32-wasip1"),
         &env,
         "portable,simd128",
+        &[WASM_GEMM_FILTER],
     )?;
     report.push(format!(
-        "wasm32-wasip1 + simd128 (portable, simd128): {n} tests"
+        "wasm32-wasip1 + simd128 (portable, simd128; int8 and f32 GEMM): {n} tests"
     ));
 
     eprintln!("\ncross: all suites passed");
@@ -176,13 +182,15 @@ fn run(cmd: &mut Command) -> Result<(), String> {
     }
 }
 
-/// Runs the filtered `frugal-core` tests for `target` (native when `None`) with `required` kernels, echoes
-/// the output and returns how many tests passed; an error if the run fails or no test ran.
+/// Runs the filtered `frugal-core` tests (names containing one of [`FILTERS`] or `extra`) for `target`
+/// (native when `None`) with `required` kernels, echoes the output and returns how many tests passed; an
+/// error if the run fails or no test ran.
 fn suite(
     label: &str,
     target: Option<&str>,
     env: &[(&str, String)],
     required: &str,
+    extra: &[&str],
 ) -> Result<usize, String> {
     let mut cmd = Command::new(cargo_bin());
     cmd.args(["test", "-p", "frugal-core", "--lib", "--tests"]);
@@ -190,7 +198,10 @@ fn suite(
         cmd.args(["--target", t]);
     }
     // One test thread: wasm32-wasip1 has no threads (elsewhere it keeps qemu's memory use modest).
-    cmd.arg("--").args(FILTERS).arg("--test-threads=1");
+    cmd.arg("--")
+        .args(FILTERS)
+        .args(extra)
+        .arg("--test-threads=1");
     cmd.env("FRUGAL_REQUIRE_KERNELS", required);
     for (k, v) in env {
         cmd.env(k, v);

@@ -1,18 +1,21 @@
-//! `cargo xtask firmware --board netduinoplus2|microbit [--timeout SECS]`: builds `firmware/` for the
-//! board, runs it in `qemu-system-arm` with `-icount shift=0` (one instruction = 1 ns of virtual time, so
+//! `cargo xtask firmware --board netduinoplus2|microbit [--precision f32|int8] [--timeout SECS]`: builds
+//! `firmware/` for the board in each precision it runs (or the one asked for), runs it in `qemu-system-arm` with `-icount shift=0` (one instruction = 1 ns of virtual time, so
 //! SysTick ticks convert to instructions), decodes its defmt log with `defmt-print`, prints it, and
 //! checks that the firmware's first 10 losses equal a native run of the very plan baked into the ELF
-//! (found in the binary by its `FRGP` frame) on the same stream of samples. The exit status is the
-//! firmware's (0: accuracy and RAM targets met); a loss mismatch fails too.
+//! (found in the binary by its `FRGP` frame) on the same stream of samples: bit for bit in int8 (integer
+//! arithmetic does not depend on the summation order), within 1e-5 relative in f32. The exit status is
+//! the firmware's (0: accuracy and RAM targets met); a loss mismatch fails too.
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use frugal_cli::spec_toml::load_model;
+use frugal_core::exec::int8::Int8Executor;
 use frugal_core::exec::{Executor, Target};
 use frugal_core::format::encode_model;
 use frugal_core::format::plan::decode_plan;
+use frugal_core::model::Precision;
 use frugal_core::plan::Plan;
 
 #[path = "../../firmware/src/boards.rs"]
@@ -28,12 +31,14 @@ const COMPARED_STEPS: usize = 10;
 const ICOUNT_SHIFT: u32 = 0;
 
 fn usage() -> String {
-    "usage: cargo xtask firmware --board netduinoplus2|microbit [--timeout SECS]".into()
+    "usage: cargo xtask firmware --board netduinoplus2|microbit [--precision f32|int8] [--timeout SECS]"
+        .into()
 }
 
 /// Runs the task.
 pub fn main(args: &[String]) -> Result<(), String> {
     let mut board = None;
+    let mut precision = None;
     let mut timeout = 600u64;
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -47,6 +52,15 @@ pub fn main(args: &[String]) -> Result<(), String> {
                         .ok_or_else(|| format!("unknown board {name:?}; {}", usage()))?,
                 );
             }
+            "--precision" => {
+                let name = it.next().ok_or_else(usage)?;
+                precision = Some(
+                    [boards::Numerics::F32, boards::Numerics::Int8]
+                        .into_iter()
+                        .find(|n| n.name() == name)
+                        .ok_or_else(|| format!("unknown precision {name:?}; {}", usage()))?,
+                );
+            }
             "--timeout" => {
                 timeout = it.next().and_then(|s| s.parse().ok()).ok_or_else(usage)?;
             }
@@ -54,10 +68,53 @@ pub fn main(args: &[String]) -> Result<(), String> {
         }
     }
     let board = board.ok_or_else(usage)?;
+    let runs: Vec<boards::Numerics> = match precision {
+        Some(p) if board.numerics.contains(&p) => vec![p],
+        Some(p) => {
+            return Err(format!(
+                "{} does not run in {} (it runs {})",
+                board.name,
+                p.name(),
+                board
+                    .numerics
+                    .iter()
+                    .map(|n| n.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        }
+        None => board.numerics.to_vec(),
+    };
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     check_model_file(&root, &board)?;
-    let elf = build(&root, &board)?;
-    let (ok, log) = run_qemu(&elf, &board, timeout)?;
+    let mut failed = Vec::new();
+    for n in runs {
+        if let Err(e) = run_one(&root, &board, n, timeout) {
+            eprintln!("{e}");
+            failed.push(n.name());
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "firmware on {} failed in {}",
+            board.name,
+            failed.join(", ")
+        ))
+    }
+}
+
+/// Builds, runs and checks the firmware for `board` in `n`.
+fn run_one(
+    root: &Path,
+    board: &boards::Board,
+    n: boards::Numerics,
+    timeout: u64,
+) -> Result<(), String> {
+    let int8 = n == boards::Numerics::Int8;
+    let elf = build(root, board, int8)?;
+    let (ok, log) = run_qemu(&elf, board, timeout)?;
     println!("{log}");
 
     let fw = firmware_losses(&log);
@@ -69,13 +126,19 @@ pub fn main(args: &[String]) -> Result<(), String> {
         ));
     }
     let native = native_losses(
-        &root,
-        &board,
+        root,
+        board,
         &std::fs::read(&elf).map_err(|e| e.to_string())?,
+        int8,
     )?;
-    compare(&fw, &native)?;
+    compare(&fw, &native, int8)?;
     println!(
-        "losses: the firmware's first {COMPARED_STEPS} equal the native run of the same plan (f32, within 1e-5 relative)"
+        "losses: the firmware's first {COMPARED_STEPS} equal the native run of the same plan ({})",
+        if int8 {
+            "int8, bit for bit"
+        } else {
+            "f32, within 1e-5 relative"
+        }
     );
     if let Some((ticks, hz)) = ticks_per_step(&log) {
         let insns = ticks as f64 * 1e9 / hz as f64 / f64::from(1u32 << ICOUNT_SHIFT);
@@ -85,10 +148,14 @@ pub fn main(args: &[String]) -> Result<(), String> {
         );
     }
     if ok {
-        println!("firmware on {}: PASS", board.name);
+        println!("firmware on {} in {}: PASS", board.name, n.name());
         Ok(())
     } else {
-        Err(format!("firmware on {} exited with failure", board.name))
+        Err(format!(
+            "firmware on {} in {} exited with failure",
+            board.name,
+            n.name()
+        ))
     }
 }
 
@@ -112,7 +179,7 @@ fn check_model_file(root: &Path, b: &boards::Board) -> Result<(), String> {
     Ok(())
 }
 
-fn build(root: &Path, b: &boards::Board) -> Result<PathBuf, String> {
+fn build(root: &Path, b: &boards::Board, int8: bool) -> Result<PathBuf, String> {
     let _ = Command::new("rustup")
         .args(["target", "add", b.target])
         .stdout(Stdio::null())
@@ -124,6 +191,11 @@ fn build(root: &Path, b: &boards::Board) -> Result<PathBuf, String> {
     let manifest = root.join("firmware/Cargo.toml");
     let manifest = manifest.to_str().ok_or("non-UTF-8 repository path")?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let features = if int8 {
+        format!("{},int8", b.name)
+    } else {
+        b.name.to_string()
+    };
     let args = [
         "build",
         "--release",
@@ -132,7 +204,7 @@ fn build(root: &Path, b: &boards::Board) -> Result<PathBuf, String> {
         "--target",
         b.target,
         "--features",
-        b.name,
+        &features,
     ];
     eprintln!(
         "\n$ CARGO_PROFILE_RELEASE_OPT_LEVEL={} cargo {}",
@@ -283,16 +355,41 @@ fn idx_body(path: &Path, header: usize) -> Result<Vec<u8>, String> {
         .ok_or_else(|| format!("{}: shorter than its header", path.display()))
 }
 
+/// The native executor of the baked plan's precision.
+enum Native<'p> {
+    F32(Executor<'p>),
+    Int8(Int8Executor<'p>),
+}
+
 /// The first steps natively: the plan baked into `elf`, the same initialisation seed and the same stream.
-fn native_losses(root: &Path, b: &boards::Board, elf: &[u8]) -> Result<Vec<f32>, String> {
+fn native_losses(
+    root: &Path,
+    b: &boards::Board,
+    elf: &[u8],
+    int8: bool,
+) -> Result<Vec<f32>, String> {
     let plan = baked_plan(elf)?;
+    if (plan.graph.precision != Precision::F32) != int8 {
+        return Err(format!(
+            "the plan baked into the firmware is {:?}, not the precision built",
+            plan.graph.precision
+        ));
+    }
     let dir = root.join("data/digits");
     let images = idx_body(&dir.join("digits-train-images.idx"), 16)?;
     let labels = idx_body(&dir.join("digits-train-labels.idx"), 8)?;
     let mut arena = vec![0u8; plan.needed_bytes()];
-    let mut ex = Executor::new(&plan, &arena).map_err(|e| e.to_string())?;
-    ex.init_params(&mut arena, b.seed)
-        .map_err(|e| e.to_string())?;
+    let mut ex = if int8 {
+        let mut e = Int8Executor::new(&plan, &arena).map_err(|e| e.to_string())?;
+        e.init_params(&mut arena, b.seed)
+            .map_err(|e| e.to_string())?;
+        Native::Int8(e)
+    } else {
+        let mut e = Executor::new(&plan, &arena).map_err(|e| e.to_string())?;
+        e.init_params(&mut arena, b.seed)
+            .map_err(|e| e.to_string())?;
+        Native::F32(e)
+    };
     let px = stream::PIXELS;
     let mut x = vec![0f32; b.batch * px];
     let mut y = vec![0u32; b.batch];
@@ -308,15 +405,19 @@ fn native_losses(root: &Path, b: &boards::Board, elf: &[u8]) -> Result<Vec<f32>,
             }
             y[j] = u32::from(labels[i]);
         }
-        let st = ex
-            .train_step(&mut arena, &x, Target::Classes(&y))
-            .map_err(|e| e.to_string())?;
+        let st = match &mut ex {
+            Native::Int8(e) => e.train_step(&mut arena, &x, Target::Classes(&y)),
+            Native::F32(e) => e.train_step(&mut arena, &x, Target::Classes(&y)),
+        }
+        .map_err(|e| e.to_string())?;
         out.push(st.loss);
     }
     Ok(out)
 }
 
-fn compare(fw: &[(usize, f32)], native: &[f32]) -> Result<(), String> {
+/// Checks the firmware's losses against the native ones: bit for bit when `exact` (int8), else within
+/// 1e-5 relative.
+fn compare(fw: &[(usize, f32)], native: &[f32], exact: bool) -> Result<(), String> {
     if fw.len() < COMPARED_STEPS {
         return Err(format!(
             "the firmware logged {} step losses, want {COMPARED_STEPS}",
@@ -327,12 +428,19 @@ fn compare(fw: &[(usize, f32)], native: &[f32]) -> Result<(), String> {
     let mut bad = Vec::new();
     for (i, &want) in native.iter().enumerate() {
         let (n, got) = fw[i];
-        // The firmware runs the portable kernels with Cortex-M rounding, natively the SIMD kernel
+        // f32: the firmware runs the portable kernels with Cortex-M rounding, natively the SIMD kernel
         // chosen at run time sums in another order: f32 losses agree to 1e-5 relative, not bit for bit.
+        // int8: every product and sum is an exact integer and the float steps (loss, rescale factors)
+        // are the same IEEE operations in the same order, so the losses must be identical bits.
         let rel = (got - want).abs() / want.abs().max(f32::MIN_POSITIVE);
         println!("{n:>4}  {got:<14} {want:<14} {rel:.2e}");
         // (A NaN difference fails: `is_some_and` is false for it.)
-        if n != i || !rel.partial_cmp(&1e-5).is_some_and(|o| o.is_le()) {
+        let same = if exact {
+            got.to_bits() == want.to_bits()
+        } else {
+            rel.partial_cmp(&1e-5).is_some_and(|o| o.is_le())
+        };
+        if n != i || !same {
             bad.push(i);
         }
     }
@@ -366,14 +474,21 @@ mod tests {
     fn compare_rejects_a_loss_off_by_more_than_1e5_relative() {
         let native: Vec<f32> = (0..COMPARED_STEPS).map(|i| 2.0 + i as f32 * 0.01).collect();
         let same: Vec<(usize, f32)> = native.iter().copied().enumerate().collect();
-        assert!(compare(&same, &native).is_ok());
+        assert!(compare(&same, &native, false).is_ok());
+        assert!(compare(&same, &native, true).is_ok());
         let mut off = same.clone();
         off[3].1 *= 1.0 + 2e-5;
-        assert!(compare(&off, &native).is_err());
+        assert!(compare(&off, &native, false).is_err());
         let mut nan = same.clone();
         nan[5].1 = f32::NAN;
-        assert!(compare(&nan, &native).is_err());
-        assert!(compare(&same[..COMPARED_STEPS - 1], &native).is_err());
+        assert!(compare(&nan, &native, false).is_err());
+        assert!(compare(&nan, &native, true).is_err());
+        assert!(compare(&same[..COMPARED_STEPS - 1], &native, false).is_err());
+        // int8 is bit for bit: one unit in the last place fails it, though f32 would accept it.
+        let mut ulp = same.clone();
+        ulp[7].1 = f32::from_bits(ulp[7].1.to_bits() + 1);
+        assert!(compare(&ulp, &native, false).is_ok());
+        assert!(compare(&ulp, &native, true).is_err());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! - `test [--fast]`: everything CI checks — fmt, clippy, the workspace tests, `frugal-core` built
 //!   without `std` for Cortex-M4F, Cortex-M0 and wasm32, the memory benchmark's targets, the int8 kernels
 //!   on aarch64 (qemu) and wasm32 (Node), the browser build and its Chromium tests, and the firmware on
-//!   both boards in QEMU (`--fast` leaves out those last three).
+//!   the Cortex-M4F board in QEMU (`--fast` leaves out those last three).
 //! - `bench memory [--only id,id] [--steps N]`: the reference workloads, each in a fresh process: arena,
 //!   lower bound, peak RSS over the process baseline, ms/step at one thread, beside PyTorch's and the
 //!   best peer's numbers measured on this machine kind.
@@ -14,6 +14,7 @@
 //!   tests and its figures (see `web.rs`).
 //! - `firmware --board netduinoplus2|microbit`: builds `firmware/`, trains in QEMU, decodes the defmt log,
 //!   compares the first losses with a native run of the baked plan (see `firmware.rs`).
+//! - `miri`: the decoders, kernel suites and int8 ops of `frugal-core` under Miri (nightly; see `miri.rs`).
 //! - `cross`: the int8/quant tests of `frugal-core` natively, on aarch64 under qemu (NEON, `sdot`) and on
 //!   wasm32-wasip1 + simd128 under Node (see `cross.rs`).
 mod bench;
@@ -21,6 +22,7 @@ mod budget;
 mod cross;
 mod firmware;
 mod int8;
+mod miri;
 mod swap;
 mod web;
 
@@ -41,6 +43,7 @@ fn main() -> ExitCode {
         Some("firmware") => firmware::main(&args[1..]),
         Some("cross") => cross::main(&args[1..]),
         Some("web") => web::main(&args[1..]),
+        Some("miri") => miri::main(&args[1..]),
         _ => {
             eprintln!("usage: cargo xtask test [--fast] | bench memory|budget|swap|int8 … | cross | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit");
             Err("unknown task".into())
@@ -203,12 +206,11 @@ fn test(args: &[String]) -> Result<(), String> {
             "browser: frugal-wasm, the demo in Chromium, cross-target losses",
             web::main(&["--test".to_string()]),
         )?;
-        for board in ["netduinoplus2", "microbit"] {
-            step(
-                &format!("firmware on {board} (QEMU)"),
-                firmware::main(&["--board".to_string(), board.to_string()]),
-            )?;
-        }
+        // The micro:bit (Cortex-M0, 16 KiB) does not fit yet: see firmware/README.md.
+        step(
+            "firmware on netduinoplus2 (QEMU), f32 and int8",
+            firmware::main(&["--board".to_string(), "netduinoplus2".to_string()]),
+        )?;
     }
     eprintln!("\nall checks passed");
     Ok(())

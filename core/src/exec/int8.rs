@@ -575,11 +575,13 @@ impl<'p> Int8Executor<'p> {
                         )
                     }
                     NodeOp::Conv(g) => {
-                        let kp = g.cin / g.groups * g.kh * g.kw * g.oh * g.ow;
+                        let blk = quant::conv_blocks(g, plan.graph.batch, ext)[0];
+                        let kp = g.cin / g.groups * g.kh * g.kw * blk * g.oh * g.ow;
                         let (cols, gs) = i8s(gsb).split_at_mut(kp);
                         q::conv_fwd(
                             g,
                             n,
+                            blk,
                             &mut src,
                             wv,
                             bias,
@@ -738,7 +740,7 @@ impl<'p> Int8Executor<'p> {
                 whole(plan, eo, node.scratch[scratch_slot::GRAD_W]),
             ],
         )?;
-        let [xq, colsb, accb, gsb, _] =
+        let [xq, colsb, accb, gsb, dycb] =
             quant::split(sb, lay).ok_or(ExecError::BadPlan("int8 scratch is too small"))?;
         let e_x = self.ex(xin);
         let e_dy = self.ex(dy);
@@ -754,7 +756,7 @@ impl<'p> Int8Executor<'p> {
         let acc = i32s(accb)?;
         let dyv = i8s(dyb);
         let (dwv, dbv) = (i8s(dwb), i8s(dbb));
-        let (cols, gs) = (i8s(colsb), i8s(gsb));
+        let (cols, gs, dyc) = (i8s(colsb), i8s(gsb), i8s(dycb));
         let ni = ins.node as usize;
         let configured = match self.split.get(ni) {
             Some(&c) if c > 0 && (c as usize) < n => c as usize,
@@ -787,11 +789,13 @@ impl<'p> Int8Executor<'p> {
                             g,
                             cn,
                             c0,
+                            quant::conv_blocks(g, plan.graph.batch, ext)[1],
                             &mut src,
                             &dyv[c0 * g.cout * g.oh * g.ow..],
                             accw,
                             db.map(|_| &mut accbias[..g.cout]),
                             cols,
+                            dyc,
                             gs,
                         );
                         g.cout * kg
@@ -960,7 +964,7 @@ impl<'p> Int8Executor<'p> {
                         whole(plan, eo, node.scratch[scratch_slot::GRAD_X]),
                     ],
                 )?;
-                let [wq, dcolsb, accb, gsb, _] =
+                let [wq, dcolsb, accb, gsb, dycb] =
                     quant::split(sb, lay).ok_or(ExecError::BadPlan("int8 scratch is too small"))?;
                 let e_acc = e_dy + self.ex(w);
                 let old = acc.then(|| (self.ex(dx), e_acc));
@@ -988,12 +992,14 @@ impl<'p> Int8Executor<'p> {
                     NodeOp::Conv(g) => q::conv_grad_x(
                         g,
                         n,
+                        quant::conv_blocks(g, plan.graph.batch, false)[2],
                         i8s(dyb),
                         wv,
                         i8s(dxb),
                         old,
                         i32s(dcolsb)?,
                         i32s(accb)?,
+                        i8s(dycb),
                         i8s(gsb),
                         site,
                         pass,

@@ -31,6 +31,8 @@ pub enum FormatError {
     BadVersion {
         /// Version found.
         found: u16,
+        /// Newest version this build reads (every version from 1 up to it decodes).
+        newest: u16,
     },
     /// The data ends before `field`.
     Truncated {
@@ -69,8 +71,8 @@ impl fmt::Display for FormatError {
                 f,
                 "not a frugal model: the file does not start with \"FRGM\""
             ),
-            FormatError::BadVersion { found } => {
-                write!(f, "model encoding version {found} is not supported (this build reads {MODEL_VERSION})")
+            FormatError::BadVersion { found, newest } => {
+                write!(f, "encoding version {found} is not supported (this build reads versions 1 to {newest})")
             }
             FormatError::Truncated { field, at } => {
                 write!(f, "truncated at byte {at} while reading {field}")
@@ -222,7 +224,10 @@ pub fn unframe(magic: [u8; 4], max_version: u16, data: &[u8]) -> Result<(u16, &[
     }
     let version = r.u16("version")?;
     if version == 0 || version > max_version {
-        return Err(FormatError::BadVersion { found: version });
+        return Err(FormatError::BadVersion {
+            found: version,
+            newest: max_version,
+        });
     }
     let _reserved = r.u16("reserved")?;
     let len = r.u32("payload length")? as usize;

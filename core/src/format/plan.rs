@@ -9,15 +9,21 @@
 //! payload length, payload, CRC-32 of the payload):
 //!
 //! ```text
-//! plan file   = frame(b"FRGP", 1, model | body)
-//! table file  = frame(b"FRGT", 1, model | entries: u32 | { budget: u64 | body } × entries)
+//! plan file   = frame(b"FRGP", 2, model | body)
+//! table file  = frame(b"FRGT", 2, model | entries: u32 | { budget: u64 | body } × entries)
 //! model       = len: u32 | encode_model(spec) (itself a framed b"FRGM" file of `len` bytes)
-//! body        = micro-batch size: u32 | micro_batches: u16 | in_place: u8 (0/1)
+//! body        = micro-batch size: u32 | precision: u8 | update_bits: u8
+//!             | micro_batches: u16 | in_place: u8 (0/1)
 //!             | instrs: u32 | { node: u16 | phase: u8 | mb: u16 | placement: u8 } × instrs
 //!             | storages: u32 | offset: u64 × storages
 //!             | arena_bytes: u64
 //!             | strategy length: u8 | strategy name bytes
 //! ```
+//!
+//! Precision (version 2; version-1 files have no such bytes and decode as f32) is coded 0 f32, 1 int8
+//! with float master weights, 2 int8 with the integer update, whose `update_bits` (1..=7) follows; the
+//! byte after a code other than 2 must be 0. The graph is realised in that precision
+//! ([`Graph::with_precision`]), so tensor sizes, scratch and storages are those of an int8 run.
 //!
 //! Phases are coded 0 F, 1 loss, 2 CG, 3 CD, 4 apply, 5 recompute, 6 swap-out, 7 swap-in, 8 pack to
 //! fp16, 9 unpack; a swap's or pack's `node` is the id of the tensor it moves (an in-arena,
@@ -31,19 +37,20 @@ use alloc::vec::Vec;
 use super::{decode_model, encode_model, FormatError, Reader};
 use crate::backend::Placement;
 use crate::graph::{Graph, GraphError, TensorId, TensorKind};
-use crate::model::ModelSpec;
+use crate::model::{Int8Update, ModelSpec, Precision};
 use crate::plan::{
-    lifetimes, share_groups, strategies, Instr, Phase, Plan, TensorLife, ALIGN, LOSS_NODE,
+    lifetimes, lower_bound, share_groups, strategies, Instr, Phase, Plan, TensorLife, ALIGN,
+    LOSS_NODE,
 };
 
 /// Magic of an encoded [`Plan`].
 pub const PLAN_MAGIC: [u8; 4] = *b"FRGP";
 /// Current plan encoding version.
-pub const PLAN_VERSION: u16 = 1;
+pub const PLAN_VERSION: u16 = 2;
 /// Magic of an encoded [`PlanTable`].
 pub const TABLE_MAGIC: [u8; 4] = *b"FRGT";
 /// Current plan-table encoding version.
-pub const TABLE_VERSION: u16 = 1;
+pub const TABLE_VERSION: u16 = 2;
 /// Most instructions a decoded plan may have.
 pub const MAX_INSTRS: usize = 1 << 20;
 /// Largest micro-batch size a decoded plan may have.
@@ -107,6 +114,39 @@ fn placement_code(p: Placement) -> u8 {
     }
 }
 
+/// The two precision bytes of a plan body: the code and the integer update's bit width (else 0).
+pub fn precision_code(p: Precision) -> [u8; 2] {
+    match p {
+        Precision::F32 => [0, 0],
+        Precision::Int8(Int8Update::FloatMaster) => [1, 0],
+        Precision::Int8(Int8Update::Integer { update_bits }) => [2, update_bits],
+    }
+}
+
+/// Reads the two precision bytes; `at` is the offset of the first.
+fn get_precision(r: &mut Reader<'_>) -> Result<Precision, FormatError> {
+    let at = r.at();
+    let code = r.u8("precision")?;
+    let bits_at = r.at();
+    let bits = r.u8("precision.update_bits")?;
+    match (code, bits) {
+        (0, 0) => Ok(Precision::F32),
+        (1, 0) => Ok(Precision::Int8(Int8Update::FloatMaster)),
+        (2, 1..=7) => Ok(Precision::Int8(Int8Update::Integer { update_bits: bits })),
+        (2, _) => Err(bad(
+            "precision.update_bits",
+            bits_at,
+            "the integer update needs 1 to 7 bits",
+        )),
+        (0 | 1, _) => Err(bad(
+            "precision.update_bits",
+            bits_at,
+            "must be 0 unless the precision is int8 with the integer update",
+        )),
+        _ => Err(bad("precision", at, "unknown precision")),
+    }
+}
+
 fn phase_code(p: Phase) -> u8 {
     match p {
         Phase::Forward => 0,
@@ -127,6 +167,7 @@ fn phase_code(p: Phase) -> u8 {
 /// cannot be represented and decode with the roots of `share_groups(graph, false)`.
 fn put_body(out: &mut Vec<u8>, plan: &Plan) {
     put_u32(out, u32::try_from(plan.graph.batch).unwrap_or(u32::MAX));
+    out.extend_from_slice(&precision_code(plan.graph.precision));
     put_u16(out, plan.micro_batches);
     put_u8(out, (plan.roots == share_groups(&plan.graph, true)) as u8);
     put_u32(out, plan.program.len() as u32);
@@ -249,14 +290,28 @@ fn check_layout(
     Ok(())
 }
 
-/// Reads and checks a plan body for `spec`.
-fn get_body(r: &mut Reader<'_>, spec: &ModelSpec) -> Result<Plan, FormatError> {
+/// Reads and checks a plan body for `spec`, encoded in `version` (1: no precision bytes, f32).
+fn get_body(r: &mut Reader<'_>, spec: &ModelSpec, version: u16) -> Result<Plan, FormatError> {
     let at = r.at();
     let batch = r.u32("micro-batch size")? as usize;
     if batch == 0 || batch > MAX_BATCH {
         return Err(bad("micro-batch size", at, "must be between 1 and 1048576"));
     }
-    let mut graph = Graph::new(spec, batch).map_err(|e| bad("model", at, graph_reason(&e)))?;
+    let precision_at = r.at();
+    let precision = if version >= 2 {
+        get_precision(r)?
+    } else {
+        Precision::F32
+    };
+    if crate::quant::check_supported(precision, spec).is_err() {
+        return Err(bad(
+            "precision",
+            precision_at,
+            "the model has a layer or loss that int8 training does not support",
+        ));
+    }
+    let mut graph = Graph::with_precision(spec, batch, precision)
+        .map_err(|e| bad("model", at, graph_reason(&e)))?;
     let at = r.at();
     let micro_batches = r.u16("micro_batches")?;
     if micro_batches == 0 {
@@ -377,34 +432,37 @@ fn get_body(r: &mut Reader<'_>, spec: &ModelSpec) -> Result<Plan, FormatError> {
         ));
     }
     check_layout(&lt.lives, &offsets, arena_bytes, offsets_at)?;
-    drop(lt);
-    let mut plan = Plan::from_program(graph, micro_batches, program, roots);
-    if plan.lives.len() != offsets.len() {
-        return Err(bad(
-            "storage count",
-            count_at,
-            "does not match the storages of the program",
-        ));
-    }
-    plan.offsets = offsets;
-    plan.arena_bytes = arena_bytes;
-    plan.strategy = strategy;
-    Ok(plan)
+    // The checked storages and the stored layout are the plan: no layout strategy runs on decode (a
+    // micro:bit decodes this in a few KiB of heap).
+    Ok(Plan {
+        graph,
+        micro_batches,
+        program,
+        roots,
+        lower_bound: lower_bound(&lt.lives),
+        lives: lt.lives,
+        group_of: lt.group_of,
+        segments: lt.segments,
+        touches: lt.touches,
+        offsets,
+        arena_bytes,
+        strategy,
+    })
 }
 
 /// Decodes a `FRGP` file into its model and plan.
 pub fn decode_plan(bytes: &[u8]) -> Result<(ModelSpec, Plan), FormatError> {
-    let (_version, payload) = super::unframe(PLAN_MAGIC, PLAN_VERSION, bytes)?;
+    let (version, payload) = super::unframe(PLAN_MAGIC, PLAN_VERSION, bytes)?;
     let mut r = Reader::new(payload, 12);
     let spec = get_model(&mut r)?;
-    let plan = get_body(&mut r, &spec)?;
+    let plan = get_body(&mut r, &spec, version)?;
     r.finish()?;
     Ok((spec, plan))
 }
 
 /// Decodes a `FRGT` file into its model and plan table. Entries must be sorted by budget.
 pub fn decode_plan_table(bytes: &[u8]) -> Result<(ModelSpec, PlanTable), FormatError> {
-    let (_version, payload) = super::unframe(TABLE_MAGIC, TABLE_VERSION, bytes)?;
+    let (version, payload) = super::unframe(TABLE_MAGIC, TABLE_VERSION, bytes)?;
     let mut r = Reader::new(payload, 12);
     let spec = get_model(&mut r)?;
     let at = r.at();
@@ -420,7 +478,7 @@ pub fn decode_plan_table(bytes: &[u8]) -> Result<(ModelSpec, PlanTable), FormatE
         if entries.last().is_some_and(|e| e.budget > budget) {
             return Err(bad("budget", at, "entries not sorted by budget"));
         }
-        let plan = get_body(&mut r, &spec)?;
+        let plan = get_body(&mut r, &spec, version)?;
         entries.push(PlanEntry { budget, plan });
     }
     r.finish()?;
@@ -520,7 +578,7 @@ mod tests {
     fn first_instr(bytes: &[u8]) -> usize {
         let (_, p) = unframe(PLAN_MAGIC, PLAN_VERSION, bytes).unwrap();
         let model_len = u32::from_le_bytes([p[0], p[1], p[2], p[3]]) as usize;
-        4 + model_len + 4 + 2 + 1 + 4
+        4 + model_len + 4 + 2 + 2 + 1 + 4
     }
 
     fn patched(bytes: &[u8], at: usize, v: u8) -> Vec<u8> {
@@ -710,7 +768,7 @@ mod tests {
         assert_eq!(field(&patched(&b, i + 2, 9)), "instruction node");
         assert_eq!(field(&patched(&b, i + 5, 3)), "instruction placement");
         // Batch 0 and a batch too large.
-        let batch_at = i - 11;
+        let batch_at = i - 13;
         assert_eq!(field(&patched(&b, batch_at, 0)), "micro-batch size");
         assert_eq!(field(&patched(&b, batch_at + 3, 1)), "micro-batch size");
         // Bad in-place flag.
@@ -726,6 +784,99 @@ mod tests {
             bias: true,
         };
         assert_eq!(field(&encode_plan(&bad_spec, &plain())), "model");
+    }
+
+    fn int8(update: Int8Update) -> Plan {
+        let g = Graph::with_precision(&spec(), 4, Precision::Int8(update)).unwrap();
+        Plan::new(g)
+    }
+
+    #[test]
+    fn int8_plans_round_trip_with_their_precision() {
+        let s = spec();
+        for update in [
+            Int8Update::FloatMaster,
+            Int8Update::Integer { update_bits: 1 },
+            Int8Update::Integer { update_bits: 7 },
+        ] {
+            let plan = int8(update);
+            let (s2, p2) = decode_plan(&encode_plan(&s, &plan)).unwrap();
+            assert_eq!(s2, s);
+            assert_eq!(p2.graph.precision, Precision::Int8(update));
+            assert_same(&plan, &p2);
+            // The decoded graph is the int8 one: its tensors have the int8 sizes, not the f32 ones.
+            let sizes = |p: &Plan| p.graph.tensors.iter().map(|t| t.bytes).collect::<Vec<_>>();
+            assert_eq!(sizes(&p2), sizes(&plan));
+            assert_ne!(sizes(&p2), sizes(&plain()));
+        }
+        // Tables carry the precision of each entry.
+        let t = PlanTable {
+            entries: vec![PlanEntry {
+                budget: 1 << 20,
+                plan: int8(Int8Update::FloatMaster),
+            }],
+        };
+        let (_, t2) = decode_plan_table(&encode_plan_table(&s, &t)).unwrap();
+        assert_eq!(
+            t2.entries[0].plan.graph.precision,
+            Precision::Int8(Int8Update::FloatMaster)
+        );
+    }
+
+    #[test]
+    fn version_1_files_decode_as_f32() {
+        // A version-1 body is a version-2 body without the two precision bytes.
+        for plan in [plain(), shaped()] {
+            let b = encode_plan(&spec(), &plan);
+            let (_, p) = unframe(PLAN_MAGIC, PLAN_VERSION, &b).unwrap();
+            let at = first_instr(&b) - 13 + 4;
+            assert_eq!(&p[at..at + 2], &[0, 0]);
+            let mut v1 = p[..at].to_vec();
+            v1.extend_from_slice(&p[at + 2..]);
+            let (_, p1) = decode_plan(&frame(PLAN_MAGIC, 1, &v1)).unwrap();
+            assert_eq!(p1.graph.precision, Precision::F32);
+            assert_same(&plan, &p1);
+            // The same bytes claiming version 2 are misread and rejected, never accepted as another plan.
+            assert!(decode_plan(&frame(PLAN_MAGIC, 2, &v1)).is_err());
+        }
+        // A version from the future is a typed error naming both versions.
+        let b = encode_plan(&spec(), &plain());
+        let (_, p) = unframe(PLAN_MAGIC, PLAN_VERSION, &b).unwrap();
+        let e = decode_plan(&frame(PLAN_MAGIC, 3, p)).unwrap_err();
+        assert_eq!(
+            e,
+            FormatError::BadVersion {
+                found: 3,
+                newest: 2
+            }
+        );
+        assert!(e.to_string().contains("versions 1 to 2"), "{e}");
+    }
+
+    #[test]
+    fn bad_precisions_are_rejected() {
+        let s = spec();
+        let b = encode_plan(&s, &plain());
+        let at = first_instr(&b) - 9;
+        let field = |b: &[u8]| match decode_plan(b) {
+            Err(FormatError::BadValue { field, .. }) => field,
+            other => panic!("expected BadValue, got {other:?}"),
+        };
+        assert_eq!(field(&patched(&b, at, 3)), "precision");
+        // The integer update without a bit width, or with too many; a bit width where none belongs.
+        let int = patched(&b, at, 2);
+        assert_eq!(field(&int), "precision.update_bits");
+        assert_eq!(field(&patched(&int, at + 1, 8)), "precision.update_bits");
+        assert_eq!(field(&patched(&b, at + 1, 3)), "precision.update_bits");
+        // A valid int8 code on an f32 plan passes the precision but not the layout: the int8 storages
+        // have other sizes than the offsets were made for.
+        let f = field(&patched(&int, at + 1, 3));
+        assert!(!f.starts_with("precision"), "{f}");
+        // A model int8 cannot train (a sigmoid), claimed int8: the precision is named.
+        let mut sig = s.clone();
+        sig.layers[1].kind = LayerKind::Sigmoid;
+        let b = encode_plan(&sig, &Plan::new(Graph::new(&sig, 4).unwrap()));
+        assert_eq!(field(&patched(&b, at, 1)), "precision");
     }
 
     proptest! {
@@ -747,9 +898,12 @@ mod tests {
             cut in 0usize..4096,
             deep in any::<bool>(),
             table in any::<bool>(),
+            integer in any::<bool>(),
         ) {
             let s = spec();
-            let (magic, version, bytes) = if table {
+            let (magic, version, bytes) = if integer && !table {
+                (PLAN_MAGIC, PLAN_VERSION, encode_plan(&s, &int8(Int8Update::Integer { update_bits: 3 })))
+            } else if table {
                 let t = PlanTable { entries: vec![
                     PlanEntry { budget: 1000, plan: shaped() },
                     PlanEntry { budget: 1 << 30, plan: plain() },

@@ -23,10 +23,12 @@
 //! |-----------|---------|-----------------------------------|----------------------------------------|
 //! | `avx512`  | 8 × 48  | 24 zmm accumulators, 3 zmm of B   | x86-64 with AVX-512F (+AVX2, FMA)      |
 //! | `avx2`    | 6 × 16  | 12 ymm accumulators, 2 ymm of B   | x86-64 with AVX2 + FMA                 |
+//! | `simd128` | 4 × 8   | 8 v128 accumulators, 2 v128 of B  | wasm32 with `simd128` (compile time)   |
 //! | `portable`| 4 × 8   | plain Rust arrays, autovectorised | everything else, and always under Miri |
 //!
-//! (`portable` is 4 × 4 on 32-bit Arm, whose FPU has 32 single registers; on wasm32 with `simd128` and on
-//! aarch64 LLVM turns it into 128-bit vector code.)
+//! (`portable` is 4 × 4 on 32-bit Arm, whose FPU has 32 single registers; on aarch64 LLVM turns it into
+//! 128-bit vector code. On wasm32 it is not vectorised at the opt-level "s" of the browser build, hence
+//! the explicit `simd128` kernel, which has no FMA: `f32x4.mul` + `f32x4.add`.)
 //!
 //! Packing is skipped where it cannot pay for itself (the SIMD kernels read the operand in place):
 //! * a row-major B when it is small (k·n ≤ 8192, it stays in L1), or when m ≤ 64 and either m ≤ 8 or
@@ -41,7 +43,7 @@
 //! Blocking: `KC = 256`, `NC = 1008` (a multiple of every NR); both are balanced so the blocks are
 //! near-equal (k = 784 → 4 blocks of 196, not 3 of 256 and one of 16). See [`gemm_scratch_len`].
 //!
-//! Safety: `unsafe` is confined to the x86 module (intrinsics on raw pointers, and calls into
+//! Safety: `unsafe` is confined to the x86 and wasm modules (intrinsics on raw pointers, and calls into
 //! `#[target_feature]` functions, allowed only through kernel values that exist after detection); every
 //! block states why its accesses are in bounds. Operand extents are checked once per call
 //! ([`sgemm_with`] panics on short operands), slices are re-checked per tile.
@@ -49,6 +51,8 @@ use super::Real;
 
 #[cfg(test)]
 mod tests;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128", not(miri)))]
+mod wasm;
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 mod x86;
 
@@ -125,9 +129,14 @@ const SPEC_AVX512: Spec = Spec {
     nr: 48,
     vl: 16,
 };
+const SPEC_SIMD128: Spec = Spec {
+    mr: 4,
+    nr: 8,
+    vl: 4,
+};
 /// Every kernel this crate has on any target: the scratch formula is the maximum over them, so a plan
 /// sized on one machine is valid (fast path included) on every other.
-const ALL_SPECS: [Spec; 3] = [SPEC_PORTABLE, SPEC_AVX2, SPEC_AVX512];
+const ALL_SPECS: [Spec; 4] = [SPEC_PORTABLE, SPEC_AVX2, SPEC_AVX512, SPEC_SIMD128];
 
 fn round_up(a: usize, b: usize) -> usize {
     a.div_ceil(b) * b
@@ -225,6 +234,8 @@ pub enum SgemmKernel {
     Avx2,
     /// x86-64 AVX-512F, 8×48 register tile.
     Avx512,
+    /// wasm32 `simd128` (chosen at compile time, `-C target-feature=+simd128`), 4×8 register tile.
+    Simd128,
 }
 
 impl SgemmKernel {
@@ -234,6 +245,7 @@ impl SgemmKernel {
             Self::Portable => "portable",
             Self::Avx2 => "avx2+fma",
             Self::Avx512 => "avx512f",
+            Self::Simd128 => "simd128",
         }
     }
 
@@ -245,7 +257,8 @@ impl SgemmKernel {
             Self::Avx2 => x86::Avx2::new().is_some(),
             #[cfg(all(target_arch = "x86_64", not(miri)))]
             Self::Avx512 => x86::Avx512::new().is_some(),
-            #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128", not(miri)))]
+            Self::Simd128 => true,
             _ => false,
         }
     }
@@ -267,6 +280,8 @@ impl SgemmKernel {
                         Self::Portable => 1,
                         Self::Avx2 => 2,
                         Self::Avx512 => 3,
+                        // Not an x86-64 kernel: never the best here.
+                        Self::Simd128 => 1,
                     };
                     CHOICE.store(code, Ordering::Relaxed);
                     best
@@ -280,7 +295,9 @@ impl SgemmKernel {
     }
 
     fn best() -> Self {
-        if Self::Avx512.is_available() {
+        if Self::Simd128.is_available() {
+            Self::Simd128
+        } else if Self::Avx512.is_available() {
             Self::Avx512
         } else if Self::Avx2.is_available() {
             Self::Avx2
@@ -383,6 +400,8 @@ pub fn sgemm_with(
                 return drive(kern, &p, c, scratch);
             }
         }
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128", not(miri)))]
+        SgemmKernel::Simd128 => return drive(wasm::Simd128, &p, c, scratch),
         _ => {}
     }
     drive(Portable, &p, c, scratch)

@@ -243,7 +243,23 @@ fn copy_short<T: Copy>(dst: &mut [T], src: &[T]) {
     let len = dst.len();
     let src = &src[..len];
     if len < B {
-        dst.copy_from_slice(src);
+        // Still no variable-length copy: on wasm32 that is a `memory.copy`, which engines run out of line
+        // (a call per row that costs more than the row).
+        if len >= 4 {
+            dst[..4].copy_from_slice(&src[..4]);
+            dst[len - 4..].copy_from_slice(&src[len - 4..]);
+        } else {
+            // Written out: a loop would be turned back into a `memcpy`.
+            if len > 0 {
+                dst[0] = src[0];
+            }
+            if len > 1 {
+                dst[1] = src[1];
+            }
+            if len > 2 {
+                dst[2] = src[2];
+            }
+        }
         return;
     }
     let mut i = 0;
@@ -283,15 +299,14 @@ fn pad_block<T: Real>(g: &ConvGeom, xg: &[T], oy0: usize, rows: usize, pbuf: &mu
     let (hw, wp, prow) = (g.h * g.w, g.wp(), g.pad_rows(rows));
     let planes = pbuf[..g.cin_g() * prow * wp].chunks_exact_mut(prow * wp);
     for (xp, pp) in xg[..g.cin_g() * hw].chunks_exact(hw).zip(planes) {
+        // One fill per plane, then the image rows: per-row fills of the (1-element) borders and row
+        // copies of a few elements would each be a `memory.fill`/`memory.copy` call on wasm32.
+        fill(pp, T::ZERO);
         for (r, row) in pp.chunks_exact_mut(wp).enumerate() {
             let t = oy0 * g.sh + r;
-            if t < g.ph || t - g.ph >= g.h {
-                fill(row, T::ZERO);
-            } else {
+            if t >= g.ph && t - g.ph < g.h {
                 let iy = t - g.ph;
-                fill(&mut row[..g.pw], T::ZERO);
-                row[g.pw..g.pw + g.w].copy_from_slice(&xp[iy * g.w..(iy + 1) * g.w]);
-                fill(&mut row[g.pw + g.w..], T::ZERO);
+                copy_short(&mut row[g.pw..g.pw + g.w], &xp[iy * g.w..(iy + 1) * g.w]);
             }
         }
     }

@@ -9,7 +9,7 @@
 //! a tensor is `bit_width(max |acc|) − 7` (Mandheling Listing 1).
 //!
 //! # Never a whole int32 output
-//! Linear and Conv compute in tiles (row blocks of the batch for Linear, one sample for Conv) into a small
+//! Linear and Conv compute in tiles (row blocks of the batch for Linear, blocks of samples for Conv, see [`conv_blocks`]) into a small
 //! i32 scratch and rescale each tile at once with the tensor's shift ([`produce`]). The shift must be known
 //! before the first tile, so each output keeps a [`Site`]: the first pass of a tensor is exact (two
 //! passes: compute every tile for `max |acc|` and discard, then compute and rescale); later passes reuse
@@ -161,6 +161,29 @@ fn total<const K: usize>(lens: [usize; K]) -> usize {
     lens.iter().map(|&l| al(l)).sum()
 }
 
+/// Bytes of the per-sample buffers a convolution tile may use per phase: the sample block of each phase
+/// is the largest that keeps its columns, i32 accumulators and copies within this and within the
+/// layer's int8 output over the batch (at least one sample).
+pub const CONV_TILE_BYTES: usize = 16 * 1024;
+
+/// Samples per tile of a convolution at batch `n` for its forward, weight gradient and derivative (the
+/// layouts of [`layouts`] hold that many). Bigger tiles mean fewer, larger GEMMs.
+pub fn conv_blocks(g: &ConvGeom, n: usize, ext_in: bool) -> [usize; 3] {
+    let (cout_g, kg, p) = (
+        g.cout / g.groups,
+        g.cin / g.groups * g.kh * g.kw,
+        g.oh * g.ow,
+    );
+    let per_in = g.cin * g.h * g.w;
+    let xq = if ext_in { per_in } else { 0 };
+    let fwd = 4 * g.cout * p + kg * p + xq;
+    let gw = kg * p + cout_g * p + xq;
+    let gx = 4 * kg * p + 4 * per_in + cout_g * p;
+    // Never more than the layer's int8 output over the batch: small models keep small scratch.
+    let cap = CONV_TILE_BYTES.min(n * g.cout * p);
+    [fwd, gw, gx].map(|per| (cap / per.max(1)).clamp(1, n.max(1)))
+}
+
 /// Rows of a Linear tile with `cols` outputs per row.
 pub fn tile_rows(n: usize, cols: usize) -> usize {
     (TILE / cols.max(1)).clamp(1, n.max(1))
@@ -205,29 +228,31 @@ pub fn layouts(
             let (cin_g, cout_g) = (g.cin / g.groups, g.cout / g.groups);
             let kg = cin_g * g.kh * g.kw;
             let p = g.oh * g.ow;
-            let xq = if ext_in { g.cin * g.h * g.w } else { 0 };
+            let per_in = g.cin * g.h * g.w;
+            let [bf, bw, bx] = conv_blocks(g, n, ext_in);
+            let xq = |b: usize| if ext_in { b * per_in } else { 0 };
             let wq = if fm { g.cout * kg } else { 0 };
             Some([
                 [
-                    xq,
+                    xq(bf),
                     wq,
                     4 * g.cout,
-                    4 * g.cout * p,
-                    kg * p + igemm_scratch_len(cout_g, p, kg),
+                    4 * g.cout * bf * p,
+                    kg * bf * p + igemm_scratch_len(cout_g, bf * p, kg),
                 ],
                 [
-                    xq,
-                    kg * p,
+                    xq(bw),
+                    kg * bw * p,
                     4 * (g.cout * kg + g.cout),
-                    igemm_scratch_len(cout_g, kg, p),
-                    0,
+                    igemm_scratch_len(cout_g, kg, bw * p),
+                    cout_g * bw * p,
                 ],
                 [
                     wq,
-                    4 * kg * p,
-                    4 * g.cin * g.h * g.w,
-                    igemm_scratch_len(kg, p, cout_g),
-                    0,
+                    4 * kg * bx * p,
+                    4 * bx * per_in,
+                    igemm_scratch_len(kg, bx * p, cout_g),
+                    cout_g * bx * p,
                 ],
             ])
         }
@@ -416,10 +441,63 @@ pub enum Pass {
     Replay,
 }
 
+/// Where a computed tile of i32 goes in the int8 destination: elements `[off, off + len)`. With
+/// `rows > 1` the tile is stored transposed by blocks: `acc` is `[rows][b][inner]` while the destination
+/// is `[b][rows][inner]` (`b = len / (rows·inner)`), e.g. a convolution GEMM whose output channels run
+/// over several samples.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileOut {
+    /// First destination element.
+    pub off: usize,
+    /// Elements.
+    pub len: usize,
+    /// Row blocks of the transposed layout (1: `acc` is in destination order).
+    pub rows: usize,
+    /// Elements per block.
+    pub inner: usize,
+}
+
+impl TileOut {
+    /// A tile already in destination order.
+    pub fn flat(off: usize, len: usize) -> Self {
+        Self {
+            off,
+            len,
+            rows: 1,
+            inner: len.max(1),
+        }
+    }
+}
+
+/// Rescales one tile into `dst`; returns the clamp count. Stochastic noise is indexed by the destination
+/// element, so the result does not depend on the tile's layout.
+fn put_tile(acc: &[i32], t: TileOut, s: u32, rounding: Rounding, dst: &mut [i8]) -> usize {
+    let b = t.len / (t.rows * t.inner).max(1);
+    if t.rows <= 1 || b <= 1 {
+        let (off, len) = (t.off, t.len);
+        return k8::rescale_i32_to_i8(
+            &acc[..len],
+            s,
+            rounding,
+            off as u64,
+            &mut dst[off..off + len],
+        );
+    }
+    let mut clamped = 0;
+    for (r, src_r) in acc[..t.len].chunks_exact(b * t.inner).enumerate() {
+        for (j, src) in src_r.chunks_exact(t.inner).enumerate() {
+            let d0 = t.off + (j * t.rows + r) * t.inner;
+            clamped +=
+                k8::rescale_i32_to_i8(src, s, rounding, d0 as u64, &mut dst[d0..d0 + t.inner]);
+        }
+    }
+    clamped
+}
+
 /// Computes a tensor of `tiles` tiles into i32 (`compute(tile, acc, dst)` fills `acc[..len]` and returns
-/// `(offset, len)` of the tile in `dst`; it may read `dst`'s old values of that tile, which are still
-/// intact when it runs in an exact pass) and rescales each tile to int8 with one shift for the whole tensor,
-/// chosen by `site` and `pass` (see the module docs). Returns the shift used.
+/// where the tile goes in `dst` ([`TileOut`]); it may read `dst`'s old values of that tile, which are
+/// still intact when it runs in an exact pass) and rescales each tile to int8 with one shift for the
+/// whole tensor, chosen by `site` and `pass` (see the module docs). Returns the shift used.
 pub fn produce<E>(
     site: &mut Site,
     pass: Pass,
@@ -427,7 +505,7 @@ pub fn produce<E>(
     acc: &mut [i32],
     dst: &mut [i8],
     rounding: Rounding,
-    mut compute: impl FnMut(usize, &mut [i32], &[i8]) -> Result<(usize, usize), E>,
+    mut compute: impl FnMut(usize, &mut [i32], &[i8]) -> Result<TileOut, E>,
 ) -> Result<u32, E> {
     let mut forced = false;
     let reuse = match pass {
@@ -439,14 +517,8 @@ pub fn produce<E>(
         let s = site.shift;
         let mut clamped = 0usize;
         for t in 0..tiles {
-            let (off, len) = compute(t, acc, dst)?;
-            clamped += k8::rescale_i32_to_i8(
-                &acc[..len],
-                s,
-                rounding,
-                off as u64,
-                &mut dst[off..off + len],
-            );
+            let to = compute(t, acc, dst)?;
+            clamped += put_tile(acc, to, s, rounding, dst);
         }
         if clamped == 0 || pass == Pass::Replay {
             if let Pass::Train(_) = pass {
@@ -458,19 +530,13 @@ pub fn produce<E>(
     }
     let mut m = 0u32;
     for t in 0..tiles {
-        let (_, len) = compute(t, acc, dst)?;
-        m = m.max(k8::max_abs_i32(&acc[..len]));
+        let to = compute(t, acc, dst)?;
+        m = m.max(k8::max_abs_i32(&acc[..to.len]));
     }
     let s = k8::shift_for(m);
     for t in 0..tiles {
-        let (off, len) = compute(t, acc, dst)?;
-        k8::rescale_i32_to_i8(
-            &acc[..len],
-            s,
-            rounding,
-            off as u64,
-            &mut dst[off..off + len],
-        );
+        let to = compute(t, acc, dst)?;
+        put_tile(acc, to, s, rounding, dst);
     }
     if let Pass::Train(_) = pass {
         site.exact_done(s, forced);
@@ -502,7 +568,14 @@ pub fn max_abs_f32(x: &[f32]) -> f32 {
 pub fn quantize(src: &[f32], e: i32, dst: &mut [i8]) {
     let k = pow2(-e);
     for (d, &v) in dst.iter_mut().zip(src) {
-        *d = libm::roundf(v * k).clamp(-127.0, 127.0) as i8;
+        // Clamping to ±128 first changes nothing after the final clamp to ±127, and makes the rounding
+        // exact in f32 arithmetic: `t − trunc(t)` is exact for |t| < 2^23, so comparing the fraction
+        // with ±0.5 rounds halves away from zero like `roundf` (NaN becomes 0 either way).
+        let t = (v * k).clamp(-128.0, 128.0);
+        let i = t as i32;
+        let f = t - i as f32;
+        let r = i + (f >= 0.5) as i32 - (f <= -0.5) as i32;
+        *d = r.clamp(-127, 127) as i8;
     }
 }
 

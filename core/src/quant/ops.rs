@@ -2,7 +2,7 @@
 //! Exponents are the caller's (the executor's); ops that rescale return the shift they used.
 use core::convert::Infallible;
 
-use super::{align, conv_dims, pool_k, produce, sat8, tile_rows, Pass, Site};
+use super::{align, conv_dims, pool_k, produce, sat8, tile_rows, Pass, Site, TileOut};
 use crate::kernels::int8::{self as k8, igemm, MatRef, Rounding};
 use crate::ops::{ConvGeom, PoolGeom};
 
@@ -117,7 +117,7 @@ pub fn linear_fwd(
                     }
                 }
             }
-            Ok((r0 * fout, rows * fout))
+            Ok(TileOut::flat(r0 * fout, rows * fout))
         },
     ))
 }
@@ -174,7 +174,7 @@ pub fn linear_grad_x(
                     *v = v.saturating_add(align(p as i32, e_old, e_acc));
                 }
             }
-            Ok((r0 * fin, rows * fin))
+            Ok(TileOut::flat(r0 * fin, rows * fin))
         },
     ))
 }
@@ -220,45 +220,135 @@ pub fn linear_grad_w(
     }
 }
 
-/// Output columns `[lo, hi)` whose input column `ox·sw + kj − pw` lies inside the image.
-fn ox_range(g: &ConvGeom, kj: usize) -> (usize, usize) {
-    let lo = g.pw.saturating_sub(kj).div_ceil(g.sw);
-    let hi = if g.w + g.pw > kj {
-        ((g.w - 1 + g.pw - kj) / g.sw + 1).min(g.ow)
+/// Output positions `o ∈ [lo, hi)` whose input coordinate `o·s + k − p` lies in `[0, len)` (kernel tap
+/// `k`, padding `p`, stride `s`, `out` outputs); `lo ≤ hi`.
+#[inline(always)]
+fn valid_out(k: usize, p: usize, s: usize, len: usize, out: usize) -> (usize, usize) {
+    if s == 1 {
+        let lo = p.saturating_sub(k);
+        let hi = (len + p).saturating_sub(k).min(out);
+        return (lo.min(hi), hi);
+    }
+    let lo = if k >= p { 0 } else { (p - k).div_ceil(s) };
+    let hi = if len + p > k {
+        ((len + p - k - 1) / s + 1).min(out)
     } else {
         0
     };
-    (lo.min(g.ow), hi.max(lo.min(g.ow)))
+    (lo.min(hi), hi)
 }
 
-/// im2col of group `grp` of one int8 sample: `cols[kg × P]`, zero padding.
-pub fn im2col(g: &ConvGeom, x: &[i8], grp: usize, cols: &mut [i8]) {
-    let (cin_g, _, _, p) = conv_dims(g);
+/// `dst.copy_from_slice(src)` for the short rows of im2col (a few bytes): at most two fixed-size,
+/// possibly overlapping moves that compile inline (no loop for LLVM to turn back into a `memcpy` call);
+/// rows longer than 64 bytes use `copy_from_slice`.
+#[inline(always)]
+fn copy_small(dst: &mut [i8], src: &[i8]) {
+    let len = dst.len();
+    let src = &src[..len];
+    macro_rules! two {
+        ($b:expr) => {{
+            const B: usize = $b;
+            let (a, z): ([i8; B], [i8; B]) = (
+                src[..B].try_into().expect("B bytes"),
+                src[len - B..].try_into().expect("B bytes"),
+            );
+            dst[..B].copy_from_slice(&a);
+            dst[len - B..].copy_from_slice(&z);
+        }};
+    }
+    match len {
+        0 => {}
+        1 => dst[0] = src[0],
+        2..=3 => two!(2),
+        4..=7 => two!(4),
+        8..=16 => two!(8),
+        17..=32 => two!(16),
+        33..=64 => two!(32),
+        _ => dst.copy_from_slice(src),
+    }
+}
+
+/// Zeroes a slice that is usually one or two elements long (the clipped columns of a padded
+/// convolution) without a `memset` call for those.
+#[inline(always)]
+fn zero_small<T: Copy + Default>(x: &mut [T]) {
+    match x.len() {
+        0 => {}
+        1 => x[0] = T::default(),
+        2 => {
+            x[0] = T::default();
+            x[1] = T::default();
+        }
+        _ => x.fill(T::default()),
+    }
+}
+
+/// One kernel tap's rows of im2col: for every valid output row `oy` (input row `oy·sh + ki − ph` inside
+/// the image), the valid output columns `[lo, lo + len)` start at input column `ix0`.
+#[derive(Clone, Copy)]
+struct Tap {
+    oy: (usize, usize),
+    lo: usize,
+    len: usize,
+    ix0: usize,
+}
+
+#[inline(always)]
+fn tap(g: &ConvGeom, ki: usize, kj: usize) -> Option<Tap> {
+    let oy = valid_out(ki, g.ph, g.sh, g.h, g.oh);
+    let (lo, hi) = valid_out(kj, g.pw, g.sw, g.w, g.ow);
+    (oy.0 < oy.1 && lo < hi).then(|| Tap {
+        oy,
+        lo,
+        len: hi - lo,
+        ix0: lo * g.sw + kj - g.pw,
+    })
+}
+
+/// im2col of group `grp` of `samples` consecutive int8 samples `x`: `cols[kg × ld]` (row stride `ld ≥
+/// samples·P`), sample `s` in columns `[s·P, (s+1)·P)`, zero padding.
+pub fn im2col(g: &ConvGeom, x: &[i8], samples: usize, grp: usize, cols: &mut [i8], ld: usize) {
+    let (cin_g, _, kg, p) = conv_dims(g);
+    let (hw, per_in) = (g.h * g.w, g.cin * g.h * g.w);
+    let span = samples * p;
+    let flat = g.sw == 1 && g.sh == 1 && g.w == g.ow;
+    if span == ld {
+        cols[..kg * ld].fill(0);
+    } else {
+        for row in cols[..kg * ld].chunks_exact_mut(ld) {
+            row[..span].fill(0);
+        }
+    }
     for cl in 0..cin_g {
         let c = grp * cin_g + cl;
-        let xc = &x[c * g.h * g.w..(c + 1) * g.h * g.w];
         for ki in 0..g.kh {
             for kj in 0..g.kw {
+                let Some(t) = tap(g, ki, kj) else { continue };
                 let row = (cl * g.kh + ki) * g.kw + kj;
-                let dst = &mut cols[row * p..(row + 1) * p];
-                for oy in 0..g.oh {
-                    let iy = (oy * g.sh + ki) as isize - g.ph as isize;
-                    let d = &mut dst[oy * g.ow..(oy + 1) * g.ow];
-                    if iy < 0 || iy >= g.h as isize {
-                        d.fill(0);
+                let dst_row = &mut cols[row * ld..row * ld + span];
+                for (s, dst) in dst_row.chunks_exact_mut(p).enumerate() {
+                    let xc = &x[s * per_in + c * hw..s * per_in + (c + 1) * hw];
+                    if flat {
+                        // Same row stride in and out: the tap's rows are one contiguous copy, whose
+                        // bytes between the valid segments (the clipped columns) are zeroed again.
+                        let (oy0, oy1) = t.oy;
+                        let l = (oy1 - oy0 - 1) * g.ow + t.len;
+                        let d0 = oy0 * g.ow + t.lo;
+                        let s0 = (oy0 + ki - g.ph) * g.w + t.ix0;
+                        copy_small(&mut dst[d0..d0 + l], &xc[s0..]);
+                        for oy in oy0..oy1 - 1 {
+                            zero_small(&mut dst[oy * g.ow + t.lo + t.len..(oy + 1) * g.ow + t.lo]);
+                        }
                         continue;
                     }
-                    let src = &xc[iy as usize * g.w..(iy as usize + 1) * g.w];
-                    let (lo, hi) = ox_range(g, kj);
-                    d[..lo].fill(0);
-                    d[hi..].fill(0);
-                    if lo < hi {
-                        let ix0 = lo * g.sw + kj - g.pw;
+                    for oy in t.oy.0..t.oy.1 {
+                        let iy = oy * g.sh + ki - g.ph;
+                        let d = &mut dst[oy * g.ow + t.lo..oy * g.ow + t.lo + t.len];
+                        let src = &xc[iy * g.w + t.ix0..];
                         if g.sw == 1 {
-                            d[lo..hi].copy_from_slice(&src[ix0..ix0 + (hi - lo)]);
+                            copy_small(d, src);
                         } else {
-                            for (v, &x) in d[lo..hi].iter_mut().zip(src[ix0..].iter().step_by(g.sw))
-                            {
+                            for (v, &x) in d.iter_mut().zip(src.iter().step_by(g.sw)) {
                                 *v = x;
                             }
                         }
@@ -269,28 +359,61 @@ pub fn im2col(g: &ConvGeom, x: &[i8], grp: usize, cols: &mut [i8]) {
     }
 }
 
-/// Adds group `grp`'s column gradient `dcols[kg × P]` back into one sample's `dx[cin×h×w]` (i32).
-pub fn col2im_add(g: &ConvGeom, dcols: &[i32], grp: usize, dx: &mut [i32]) {
+/// Adds group `grp`'s column gradient `dcols[kg × ld]` of `samples` samples (sample `s` in columns
+/// `[s·P, (s+1)·P)`) back into their `dx[samples][cin×h×w]` (i32).
+pub fn col2im_add(
+    g: &ConvGeom,
+    dcols: &[i32],
+    ld: usize,
+    samples: usize,
+    grp: usize,
+    dx: &mut [i32],
+) {
     let (cin_g, _, _, p) = conv_dims(g);
+    let (hw, per_in) = (g.h * g.w, g.cin * g.h * g.w);
+    let flat = g.sw == 1 && g.sh == 1 && g.w == g.ow;
     for cl in 0..cin_g {
         let c = grp * cin_g + cl;
-        let dc = &mut dx[c * g.h * g.w..(c + 1) * g.h * g.w];
         for ki in 0..g.kh {
             for kj in 0..g.kw {
+                let Some(t) = tap(g, ki, kj) else { continue };
                 let row = (cl * g.kh + ki) * g.kw + kj;
-                let src = &dcols[row * p..(row + 1) * p];
-                for oy in 0..g.oh {
-                    let iy = (oy * g.sh + ki) as isize - g.ph as isize;
-                    if iy < 0 || iy >= g.h as isize {
+                let src_row = &dcols[row * ld..row * ld + samples * p];
+                for (s, src) in src_row.chunks_exact(p).enumerate() {
+                    let dc = &mut dx[s * per_in + c * hw..s * per_in + (c + 1) * hw];
+                    if flat {
+                        // Same row stride in and out: one contiguous add over the tap's rows, then the
+                        // entries between the valid segments (clipped columns, which landed on the
+                        // neighbouring row's edge) are taken out again. Wrapping: exact modulo 2^32,
+                        // and the true sums fit i32. (Subtracting after the vector add, rather than
+                        // zeroing the source before it, avoids a store-forwarding stall.)
+                        let (oy0, oy1) = t.oy;
+                        let l = (oy1 - oy0 - 1) * g.ow + t.len;
+                        let s0 = oy0 * g.ow + t.lo;
+                        let d0 = (oy0 + ki - g.ph) * g.w + t.ix0;
+                        let (dr, sr) = (&mut dc[d0..d0 + l], &src[s0..s0 + l]);
+                        for (dv, &v) in dr.iter_mut().zip(sr) {
+                            *dv = dv.wrapping_add(v);
+                        }
+                        for r in 0..oy1 - oy0 - 1 {
+                            for e in r * g.ow + t.len..(r + 1) * g.ow {
+                                dr[e] = dr[e].wrapping_sub(sr[e]);
+                            }
+                        }
                         continue;
                     }
-                    let d = &mut dc[iy as usize * g.w..(iy as usize + 1) * g.w];
-                    let (lo, hi) = ox_range(g, kj);
-                    if lo < hi {
-                        let ix0 = lo * g.sw + kj - g.pw;
-                        let s = &src[oy * g.ow + lo..oy * g.ow + hi];
-                        for (dv, &v) in d[ix0..].iter_mut().step_by(g.sw).zip(s) {
-                            *dv += v;
+                    for oy in t.oy.0..t.oy.1 {
+                        let iy = oy * g.sh + ki - g.ph;
+                        let sv = &src[oy * g.ow + t.lo..oy * g.ow + t.lo + t.len];
+                        let d = &mut dc[iy * g.w + t.ix0..];
+                        if g.sw == 1 {
+                            for (dv, &v) in d[..t.len].iter_mut().zip(sv) {
+                                *dv += v;
+                            }
+                        } else {
+                            for (dv, &v) in d.iter_mut().step_by(g.sw).zip(sv) {
+                                *dv += v;
+                            }
                         }
                     }
                 }
@@ -299,11 +422,28 @@ pub fn col2im_add(g: &ConvGeom, dcols: &[i32], grp: usize, dx: &mut [i32]) {
     }
 }
 
-/// Convolution forward, one sample per tile: `acc` holds `cout × P` i32, `cols` `kg × P` i8.
+/// Copies group `grp` of `samples` samples of `dy` (`[samples][cout][P]`) into `dyc[cout_g × ld]`
+/// (sample `s` in columns `[s·P, (s+1)·P)`), the layout whose columns match [`im2col`]'s.
+fn gather_dy(g: &ConvGeom, dy: &[i8], samples: usize, grp: usize, dyc: &mut [i8], ld: usize) {
+    let (_, cout_g, _, p) = conv_dims(g);
+    let per_out = g.cout * p;
+    for co in 0..cout_g {
+        let row = &mut dyc[co * ld..co * ld + samples * p];
+        for (s, d) in row.chunks_exact_mut(p).enumerate() {
+            let o = s * per_out + (grp * cout_g + co) * p;
+            copy_small(d, &dy[o..o + p]);
+        }
+    }
+}
+
+/// Convolution forward, `blk` samples per tile: `acc` holds `cout × blk·P` i32, `cols` `kg × blk·P` i8.
+/// One GEMM per tile and group, `W_g · cols`, whose rows (output channels) run over the tile's samples;
+/// the rescale writes them back in `[sample][channel][P]` order.
 #[allow(clippy::too_many_arguments)]
 pub fn conv_fwd(
     g: &ConvGeom,
     n: usize,
+    blk: usize,
     x: &mut XSrc<'_>,
     w: &[i8],
     bias: Option<&[i32]>,
@@ -317,20 +457,24 @@ pub fn conv_fwd(
     let (_, cout_g, kg, p) = conv_dims(g);
     let per_in = g.cin * g.h * g.w;
     let per_out = g.cout * p;
+    let blk = blk.clamp(1, n.max(1));
     ok(produce(
         site,
         pass,
-        n,
+        n.div_ceil(blk),
         acc,
         y,
         Rounding::Nearest,
-        |s, acc, _| {
-            let xs = x.rows(s, 1, per_in);
+        |t, acc, _| {
+            let s0 = t * blk;
+            let sc = blk.min(n - s0);
+            let ld = sc * p;
+            let xs = x.rows(s0, sc, per_in);
             for grp in 0..g.groups {
-                im2col(g, xs, grp, cols);
+                im2col(g, xs, sc, grp, cols, ld);
                 igemm(
                     cout_g,
-                    p,
+                    ld,
                     kg,
                     MatRef {
                         data: &w[grp * cout_g * kg..(grp + 1) * cout_g * kg],
@@ -338,39 +482,48 @@ pub fn conv_fwd(
                         cs: 1,
                     },
                     MatRef {
-                        data: &cols[..kg * p],
-                        rs: p,
+                        data: &cols[..kg * ld],
+                        rs: ld,
                         cs: 1,
                     },
-                    &mut acc[grp * cout_g * p..(grp + 1) * cout_g * p],
-                    p,
+                    &mut acc[grp * cout_g * ld..(grp + 1) * cout_g * ld],
+                    ld,
                     false,
                     gs,
                 );
             }
             if let Some(b) = bias {
-                for (row, &bb) in acc[..per_out].chunks_exact_mut(p).zip(b) {
+                for (row, &bb) in acc[..g.cout * ld].chunks_exact_mut(ld).zip(b) {
                     for v in row {
                         *v = v.saturating_add(bb);
                     }
                 }
             }
-            Ok((s * per_out, per_out))
+            Ok(TileOut {
+                off: s0 * per_out,
+                len: sc * per_out,
+                rows: g.cout,
+                inner: p,
+            })
         },
     ))
 }
 
-/// Convolution derivative, one sample per tile: `dcols` holds `kg × P` i32, `acc` `cin×h×w` i32.
+/// Convolution derivative, `blk` samples per tile: `dcols` holds `kg × blk·P` i32, `acc`
+/// `blk·cin·h·w` i32, `dyc` `cout_g × blk·P` i8. One GEMM `W_gᵀ · dY` per tile and group, then col2im
+/// per sample.
 #[allow(clippy::too_many_arguments)]
 pub fn conv_grad_x(
     g: &ConvGeom,
     n: usize,
+    blk: usize,
     dy: &[i8],
     w: &[i8],
     dx: &mut [i8],
     old: Option<(i32, i32)>,
     dcols: &mut [i32],
     acc: &mut [i32],
+    dyc: &mut [i8],
     gs: &mut [i8],
     site: &mut Site,
     pass: Pass,
@@ -378,21 +531,25 @@ pub fn conv_grad_x(
     let (_, cout_g, kg, p) = conv_dims(g);
     let per_in = g.cin * g.h * g.w;
     let per_out = g.cout * p;
+    let blk = blk.clamp(1, n.max(1));
     ok(produce(
         site,
         pass,
-        n,
+        n.div_ceil(blk),
         acc,
         dx,
         Rounding::Nearest,
-        |s, acc, prev| {
-            let a = &mut acc[..per_in];
+        |t, acc, prev| {
+            let s0 = t * blk;
+            let sc = blk.min(n - s0);
+            let ld = sc * p;
+            let a = &mut acc[..sc * per_in];
             a.fill(0);
             for grp in 0..g.groups {
-                let off = s * per_out + grp * cout_g * p;
+                gather_dy(g, &dy[s0 * per_out..], sc, grp, dyc, ld);
                 igemm(
                     kg,
-                    p,
+                    ld,
                     cout_g,
                     MatRef {
                         data: &w[grp * cout_g * kg..(grp + 1) * cout_g * kg],
@@ -400,78 +557,82 @@ pub fn conv_grad_x(
                         cs: kg,
                     },
                     MatRef {
-                        data: &dy[off..off + cout_g * p],
-                        rs: p,
+                        data: &dyc[..cout_g * ld],
+                        rs: ld,
                         cs: 1,
                     },
-                    &mut dcols[..kg * p],
-                    p,
+                    &mut dcols[..kg * ld],
+                    ld,
                     false,
                     gs,
                 );
-                col2im_add(g, dcols, grp, a);
+                col2im_add(g, dcols, ld, sc, grp, a);
             }
             if let Some((e_old, e_acc)) = old {
-                for (v, &q) in a.iter_mut().zip(&prev[s * per_in..(s + 1) * per_in]) {
+                for (v, &q) in a.iter_mut().zip(&prev[s0 * per_in..(s0 + sc) * per_in]) {
                     *v = v.saturating_add(align(q as i32, e_old, e_acc));
                 }
             }
-            Ok((s * per_in, per_in))
+            Ok(TileOut::flat(s0 * per_in, sc * per_in))
         },
     ))
 }
 
-/// Convolution weight gradient in i32 over `n` samples (`dy` from its first; `x` from sample `first`):
-/// `dw[cout × kg]`, `db[cout]`.
+/// Convolution weight gradient in i32 over `n` samples (`dy` from its first; `x` from sample `first`),
+/// `blk` samples per GEMM (`cols` `kg × blk·P`, `dyc` `cout_g × blk·P`): `dw[cout × kg]`, `db[cout]`.
 #[allow(clippy::too_many_arguments)]
 pub fn conv_grad_w(
     g: &ConvGeom,
     n: usize,
     first: usize,
+    blk: usize,
     x: &mut XSrc<'_>,
     dy: &[i8],
     dw: &mut [i32],
     mut db: Option<&mut [i32]>,
     cols: &mut [i8],
+    dyc: &mut [i8],
     gs: &mut [i8],
 ) {
     let (_, cout_g, kg, p) = conv_dims(g);
     let per_in = g.cin * g.h * g.w;
     let per_out = g.cout * p;
+    let blk = blk.clamp(1, n.max(1));
     if let Some(db) = db.as_deref_mut() {
         db.fill(0);
     }
-    for s in 0..n {
-        let xs = x.rows(first + s, 1, per_in);
+    for s0 in (0..n).step_by(blk) {
+        let sc = blk.min(n - s0);
+        let ld = sc * p;
+        let xs = x.rows(first + s0, sc, per_in);
         for grp in 0..g.groups {
-            im2col(g, xs, grp, cols);
-            let off = s * per_out + grp * cout_g * p;
+            im2col(g, xs, sc, grp, cols, ld);
+            gather_dy(g, &dy[s0 * per_out..], sc, grp, dyc, ld);
             igemm(
                 cout_g,
                 kg,
-                p,
+                ld,
                 MatRef {
-                    data: &dy[off..off + cout_g * p],
-                    rs: p,
+                    data: &dyc[..cout_g * ld],
+                    rs: ld,
                     cs: 1,
                 },
                 MatRef {
-                    data: &cols[..kg * p],
+                    data: &cols[..kg * ld],
                     rs: 1,
-                    cs: p,
+                    cs: ld,
                 },
                 &mut dw[grp * cout_g * kg..(grp + 1) * cout_g * kg],
                 kg,
-                s > 0,
+                s0 > 0,
                 gs,
             );
         }
         if let Some(db) = db.as_deref_mut() {
-            for (b, row) in db
-                .iter_mut()
-                .zip(dy[s * per_out..(s + 1) * per_out].chunks_exact(p))
-            {
-                *b += row.iter().map(|&v| v as i32).sum::<i32>();
+            for row in dy[s0 * per_out..(s0 + sc) * per_out].chunks_exact(per_out) {
+                for (b, ch) in db.iter_mut().zip(row.chunks_exact(p)) {
+                    *b += ch.iter().map(|&v| v as i32).sum::<i32>();
+                }
             }
         }
     }
@@ -496,8 +657,38 @@ pub fn prepare_acc(dst: &mut [i8], e_old: i32, e_new: i32, acc: bool) -> i32 {
 /// Max pooling forward: same exponent; the window index of each maximum (first on ties) goes to `idx`.
 pub fn maxpool_fwd(g: &PoolGeom, n: usize, x: &[i8], y: &mut [i8], idx: &mut [u8]) {
     let (pin, pout) = (g.h * g.w, g.oh * g.ow);
-    for sc in 0..n * g.c {
-        let xs = &x[sc * pin..(sc + 1) * pin];
+    let planes = x
+        .chunks_exact(pin)
+        .zip(y[..n * g.c * pout].chunks_exact_mut(pout));
+    if (g.kh, g.kw, g.sh, g.sw) == (2, 2, 2, 2) {
+        // The common 2×2 / 2 window: the same comparisons in the same order, without index arithmetic.
+        for ((xs, ys), is) in planes.zip(idx.chunks_exact_mut(pout)) {
+            for oy in 0..g.oh {
+                let r0 = &xs[2 * oy * g.w..2 * oy * g.w + 2 * g.ow];
+                let r1 = &xs[(2 * oy + 1) * g.w..(2 * oy + 1) * g.w + 2 * g.ow];
+                let yr = &mut ys[oy * g.ow..(oy + 1) * g.ow];
+                let ir = &mut is[oy * g.ow..(oy + 1) * g.ow];
+                for (((yv, iv), a), b) in yr
+                    .iter_mut()
+                    .zip(ir.iter_mut())
+                    .zip(r0.chunks_exact(2))
+                    .zip(r1.chunks_exact(2))
+                {
+                    let (mut best, mut bi) = (a[0], 0u8);
+                    for (v, k) in [(a[1], 1u8), (b[0], 2), (b[1], 3)] {
+                        if v > best {
+                            best = v;
+                            bi = k;
+                        }
+                    }
+                    *yv = best;
+                    *iv = bi;
+                }
+            }
+        }
+        return;
+    }
+    for ((xs, ys), is) in planes.zip(idx.chunks_exact_mut(pout)) {
         for oy in 0..g.oh {
             for ox in 0..g.ow {
                 let (mut best, mut bi) = (i8::MIN, 0u8);
@@ -510,9 +701,9 @@ pub fn maxpool_fwd(g: &PoolGeom, n: usize, x: &[i8], y: &mut [i8], idx: &mut [u8
                         }
                     }
                 }
-                let o = sc * pout + oy * g.ow + ox;
-                y[o] = best;
-                idx[o] = bi;
+                let o = oy * g.ow + ox;
+                ys[o] = best;
+                is[o] = bi;
             }
         }
     }
@@ -529,14 +720,27 @@ pub fn maxpool_grad_x(
     e_dx: i32,
 ) {
     let (pin, pout) = (g.h * g.w, g.oh * g.ow);
-    for sc in 0..n * g.c {
+    // Input offset of each window index (windows hold at most 255 elements, checked at graph build).
+    let mut woff = [0usize; 256];
+    for (k, o) in woff.iter_mut().enumerate().take(g.kh * g.kw) {
+        *o = (k / g.kw) * g.w + k % g.kw;
+    }
+    let same = e_dy == e_dx;
+    for ((ds, is), xs) in dy[..n * g.c * pout]
+        .chunks_exact(pout)
+        .zip(idx.chunks_exact(pout))
+        .zip(dx.chunks_exact_mut(pin))
+    {
         for oy in 0..g.oh {
             for ox in 0..g.ow {
-                let o = sc * pout + oy * g.ow + ox;
-                let k = idx[o] as usize;
-                let (ki, kj) = (k / g.kw, k % g.kw);
-                let i = sc * pin + (oy * g.sh + ki) * g.w + ox * g.sw + kj;
-                dx[i] = sat8(dx[i] as i32 + align(dy[o] as i32, e_dy, e_dx));
+                let o = oy * g.ow + ox;
+                let i = oy * g.sh * g.w + ox * g.sw + woff[is[o] as usize];
+                let v = if same {
+                    ds[o] as i32
+                } else {
+                    align(ds[o] as i32, e_dy, e_dx)
+                };
+                xs[i] = sat8(xs[i] as i32 + v);
             }
         }
     }
@@ -641,9 +845,8 @@ pub fn relu_inplace(x: &mut [i8]) {
 /// ReLU derivative in place: zero where the output is not positive.
 pub fn relu_grad_inplace(y: &[i8], d: &mut [i8]) {
     for (d, &y) in d.iter_mut().zip(y) {
-        if y <= 0 {
-            *d = 0;
-        }
+        // A select, not a conditional store: the loop vectorises.
+        *d = if y > 0 { *d } else { 0 };
     }
 }
 

@@ -200,25 +200,33 @@ fn geoms() -> Vec<ConvGeom> {
 fn conv_forward_and_gradients_match_f64() {
     let mut rng = Rng::new(11);
     let n = 3;
-    for g in geoms() {
+    // Sample blocks of 1, 2 (the last one ragged) and 3 (the whole batch): one GEMM per block, the
+    // transposed rescale of the forward and col2im from strided columns must not change the result.
+    for (g, blk) in geoms()
+        .into_iter()
+        .flat_map(|g| [1, 2, 3].map(move |b| (g, b)))
+    {
         let (_, cout_g, kg, p) = conv_dims(&g);
         let x = rand_i8(&mut rng, n * g.cin * g.h * g.w, 127);
         let w = rand_i8(&mut rng, g.cout * kg, 127);
         let dy = rand_i8(&mut rng, n * g.cout * p, 127);
         let (ex, ew, edy) = (-6, -8, -12);
         let (xd, wd, dyd) = (deq(&x, ex), deq(&w, ew), deq(&dy, edy));
-        let gs_len = igemm_scratch_len(cout_g, p, kg)
-            .max(igemm_scratch_len(kg, p, cout_g))
-            .max(igemm_scratch_len(cout_g, kg, p));
+        let bp = blk * p;
+        let gs_len = igemm_scratch_len(cout_g, bp, kg)
+            .max(igemm_scratch_len(kg, bp, cout_g))
+            .max(igemm_scratch_len(cout_g, kg, bp));
         let mut gs = vec![0i8; gs_len];
-        let mut cols = vec![0i8; kg * p];
+        let mut cols = vec![0i8; kg * bp];
+        let mut dyc = vec![0i8; cout_g * bp];
         // Forward.
         let mut y = vec![0i8; n * g.cout * p];
-        let mut acc = vec![0i32; g.cout * p];
+        let mut acc = vec![0i32; g.cout * bp];
         let mut site = Site::default();
         let s = q::conv_fwd(
             &g,
             n,
+            blk,
             &mut XSrc::I8(&x),
             &w,
             None,
@@ -238,18 +246,20 @@ fn conv_forward_and_gradients_match_f64() {
         // Derivative: dx = Σ over outputs dy · w (the adjoint of the forward), checked through the
         // identity <conv(x), dy> = <x, conv_grad_x(dy)> per input element via a basis-free reference.
         let mut dx = vec![0i8; n * g.cin * g.h * g.w];
-        let mut dcols = vec![0i32; kg * p];
-        let mut acc_x = vec![0i32; g.cin * g.h * g.w];
+        let mut dcols = vec![0i32; kg * bp];
+        let mut acc_x = vec![0i32; blk * g.cin * g.h * g.w];
         let mut site = Site::default();
         let s = q::conv_grad_x(
             &g,
             n,
+            blk,
             &dy,
             &w,
             &mut dx,
             None,
             &mut dcols,
             &mut acc_x,
+            &mut dyc,
             &mut gs,
             &mut site,
             Pass::Eval,
@@ -269,11 +279,13 @@ fn conv_forward_and_gradients_match_f64() {
             &g,
             n,
             0,
+            blk,
             &mut XSrc::I8(&x),
             &dy,
             &mut dw,
             Some(&mut db),
             &mut cols,
+            &mut dyc,
             &mut gs,
         );
         for i in 0..dw.len() {
@@ -590,6 +602,15 @@ fn quant_cross_target_bit_exact() {
         h, QUANT_PINNED_HASH,
         "weights after 10 integer steps: {h:#018x}"
     );
+    // The same run with every int8 kernel this machine has (GEMM, max-abs and rescale flavours): the
+    // result may not depend on the kernel chosen.
+    use crate::kernels::int8::IgemmKernel;
+    for k in IgemmKernel::ALL.into_iter().filter(|k| k.is_available()) {
+        IgemmKernel::force(Some(k));
+        let (hk, _, _) = integer_run_hash();
+        IgemmKernel::force(None);
+        assert_eq!(hk, QUANT_PINNED_HASH, "kernel {}: {hk:#018x}", k.name());
+    }
 }
 
 /// The pinned hash of [`integer_run_hash`] (first computed on x86-64).
@@ -676,4 +697,40 @@ fn quant_batch_split_combines_chunk_gradients_by_eq4() {
     assert_eq!(prof.len(), 2, "conv and fc have weight gradients");
     // This clock ticks once per reading: every chunking costs the same, so nothing is abnormal.
     assert!(ex.split().iter().all(|&c| c == 0));
+}
+
+/// The inline rounding of [`quantize`] equals `clamp(roundf(v / 2^e), ±127)` (halves away from zero)
+/// on halves, their neighbours one ulp away, the clamp edges, huge values and NaN.
+#[test]
+fn quantize_rounds_like_roundf() {
+    let mut vals = vec![
+        0.0f32,
+        -0.0,
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1e30,
+        -1e30,
+    ];
+    for i in -300..=300 {
+        let h = i as f32 + 0.5;
+        for v in [h, -h, i as f32] {
+            vals.extend([
+                v,
+                f32::from_bits(v.to_bits() + 1),
+                f32::from_bits(v.to_bits().max(1) - 1),
+            ]);
+        }
+    }
+    let mut rng = Rng::new(5);
+    vals.extend((0..2000).map(|_| rng.uniform(-200.0, 200.0)));
+    for e in [-3, 0, 2] {
+        let mut got = vec![0i8; vals.len()];
+        quantize(&vals, e, &mut got);
+        let k = pow2(-e);
+        for (&v, &g) in vals.iter().zip(&got) {
+            let want = libm::roundf(v * k).clamp(-127.0, 127.0) as i8;
+            assert_eq!(g, want, "quantize({v}, e = {e})");
+        }
+    }
 }

@@ -203,6 +203,13 @@ const LARGE: &[(usize, usize, usize)] = &[
     (75, 1, 260),
 ];
 
+/// Whether the comma-separated kernel names in `FRUGAL_REQUIRE_KERNELS` include `k`: `cargo xtask cross`
+/// sets it (e.g. `simd128` on wasm32) so a kernel that should run there cannot be skipped silently.
+fn required(k: SgemmKernel) -> bool {
+    std::env::var("FRUGAL_REQUIRE_KERNELS")
+        .is_ok_and(|v| v.split(',').any(|n| n.trim() == k.name()))
+}
+
 macro_rules! conformance {
     ($($name:ident => $kernel:expr;)*) => {$(
         mod $name {
@@ -213,6 +220,7 @@ macro_rules! conformance {
                 if k.is_available() {
                     Some(k)
                 } else {
+                    assert!(!required(k), "{} is required here (FRUGAL_REQUIRE_KERNELS) but not available", k.name());
                     std::eprintln!("skipping: {:?} not available on this CPU", k);
                     None
                 }
@@ -272,6 +280,7 @@ conformance! {
     portable => SgemmKernel::Portable;
     avx2 => SgemmKernel::Avx2;
     avx512 => SgemmKernel::Avx512;
+    simd128 => SgemmKernel::Simd128;
 }
 
 #[test]
@@ -301,6 +310,17 @@ fn scratch_len_is_bounded_and_proportional() {
 fn selected_kernel_is_available() {
     let k = SgemmKernel::selected();
     assert!(k.is_available());
+    // With simd128 compiled in, the explicit kernel is the one used (the portable one does not vectorise
+    // at the browser build's opt-level).
+    if cfg!(all(
+        target_arch = "wasm32",
+        target_feature = "simd128",
+        not(miri)
+    )) {
+        assert_eq!(k, SgemmKernel::Simd128);
+    } else {
+        assert_ne!(k, SgemmKernel::Simd128);
+    }
     assert_eq!(k, SgemmKernel::selected());
 }
 

@@ -232,6 +232,16 @@ pub enum IgemmKernel {
     Simd128,
 }
 
+/// The cached kernel choice (an index into [`IgemmKernel::ALL`]; `u8::MAX` until probed).
+#[cfg(any(feature = "std", test))]
+static CHOICE: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(u8::MAX);
+
+#[cfg(test)]
+std::thread_local! {
+    /// A test's per-thread kernel override ([`IgemmKernel::force`]).
+    static FORCED: core::cell::Cell<Option<IgemmKernel>> = const { core::cell::Cell::new(None) };
+}
+
 impl IgemmKernel {
     /// Every kernel, for tests and reports.
     pub const ALL: [IgemmKernel; 6] = [
@@ -274,12 +284,22 @@ impl IgemmKernel {
         }
     }
 
+    /// Makes [`Self::selected`] return `kernel` (when available; `None` goes back to the probe) on the
+    /// calling thread: tests that pin results run with every kernel this way.
+    #[cfg(test)]
+    pub(crate) fn force(kernel: Option<Self>) {
+        FORCED.with(|f| f.set(kernel.filter(|k| k.is_available())));
+    }
+
     /// The fastest available kernel (probed once and cached with `std`; fixed at compile time without).
     pub fn selected() -> Self {
+        #[cfg(test)]
+        if let Some(k) = FORCED.with(|f| f.get()) {
+            return k;
+        }
         #[cfg(any(feature = "std", test))]
         {
-            use core::sync::atomic::{AtomicU8, Ordering};
-            static CHOICE: AtomicU8 = AtomicU8::new(u8::MAX);
+            use core::sync::atomic::Ordering;
             let code = CHOICE.load(Ordering::Relaxed);
             if let Some(&k) = Self::ALL.get(code as usize) {
                 return k;
