@@ -190,6 +190,9 @@ fn build(root: &Path, b: &boards::Board, int8: bool) -> Result<PathBuf, String> 
         .unwrap_or_else(|| root.join("target"));
     let manifest = root.join("firmware/Cargo.toml");
     let manifest = manifest.to_str().ok_or("non-UTF-8 repository path")?;
+    // The firmware sits outside the workspace: name the target directory, or cargo would build into
+    // firmware/target and the ELF would not be where it is run from.
+    let target_arg = target_dir.to_str().ok_or("non-UTF-8 target directory")?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let features = if int8 {
         format!("{},int8", b.name)
@@ -205,6 +208,8 @@ fn build(root: &Path, b: &boards::Board, int8: bool) -> Result<PathBuf, String> 
         b.target,
         "--features",
         &features,
+        "--target-dir",
+        target_arg,
     ];
     eprintln!(
         "\n$ CARGO_PROFILE_RELEASE_OPT_LEVEL={} cargo {}",

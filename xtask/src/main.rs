@@ -90,11 +90,11 @@ const TOOLS: &[(&str, &str)] = &[
     ("wasm-opt", "apt-get install -y binaryen"),
     (
         "wasm-bindgen",
-        "cargo install wasm-bindgen-cli --version 0.2.130 --locked",
+        "cargo install wasm-bindgen-cli --version 0.2.130",
     ),
     (
         "wasm-bindgen-test-runner",
-        "cargo install wasm-bindgen-cli --version 0.2.130 --locked",
+        "cargo install wasm-bindgen-cli --version 0.2.130",
     ),
     (
         "defmt-print",
