@@ -6,7 +6,7 @@
 //!   recompute-first.
 use std::path::Path;
 
-use frugal_cli::measure::{step_ms, Batch};
+use frugal_cli::measure::{steps_ms_interleaved, Batch};
 use frugal_cli::spec_toml::load_model;
 use frugal_core::budget::Budget;
 use frugal_core::exec::{ladder, pick, Executor};
@@ -15,7 +15,8 @@ use frugal_core::model::ModelSpec;
 use frugal_core::plan::Plan;
 use frugal_core::policy::{self, Approximations, CostModel, PolicyKind};
 
-const STEPS: usize = 7;
+/// Interleaved rounds per comparison (one step of every plan compared per round; medians).
+const STEPS: usize = 21;
 
 fn model(name: &str) -> Result<ModelSpec, String> {
     let p = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -29,7 +30,7 @@ fn fmt_kib(b: usize) -> String {
 }
 
 pub fn main(_args: &[String]) -> Result<(), String> {
-    println!("`cargo xtask bench budget` — 1 thread, ms/step = median of {STEPS} steps on synthetic data.\n");
+    println!("`cargo xtask bench budget` — 1 thread, synthetic data; ms/step = median of {STEPS} steps, the plans of one row measured in interleaved rounds (one step of each per round), so a row's ratios come from the same moments of the machine.\n");
     let models = [
         ("digits-cnn.toml", "small CNN"),
         ("residual-bn.toml", "residual-BN CNN"),
@@ -57,8 +58,6 @@ pub fn main(_args: &[String]) -> Result<(), String> {
         let spec = model(file)?;
         let base = Plan::new(Graph::new(&spec, 32).map_err(|e| e.to_string())?);
         let budget = base.needed_bytes();
-        let base_ms = step_ms(&base, STEPS).map_err(|e| e.to_string())?;
-        let base_sps = 32.0 / base_ms * 1e3;
         let mut best: Option<(usize, policy::Chosen)> = None;
         for batch in [48, 64, 96, 128, 160, 192, 256, 384, 512] {
             let cost = CostModel::estimate(&Graph::new(&spec, batch).map_err(|e| e.to_string())?);
@@ -75,7 +74,10 @@ pub fn main(_args: &[String]) -> Result<(), String> {
         }
         match best {
             Some((b, c)) => {
-                let ms = step_ms(&c.plan, STEPS).map_err(|e| e.to_string())?;
+                let t = steps_ms_interleaved(&[(&base, 32), (&c.plan, b)], STEPS)
+                    .map_err(|e| e.to_string())?;
+                let (base_ms, ms) = (t[0], t[1]);
+                let base_sps = 32.0 / base_ms * 1e3;
                 let sps = b as f64 / ms * 1e3;
                 println!(
                     "| {name} | {} | {base_ms:.2} | {base_sps:.0} | {b} | {} (micro-batch {} × {}, {} recomputes) | {sps:.0} | {:.1}× | {:.2} |",
@@ -88,10 +90,15 @@ pub fn main(_args: &[String]) -> Result<(), String> {
                     sps / base_sps
                 );
             }
-            None => println!(
-                "| {name} | {} | {base_ms:.2} | {base_sps:.0} | 32 | — | — | 1.0× | — |",
-                fmt_kib(budget)
-            ),
+            None => {
+                let base_ms =
+                    steps_ms_interleaved(&[(&base, 32)], STEPS).map_err(|e| e.to_string())?[0];
+                println!(
+                    "| {name} | {} | {base_ms:.2} | {:.0} | 32 | — | — | 1.0× | — |",
+                    fmt_kib(budget),
+                    32.0 / base_ms * 1e3
+                )
+            }
         }
     }
 
@@ -104,14 +111,14 @@ pub fn main(_args: &[String]) -> Result<(), String> {
         let g = Graph::new(&spec, batch).map_err(|e| e.to_string())?;
         let cost = CostModel::estimate(&g);
         let plain = Plan::new(g.clone());
-        let ms = step_ms(&plain, STEPS).map_err(|e| e.to_string())?;
         let min = policy::min_budget(&spec, batch, &cost).map_err(|e| e.to_string())?;
         let half = plain.needed_bytes() / 2;
-        let (desc, hms) =
+        let (desc, ms, hms) =
             match policy::plan_for_budget(&spec, batch, Budget::new(half), PolicyKind::Auto, &cost)
             {
                 Ok(c) => {
-                    let t = step_ms(&c.plan, STEPS).map_err(|e| e.to_string())?;
+                    let t = steps_ms_interleaved(&[(&plain, batch), (&c.plan, batch)], STEPS)
+                        .map_err(|e| e.to_string())?;
                     (
                         format!(
                             "{} (micro-batch {} × {}, {} recomputes)",
@@ -120,10 +127,15 @@ pub fn main(_args: &[String]) -> Result<(), String> {
                             c.plan.micro_batches,
                             c.recomputes
                         ),
-                        t,
+                        t[0],
+                        t[1],
                     )
                 }
-                Err(e) => (format!("infeasible: {e}"), f64::NAN),
+                Err(e) => (
+                    format!("infeasible: {e}"),
+                    steps_ms_interleaved(&[(&plain, batch)], STEPS).map_err(|e| e.to_string())?[0],
+                    f64::NAN,
+                ),
             };
         println!(
             "| {name} | {} | {ms:.2} | {} | {:.3} | {desc} | {hms:.2} | {:.2} |",
@@ -137,10 +149,11 @@ pub fn main(_args: &[String]) -> Result<(), String> {
     println!(
         "\n### Policy orderings (Sage §3.4.3) at fractions of the unconstrained arena, batch 128\n"
     );
+    println!("time × the unconstrained plan's, measured in the same interleaved rounds (micro-batch × count, recomputes)\n");
     println!(
-        "| model | budget | micro-batch only | recompute only | hybrid (Sage) | recompute-first |"
+        "| model | budget | unconstrained ms/step | micro-batch only | recompute only | hybrid (Sage) | recompute-first |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---:|---|---|---|---|");
     for (file, name) in models {
         let spec = model(file)?;
         let g = Graph::new(&spec, 128).map_err(|e| e.to_string())?;
@@ -148,29 +161,39 @@ pub fn main(_args: &[String]) -> Result<(), String> {
         let plain = Plan::new(g);
         for frac in [0.75, 0.5, 0.25] {
             let b = (plain.needed_bytes() as f64 * frac) as usize;
-            let mut cells = Vec::new();
-            for k in [
+            let chosen: Vec<Option<policy::Chosen>> = [
                 PolicyKind::MicroBatch,
                 PolicyKind::Recompute,
                 PolicyKind::Hybrid,
                 PolicyKind::RecomputeFirst,
-            ] {
-                cells.push(
-                    match policy::plan_for_budget(&spec, 128, Budget::new(b), k, &cost) {
-                        Ok(c) => {
-                            let t = step_ms(&c.plan, STEPS).map_err(|e| e.to_string())?;
-                            format!(
-                                "{t:.2} ms ({}×{}, {} rc)",
-                                c.plan.graph.batch, c.plan.micro_batches, c.recomputes
-                            )
-                        }
-                        Err(_) => "infeasible".into(),
-                    },
-                );
-            }
+            ]
+            .into_iter()
+            .map(|k| policy::plan_for_budget(&spec, 128, Budget::new(b), k, &cost).ok())
+            .collect();
+            let mut runs = vec![(&plain, 128)];
+            runs.extend(chosen.iter().flatten().map(|c| (&c.plan, 128)));
+            let t = steps_ms_interleaved(&runs, STEPS).map_err(|e| e.to_string())?;
+            let mut next = 1;
+            let cells: Vec<String> = chosen
+                .iter()
+                .map(|c| match c {
+                    Some(c) => {
+                        next += 1;
+                        format!(
+                            "{:.2}× ({}×{}, {} rc)",
+                            t[next - 1] / t[0],
+                            c.plan.graph.batch,
+                            c.plan.micro_batches,
+                            c.recomputes
+                        )
+                    }
+                    None => "infeasible".into(),
+                })
+                .collect();
             println!(
-                "| {name} | {frac} × ({}) | {} |",
+                "| {name} | {frac} × ({}) | {:.2} | {} |",
                 fmt_kib(b),
+                t[0],
                 cells.join(" | ")
             );
         }
@@ -204,65 +227,72 @@ fn adaptation() -> Result<(), String> {
     let b = Batch::new(top, batch);
     // One arena, touched once: first-touch page faults would otherwise swamp the differences.
     let mut arena = vec![1u8; top.needed_bytes()];
-    let mut run = |mode: u8, at: usize| -> Result<f64, String> {
-        let mut times = Vec::new();
-        for _ in 0..3 * STEPS {
-            let arena = &mut arena[..];
-            let mut ex = Executor::new(top, arena).map_err(|e| e.to_string())?;
-            ex.init_params(arena, 1).map_err(|e| e.to_string())?;
-            let t = std::time::Instant::now();
-            match mode {
-                0 => {
-                    ex.train_step(arena, &b.x, b.target())
-                        .map_err(|e| e.to_string())?;
-                }
-                1 => {
-                    let mut fired = false;
-                    let mut budget_at = |eo: usize, _: &Plan| {
-                        (eo == at && !fired).then(|| {
-                            fired = true;
-                            Budget::new(low)
-                        })
-                    };
-                    ex.train_step_adaptive(
-                        arena,
-                        &b.x,
-                        b.target(),
-                        &table,
-                        &mut budget_at,
-                        &mut (),
-                    )
+    // One step in `mode` (0 uninterrupted, 1 on-the-fly switch at `at`, 2 stop-restart at `at`): ms.
+    let mut once = |mode: u8, at: usize| -> Result<f64, String> {
+        let arena = &mut arena[..];
+        let mut ex = Executor::new(top, arena).map_err(|e| e.to_string())?;
+        ex.init_params(arena, 1).map_err(|e| e.to_string())?;
+        let t = std::time::Instant::now();
+        match mode {
+            0 => {
+                ex.train_step(arena, &b.x, b.target())
                     .map_err(|e| e.to_string())?;
-                }
-                _ => {
-                    ex.train_step_restart_at(arena, &b.x, b.target(), at, small, &mut ())
-                        .map_err(|e| e.to_string())?;
-                }
             }
-            times.push(t.elapsed().as_secs_f64() * 1e3);
+            1 => {
+                let mut fired = false;
+                let mut budget_at = |eo: usize, _: &Plan| {
+                    (eo == at && !fired).then(|| {
+                        fired = true;
+                        Budget::new(low)
+                    })
+                };
+                ex.train_step_adaptive(arena, &b.x, b.target(), &table, &mut budget_at, &mut ())
+                    .map_err(|e| e.to_string())?;
+            }
+            _ => {
+                ex.train_step_restart_at(arena, &b.x, b.target(), at, small, &mut ())
+                    .map_err(|e| e.to_string())?;
+            }
         }
-        Ok(median(times))
+        Ok(t.elapsed().as_secs_f64() * 1e3)
     };
-    let base = run(0, 0)?;
+    let fracs = [0.25, 0.5, 0.75];
+    let ats: Vec<usize> = fracs
+        .iter()
+        .map(|f| (top.program.len() as f64 * f) as usize)
+        .collect();
+    // Interleaved: every round runs the uninterrupted step and both ways of handling each drop once.
+    let mut base = Vec::new();
+    let mut fly = vec![Vec::new(); fracs.len()];
+    let mut restart = vec![Vec::new(); fracs.len()];
+    once(0, 0)?; // warm-up
+    for _ in 0..3 * STEPS {
+        base.push(once(0, 0)?);
+        for (i, &at) in ats.iter().enumerate() {
+            fly[i].push(once(1, at)?);
+            restart[i].push(once(2, at)?);
+        }
+    }
+    let base = median(base);
     println!(
         "\n### Budget drop mid-step (Melon §4.4): residual-BN CNN, batch 512, {} → {}\n",
         fmt_kib(plain),
         fmt_kib(low)
     );
     println!(
-        "uninterrupted step on the large plan: {base:.2} ms; the small plan has {} recomputes\n",
+        "uninterrupted step on the large plan: {base:.2} ms; the small plan has {} recomputes; medians of {} interleaved rounds\n",
         small
             .program
             .iter()
             .filter(|i| i.phase == frugal_core::plan::Phase::Recompute)
-            .count()
+            .count(),
+        3 * STEPS
     );
     println!("| drop at | on-the-fly ms | stop-restart ms | on-the-fly overhead | restart overhead | on-the-fly / restart |");
     println!("|---|---:|---:|---:|---:|---:|");
-    for frac in [0.25, 0.5, 0.75] {
-        let at = (top.program.len() as f64 * frac) as usize;
-        let a = run(1, at)?;
-        let r = run(2, at)?;
+    for (i, frac) in fracs.iter().enumerate() {
+        let a = median(std::mem::take(&mut fly[i]));
+        let r = median(std::mem::take(&mut restart[i]));
         println!(
             "| {:.0}% | {a:.2} | {r:.2} | {:.2} | {:.2} | {:.0}% |",
             frac * 100.0,

@@ -518,6 +518,14 @@ fn value_at(p: &Plan, x: TensorId, u: Eo) -> Value {
     }
 }
 
+/// The micro-batch size that splits `batch` as evenly as possible into as many micro-batches as size `b`
+/// needs: the same number of micro-batches (the same per-micro-batch overheads) with the smallest
+/// micro-batch, so the least memory and no short last micro-batch (60 × 3 for 128 becomes 43 + 43 + 42).
+/// Any other size with that count is larger and fits only if this one does.
+pub fn balanced_micro_batch(batch: usize, b: usize) -> usize {
+    batch.div_ceil(batch.div_ceil(b.max(1)))
+}
+
 /// The plain plan of `spec` at micro-batch `b` with `m` micro-batches.
 fn micro_plan(spec: &ModelSpec, b: usize, m: usize) -> Result<Plan, GraphError> {
     Ok(Plan::shaped(
@@ -601,8 +609,12 @@ pub fn plan_for_budget_with(
     for &k in kinds {
         match k {
             PolicyKind::MicroBatch if separable => {
-                // Largest micro-batch whose plain plan fits (arena grows with the micro-batch).
-                for b in (1..batch).rev() {
+                // Largest micro-batch whose plain plan fits (arena grows with the micro-batch), among
+                // the even splits.
+                for b in (1..batch)
+                    .rev()
+                    .filter(|&b| balanced_micro_batch(batch, b) == b)
+                {
                     let p = micro_plan(spec, b, batch.div_ceil(b))?;
                     note(&p);
                     if fits(&p) {
@@ -621,7 +633,10 @@ pub fn plan_for_budget_with(
                     // Hybrid: micro-batch down to the efficient size, then recompute (and only below
                     // that, smaller micro-batches with recompute). RecomputeFirst: recompute at each
                     // size, largest first.
-                    let mut v: Vec<usize> = (1..=batch).rev().collect();
+                    let mut v: Vec<usize> = (1..=batch)
+                        .rev()
+                        .filter(|&b| balanced_micro_batch(batch, b) == b)
+                        .collect();
                     if k == PolicyKind::Hybrid {
                         v.sort_by_key(|&b| (b < eff, core::cmp::Reverse(b)));
                     }

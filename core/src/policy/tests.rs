@@ -246,3 +246,53 @@ fn ghost_batch_norm_is_used_only_when_asked() {
     .unwrap();
     assert!(c.plan.micro_batches > 1);
 }
+
+#[test]
+fn micro_batches_split_the_batch_evenly() {
+    // conv-relu-pool ×2 + linear on 16×16: the small CNN shape, batch 128.
+    let spec = random_model(
+        &[
+            (0, 2, true),
+            (3, 0, true),
+            (4, 0, true),
+            (0, 2, true),
+            (3, 0, true),
+            (4, 0, true),
+        ],
+        1,
+        16,
+        2,
+    );
+    let batch = 128;
+    let g = Graph::new(&spec, batch).unwrap();
+    let cost = CostModel::estimate(&g);
+    assert_eq!(balanced_micro_batch(128, 60), 43);
+    assert_eq!(balanced_micro_batch(128, 64), 64);
+    assert_eq!(balanced_micro_batch(128, 127), 64);
+    assert_eq!(balanced_micro_batch(7, 1), 1);
+    // A budget the plain plan of micro-batch 60 fits but 64 does not: three micro-batches, as even as
+    // possible (43 + 43 + 42), in less memory than 60 + 60 + 8 would take.
+    let at = |b: usize| {
+        micro_plan(&spec, b, batch.div_ceil(b))
+            .unwrap()
+            .needed_bytes()
+    };
+    assert!(at(60) < at(64));
+    let budget = Budget::new(at(60));
+    let c = plan_for_budget(&spec, batch, budget, PolicyKind::MicroBatch, &cost).unwrap();
+    assert_eq!((c.plan.graph.batch, c.plan.micro_batches), (43, 3));
+    assert!(c.plan.needed_bytes() < at(60));
+    for kind in [
+        PolicyKind::Auto,
+        PolicyKind::Hybrid,
+        PolicyKind::RecomputeFirst,
+    ] {
+        let c = plan_for_budget(&spec, batch, budget, kind, &cost).unwrap();
+        let b = c.plan.graph.batch;
+        assert_eq!(
+            balanced_micro_batch(batch, b),
+            b,
+            "{kind:?}: micro-batch {b}"
+        );
+    }
+}

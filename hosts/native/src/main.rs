@@ -379,7 +379,7 @@ fn plan_table(
     for &b in budgets {
         match policy::plan_for_budget(spec, batch, Budget::new(b), policy, &cost) {
             Ok(c) => {
-                let measured = measure::step_ms(&c.plan, 3)?;
+                let measured = measure::step_ms(&c.plan, batch, 3)?;
                 println!(
                     "| {} | yes | {} | {} × {} | {} | {:.2} | {} | {:.2} | {:.2} |",
                     human_bytes(b),

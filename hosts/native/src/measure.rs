@@ -50,21 +50,55 @@ impl Batch {
     }
 }
 
-/// Median milliseconds per training step of `plan` over `steps` steps (after one warm-up).
-pub fn step_ms(plan: &Plan, steps: usize) -> Result<f64, ExecError> {
-    let mut arena = vec![0u8; plan.needed_bytes()];
-    let mut ex = Executor::new(plan, &arena)?;
-    ex.init_params(&mut arena, 1)?;
-    let b = Batch::new(plan, plan.batch());
-    ex.train_step(&mut arena, &b.x, b.target())?;
-    let mut t: Vec<f64> = Vec::with_capacity(steps);
-    for _ in 0..steps.max(1) {
-        let s = Instant::now();
-        ex.train_step(&mut arena, &b.x, b.target())?;
-        t.push(s.elapsed().as_secs_f64() * 1e3);
+/// Median milliseconds per training step of `plan` on `n` samples (the batch asked for: a micro-batched
+/// plan may hold a few more) over `steps` steps (after one warm-up).
+pub fn step_ms(plan: &Plan, n: usize, steps: usize) -> Result<f64, ExecError> {
+    Ok(steps_ms_interleaved(&[(plan, n)], steps)?[0])
+}
+
+/// Median milliseconds per training step of each `(plan, samples)`, measured in `rounds` interleaved
+/// rounds (one step of every plan per round, after one warm-up step each, every plan in its own
+/// pre-touched arena): a slow spell of a shared machine then hits all plans alike, so the ratios between
+/// them hold even where the absolute times drift.
+pub fn steps_ms_interleaved(
+    plans: &[(&Plan, usize)],
+    rounds: usize,
+) -> Result<Vec<f64>, ExecError> {
+    struct Run<'p> {
+        ex: Executor<'p>,
+        arena: Vec<u8>,
+        batch: Batch,
+        times: Vec<f64>,
     }
-    t.sort_by(|a, b| a.total_cmp(b));
-    Ok(t[t.len() / 2])
+    let mut runs = Vec::with_capacity(plans.len());
+    for &(plan, n) in plans {
+        let n = n.clamp(1, plan.batch());
+        let mut arena = vec![0u8; plan.needed_bytes()];
+        let mut ex = Executor::new(plan, &arena)?;
+        ex.init_params(&mut arena, 1)?;
+        let batch = Batch::new(plan, n);
+        ex.train_step(&mut arena, &batch.x, batch.target())?;
+        runs.push(Run {
+            ex,
+            arena,
+            batch,
+            times: Vec::with_capacity(rounds),
+        });
+    }
+    for _ in 0..rounds.max(1) {
+        for r in runs.iter_mut() {
+            let s = Instant::now();
+            r.ex.train_step(&mut r.arena, &r.batch.x, r.batch.target())?;
+            r.times.push(s.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    Ok(runs
+        .into_iter()
+        .map(|mut r| {
+            r.times.sort_by(|a, b| a.total_cmp(b));
+            r.times[r.times.len() / 2]
+        })
+        .collect())
 }
 
 /// Nanoseconds of each instruction of `plan` (median over `steps` steps).
