@@ -292,7 +292,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
     let batch: usize = num(args, "--batch", 64)?;
     let lookahead: usize = num(args, "--lookahead", 3)?;
     let steps: usize = num(args, "--steps", 5)?;
-    let rounds: usize = num::<usize>(args, "--rounds", 3)?.max(1);
+    let rounds: usize = num::<usize>(args, "--rounds", 5)?.max(1);
     let evict = !args.iter().any(|a| a == "--keep-cache");
     let spec = vgg16(scale);
     let g = Graph::new(&spec, batch).map_err(|e| e.to_string())?;
@@ -351,7 +351,8 @@ pub fn main(args: &[String]) -> Result<(), String> {
         ),
     ];
     // Rounds run the variants in turn, so a noisy neighbour slows all of them alike; each variant
-    // reports the fastest of its rounds' median steps (peak RSS and store time: the median round).
+    // reports the median of its rounds' median steps (peak RSS and store time too), and its time against
+    // no swap is the median over rounds of the ratio within one round.
     let mut runs: Vec<Vec<Row>> = (0..variants.len()).map(|_| Vec::new()).collect();
     for round in 0..rounds {
         for (k, (name, a)) in variants.iter().enumerate() {
@@ -361,18 +362,28 @@ pub fn main(args: &[String]) -> Result<(), String> {
             runs[k].push(r);
         }
     }
+    fn median(mut x: Vec<f64>) -> f64 {
+        x.sort_by(f64::total_cmp);
+        x[x.len() / 2]
+    }
+    // Per variant: (ms range over rounds, median over rounds of ms / no swap's ms in the same round).
     let mut spread = Vec::new();
+    for v in &runs {
+        let ms: Vec<f64> = v.iter().map(|r| r.ms).collect();
+        let lo = ms.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = ms.iter().copied().fold(0.0, f64::max);
+        let ratio = median(v.iter().zip(&runs[0]).map(|(r, b)| r.ms / b.ms).collect());
+        spread.push((lo, hi, ratio));
+    }
     let mut rows = Vec::new();
     for mut v in runs {
-        let median = |f: fn(&Row) -> f64| {
-            let mut x: Vec<f64> = v.iter().map(f).collect();
-            x.sort_by(f64::total_cmp);
-            x[x.len() / 2]
-        };
-        let (peak, store) = (median(|r| r.peak_mib), median(|r| r.store_ms));
-        v.sort_by(|a, b| a.ms.total_cmp(&b.ms));
-        spread.push((v[0].ms, v[v.len() - 1].ms));
+        let (ms, peak, store) = (
+            median(v.iter().map(|r| r.ms).collect()),
+            median(v.iter().map(|r| r.peak_mib).collect()),
+            median(v.iter().map(|r| r.store_ms).collect()),
+        );
         let mut r = v.swap_remove(0);
+        r.ms = ms;
         r.peak_mib = peak;
         r.store_ms = store;
         rows.push(r);
@@ -396,11 +407,11 @@ pub fn main(args: &[String]) -> Result<(), String> {
             "; the kernel may keep swapped bytes cached"
         }
     );
-    println!("Peak = VmHWM over the baseline (model, data, arena allocated, weights written); ms/step = median of {steps} steps after 2 warm-up steps, best of {rounds} rounds run in turn (range of the rounds in brackets; other processes share this machine); store ms/step = time inside the store's calls on the executor's thread (median round).\n");
+    println!("Peak = VmHWM over the baseline (model, data, arena allocated, weights written); ms/step = median of {steps} steps after 2 warm-up steps, median of {rounds} rounds run in turn (range of the rounds in brackets; other processes share this machine); time vs no swap = median over rounds of the ratio within a round; store ms/step = time inside the store's calls on the executor's thread (median round).\n");
     println!("| variant | arena MiB | swaps/step | swapped MiB/step (each way) | peak over baseline MiB | peak vs no swap | ms/step | time vs no swap | store ms/step | prefetched / on-demand reads per step | wait for prefetch ms/step | evicted MiB/step | result hash |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     let base = &rows[0];
-    for (r, (lo, hi)) in rows.iter().zip(&spread) {
+    for (r, (lo, hi, ratio)) in rows.iter().zip(&spread) {
         println!(
             "| {}{} | {:.2} | {} | {:.2} | {:.2} | {:.2}× smaller | {:.1} [{lo:.0}–{hi:.0}] | {:+.1}% | {:.2} | {:.0} / {:.0} | {:.2} | {:.2} | {} |",
             r.name,
@@ -411,7 +422,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
             r.peak_mib,
             base.peak_mib / r.peak_mib.max(1e-9),
             r.ms,
-            (r.ms / base.ms - 1.0) * 100.0,
+            (ratio - 1.0) * 100.0,
             r.store_ms,
             r.prefetched,
             r.direct,
@@ -423,7 +434,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
     let same = rows.iter().all(|r| r.hash == base.hash);
     let pro = &rows[2];
     let mem = base.peak_mib / pro.peak_mib.max(1e-9);
-    let time = pro.ms / base.ms - 1.0;
+    let time = spread[2].2 - 1.0;
     println!(
         "\nresults {}; proactive swap: peak {mem:.2}× smaller (target ≥ 2×), {:+.1}% time (target ≤ +25%) — {}",
         if same {
