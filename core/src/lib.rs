@@ -44,5 +44,7 @@ pub mod plan;
 pub mod policy;
 #[cfg(feature = "alloc")]
 pub mod quant;
+#[cfg(feature = "alloc")]
+pub mod sort;
 
 pub use budget::{Budget, BudgetError};

@@ -1,6 +1,7 @@
 //! `cargo xtask web [--serve [--port N]] [--test] [--bench]`: the browser build of frugal.
 //!
-//! - (no flag): builds `frugal-wasm` for `wasm32-unknown-unknown` (release, opt-level "s", LTO,
+//! - (no flag): builds `frugal-wasm` for `wasm32-unknown-unknown` (release, opt-level "s" with 3 for
+//!   `frugal-core`, LTO,
 //!   `+simd128`, a 128 KiB stack), runs `wasm-opt -Oz` and `wasm-bindgen --target web`, and copies the
 //!   demo into `web-demo/dist/`.
 //! - `--serve`: builds, then serves `web-demo/dist/` on 127.0.0.1 (`node web-demo/serve.mjs`).
@@ -24,8 +25,8 @@ use frugal_core::plan::Plan;
 
 /// The wasm-bindgen CLI must match the `wasm-bindgen` crate exactly.
 const WASM_BINDGEN_VERSION: &str = "0.2.130";
-/// The release `.wasm` must stay below this (issue 5).
-const MAX_WASM_BYTES: u64 = 400 * 1024;
+/// The release `.wasm` must stay below this (issue 5: 400 KB, read as decimal kilobytes, the stricter).
+const MAX_WASM_BYTES: u64 = 400_000;
 /// Demo files copied into `dist/` (the wasm-bindgen output is added beside them).
 const STATIC: &[&str] = &[
     "index.html",
@@ -115,6 +116,10 @@ fn build() -> Result<PathBuf, String> {
             "--lib",
             "--config",
             "profile.release.opt-level=\"s\"",
+            // The core's kernels need the loop vectoriser and unrolling, which "s" turns off (the
+            // digits CNN trained 2.8× slower in Chromium); everything else stays small.
+            "--config",
+            "profile.release.package.frugal-core.opt-level=3",
             "--config",
             "profile.release.lto=true",
             "--config",
@@ -180,10 +185,9 @@ fn build() -> Result<PathBuf, String> {
         .map_err(|e| format!("{}: {e}", wasm.display()))?
         .len();
     println!(
-        "built {} ({size} bytes = {:.1} KiB; limit {} KiB)",
+        "built {} ({size} bytes = {:.1} KiB; limit {MAX_WASM_BYTES} bytes)",
         dist.display(),
         size as f64 / 1024.0,
-        MAX_WASM_BYTES / 1024
     );
     if size > MAX_WASM_BYTES {
         return Err(format!(
@@ -318,7 +322,7 @@ fn bench(wasm: &Path) -> Result<(), String> {
         wasm_ms / native
     );
     println!(
-        "| frugal_wasm_bg.wasm | {size} bytes ({:.1} KiB, limit 400 KiB) |",
+        "| frugal_wasm_bg.wasm | {size} bytes ({:.1} KiB, limit {MAX_WASM_BYTES} bytes) |",
         size as f64 / 1024.0
     );
     for l in text.lines().filter(|l| l.starts_with("memory ")) {

@@ -71,6 +71,7 @@ use crate::optim::StepCtx;
 use crate::plan::{touches, Eo, Instr, Phase, Plan, TensorLife, ALIGN};
 use crate::policy::{recompute, CostModel, PlanError};
 use crate::rng::hash2;
+use crate::sort::{rev, sort_by_key};
 
 /// Plans `spec` at `batch` for each of `budgets` with Melon's progressive recomputation at one
 /// micro-batch ([`recompute`]), so any two entries can be lined up in the middle of a step. Budgets no
@@ -403,8 +404,8 @@ impl<'p, B: Backend> Executor<'p, B> {
                             .filter(|e| e.plan.needed_bytes() <= b.bytes.min(cap))
                             .filter(|e| runnable(&e.plan).is_ok())
                             .collect();
-                        fits.sort_by_key(|e| {
-                            core::cmp::Reverse((ptr::eq(&e.plan, next), e.budget))
+                        sort_by_key(&mut fits, |e| {
+                            [rev(ptr::eq(&e.plan, next) as u64), rev(e.budget as u64), 0]
                         });
                         let found = fits.iter().find_map(|e| {
                             plan_switch(plan, eo, &e.plan, None, hi)
@@ -1265,7 +1266,9 @@ fn regenerate(
         }
         let mut order: Vec<&(usize, usize, usize, usize)> =
             items.iter().filter(|it| at[it.0] == usize::MAX).collect();
-        order.sort_by_key(|it| (it.2, core::cmp::Reverse(it.3), core::cmp::Reverse(it.1)));
+        sort_by_key(&mut order, |it| {
+            [it.2 as u64, rev(it.3 as u64), rev(it.1 as u64)]
+        });
         for &&(h, len, from, to) in &order {
             let busy: Vec<(usize, usize)> = placed
                 .iter()

@@ -9,8 +9,15 @@ pub fn carve<'a, const K: usize>(
     arena: &'a mut [u8],
     reqs: [(usize, usize); K],
 ) -> Result<[&'a mut [u8]; K], ExecError> {
+    // Insertion sort by offset: K is a handful, and this runs for every instruction.
     let mut order: [usize; K] = core::array::from_fn(|i| i);
-    order.sort_unstable_by_key(|&i| reqs[i].0);
+    for i in 1..K {
+        let mut j = i;
+        while j > 0 && reqs[order[j - 1]].0 > reqs[order[j]].0 {
+            order.swap(j - 1, j);
+            j -= 1;
+        }
+    }
     let mut out: [&'a mut [u8]; K] = core::array::from_fn(|_| <&mut [u8]>::default());
     let mut rest: &'a mut [u8] = arena;
     let mut base = 0usize;

@@ -42,6 +42,7 @@ use crate::plan::{
     lifetimes, lower_bound, share_groups, strategies, Instr, Phase, Plan, TensorLife, ALIGN,
     LOSS_NODE,
 };
+use crate::sort::sort_by_key;
 
 /// Magic of an encoded [`Plan`].
 pub const PLAN_MAGIC: [u8; 4] = *b"FRGP";
@@ -201,7 +202,7 @@ pub fn encode_plan_table(spec: &ModelSpec, table: &PlanTable) -> Vec<u8> {
     let mut p = Vec::new();
     put_model(&mut p, spec);
     let mut order: Vec<&PlanEntry> = table.entries.iter().collect();
-    order.sort_by_key(|e| e.budget);
+    sort_by_key(&mut order, |e| [e.budget as u64, 0, 0]);
     put_u32(&mut p, order.len() as u32);
     for e in order {
         put_u64(&mut p, e.budget as u64);
@@ -271,7 +272,7 @@ fn check_layout(
     }
     // Sweep over time: storages sorted by first use; `active` holds those still alive.
     let mut order: Vec<usize> = (0..lives.len()).collect();
-    order.sort_by_key(|&i| (lives[i].first, i));
+    sort_by_key(&mut order, |&i| [lives[i].first as u64, i as u64, 0]);
     let mut active: Vec<usize> = Vec::new();
     for &i in &order {
         let li = &lives[i];

@@ -5,6 +5,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use super::TensorLife;
+use crate::sort::{rev, signed, sort_by_key};
 
 /// Offsets for each storage plus the arena size they need.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,7 +41,7 @@ pub fn lower_bound(lives: &[TensorLife]) -> usize {
         events.push((l.last + 1, -(l.bytes as i64)));
     }
     // At equal times, frees (negative) first: a tensor ending at eo-1 and one starting at eo don't coexist.
-    events.sort_by_key(|&(t, d)| (t, d));
+    sort_by_key(&mut events, |&(t, d)| [t as u64, signed(d), 0]);
     let (mut cur, mut best) = (0i64, 0i64);
     for (_, d) in events {
         cur += d;
@@ -69,7 +70,7 @@ fn place(lives: &[TensorLife], order: &[usize], best_fit: bool) -> Layout {
                 .filter(|&&j| overlaps(me, &lives[j]))
                 .map(|&j| (offsets[j], offsets[j] + lives[j].bytes)),
         );
-        busy.sort_unstable();
+        sort_by_key(&mut busy, |&(s, e)| [s as u64, e as u64, 0]);
         let mut chosen: Option<(usize, usize)> = None; // (offset, gap size)
         let mut cursor = 0usize;
         for &(s, e) in &busy {
@@ -106,7 +107,9 @@ impl LayoutStrategy for FirstUseOrder {
     }
     fn layout(&self, lives: &[TensorLife]) -> Layout {
         let mut order: Vec<usize> = (0..lives.len()).collect();
-        order.sort_by_key(|&i| (lives[i].first, core::cmp::Reverse(lives[i].last), i));
+        sort_by_key(&mut order, |&i| {
+            [lives[i].first as u64, rev(lives[i].last as u64), i as u64]
+        });
         place(lives, &order, false)
     }
 }
@@ -119,12 +122,12 @@ impl LayoutStrategy for LongestLifetimeFirst {
     }
     fn layout(&self, lives: &[TensorLife]) -> Layout {
         let mut order: Vec<usize> = (0..lives.len()).collect();
-        order.sort_by_key(|&i| {
-            (
-                core::cmp::Reverse(lives[i].last - lives[i].first),
-                core::cmp::Reverse(lives[i].bytes),
-                i,
-            )
+        sort_by_key(&mut order, |&i| {
+            [
+                rev((lives[i].last - lives[i].first) as u64),
+                rev(lives[i].bytes as u64),
+                i as u64,
+            ]
         });
         place(lives, &order, false)
     }
@@ -138,7 +141,9 @@ impl LayoutStrategy for BestFitBySize {
     }
     fn layout(&self, lives: &[TensorLife]) -> Layout {
         let mut order: Vec<usize> = (0..lives.len()).collect();
-        order.sort_by_key(|&i| (core::cmp::Reverse(lives[i].bytes), lives[i].first, i));
+        sort_by_key(&mut order, |&i| {
+            [rev(lives[i].bytes as u64), lives[i].first as u64, i as u64]
+        });
         place(lives, &order, true)
     }
 }

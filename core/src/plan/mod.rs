@@ -17,6 +17,7 @@ pub use layout::{
 use crate::backend::Placement;
 use crate::budget::{Budget, BudgetError};
 use crate::graph::{scratch_slot, Graph, NodeOp, Share, TensorId, TensorKind};
+use crate::sort::{sort_by_key, sort_short};
 
 /// An execution order: the index of an instruction in the step's program.
 pub type Eo = u32;
@@ -379,7 +380,7 @@ pub fn share_groups(g: &Graph, merge_in_place: bool) -> Vec<u32> {
     let mut gfirst = first.clone();
     let mut glast = last.clone();
     let mut order: Vec<usize> = (0..nt).filter(|&t| first[t] != Eo::MAX).collect();
-    order.sort_by_key(|&t| (first[t], t));
+    sort_by_key(&mut order, |&t| [first[t] as u64, t as u64, 0]);
     for &t in &order {
         let (target, modify) = match g.tensors[t].share {
             Share::ModifyView(j) if merge_in_place => (j, true),
@@ -463,7 +464,7 @@ pub fn lifetimes(g: &Graph, program: &[Instr], roots: &[u32]) -> Lifetimes {
     for (eo, ins) in program.iter().enumerate() {
         let eo = eo as Eo;
         touches(g, ins, &mut buf);
-        buf.sort_unstable();
+        sort_short(&mut buf);
         buf.dedup();
         // A group touched by several tensors of one instruction starts at most one segment.
         let mut seen_groups: Vec<u32> = Vec::new();
