@@ -198,7 +198,10 @@ pub fn main(_args: &[String]) -> Result<(), String> {
             );
         }
     }
-    adaptation()?;
+    // Halving the budget mid-step: from 1.2× the unconstrained arena (the plain plan runs) to 0.6× (just
+    // above the model's recompute floor, 0.57×: the deepest halving there is), and from 1.5× to 0.75×.
+    adaptation(1.2)?;
+    adaptation(1.5)?;
     Ok(())
 }
 
@@ -207,20 +210,23 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Melon §4.4: the budget drops at 25/50/75 % of a step. On-the-fly adaptation (switch plans between two
-/// ops, move what both plans keep) against stop-and-restart of the step on the smaller plan; overhead =
-/// step time minus the uninterrupted step on the larger plan.
-fn adaptation() -> Result<(), String> {
+/// Melon §4.4: the budget halves at 25/50/75 % of a step, from `from` × the unconstrained arena to half
+/// that. On-the-fly adaptation (switch plans between two ops, move what both plans keep) against
+/// stop-and-restart of the step on the smaller plan; overhead = step time minus the uninterrupted step on
+/// the plan for the first budget.
+fn adaptation(from: f64) -> Result<(), String> {
     let spec = model("residual-bn.toml")?;
     // A larger batch than the other tables: the switch and restart costs must dominate timer noise.
     let batch = 512;
     let g = Graph::new(&spec, batch).map_err(|e| e.to_string())?;
     let cost = CostModel::estimate(&g);
     let plain = Plan::new(g.clone()).needed_bytes();
-    // The residual-BN model's recompute floor is 0.57× its arena, so the drop is to 0.6×.
-    let low = plain * 3 / 5;
-    let table = ladder(&spec, batch, &[plain, low], &cost).map_err(|e| e.to_string())?;
-    let top = &table.entries.last().ok_or("empty ladder")?.plan;
+    let high = (plain as f64 * from) as usize;
+    let low = high / 2;
+    let table = ladder(&spec, batch, &[high, low], &cost).map_err(|e| e.to_string())?;
+    let top = &pick(&table, high)
+        .ok_or("no plan for the higher budget")?
+        .plan;
     let small = &pick(&table, low)
         .ok_or("no plan for the lower budget")?
         .plan;
@@ -275,12 +281,17 @@ fn adaptation() -> Result<(), String> {
     }
     let base = median(base);
     println!(
-        "\n### Budget drop mid-step (Melon §4.4): residual-BN CNN, batch 512, {} → {}\n",
-        fmt_kib(plain),
-        fmt_kib(low)
+        "\n### Budget halved mid-step (Melon §4.4): residual-BN CNN, batch 512, {} → {} ({from}× → {}× the unconstrained arena)\n",
+        fmt_kib(high),
+        fmt_kib(low),
+        from / 2.0
     );
     println!(
-        "uninterrupted step on the large plan: {base:.2} ms; the small plan has {} recomputes; medians of {} interleaved rounds\n",
+        "uninterrupted step on the first budget's plan ({} recomputes): {base:.2} ms; the halved budget's plan has {} recomputes; medians of {} interleaved rounds\n",
+        top.program
+            .iter()
+            .filter(|i| i.phase == frugal_core::plan::Phase::Recompute)
+            .count(),
         small
             .program
             .iter()
