@@ -26,6 +26,8 @@ pub mod budget;
 pub mod kernels;
 pub mod ops;
 pub mod rng;
+#[cfg(feature = "alloc")]
+mod sort;
 pub mod spill;
 
 #[cfg(feature = "alloc")]

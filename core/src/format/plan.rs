@@ -271,7 +271,8 @@ fn check_layout(
     }
     // Sweep over time: storages sorted by first use; `active` holds those still alive.
     let mut order: Vec<usize> = (0..lives.len()).collect();
-    order.sort_by_key(|&i| (lives[i].first, i));
+    // A heapsort by unique keys: the stable order, in a few words of stack (a Cortex-M0 decodes this).
+    crate::sort::heap_sort_by_key(&mut order, |&i| (lives[i].first, i));
     let mut active: Vec<usize> = Vec::new();
     for &i in &order {
         let li = &lives[i];

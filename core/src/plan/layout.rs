@@ -40,7 +40,9 @@ pub fn lower_bound(lives: &[TensorLife]) -> usize {
         events.push((l.last + 1, -(l.bytes as i64)));
     }
     // At equal times, frees (negative) first: a tensor ending at eo-1 and one starting at eo don't coexist.
-    events.sort_by_key(|&(t, d)| (t, d));
+    // Equal keys are equal events, so any sort gives the same sums; the heapsort needs a few words of
+    // stack (decoders run this).
+    crate::sort::heap_sort_by_key(&mut events, |&e| e);
     let (mut cur, mut best) = (0i64, 0i64);
     for (_, d) in events {
         cur += d;
