@@ -8,7 +8,7 @@ use alloc::vec::Vec;
 use super::arena::{carve, f32s};
 use super::{base_of, ExecError, StepStats, Target};
 use crate::budget::BudgetError;
-use crate::graph::{scratch_slot, Graph, Node, NodeOp, Share, TensorId, TensorKind};
+use crate::graph::{scratch_slot, Graph, Node, NodeOp, Param, Share, TensorId, TensorKind};
 use crate::kernels::int8 as k8;
 use crate::model::{Int8Update, LossKind, Precision};
 use crate::optim::{self, StepCtx};
@@ -36,8 +36,9 @@ pub struct Int8Executor<'p> {
     steps: u32,
     /// Exponent per tensor (indexed by the canonical tensor, see `canon`).
     exps: Vec<i32>,
-    /// Rescale state per tensor (outputs of Linear/Conv forward and derivative).
-    sites: Vec<Site>,
+    /// Rescale state of the tensors Linear/Conv produce (forward outputs and input derivatives), by
+    /// tensor: a handful of entries rather than one per tensor.
+    sites: Vec<(TensorId, Site)>,
     /// Canonical tensor of each tensor: read-only views and external tensors share their source's exponent.
     canon: Vec<TensorId>,
     /// Split-batch (micro-batch) gradient combination counters.
@@ -84,13 +85,29 @@ impl<'p> Int8Executor<'p> {
         let canon = (0..g.tensors.len() as TensorId)
             .map(|t| canonical(g, t))
             .collect();
+        // Linear and Conv rescale their output and their input derivative.
+        let rescaled = |n: &Node| match n.op {
+            NodeOp::Linear { .. } | NodeOp::Conv(_) => {
+                [Some(n.out), n.d_in.first().copied().flatten().map(|d| d.0)]
+            }
+            _ => [None, None],
+        };
+        let count = g.nodes.iter().flat_map(rescaled).flatten().count();
+        let mut sites = Vec::with_capacity(count);
+        sites.extend(
+            g.nodes
+                .iter()
+                .flat_map(rescaled)
+                .flatten()
+                .map(|t| (t, Site::default())),
+        );
         Ok(Self {
             plan,
             update,
             rescale: Rescale::Adaptive,
             steps: 0,
             exps: vec![0; g.tensors.len()],
-            sites: vec![Site::default(); g.tensors.len()],
+            sites,
             canon,
             combine: RescaleCounts::default(),
             input_exp: 0,
@@ -123,7 +140,7 @@ impl<'p> Int8Executor<'p> {
     /// Rescale counters summed over all tensors.
     pub fn counts(&self) -> RescaleCounts {
         let mut c = self.combine;
-        for s in &self.sites {
+        for (_, s) in &self.sites {
             c.add(&s.counts);
         }
         c
@@ -133,9 +150,8 @@ impl<'p> Int8Executor<'p> {
     pub fn sites(&self) -> impl Iterator<Item = (&str, &Site)> + '_ {
         self.sites
             .iter()
-            .enumerate()
             .filter(|(_, s)| s.ready)
-            .map(|(t, s)| (self.plan.graph.tensors[t].name.as_str(), s))
+            .map(|(t, s)| (self.plan.graph.tensors[*t as usize].name.as_str(), s))
     }
 
     /// The exponent of tensor `t` (real value = int8 value · 2^exponent).
@@ -324,6 +340,10 @@ impl<'p> Int8Executor<'p> {
     }
 
     /// One training step (forward, loss, backward, update) in integers.
+    ///
+    /// Every phase (forward, loss, gradient, derivative, apply) runs in a function of its own that is
+    /// never inlined, so their locals never share one stack frame: the step's stack is the deepest
+    /// phase, not their sum (a Cortex-M0 trains in about 2 KiB of stack).
     pub fn train_step(
         &mut self,
         arena: &mut [u8],
@@ -428,6 +448,7 @@ impl<'p> Int8Executor<'p> {
         self.plan.graph.tensors[t as usize].kind == TensorKind::External
     }
 
+    #[inline(never)] // own frame: see `train_step`
     fn loss(
         &mut self,
         eo: Eo,
@@ -498,6 +519,7 @@ impl<'p> Int8Executor<'p> {
     }
 
     #[allow(clippy::too_many_arguments)]
+    #[inline(never)] // own frame: see `train_step`
     fn forward(
         &mut self,
         eo: Eo,
@@ -556,7 +578,7 @@ impl<'p> Int8Executor<'p> {
                 } else {
                     XSrc::I8(i8s(xb))
                 };
-                let site = &mut self.sites[out as usize];
+                let site = site_of(&mut self.sites, out)?;
                 let shift = match &node.op {
                     NodeOp::Linear { fin, fout } => {
                         let xv = src.rows(0, n, *fin);
@@ -704,6 +726,7 @@ impl<'p> Int8Executor<'p> {
         Ok(())
     }
 
+    #[inline(never)] // own frame: see `train_step`
     fn grad_w(
         &mut self,
         eo: Eo,
@@ -929,6 +952,7 @@ impl<'p> Int8Executor<'p> {
         }
     }
 
+    #[inline(never)] // own frame: see `train_step`
     fn grad_x(
         &mut self,
         eo: Eo,
@@ -974,7 +998,7 @@ impl<'p> Int8Executor<'p> {
                     (_, p) => p,
                 };
                 let wv = self.weight(wb, i8s(wq), w)?;
-                let site = &mut self.sites[dx as usize];
+                let site = site_of(&mut self.sites, dx)?;
                 let shift = match &node.op {
                     NodeOp::Linear { fin, fout } => q::linear_grad_x(
                         n,
@@ -1140,13 +1164,12 @@ impl<'p> Int8Executor<'p> {
         Ok(())
     }
 
+    #[inline(never)] // own frame: see `train_step`
     fn apply(&mut self, eo: Eo, a: &mut [u8], ins: &Instr) -> Result<(), ExecError> {
         let plan = self.plan;
         let node = self.node(ins)?;
-        let ctx = StepCtx { t: self.steps + 1 };
         for p in &node.params {
             let Some(g) = p.grad else { continue };
-            let e_g = self.ex(g);
             match self.update {
                 Int8Update::Integer { update_bits } => {
                     let [wb, gb] = carve(
@@ -1156,89 +1179,113 @@ impl<'p> Int8Executor<'p> {
                     let seed = hash2(hash2(plan.graph.seed, self.steps as u64), p.value as u64);
                     quant::integer_update(i8s(wb), i8s(gb), update_bits as u32, seed);
                 }
-                Int8Update::FloatMaster => {
-                    let opt = &plan.graph.optimizer;
-                    let k = quant::pow2(e_g);
-                    let mut gf = [0f32; 256];
-                    let m = match p.state.as_slice() {
-                        [] => {
-                            let [wb, gb] = carve(
-                                a,
-                                [whole(plan, eo, Some(p.value)), whole(plan, eo, Some(g))],
-                            )?;
-                            let (w, g8) = (f32s(wb)?, i8s(gb));
-                            for (wc, gc) in w.chunks_mut(256).zip(g8.chunks(256)) {
-                                let gfc = &mut gf[..gc.len()];
-                                for (f, &v) in gfc.iter_mut().zip(gc) {
-                                    *f = v as f32 * k;
-                                }
-                                optim::apply(opt, ctx, wc, gfc, &mut []);
-                            }
-                            quant::max_abs_f32(w)
-                        }
-                        [s0] => {
-                            let [wb, gb, s0b] = carve(
-                                a,
-                                [
-                                    whole(plan, eo, Some(p.value)),
-                                    whole(plan, eo, Some(g)),
-                                    whole(plan, eo, Some(*s0)),
-                                ],
-                            )?;
-                            let (w, g8, s0) = (f32s(wb)?, i8s(gb), f32s(s0b)?);
-                            for ((wc, gc), sc) in w
-                                .chunks_mut(256)
-                                .zip(g8.chunks(256))
-                                .zip(s0.chunks_mut(256))
-                            {
-                                let gfc = &mut gf[..gc.len()];
-                                for (f, &v) in gfc.iter_mut().zip(gc) {
-                                    *f = v as f32 * k;
-                                }
-                                optim::apply(opt, ctx, wc, gfc, &mut [sc]);
-                            }
-                            quant::max_abs_f32(w)
-                        }
-                        [s0, s1] => {
-                            let [wb, gb, s0b, s1b] = carve(
-                                a,
-                                [
-                                    whole(plan, eo, Some(p.value)),
-                                    whole(plan, eo, Some(g)),
-                                    whole(plan, eo, Some(*s0)),
-                                    whole(plan, eo, Some(*s1)),
-                                ],
-                            )?;
-                            let (w, g8, s0, s1) = (f32s(wb)?, i8s(gb), f32s(s0b)?, f32s(s1b)?);
-                            for (((wc, gc), sc0), sc1) in w
-                                .chunks_mut(256)
-                                .zip(g8.chunks(256))
-                                .zip(s0.chunks_mut(256))
-                                .zip(s1.chunks_mut(256))
-                            {
-                                let gfc = &mut gf[..gc.len()];
-                                for (f, &v) in gfc.iter_mut().zip(gc) {
-                                    *f = v as f32 * k;
-                                }
-                                optim::apply(opt, ctx, wc, gfc, &mut [sc0, sc1]);
-                            }
-                            quant::max_abs_f32(w)
-                        }
-                        _ => {
-                            return Err(ExecError::BadPlan(
-                                "more optimizer state slots than any optimizer uses",
-                            ))
-                        }
-                    };
-                    if !m.is_finite() {
-                        return Err(ExecError::NonFinite("a master weight"));
-                    }
-                    self.set_ex(p.value, quant::exp_for_max(m));
-                }
+                Int8Update::FloatMaster => self.master_update(eo, a, p, g)?,
             }
         }
         Ok(())
     }
+
+    /// The float-master update of parameter `p` (gradient `g`): the model's optimizer on the dequantised
+    /// gradient, then the exponent of the new master. A frame of its own, only on the stack in this mode.
+    #[inline(never)]
+    fn master_update(
+        &mut self,
+        eo: Eo,
+        a: &mut [u8],
+        p: &Param,
+        g: TensorId,
+    ) -> Result<(), ExecError> {
+        let plan = self.plan;
+        let ctx = StepCtx { t: self.steps + 1 };
+        let e_g = self.ex(g);
+        let opt = &plan.graph.optimizer;
+        let k = quant::pow2(e_g);
+        let mut gf = [0f32; quant::CHUNK];
+        let m = match p.state.as_slice() {
+            [] => {
+                let [wb, gb] = carve(
+                    a,
+                    [whole(plan, eo, Some(p.value)), whole(plan, eo, Some(g))],
+                )?;
+                let (w, g8) = (f32s(wb)?, i8s(gb));
+                for (wc, gc) in w.chunks_mut(quant::CHUNK).zip(g8.chunks(quant::CHUNK)) {
+                    let gfc = &mut gf[..gc.len()];
+                    for (f, &v) in gfc.iter_mut().zip(gc) {
+                        *f = v as f32 * k;
+                    }
+                    optim::apply(opt, ctx, wc, gfc, &mut []);
+                }
+                quant::max_abs_f32(w)
+            }
+            [s0] => {
+                let [wb, gb, s0b] = carve(
+                    a,
+                    [
+                        whole(plan, eo, Some(p.value)),
+                        whole(plan, eo, Some(g)),
+                        whole(plan, eo, Some(*s0)),
+                    ],
+                )?;
+                let (w, g8, s0) = (f32s(wb)?, i8s(gb), f32s(s0b)?);
+                for ((wc, gc), sc) in w
+                    .chunks_mut(quant::CHUNK)
+                    .zip(g8.chunks(quant::CHUNK))
+                    .zip(s0.chunks_mut(quant::CHUNK))
+                {
+                    let gfc = &mut gf[..gc.len()];
+                    for (f, &v) in gfc.iter_mut().zip(gc) {
+                        *f = v as f32 * k;
+                    }
+                    optim::apply(opt, ctx, wc, gfc, &mut [sc]);
+                }
+                quant::max_abs_f32(w)
+            }
+            [s0, s1] => {
+                let [wb, gb, s0b, s1b] = carve(
+                    a,
+                    [
+                        whole(plan, eo, Some(p.value)),
+                        whole(plan, eo, Some(g)),
+                        whole(plan, eo, Some(*s0)),
+                        whole(plan, eo, Some(*s1)),
+                    ],
+                )?;
+                let (w, g8, s0, s1) = (f32s(wb)?, i8s(gb), f32s(s0b)?, f32s(s1b)?);
+                for (((wc, gc), sc0), sc1) in w
+                    .chunks_mut(quant::CHUNK)
+                    .zip(g8.chunks(quant::CHUNK))
+                    .zip(s0.chunks_mut(quant::CHUNK))
+                    .zip(s1.chunks_mut(quant::CHUNK))
+                {
+                    let gfc = &mut gf[..gc.len()];
+                    for (f, &v) in gfc.iter_mut().zip(gc) {
+                        *f = v as f32 * k;
+                    }
+                    optim::apply(opt, ctx, wc, gfc, &mut [sc0, sc1]);
+                }
+                quant::max_abs_f32(w)
+            }
+            _ => {
+                return Err(ExecError::BadPlan(
+                    "more optimizer state slots than any optimizer uses",
+                ))
+            }
+        };
+        if !m.is_finite() {
+            return Err(ExecError::NonFinite("a master weight"));
+        }
+        self.set_ex(p.value, quant::exp_for_max(m));
+        Ok(())
+    }
+}
+
+/// The rescale site of tensor `t`.
+fn site_of(sites: &mut [(TensorId, Site)], t: TensorId) -> Result<&mut Site, ExecError> {
+    sites
+        .iter_mut()
+        .find(|(u, _)| *u == t)
+        .map(|(_, s)| s)
+        .ok_or(ExecError::BadPlan("a Linear or Conv output has no rescale site"))
 }
 
 /// Read-only views and host tensors share their source's exponent.

@@ -63,6 +63,10 @@ use lut::EXP2_LUT;
 
 /// Elements of an i32 tile for Linear (rows of the batch × output features).
 pub const TILE: usize = 4096;
+/// Elements of the on-stack buffers that convert a tensor piece by piece (integer update, gradient
+/// combination, float-master update). Results do not depend on it (rounding noise is indexed by
+/// element); it is small because a Cortex-M0 trains in about 2 KiB of stack.
+pub const CHUNK: usize = 64;
 /// Largest self-adaptive period.
 pub const PERIOD_CAP: u16 = 64;
 /// Alignment of the parts an int8 scratch tensor is split into.
@@ -656,9 +660,9 @@ fn isqrt(v: u128) -> u128 {
 pub fn integer_update(w: &mut [i8], g: &[i8], update_bits: u32, seed: u64) {
     let m = g.iter().fold(0u32, |m, &v| m.max(v.unsigned_abs() as u32));
     let s = k8::bit_width(m).saturating_sub(update_bits);
-    let mut src = [0i32; 256];
-    let mut d = [0i8; 256];
-    for (c, (wc, gc)) in w.chunks_mut(256).zip(g.chunks(256)).enumerate() {
+    let mut src = [0i32; CHUNK];
+    let mut d = [0i8; CHUNK];
+    for (c, (wc, gc)) in w.chunks_mut(CHUNK).zip(g.chunks(CHUNK)).enumerate() {
         let len = wc.len();
         for (a, &b) in src.iter_mut().zip(gc) {
             *a = b as i32;
@@ -667,7 +671,7 @@ pub fn integer_update(w: &mut [i8], g: &[i8], update_bits: u32, seed: u64) {
             &src[..len],
             s,
             Rounding::Stochastic(seed),
-            (c * 256) as u64,
+            (c * CHUNK) as u64,
             &mut d[..len],
         );
         for (wv, &dv) in wc.iter_mut().zip(&d[..len]) {

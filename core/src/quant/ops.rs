@@ -709,7 +709,9 @@ pub fn maxpool_fwd(g: &PoolGeom, n: usize, x: &[i8], y: &mut [i8], idx: &mut [u8
     }
 }
 
-/// Max pooling derivative: `dx[argmax] += dy` moved from `e_dy` to `e_dx` (saturating).
+/// Max pooling derivative: `dx[argmax] += dy` moved from `e_dy` to `e_dx` (saturating). Not inlined:
+/// its table of window offsets stays off the stack of steps that pool nothing.
+#[inline(never)]
 pub fn maxpool_grad_x(
     g: &PoolGeom,
     n: usize,
