@@ -541,7 +541,7 @@ impl<'p> Int8Executor<'p> {
             NodeOp::Linear { .. } | NodeOp::Conv(_) => {
                 let w = node.params[0].value;
                 let b = node.params.get(1).map(|p| p.value);
-                let lay = quant::layouts(plan.graph.precision, &node.op, plan.graph.batch, ext)
+                let lay = layouts(&plan.graph, &node.op, ext)
                     .ok_or(ExecError::BadPlan("no int8 layout"))?[0];
                 let [xb, yb, wb, bb, sb] = carve(
                     a,
@@ -746,9 +746,9 @@ impl<'p> Int8Executor<'p> {
             .ok_or(ExecError::BadPlan("gradient without an output derivative"))?;
         let dw = node.params.first().and_then(|p| p.grad);
         let db = node.params.get(1).and_then(|p| p.grad);
-        let lay = quant::layouts(plan.graph.precision, &node.op, plan.graph.batch, ext).ok_or(
-            ExecError::BadPlan("gradient phase on a layer without parameters"),
-        )?[1];
+        let lay = layouts(&plan.graph, &node.op, ext).ok_or(ExecError::BadPlan(
+            "gradient phase on a layer without parameters",
+        ))?[1];
         let [xb, dyb, dwb, dbb, sb] = carve(
             a,
             [
@@ -785,25 +785,40 @@ impl<'p> Int8Executor<'p> {
             Some(&c) if c > 0 && (c as usize) < n => c as usize,
             _ => n,
         };
+        let e_acc = e_dy + e_x;
         let mut run = |me: &mut Self, chunk: usize| -> Result<(), ExecError> {
             let mut first = ins.mb == 0;
             for c0 in (0..n).step_by(chunk) {
                 let cn = chunk.min(n - c0);
-                let nw = match &node.op {
+                match &node.op {
                     NodeOp::Linear { fin, fout } => {
-                        let (accw, accbias) = acc.split_at_mut(fin * fout);
-                        let xv = src.rows(c0, cn, *fin);
-                        q::linear_grad_w(
-                            cn,
-                            *fin,
-                            *fout,
-                            xv,
-                            &dyv[c0 * fout..],
-                            accw,
-                            db.map(|_| &mut accbias[..*fout]),
-                            gs,
-                        );
-                        fin * fout
+                        let (fin, fout) = (*fin, *fout);
+                        // `rows` output rows of the weight gradient at a time (all of them unless the
+                        // graph has a `grad_tile`).
+                        let rows = quant::grad_rows(fout, fin, plan.graph.grad_tile);
+                        let (accw, accbias) = acc.split_at_mut(rows * fin);
+                        let xv = src.rows(c0, cn, fin);
+                        let dyc = &dyv[c0 * fout..];
+                        if let Some(t) = dw {
+                            let mut fill = |start: usize, out: &mut [i32]| {
+                                let (r0, nr) = (start / fin, out.len() / fin);
+                                q::linear_grad_w_rows(cn, fin, fout, r0, nr, xv, dyc, out, gs);
+                            };
+                            let part = if rows == fout {
+                                fill(0, accw);
+                                GradSrc::Whole(accw)
+                            } else {
+                                GradSrc::Tiles {
+                                    tile: accw,
+                                    fill: &mut fill,
+                                }
+                            };
+                            me.gradient_part(t, &mut *dwv, part, e_acc, first);
+                        }
+                        if let Some(t) = db {
+                            q::linear_grad_b(cn, fout, dyc, accbias);
+                            me.gradient_part(t, &mut *dbv, GradSrc::Whole(accbias), e_acc, first);
+                        }
                     }
                     NodeOp::Conv(g) => {
                         let kg = g.cin / g.groups * g.kh * g.kw;
@@ -821,21 +836,19 @@ impl<'p> Int8Executor<'p> {
                             dyc,
                             gs,
                         );
-                        g.cout * kg
+                        let (accw, accbias) = acc.split_at_mut(g.cout * kg);
+                        if let Some(t) = dw {
+                            me.gradient_part(t, &mut *dwv, GradSrc::Whole(accw), e_acc, first);
+                        }
+                        if let Some(t) = db {
+                            me.gradient_part(t, &mut *dbv, GradSrc::Whole(accbias), e_acc, first);
+                        }
                     }
                     _ => {
                         return Err(ExecError::BadPlan(
                             "gradient phase on a layer without parameters",
                         ))
                     }
-                };
-                let (accw, accbias) = acc.split_at_mut(nw);
-                let e_acc = e_dy + e_x;
-                if let Some(t) = dw {
-                    me.gradient_part(t, &mut *dwv, accw, e_acc, first);
-                }
-                if let Some(t) = db {
-                    me.gradient_part(t, &mut *dbv, accbias, e_acc, first);
                 }
                 first = false;
             }
@@ -861,43 +874,59 @@ impl<'p> Int8Executor<'p> {
         run(self, configured)
     }
 
-    /// Writes one chunk's i32 gradient as int8: exactly (the first chunk of a step), or combined with
-    /// the gradient so far by Mandheling Eq. 4 (later chunks and micro-batches): rescale to the larger
-    /// scale, skipped when the scales agree (counted), one more bit when the sum would saturate.
-    fn gradient_part(&mut self, t: TensorId, g8: &mut [i8], acc: &[i32], e_acc: i32, first: bool) {
+    /// Writes one chunk's i32 gradient (`part`) as int8: exactly (the first chunk of a step), or
+    /// combined with the gradient so far by Mandheling Eq. 4 (later chunks and micro-batches): rescale to
+    /// the larger scale, skipped when the scales agree (counted), one more bit when the sum would
+    /// saturate. A gradient in tiles is recomputed on every pass over it (two passes, or three to
+    /// combine); the int8 result is the same as from the whole gradient.
+    #[inline(never)] // own frame: see `train_step`
+    fn gradient_part(
+        &mut self,
+        t: TensorId,
+        g8: &mut [i8],
+        mut part: GradSrc<'_>,
+        e_acc: i32,
+        first: bool,
+    ) {
         let len = g8.len();
+        let mut m = 0;
+        part.each(len, &mut |_, v| m = m.max(k8::max_abs_i32(v)));
+        let s = k8::shift_for(m);
+        let e_new = e_acc + s as i32;
         if first {
-            let s = q::rescale_exact(&acc[..len], g8);
-            self.set_ex(t, e_acc + s as i32);
+            part.each(len, &mut |start, v| {
+                let dst = &mut g8[start..start + v.len()];
+                k8::rescale_i32_to_i8(v, s, k8::Rounding::Nearest, 0, dst);
+            });
+            self.set_ex(t, e_new);
             return;
         }
-        let s = k8::shift_for(k8::max_abs_i32(&acc[..len]));
-        let e_new = e_acc + s as i32;
         let e_old = self.ex(t);
-        let mut tmp = [0i8; 256];
-        // The new chunk is rescaled to int8 tile by tile (256 values on the stack) in both passes.
-        let mut e = e_old;
-        for pass in 0..2 {
-            let mut over = false;
-            for (c, chunk) in acc[..len].chunks(256).enumerate() {
+        let mut tmp = [0i8; quant::CHUNK];
+        // The new chunk is rescaled to int8 piece by piece (on the stack) in both passes.
+        let mut over = false;
+        part.each(len, &mut |start, v| {
+            for (c, chunk) in v.chunks(quant::CHUNK).enumerate() {
                 let tl = &mut tmp[..chunk.len()];
                 k8::rescale_i32_to_i8(chunk, s, k8::Rounding::Nearest, 0, tl);
-                let old = &mut g8[c * 256..c * 256 + chunk.len()];
-                if pass == 0 {
-                    over |= old
-                        .iter()
-                        .zip(tl.iter())
-                        .any(|(&o, &v)| q::eq4_sum(o, e_old, v, e_new).1);
-                } else {
-                    for (o, &v) in old.iter_mut().zip(tl.iter()) {
-                        *o = q::eq4_at(*o, e_old, v, e_new, e);
-                    }
+                let at = start + c * quant::CHUNK;
+                over |= g8[at..at + chunk.len()]
+                    .iter()
+                    .zip(tl.iter())
+                    .any(|(&o, &v)| q::eq4_sum(o, e_old, v, e_new).1);
+            }
+        });
+        let e = e_old.max(e_new) + over as i32;
+        part.each(len, &mut |start, v| {
+            for (c, chunk) in v.chunks(quant::CHUNK).enumerate() {
+                let tl = &mut tmp[..chunk.len()];
+                k8::rescale_i32_to_i8(chunk, s, k8::Rounding::Nearest, 0, tl);
+                let at = start + c * quant::CHUNK;
+                for (o, &v) in g8[at..at + chunk.len()].iter_mut().zip(tl.iter()) {
+                    *o = q::eq4_at(*o, e_old, v, e_new, e);
                 }
             }
-            if pass == 0 {
-                e = e_old.max(e_new) + over as i32;
-            }
-        }
+        });
         if e_old == e_new {
             self.combine.combine_skipped += 1;
         } else {
@@ -977,7 +1006,7 @@ impl<'p> Int8Executor<'p> {
             NodeOp::Linear { .. } | NodeOp::Conv(_) => {
                 let dx = dx.ok_or(ExecError::BadPlan("derivative without a target"))?;
                 let w = node.params[0].value;
-                let lay = quant::layouts(plan.graph.precision, &node.op, plan.graph.batch, false)
+                let lay = layouts(&plan.graph, &node.op, false)
                     .ok_or(ExecError::BadPlan("no int8 layout"))?[2];
                 let [dyb, wb, dxb, sb] = carve(
                     a,
@@ -1279,13 +1308,50 @@ impl<'p> Int8Executor<'p> {
     }
 }
 
+/// A chunk's i32 weight or bias gradient, for [`Int8Executor::gradient_part`].
+enum GradSrc<'a> {
+    /// All of it, computed.
+    Whole(&'a [i32]),
+    /// Computed on demand in tiles of `tile.len()` elements (the last one shorter): `fill(start, out)`
+    /// writes elements `start..start + out.len()` into `out`.
+    Tiles {
+        tile: &'a mut [i32],
+        fill: &'a mut dyn FnMut(usize, &mut [i32]),
+    },
+}
+
+impl GradSrc<'_> {
+    /// One pass over the first `len` elements, in order: `visit(start, values)` per piece (the tiles
+    /// are computed afresh on every pass).
+    fn each(&mut self, len: usize, visit: &mut dyn FnMut(usize, &[i32])) {
+        match self {
+            GradSrc::Whole(v) => visit(0, &v[..len]),
+            GradSrc::Tiles { tile, fill } => {
+                let step = tile.len().max(1);
+                for start in (0..len).step_by(step) {
+                    let v = &mut tile[..step.min(len - start)];
+                    fill(start, v);
+                    visit(start, v);
+                }
+            }
+        }
+    }
+}
+
+/// The scratch parts of a node of `g` (see [`quant::layouts`]).
+fn layouts(g: &Graph, op: &NodeOp, ext_in: bool) -> Option<[[usize; 5]; 3]> {
+    quant::layouts(g.precision, g.kernels, g.grad_tile, op, g.batch, ext_in)
+}
+
 /// The rescale site of tensor `t`.
 fn site_of(sites: &mut [(TensorId, Site)], t: TensorId) -> Result<&mut Site, ExecError> {
     sites
         .iter_mut()
         .find(|(u, _)| *u == t)
         .map(|(_, s)| s)
-        .ok_or(ExecError::BadPlan("a Linear or Conv output has no rescale site"))
+        .ok_or(ExecError::BadPlan(
+            "a Linear or Conv output has no rescale site",
+        ))
 }
 
 /// Read-only views and host tensors share their source's exponent.
