@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 
 use frugal_core::format::decode_model;
 use frugal_core::format::plan::encode_plan;
-use frugal_core::graph::Graph;
+use frugal_core::graph::{Graph, GraphOptions};
+use frugal_core::kernels::int8::KernelFamily;
 use frugal_core::model::{Int8Update, Precision};
 use frugal_core::plan::Plan;
 use frugal_core::policy::{plan_for_budget, CostModel, PolicyKind};
@@ -90,15 +91,26 @@ fn main() {
             0 => Int8Update::FloatMaster,
             bits => Int8Update::Integer { update_bits: bits },
         };
-        let g = Graph::with_precision(&spec, b.batch, Precision::Int8(update))
+        // Cortex-M runs the portable int8 kernel (no SIMD kernel exists for thumb targets): size the
+        // GEMM scratch for it alone instead of reserving AVX2's and VNNI's packing. The board may
+        // accumulate Linear weight gradients in tiles.
+        let options = GraphOptions {
+            precision: Precision::Int8(update),
+            kernels: KernelFamily::Portable,
+            grad_tile: b.int8_grad_tile,
+            names: true,
+        };
+        let g = Graph::with_options(&spec, b.batch, options)
             .unwrap_or_else(|e| panic!("{} in int8: {e}", b.model));
         let plan = Plan::new(g);
         let budget = b.arena_for(boards::Numerics::Int8);
+        // The static arena is 64-byte aligned, so it needs `arena_bytes`, without the slack
+        // `needed_bytes` keeps for an arena of any alignment.
         assert!(
-            plan.needed_bytes() <= budget,
+            plan.arena_bytes <= budget,
             "{} in int8 needs {} B, more than the {budget} B arena of {}",
             b.model,
-            plan.needed_bytes(),
+            plan.arena_bytes,
             b.name
         );
         plan

@@ -1,12 +1,14 @@
-//! An int8 training step (both update modes) allocates nothing: a counting global allocator sees zero
-//! allocations while the integer executor trains and evaluates (after planning, which may allocate).
+//! An int8 training step (both update modes, whole or tiled weight gradients) allocates nothing: a
+//! counting global allocator sees zero allocations while the integer executor trains and evaluates
+//! (after planning, which may allocate).
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use frugal_cli::workloads;
 use frugal_core::exec::int8::Int8Executor;
 use frugal_core::exec::Target;
-use frugal_core::graph::Graph;
+use frugal_core::graph::{Graph, GraphOptions};
+use frugal_core::kernels::int8::KernelFamily;
 use frugal_core::model::{Int8Update, LayerKind, LayerSpec, Precision, Src};
 use frugal_core::plan::Plan;
 
@@ -106,11 +108,22 @@ fn int8_training_steps_allocate_nothing() {
     }
     assert_eq!(spec.layers.len(), k + 3);
     let batch = 8;
-    for update in [
+    let updates = [
         Int8Update::FloatMaster,
         Int8Update::Integer { update_bits: 4 },
-    ] {
-        let plan = Plan::new(Graph::with_precision(&spec, batch, Precision::Int8(update)).unwrap());
+    ];
+    // Whole weight gradients with scratch for any kernel (hosts), and the microcontroller's sizing:
+    // the portable kernel's scratch and Linear weight gradients in tiles of 64 elements.
+    let sizings = [(KernelFamily::Any, 0), (KernelFamily::Portable, 64)];
+    for (update, (kernels, grad_tile)) in updates.into_iter().flat_map(|u| sizings.map(|s| (u, s)))
+    {
+        let options = GraphOptions {
+            precision: Precision::Int8(update),
+            kernels,
+            grad_tile,
+            ..GraphOptions::default()
+        };
+        let plan = Plan::new(Graph::with_options(&spec, batch, options).unwrap());
         let mut arena = vec![0u8; plan.needed_bytes()];
         let mut ex = Int8Executor::new(&plan, &arena).unwrap();
         ex.init_params(&mut arena, 1).unwrap();
@@ -128,7 +141,8 @@ fn int8_training_steps_allocate_nothing() {
         assert_eq!(
             ALLOCS.load(Ordering::Relaxed),
             0,
-            "{update:?}: an int8 step allocated"
+            "{update:?}, {} kernels, grad_tile {grad_tile}: an int8 step allocated",
+            kernels.name()
         );
         assert!(ex.counts().passes() > 0);
     }

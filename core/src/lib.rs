@@ -26,6 +26,8 @@ pub mod budget;
 pub mod kernels;
 pub mod ops;
 pub mod rng;
+#[cfg(feature = "alloc")]
+mod sort;
 pub mod spill;
 
 #[cfg(feature = "alloc")]
@@ -44,7 +46,5 @@ pub mod plan;
 pub mod policy;
 #[cfg(feature = "alloc")]
 pub mod quant;
-#[cfg(feature = "alloc")]
-pub mod sort;
 
 pub use budget::{Budget, BudgetError};

@@ -1,78 +1,62 @@
-//! One sort routine for the planner's many orderings. Every `sort_by_key` closure instantiates a sort
-//! of its own (a few KiB of code each; tens of KiB of the browser build across the planner); here every
-//! ordering builds a [`Key`] per element and one shared routine sorts `(key, index)` pairs.
-use alloc::vec::Vec;
+//! An in-place heapsort for every sort of the planner and the plan decoder: O(n log n), no allocation,
+//! no recursion and a few words of stack. `core`'s sorts keep scratch on the stack (the stable one up to
+//! 4 KiB, the unstable one several hundred bytes per recursion level), more than the ~2 KiB a Cortex-M0
+//! decodes a plan in; and each of their instantiations is several KiB of code (the browser build had
+//! 86 KiB of them before they all went through this one). Unstable: callers sort by unique keys (an
+//! index breaks ties where the order of equals matters) or by whole values, where every sort agrees.
 
-/// A sort key, compared lexicographically. Unsigned fields go in as they are; [`rev`] flips a field for
-/// descending order, [`signed`] maps a signed one onto the unsigned order.
-pub type Key = [u64; 3];
-
-/// `x` in descending order.
-pub const fn rev(x: u64) -> u64 {
-    u64::MAX - x
-}
-
-/// A signed field in ascending order.
-pub const fn signed(x: i64) -> u64 {
-    (x as u64) ^ (1 << 63)
-}
-
-/// Sorts `v` by `key`; equal keys keep their order (a stable sort). Allocates (the planner's use, never a
-/// training step's).
-pub fn sort_by_key<T: Copy>(v: &mut [T], key: impl Fn(&T) -> Key) {
-    let mut keyed: Vec<(Key, u32)> = v
-        .iter()
-        .enumerate()
-        .map(|(i, x)| (key(x), i as u32))
-        .collect();
-    sort_pairs(&mut keyed);
-    let old: Vec<T> = v.to_vec();
-    for (slot, &(_, i)) in v.iter_mut().zip(&keyed) {
-        *slot = old[i as usize];
+/// Sorts `v` by `key`, ascending (equal keys in unspecified order).
+pub(crate) fn heap_sort_by_key<T, K: Ord>(v: &mut [T], key: impl Fn(&T) -> K) {
+    let n = v.len();
+    for start in (0..n / 2).rev() {
+        sift_down(v, start, n, &key);
+    }
+    for end in (1..n).rev() {
+        v.swap(0, end);
+        sift_down(v, 0, end, &key);
     }
 }
 
-/// Sorts a short slice in place (insertion sort: no allocation, little code; quadratic, so only for a
-/// handful of elements, such as the tensors one instruction touches).
-pub fn sort_short<T: Copy + Ord>(v: &mut [T]) {
-    for i in 1..v.len() {
-        let mut j = i;
-        while j > 0 && v[j - 1] > v[j] {
-            v.swap(j - 1, j);
-            j -= 1;
+/// Restores the max-heap property of `v[..end]` below `root`.
+fn sift_down<T, K: Ord>(v: &mut [T], mut root: usize, end: usize, key: &impl Fn(&T) -> K) {
+    loop {
+        let mut child = 2 * root + 1;
+        if child >= end {
+            return;
         }
+        if child + 1 < end && key(&v[child]) < key(&v[child + 1]) {
+            child += 1;
+        }
+        if key(&v[root]) >= key(&v[child]) {
+            return;
+        }
+        v.swap(root, child);
+        root = child;
     }
-}
-
-/// The shared routine (the index makes every pair distinct, so an unstable sort is a stable one here).
-#[inline(never)]
-fn sort_pairs(v: &mut [(Key, u32)]) {
-    v.sort_unstable();
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use alloc::vec::Vec;
+    use proptest::prelude::*;
 
-    #[test]
-    fn sorts_stably_by_key_with_descending_and_signed_fields() {
-        let mut v: Vec<(i64, u32, char)> = vec![
-            (3, 1, 'a'),
-            (-2, 5, 'b'),
-            (3, 1, 'c'),
-            (0, 9, 'd'),
-            (-2, 7, 'e'),
-        ];
-        sort_by_key(&mut v, |&(s, u, _)| [signed(s), rev(u as u64), 0]);
-        let order: Vec<char> = v.iter().map(|x| x.2).collect();
-        assert_eq!(order, ['e', 'b', 'd', 'a', 'c']);
-        let mut w: Vec<u32> = (0..100).map(|i| (i * 37) % 101).collect();
-        let mut expect = w.clone();
-        expect.sort();
-        let mut short = w.clone();
-        sort_by_key(&mut w, |&x| [x as u64, 0, 0]);
-        assert_eq!(w, expect);
-        sort_short(&mut short);
-        assert_eq!(short, expect);
+    proptest! {
+        #[test]
+        fn heap_sort_agrees_with_the_standard_sort(mut v in proptest::collection::vec((0u8..8, any::<i16>()), 0..200)) {
+            let mut want = v.clone();
+            want.sort();
+            heap_sort_by_key(&mut v, |&x| x);
+            prop_assert_eq!(v, want);
+        }
+
+        #[test]
+        fn heap_sort_by_a_unique_key_is_the_stable_order(keys in proptest::collection::vec(0u32..16, 0..200)) {
+            let mut idx: Vec<usize> = (0..keys.len()).collect();
+            heap_sort_by_key(&mut idx, |&i| (keys[i], i));
+            let mut want: Vec<usize> = (0..keys.len()).collect();
+            want.sort_by_key(|&i| keys[i]);
+            prop_assert_eq!(idx, want);
+        }
     }
 }

@@ -5,8 +5,9 @@
 //!   trains in int8 from an int8 plan); the trainable weights, gradients, optimizer
 //!   state and activations all live in it, at offsets the host's planner chose at build time;
 //! - the **plan** (`FRGP`, with its `FRGM` model) was computed by `build.rs` with `frugal-core` for this
-//!   budget and sits in flash; it is decoded at boot into a small static heap, which is never touched
-//!   again: every training step is checked to allocate nothing;
+//!   budget and sits in flash; it is decoded at boot, without names, into a small static heap, which
+//!   then receives the executor's state and is never touched again: every training step is checked to
+//!   allocate nothing;
 //! - a `heapless` ring buffer holds the most recent labelled samples of a stream (the bundled digits in
 //!   flash stand in for a sensor); every `batch` arrivals it trains one step on them, and after each
 //!   epoch it evaluates on a held-out slice;
@@ -21,6 +22,8 @@
 
 extern crate alloc;
 
+use alloc::boxed::Box;
+
 mod boards;
 mod rt;
 mod stream;
@@ -32,7 +35,7 @@ use frugal_core::exec::int8::Int8Executor;
 #[cfg(not(feature = "int8"))]
 use frugal_core::exec::Executor;
 use frugal_core::exec::{ExecError, StepStats, Target};
-use frugal_core::format::plan::decode_plan;
+use frugal_core::format::plan::decode_plan_unnamed;
 use frugal_core::model::Precision;
 use frugal_core::plan::Plan;
 use heapless::Deque;
@@ -139,9 +142,11 @@ fn run() -> bool {
     }
 }
 
-/// Boot report, clock check and plan decoding.
+/// Boot report, clock check and plan decoding. The plan goes to the heap, whose room after decoding
+/// (decoding needs more at its peak than the plan it leaves) also holds the executor's state: they
+/// cost no RAM beyond what decoding needs, and stay off the stack.
 #[inline(never)]
-fn boot() -> Option<Plan> {
+fn boot() -> Option<Box<Plan>> {
     info!(
         "frugal-firmware on {=str} in {=str}: arena (budget) {=usize} B, heap {=usize} B, batch {=usize}, {=usize} training / {=usize} held-out samples in flash",
         BOARD.name, NUMERICS.name(), ARENA, HEAP, BATCH, BOARD.n_train, BOARD.n_test
@@ -156,13 +161,7 @@ fn boot() -> Option<Plan> {
         rt::stack_used()
     );
     let t0 = rt::ticks();
-    let plan = match decode_plan(PLAN) {
-        Ok((_spec, plan)) => plan,
-        Err(e) => {
-            error!("the baked plan does not decode: {}", Display2Format(&e));
-            return None;
-        }
-    };
+    let plan = decode()?;
     let h = rt::heap();
     info!(
         "plan decoded in {=u64} ticks: {=usize} instructions, micro-batch {=usize} x {=u16}, arena {=usize} B (lower bound {=usize} B, layout {=str}); heap {=usize} B in use, peak {=usize} B, {=u32} allocations",
@@ -182,6 +181,19 @@ fn boot() -> Option<Plan> {
         rt::stack_used()
     );
     Some(plan)
+}
+
+/// The baked plan, decoded without names (the heap holds only what runs it), onto the heap. A frame of
+/// its own, so the decoder's locals never add to the boot report's.
+#[inline(never)]
+fn decode() -> Option<Box<Plan>> {
+    match decode_plan_unnamed(PLAN) {
+        Ok(plan) => Some(Box::new(plan)),
+        Err(e) => {
+            error!("the baked plan does not decode: {}", Display2Format(&e));
+            None
+        }
+    }
 }
 
 /// Trains on the stream and evaluates after each epoch.

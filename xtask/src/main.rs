@@ -2,7 +2,7 @@
 //! - `test [--fast]`: everything CI checks — fmt, clippy, the workspace tests, `frugal-core` built
 //!   without `std` for Cortex-M4F, Cortex-M0 and wasm32, the memory benchmark's targets, the int8 kernels
 //!   on aarch64 (qemu) and wasm32 (Node), the browser build and its Chromium tests, and the firmware on
-//!   the Cortex-M4F board in QEMU (`--fast` leaves out those last three).
+//!   the Cortex-M4F and Cortex-M0 boards in QEMU (`--fast` leaves out those last three).
 //! - `bench memory [--only id,id] [--steps N]`: the reference workloads, each in a fresh process: arena,
 //!   lower bound, peak RSS over the process baseline, ms/step at one thread, beside PyTorch's and the
 //!   best peer's numbers measured on this machine kind.
@@ -206,10 +206,13 @@ fn test(args: &[String]) -> Result<(), String> {
             "browser: frugal-wasm, the demo in Chromium, cross-target losses",
             web::main(&["--test".to_string()]),
         )?;
-        // The micro:bit (Cortex-M0, 16 KiB) does not fit yet: see firmware/README.md.
         step(
             "firmware on netduinoplus2 (QEMU), f32 and int8",
             firmware::main(&["--board".to_string(), "netduinoplus2".to_string()]),
+        )?;
+        step(
+            "firmware on microbit (QEMU, Cortex-M0, 16 KiB RAM), int8",
+            firmware::main(&["--board".to_string(), "microbit".to_string()]),
         )?;
     }
     eprintln!("\nall checks passed");

@@ -57,6 +57,7 @@
 use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
+use core::cmp::Reverse;
 use core::ptr;
 
 use super::{
@@ -71,7 +72,7 @@ use crate::optim::StepCtx;
 use crate::plan::{touches, Eo, Instr, Phase, Plan, TensorLife, ALIGN};
 use crate::policy::{recompute, CostModel, PlanError};
 use crate::rng::hash2;
-use crate::sort::{rev, sort_by_key};
+use crate::sort::heap_sort_by_key;
 
 /// Plans `spec` at `batch` for each of `budgets` with Melon's progressive recomputation at one
 /// micro-batch ([`recompute`]), so any two entries can be lined up in the middle of a step. Budgets no
@@ -404,8 +405,10 @@ impl<'p, B: Backend> Executor<'p, B> {
                             .filter(|e| e.plan.needed_bytes() <= b.bytes.min(cap))
                             .filter(|e| runnable(&e.plan).is_ok())
                             .collect();
-                        sort_by_key(&mut fits, |e| {
-                            [rev(ptr::eq(&e.plan, next) as u64), rev(e.budget as u64), 0]
+                        // The table's order breaks ties (a unique key: the heapsort is not stable).
+                        let pos = |e: &PlanEntry| table.entries.iter().position(|x| ptr::eq(x, e));
+                        heap_sort_by_key(&mut fits, |e| {
+                            (Reverse((ptr::eq(&e.plan, next), e.budget)), pos(e))
                         });
                         let found = fits.iter().find_map(|e| {
                             plan_switch(plan, eo, &e.plan, None, hi)
@@ -1266,9 +1269,7 @@ fn regenerate(
         }
         let mut order: Vec<&(usize, usize, usize, usize)> =
             items.iter().filter(|it| at[it.0] == usize::MAX).collect();
-        sort_by_key(&mut order, |it| {
-            [it.2 as u64, rev(it.3 as u64), rev(it.1 as u64)]
-        });
+        heap_sort_by_key(&mut order, |it| (it.2, Reverse(it.3), Reverse(it.1), it.0));
         for &&(h, len, from, to) in &order {
             let busy: Vec<(usize, usize)> = placed
                 .iter()

@@ -8,7 +8,7 @@ use alloc::vec::Vec;
 use super::arena::{carve, f32s};
 use super::{base_of, ExecError, StepStats, Target};
 use crate::budget::BudgetError;
-use crate::graph::{scratch_slot, Graph, Node, NodeOp, Share, TensorId, TensorKind};
+use crate::graph::{scratch_slot, Graph, Node, NodeOp, Param, Share, TensorId, TensorKind};
 use crate::kernels::int8 as k8;
 use crate::model::{Int8Update, LossKind, Precision};
 use crate::optim::{self, StepCtx};
@@ -36,8 +36,9 @@ pub struct Int8Executor<'p> {
     steps: u32,
     /// Exponent per tensor (indexed by the canonical tensor, see `canon`).
     exps: Vec<i32>,
-    /// Rescale state per tensor (outputs of Linear/Conv forward and derivative).
-    sites: Vec<Site>,
+    /// Rescale state of the tensors Linear/Conv produce (forward outputs and input derivatives), by
+    /// tensor: a handful of entries rather than one per tensor.
+    sites: Vec<(TensorId, Site)>,
     /// Canonical tensor of each tensor: read-only views and external tensors share their source's exponent.
     canon: Vec<TensorId>,
     /// Split-batch (micro-batch) gradient combination counters.
@@ -84,13 +85,29 @@ impl<'p> Int8Executor<'p> {
         let canon = (0..g.tensors.len() as TensorId)
             .map(|t| canonical(g, t))
             .collect();
+        // Linear and Conv rescale their output and their input derivative.
+        let rescaled = |n: &Node| match n.op {
+            NodeOp::Linear { .. } | NodeOp::Conv(_) => {
+                [Some(n.out), n.d_in.first().copied().flatten().map(|d| d.0)]
+            }
+            _ => [None, None],
+        };
+        let count = g.nodes.iter().flat_map(rescaled).flatten().count();
+        let mut sites = Vec::with_capacity(count);
+        sites.extend(
+            g.nodes
+                .iter()
+                .flat_map(rescaled)
+                .flatten()
+                .map(|t| (t, Site::default())),
+        );
         Ok(Self {
             plan,
             update,
             rescale: Rescale::Adaptive,
             steps: 0,
             exps: vec![0; g.tensors.len()],
-            sites: vec![Site::default(); g.tensors.len()],
+            sites,
             canon,
             combine: RescaleCounts::default(),
             input_exp: 0,
@@ -123,7 +140,7 @@ impl<'p> Int8Executor<'p> {
     /// Rescale counters summed over all tensors.
     pub fn counts(&self) -> RescaleCounts {
         let mut c = self.combine;
-        for s in &self.sites {
+        for (_, s) in &self.sites {
             c.add(&s.counts);
         }
         c
@@ -133,9 +150,8 @@ impl<'p> Int8Executor<'p> {
     pub fn sites(&self) -> impl Iterator<Item = (&str, &Site)> + '_ {
         self.sites
             .iter()
-            .enumerate()
             .filter(|(_, s)| s.ready)
-            .map(|(t, s)| (self.plan.graph.tensors[t].name.as_str(), s))
+            .map(|(t, s)| (self.plan.graph.tensors[*t as usize].name.as_str(), s))
     }
 
     /// The exponent of tensor `t` (real value = int8 value · 2^exponent).
@@ -324,6 +340,10 @@ impl<'p> Int8Executor<'p> {
     }
 
     /// One training step (forward, loss, backward, update) in integers.
+    ///
+    /// Every phase (forward, loss, gradient, derivative, apply) runs in a function of its own that is
+    /// never inlined, so their locals never share one stack frame: the step's stack is the deepest
+    /// phase, not their sum (a Cortex-M0 trains in about 2 KiB of stack).
     pub fn train_step(
         &mut self,
         arena: &mut [u8],
@@ -428,6 +448,7 @@ impl<'p> Int8Executor<'p> {
         self.plan.graph.tensors[t as usize].kind == TensorKind::External
     }
 
+    #[inline(never)] // own frame: see `train_step`
     fn loss(
         &mut self,
         eo: Eo,
@@ -498,6 +519,7 @@ impl<'p> Int8Executor<'p> {
     }
 
     #[allow(clippy::too_many_arguments)]
+    #[inline(never)] // own frame: see `train_step`
     fn forward(
         &mut self,
         eo: Eo,
@@ -519,7 +541,7 @@ impl<'p> Int8Executor<'p> {
             NodeOp::Linear { .. } | NodeOp::Conv(_) => {
                 let w = node.params[0].value;
                 let b = node.params.get(1).map(|p| p.value);
-                let lay = quant::layouts(plan.graph.precision, &node.op, plan.graph.batch, ext)
+                let lay = layouts(&plan.graph, &node.op, ext)
                     .ok_or(ExecError::BadPlan("no int8 layout"))?[0];
                 let [xb, yb, wb, bb, sb] = carve(
                     a,
@@ -556,7 +578,7 @@ impl<'p> Int8Executor<'p> {
                 } else {
                     XSrc::I8(i8s(xb))
                 };
-                let site = &mut self.sites[out as usize];
+                let site = site_of(&mut self.sites, out)?;
                 let shift = match &node.op {
                     NodeOp::Linear { fin, fout } => {
                         let xv = src.rows(0, n, *fin);
@@ -704,6 +726,7 @@ impl<'p> Int8Executor<'p> {
         Ok(())
     }
 
+    #[inline(never)] // own frame: see `train_step`
     fn grad_w(
         &mut self,
         eo: Eo,
@@ -723,9 +746,9 @@ impl<'p> Int8Executor<'p> {
             .ok_or(ExecError::BadPlan("gradient without an output derivative"))?;
         let dw = node.params.first().and_then(|p| p.grad);
         let db = node.params.get(1).and_then(|p| p.grad);
-        let lay = quant::layouts(plan.graph.precision, &node.op, plan.graph.batch, ext).ok_or(
-            ExecError::BadPlan("gradient phase on a layer without parameters"),
-        )?[1];
+        let lay = layouts(&plan.graph, &node.op, ext).ok_or(ExecError::BadPlan(
+            "gradient phase on a layer without parameters",
+        ))?[1];
         let [xb, dyb, dwb, dbb, sb] = carve(
             a,
             [
@@ -762,25 +785,40 @@ impl<'p> Int8Executor<'p> {
             Some(&c) if c > 0 && (c as usize) < n => c as usize,
             _ => n,
         };
+        let e_acc = e_dy + e_x;
         let mut run = |me: &mut Self, chunk: usize| -> Result<(), ExecError> {
             let mut first = ins.mb == 0;
             for c0 in (0..n).step_by(chunk) {
                 let cn = chunk.min(n - c0);
-                let nw = match &node.op {
+                match &node.op {
                     NodeOp::Linear { fin, fout } => {
-                        let (accw, accbias) = acc.split_at_mut(fin * fout);
-                        let xv = src.rows(c0, cn, *fin);
-                        q::linear_grad_w(
-                            cn,
-                            *fin,
-                            *fout,
-                            xv,
-                            &dyv[c0 * fout..],
-                            accw,
-                            db.map(|_| &mut accbias[..*fout]),
-                            gs,
-                        );
-                        fin * fout
+                        let (fin, fout) = (*fin, *fout);
+                        // `rows` output rows of the weight gradient at a time (all of them unless the
+                        // graph has a `grad_tile`).
+                        let rows = quant::grad_rows(fout, fin, plan.graph.grad_tile);
+                        let (accw, accbias) = acc.split_at_mut(rows * fin);
+                        let xv = src.rows(c0, cn, fin);
+                        let dyc = &dyv[c0 * fout..];
+                        if let Some(t) = dw {
+                            let mut fill = |start: usize, out: &mut [i32]| {
+                                let (r0, nr) = (start / fin, out.len() / fin);
+                                q::linear_grad_w_rows(cn, fin, fout, r0, nr, xv, dyc, out, gs);
+                            };
+                            let part = if rows == fout {
+                                fill(0, accw);
+                                GradSrc::Whole(accw)
+                            } else {
+                                GradSrc::Tiles {
+                                    tile: accw,
+                                    fill: &mut fill,
+                                }
+                            };
+                            me.gradient_part(t, &mut *dwv, part, e_acc, first);
+                        }
+                        if let Some(t) = db {
+                            q::linear_grad_b(cn, fout, dyc, accbias);
+                            me.gradient_part(t, &mut *dbv, GradSrc::Whole(accbias), e_acc, first);
+                        }
                     }
                     NodeOp::Conv(g) => {
                         let kg = g.cin / g.groups * g.kh * g.kw;
@@ -798,21 +836,19 @@ impl<'p> Int8Executor<'p> {
                             dyc,
                             gs,
                         );
-                        g.cout * kg
+                        let (accw, accbias) = acc.split_at_mut(g.cout * kg);
+                        if let Some(t) = dw {
+                            me.gradient_part(t, &mut *dwv, GradSrc::Whole(accw), e_acc, first);
+                        }
+                        if let Some(t) = db {
+                            me.gradient_part(t, &mut *dbv, GradSrc::Whole(accbias), e_acc, first);
+                        }
                     }
                     _ => {
                         return Err(ExecError::BadPlan(
                             "gradient phase on a layer without parameters",
                         ))
                     }
-                };
-                let (accw, accbias) = acc.split_at_mut(nw);
-                let e_acc = e_dy + e_x;
-                if let Some(t) = dw {
-                    me.gradient_part(t, &mut *dwv, accw, e_acc, first);
-                }
-                if let Some(t) = db {
-                    me.gradient_part(t, &mut *dbv, accbias, e_acc, first);
                 }
                 first = false;
             }
@@ -838,43 +874,59 @@ impl<'p> Int8Executor<'p> {
         run(self, configured)
     }
 
-    /// Writes one chunk's i32 gradient as int8: exactly (the first chunk of a step), or combined with
-    /// the gradient so far by Mandheling Eq. 4 (later chunks and micro-batches): rescale to the larger
-    /// scale, skipped when the scales agree (counted), one more bit when the sum would saturate.
-    fn gradient_part(&mut self, t: TensorId, g8: &mut [i8], acc: &[i32], e_acc: i32, first: bool) {
+    /// Writes one chunk's i32 gradient (`part`) as int8: exactly (the first chunk of a step), or
+    /// combined with the gradient so far by Mandheling Eq. 4 (later chunks and micro-batches): rescale to
+    /// the larger scale, skipped when the scales agree (counted), one more bit when the sum would
+    /// saturate. A gradient in tiles is recomputed on every pass over it (two passes, or three to
+    /// combine); the int8 result is the same as from the whole gradient.
+    #[inline(never)] // own frame: see `train_step`
+    fn gradient_part(
+        &mut self,
+        t: TensorId,
+        g8: &mut [i8],
+        mut part: GradSrc<'_>,
+        e_acc: i32,
+        first: bool,
+    ) {
         let len = g8.len();
+        let mut m = 0;
+        part.each(len, &mut |_, v| m = m.max(k8::max_abs_i32(v)));
+        let s = k8::shift_for(m);
+        let e_new = e_acc + s as i32;
         if first {
-            let s = q::rescale_exact(&acc[..len], g8);
-            self.set_ex(t, e_acc + s as i32);
+            part.each(len, &mut |start, v| {
+                let dst = &mut g8[start..start + v.len()];
+                k8::rescale_i32_to_i8(v, s, k8::Rounding::Nearest, 0, dst);
+            });
+            self.set_ex(t, e_new);
             return;
         }
-        let s = k8::shift_for(k8::max_abs_i32(&acc[..len]));
-        let e_new = e_acc + s as i32;
         let e_old = self.ex(t);
-        let mut tmp = [0i8; 256];
-        // The new chunk is rescaled to int8 tile by tile (256 values on the stack) in both passes.
-        let mut e = e_old;
-        for pass in 0..2 {
-            let mut over = false;
-            for (c, chunk) in acc[..len].chunks(256).enumerate() {
+        let mut tmp = [0i8; quant::CHUNK];
+        // The new chunk is rescaled to int8 piece by piece (on the stack) in both passes.
+        let mut over = false;
+        part.each(len, &mut |start, v| {
+            for (c, chunk) in v.chunks(quant::CHUNK).enumerate() {
                 let tl = &mut tmp[..chunk.len()];
                 k8::rescale_i32_to_i8(chunk, s, k8::Rounding::Nearest, 0, tl);
-                let old = &mut g8[c * 256..c * 256 + chunk.len()];
-                if pass == 0 {
-                    over |= old
-                        .iter()
-                        .zip(tl.iter())
-                        .any(|(&o, &v)| q::eq4_sum(o, e_old, v, e_new).1);
-                } else {
-                    for (o, &v) in old.iter_mut().zip(tl.iter()) {
-                        *o = q::eq4_at(*o, e_old, v, e_new, e);
-                    }
+                let at = start + c * quant::CHUNK;
+                over |= g8[at..at + chunk.len()]
+                    .iter()
+                    .zip(tl.iter())
+                    .any(|(&o, &v)| q::eq4_sum(o, e_old, v, e_new).1);
+            }
+        });
+        let e = e_old.max(e_new) + over as i32;
+        part.each(len, &mut |start, v| {
+            for (c, chunk) in v.chunks(quant::CHUNK).enumerate() {
+                let tl = &mut tmp[..chunk.len()];
+                k8::rescale_i32_to_i8(chunk, s, k8::Rounding::Nearest, 0, tl);
+                let at = start + c * quant::CHUNK;
+                for (o, &v) in g8[at..at + chunk.len()].iter_mut().zip(tl.iter()) {
+                    *o = q::eq4_at(*o, e_old, v, e_new, e);
                 }
             }
-            if pass == 0 {
-                e = e_old.max(e_new) + over as i32;
-            }
-        }
+        });
         if e_old == e_new {
             self.combine.combine_skipped += 1;
         } else {
@@ -929,6 +981,7 @@ impl<'p> Int8Executor<'p> {
         }
     }
 
+    #[inline(never)] // own frame: see `train_step`
     fn grad_x(
         &mut self,
         eo: Eo,
@@ -953,7 +1006,7 @@ impl<'p> Int8Executor<'p> {
             NodeOp::Linear { .. } | NodeOp::Conv(_) => {
                 let dx = dx.ok_or(ExecError::BadPlan("derivative without a target"))?;
                 let w = node.params[0].value;
-                let lay = quant::layouts(plan.graph.precision, &node.op, plan.graph.batch, false)
+                let lay = layouts(&plan.graph, &node.op, false)
                     .ok_or(ExecError::BadPlan("no int8 layout"))?[2];
                 let [dyb, wb, dxb, sb] = carve(
                     a,
@@ -974,7 +1027,7 @@ impl<'p> Int8Executor<'p> {
                     (_, p) => p,
                 };
                 let wv = self.weight(wb, i8s(wq), w)?;
-                let site = &mut self.sites[dx as usize];
+                let site = site_of(&mut self.sites, dx)?;
                 let shift = match &node.op {
                     NodeOp::Linear { fin, fout } => q::linear_grad_x(
                         n,
@@ -1140,13 +1193,12 @@ impl<'p> Int8Executor<'p> {
         Ok(())
     }
 
+    #[inline(never)] // own frame: see `train_step`
     fn apply(&mut self, eo: Eo, a: &mut [u8], ins: &Instr) -> Result<(), ExecError> {
         let plan = self.plan;
         let node = self.node(ins)?;
-        let ctx = StepCtx { t: self.steps + 1 };
         for p in &node.params {
             let Some(g) = p.grad else { continue };
-            let e_g = self.ex(g);
             match self.update {
                 Int8Update::Integer { update_bits } => {
                     let [wb, gb] = carve(
@@ -1156,89 +1208,150 @@ impl<'p> Int8Executor<'p> {
                     let seed = hash2(hash2(plan.graph.seed, self.steps as u64), p.value as u64);
                     quant::integer_update(i8s(wb), i8s(gb), update_bits as u32, seed);
                 }
-                Int8Update::FloatMaster => {
-                    let opt = &plan.graph.optimizer;
-                    let k = quant::pow2(e_g);
-                    let mut gf = [0f32; 256];
-                    let m = match p.state.as_slice() {
-                        [] => {
-                            let [wb, gb] = carve(
-                                a,
-                                [whole(plan, eo, Some(p.value)), whole(plan, eo, Some(g))],
-                            )?;
-                            let (w, g8) = (f32s(wb)?, i8s(gb));
-                            for (wc, gc) in w.chunks_mut(256).zip(g8.chunks(256)) {
-                                let gfc = &mut gf[..gc.len()];
-                                for (f, &v) in gfc.iter_mut().zip(gc) {
-                                    *f = v as f32 * k;
-                                }
-                                optim::apply(opt, ctx, wc, gfc, &mut []);
-                            }
-                            quant::max_abs_f32(w)
-                        }
-                        [s0] => {
-                            let [wb, gb, s0b] = carve(
-                                a,
-                                [
-                                    whole(plan, eo, Some(p.value)),
-                                    whole(plan, eo, Some(g)),
-                                    whole(plan, eo, Some(*s0)),
-                                ],
-                            )?;
-                            let (w, g8, s0) = (f32s(wb)?, i8s(gb), f32s(s0b)?);
-                            for ((wc, gc), sc) in w
-                                .chunks_mut(256)
-                                .zip(g8.chunks(256))
-                                .zip(s0.chunks_mut(256))
-                            {
-                                let gfc = &mut gf[..gc.len()];
-                                for (f, &v) in gfc.iter_mut().zip(gc) {
-                                    *f = v as f32 * k;
-                                }
-                                optim::apply(opt, ctx, wc, gfc, &mut [sc]);
-                            }
-                            quant::max_abs_f32(w)
-                        }
-                        [s0, s1] => {
-                            let [wb, gb, s0b, s1b] = carve(
-                                a,
-                                [
-                                    whole(plan, eo, Some(p.value)),
-                                    whole(plan, eo, Some(g)),
-                                    whole(plan, eo, Some(*s0)),
-                                    whole(plan, eo, Some(*s1)),
-                                ],
-                            )?;
-                            let (w, g8, s0, s1) = (f32s(wb)?, i8s(gb), f32s(s0b)?, f32s(s1b)?);
-                            for (((wc, gc), sc0), sc1) in w
-                                .chunks_mut(256)
-                                .zip(g8.chunks(256))
-                                .zip(s0.chunks_mut(256))
-                                .zip(s1.chunks_mut(256))
-                            {
-                                let gfc = &mut gf[..gc.len()];
-                                for (f, &v) in gfc.iter_mut().zip(gc) {
-                                    *f = v as f32 * k;
-                                }
-                                optim::apply(opt, ctx, wc, gfc, &mut [sc0, sc1]);
-                            }
-                            quant::max_abs_f32(w)
-                        }
-                        _ => {
-                            return Err(ExecError::BadPlan(
-                                "more optimizer state slots than any optimizer uses",
-                            ))
-                        }
-                    };
-                    if !m.is_finite() {
-                        return Err(ExecError::NonFinite("a master weight"));
-                    }
-                    self.set_ex(p.value, quant::exp_for_max(m));
-                }
+                Int8Update::FloatMaster => self.master_update(eo, a, p, g)?,
             }
         }
         Ok(())
     }
+
+    /// The float-master update of parameter `p` (gradient `g`): the model's optimizer on the dequantised
+    /// gradient, then the exponent of the new master. A frame of its own, only on the stack in this mode.
+    #[inline(never)]
+    fn master_update(
+        &mut self,
+        eo: Eo,
+        a: &mut [u8],
+        p: &Param,
+        g: TensorId,
+    ) -> Result<(), ExecError> {
+        let plan = self.plan;
+        let ctx = StepCtx { t: self.steps + 1 };
+        let e_g = self.ex(g);
+        let opt = &plan.graph.optimizer;
+        let k = quant::pow2(e_g);
+        let mut gf = [0f32; quant::CHUNK];
+        let m = match p.state.as_slice() {
+            [] => {
+                let [wb, gb] = carve(
+                    a,
+                    [whole(plan, eo, Some(p.value)), whole(plan, eo, Some(g))],
+                )?;
+                let (w, g8) = (f32s(wb)?, i8s(gb));
+                for (wc, gc) in w.chunks_mut(quant::CHUNK).zip(g8.chunks(quant::CHUNK)) {
+                    let gfc = &mut gf[..gc.len()];
+                    for (f, &v) in gfc.iter_mut().zip(gc) {
+                        *f = v as f32 * k;
+                    }
+                    optim::apply(opt, ctx, wc, gfc, &mut []);
+                }
+                quant::max_abs_f32(w)
+            }
+            [s0] => {
+                let [wb, gb, s0b] = carve(
+                    a,
+                    [
+                        whole(plan, eo, Some(p.value)),
+                        whole(plan, eo, Some(g)),
+                        whole(plan, eo, Some(*s0)),
+                    ],
+                )?;
+                let (w, g8, s0) = (f32s(wb)?, i8s(gb), f32s(s0b)?);
+                for ((wc, gc), sc) in w
+                    .chunks_mut(quant::CHUNK)
+                    .zip(g8.chunks(quant::CHUNK))
+                    .zip(s0.chunks_mut(quant::CHUNK))
+                {
+                    let gfc = &mut gf[..gc.len()];
+                    for (f, &v) in gfc.iter_mut().zip(gc) {
+                        *f = v as f32 * k;
+                    }
+                    optim::apply(opt, ctx, wc, gfc, &mut [sc]);
+                }
+                quant::max_abs_f32(w)
+            }
+            [s0, s1] => {
+                let [wb, gb, s0b, s1b] = carve(
+                    a,
+                    [
+                        whole(plan, eo, Some(p.value)),
+                        whole(plan, eo, Some(g)),
+                        whole(plan, eo, Some(*s0)),
+                        whole(plan, eo, Some(*s1)),
+                    ],
+                )?;
+                let (w, g8, s0, s1) = (f32s(wb)?, i8s(gb), f32s(s0b)?, f32s(s1b)?);
+                for (((wc, gc), sc0), sc1) in w
+                    .chunks_mut(quant::CHUNK)
+                    .zip(g8.chunks(quant::CHUNK))
+                    .zip(s0.chunks_mut(quant::CHUNK))
+                    .zip(s1.chunks_mut(quant::CHUNK))
+                {
+                    let gfc = &mut gf[..gc.len()];
+                    for (f, &v) in gfc.iter_mut().zip(gc) {
+                        *f = v as f32 * k;
+                    }
+                    optim::apply(opt, ctx, wc, gfc, &mut [sc0, sc1]);
+                }
+                quant::max_abs_f32(w)
+            }
+            _ => {
+                return Err(ExecError::BadPlan(
+                    "more optimizer state slots than any optimizer uses",
+                ))
+            }
+        };
+        if !m.is_finite() {
+            return Err(ExecError::NonFinite("a master weight"));
+        }
+        self.set_ex(p.value, quant::exp_for_max(m));
+        Ok(())
+    }
+}
+
+/// A chunk's i32 weight or bias gradient, for [`Int8Executor::gradient_part`].
+enum GradSrc<'a> {
+    /// All of it, computed.
+    Whole(&'a [i32]),
+    /// Computed on demand in tiles of `tile.len()` elements (the last one shorter): `fill(start, out)`
+    /// writes elements `start..start + out.len()` into `out`.
+    Tiles {
+        tile: &'a mut [i32],
+        fill: &'a mut dyn FnMut(usize, &mut [i32]),
+    },
+}
+
+impl GradSrc<'_> {
+    /// One pass over the first `len` elements, in order: `visit(start, values)` per piece (the tiles
+    /// are computed afresh on every pass).
+    fn each(&mut self, len: usize, visit: &mut dyn FnMut(usize, &[i32])) {
+        match self {
+            GradSrc::Whole(v) => visit(0, &v[..len]),
+            GradSrc::Tiles { tile, fill } => {
+                let step = tile.len().max(1);
+                for start in (0..len).step_by(step) {
+                    let v = &mut tile[..step.min(len - start)];
+                    fill(start, v);
+                    visit(start, v);
+                }
+            }
+        }
+    }
+}
+
+/// The scratch parts of a node of `g` (see [`quant::layouts`]).
+fn layouts(g: &Graph, op: &NodeOp, ext_in: bool) -> Option<[[usize; 5]; 3]> {
+    quant::layouts(g.precision, g.kernels, g.grad_tile, op, g.batch, ext_in)
+}
+
+/// The rescale site of tensor `t`.
+fn site_of(sites: &mut [(TensorId, Site)], t: TensorId) -> Result<&mut Site, ExecError> {
+    sites
+        .iter_mut()
+        .find(|(u, _)| *u == t)
+        .map(|(_, s)| s)
+        .ok_or(ExecError::BadPlan(
+            "a Linear or Conv output has no rescale site",
+        ))
 }
 
 /// Read-only views and host tensors share their source's exponent.

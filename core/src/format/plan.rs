@@ -9,10 +9,10 @@
 //! payload length, payload, CRC-32 of the payload):
 //!
 //! ```text
-//! plan file   = frame(b"FRGP", 2, model | body)
-//! table file  = frame(b"FRGT", 2, model | entries: u32 | { budget: u64 | body } × entries)
+//! plan file   = frame(b"FRGP", 3, model | body)
+//! table file  = frame(b"FRGT", 3, model | entries: u32 | { budget: u64 | body } × entries)
 //! model       = len: u32 | encode_model(spec) (itself a framed b"FRGM" file of `len` bytes)
-//! body        = micro-batch size: u32 | precision: u8 | update_bits: u8
+//! body        = micro-batch size: u32 | precision: u8 | update_bits: u8 | kernels: u8 | grad_tile: u32
 //!             | micro_batches: u16 | in_place: u8 (0/1)
 //!             | instrs: u32 | { node: u16 | phase: u8 | mb: u16 | placement: u8 } × instrs
 //!             | storages: u32 | offset: u64 × storages
@@ -25,6 +25,12 @@
 //! byte after a code other than 2 must be 0. The graph is realised in that precision
 //! ([`Graph::with_precision`]), so tensor sizes, scratch and storages are those of an int8 run.
 //!
+//! Kernels and grad_tile (version 3; earlier files have neither and decode as 0) size the int8 scratch:
+//! kernels says which GEMM kernels it serves ([`KernelFamily`]: 0 any kernel, what hosts plan with; 1
+//! the portable kernel only, for microcontrollers), grad_tile how many i32 elements a Linear weight
+//! gradient accumulates at once ([`GraphOptions::grad_tile`], 0 the whole gradient). An f32 plan must
+//! have 0 in both.
+//!
 //! Phases are coded 0 F, 1 loss, 2 CG, 3 CD, 4 apply, 5 recompute, 6 swap-out, 7 swap-in, 8 pack to
 //! fp16, 9 unpack; a swap's or pack's `node` is the id of the tensor it moves (an in-arena,
 //! non-persistent tensor of the model; a pack's half copy is re-created in program order on decode).
@@ -36,22 +42,22 @@ use alloc::vec::Vec;
 
 use super::{decode_model, encode_model, FormatError, Reader};
 use crate::backend::Placement;
-use crate::graph::{Graph, GraphError, TensorId, TensorKind};
+use crate::graph::{Graph, GraphError, GraphOptions, TensorId, TensorKind};
+use crate::kernels::int8::KernelFamily;
 use crate::model::{Int8Update, ModelSpec, Precision};
 use crate::plan::{
     lifetimes, lower_bound, share_groups, strategies, Instr, Phase, Plan, TensorLife, ALIGN,
     LOSS_NODE,
 };
-use crate::sort::sort_by_key;
 
 /// Magic of an encoded [`Plan`].
 pub const PLAN_MAGIC: [u8; 4] = *b"FRGP";
 /// Current plan encoding version.
-pub const PLAN_VERSION: u16 = 2;
+pub const PLAN_VERSION: u16 = 3;
 /// Magic of an encoded [`PlanTable`].
 pub const TABLE_MAGIC: [u8; 4] = *b"FRGT";
 /// Current plan-table encoding version.
-pub const TABLE_VERSION: u16 = 2;
+pub const TABLE_VERSION: u16 = 3;
 /// Most instructions a decoded plan may have.
 pub const MAX_INSTRS: usize = 1 << 20;
 /// Largest micro-batch size a decoded plan may have.
@@ -148,6 +154,29 @@ fn get_precision(r: &mut Reader<'_>) -> Result<Precision, FormatError> {
     }
 }
 
+/// The kernels byte of a plan body (version 3).
+pub fn kernels_code(k: KernelFamily) -> u8 {
+    match k {
+        KernelFamily::Any => 0,
+        KernelFamily::Portable => 1,
+    }
+}
+
+/// Reads the kernels byte; only int8 plans may size their scratch for a narrower family.
+fn get_kernels(r: &mut Reader<'_>, precision: Precision) -> Result<KernelFamily, FormatError> {
+    let at = r.at();
+    match (r.u8("kernels")?, precision) {
+        (0, _) => Ok(KernelFamily::Any),
+        (1, Precision::Int8(_)) => Ok(KernelFamily::Portable),
+        (1, Precision::F32) => Err(bad(
+            "kernels",
+            at,
+            "must be 0 in an f32 plan (only int8 scratch depends on the kernels)",
+        )),
+        _ => Err(bad("kernels", at, "unknown kernel family")),
+    }
+}
+
 fn phase_code(p: Phase) -> u8 {
     match p {
         Phase::Forward => 0,
@@ -169,6 +198,8 @@ fn phase_code(p: Phase) -> u8 {
 fn put_body(out: &mut Vec<u8>, plan: &Plan) {
     put_u32(out, u32::try_from(plan.graph.batch).unwrap_or(u32::MAX));
     out.extend_from_slice(&precision_code(plan.graph.precision));
+    put_u8(out, kernels_code(plan.graph.kernels));
+    put_u32(out, u32::try_from(plan.graph.grad_tile).unwrap_or(u32::MAX));
     put_u16(out, plan.micro_batches);
     put_u8(out, (plan.roots == share_groups(&plan.graph, true)) as u8);
     put_u32(out, plan.program.len() as u32);
@@ -201,10 +232,10 @@ pub fn encode_plan(spec: &ModelSpec, plan: &Plan) -> Vec<u8> {
 pub fn encode_plan_table(spec: &ModelSpec, table: &PlanTable) -> Vec<u8> {
     let mut p = Vec::new();
     put_model(&mut p, spec);
-    let mut order: Vec<&PlanEntry> = table.entries.iter().collect();
-    sort_by_key(&mut order, |e| [e.budget as u64, 0, 0]);
+    let mut order: Vec<(usize, &PlanEntry)> = table.entries.iter().enumerate().collect();
+    crate::sort::heap_sort_by_key(&mut order, |&(i, e)| (e.budget, i));
     put_u32(&mut p, order.len() as u32);
-    for e in order {
+    for (_, e) in order {
         put_u64(&mut p, e.budget as u64);
         put_body(&mut p, &e.plan);
     }
@@ -272,7 +303,8 @@ fn check_layout(
     }
     // Sweep over time: storages sorted by first use; `active` holds those still alive.
     let mut order: Vec<usize> = (0..lives.len()).collect();
-    sort_by_key(&mut order, |&i| [lives[i].first as u64, i as u64, 0]);
+    // A heapsort by unique keys: the stable order, in a few words of stack (a Cortex-M0 decodes this).
+    crate::sort::heap_sort_by_key(&mut order, |&i| (lives[i].first, i));
     let mut active: Vec<usize> = Vec::new();
     for &i in &order {
         let li = &lives[i];
@@ -291,8 +323,27 @@ fn check_layout(
     Ok(())
 }
 
-/// Reads and checks a plan body for `spec`, encoded in `version` (1: no precision bytes, f32).
-fn get_body(r: &mut Reader<'_>, spec: &ModelSpec, version: u16) -> Result<Plan, FormatError> {
+/// Reads and checks a plan body for `spec`, encoded in `version` (1: no precision bytes, f32; 2: no
+/// kernels byte nor grad_tile, scratch for any kernel and whole gradients); the graph has names when
+/// `names`.
+fn get_body(
+    r: &mut Reader<'_>,
+    spec: &ModelSpec,
+    version: u16,
+    names: bool,
+) -> Result<Plan, FormatError> {
+    let graph = get_graph(r, spec, version, names)?;
+    get_program(r, graph)
+}
+
+/// The head of a plan body (micro-batch size, precision, kernels, grad_tile): the graph of `spec` it
+/// realises.
+fn get_graph(
+    r: &mut Reader<'_>,
+    spec: &ModelSpec,
+    version: u16,
+    names: bool,
+) -> Result<Graph, FormatError> {
     let at = r.at();
     let batch = r.u32("micro-batch size")? as usize;
     if batch == 0 || batch > MAX_BATCH {
@@ -311,8 +362,32 @@ fn get_body(r: &mut Reader<'_>, spec: &ModelSpec, version: u16) -> Result<Plan, 
             "the model has a layer or loss that int8 training does not support",
         ));
     }
-    let mut graph = Graph::with_precision(spec, batch, precision)
-        .map_err(|e| bad("model", at, graph_reason(&e)))?;
+    let (kernels, grad_tile) = if version >= 3 {
+        let kernels = get_kernels(r, precision)?;
+        let at = r.at();
+        let tile = r.u32("grad_tile")? as usize;
+        if tile != 0 && precision == Precision::F32 {
+            return Err(bad(
+                "grad_tile",
+                at,
+                "must be 0 in an f32 plan (only int8 gradients accumulate in tiles)",
+            ));
+        }
+        (kernels, tile)
+    } else {
+        (KernelFamily::Any, 0)
+    };
+    let options = GraphOptions {
+        precision,
+        kernels,
+        grad_tile,
+        names,
+    };
+    Graph::with_options(spec, batch, options).map_err(|e| bad("model", at, graph_reason(&e)))
+}
+
+/// The rest of a plan body (micro-batches, program, layout), checked against `graph`.
+fn get_program(r: &mut Reader<'_>, mut graph: Graph) -> Result<Plan, FormatError> {
     let at = r.at();
     let micro_batches = r.u16("micro_batches")?;
     if micro_batches == 0 {
@@ -456,9 +531,25 @@ pub fn decode_plan(bytes: &[u8]) -> Result<(ModelSpec, Plan), FormatError> {
     let (version, payload) = super::unframe(PLAN_MAGIC, PLAN_VERSION, bytes)?;
     let mut r = Reader::new(payload, 12);
     let spec = get_model(&mut r)?;
-    let plan = get_body(&mut r, &spec, version)?;
+    let plan = get_body(&mut r, &spec, version, true)?;
     r.finish()?;
     Ok((spec, plan))
+}
+
+/// Decodes a `FRGP` file into its plan alone, checked as by [`decode_plan`], in as little heap as it
+/// can: the graph is realised without names ([`GraphOptions::names`] off, so no tensor, node, parameter
+/// or storage name is allocated) and the model is dropped once realised, before the lifetimes are
+/// recomputed. The plan runs exactly as the named one and encodes to the same bytes; this is what a
+/// microcontroller decodes into its boot heap.
+pub fn decode_plan_unnamed(bytes: &[u8]) -> Result<Plan, FormatError> {
+    let (version, payload) = super::unframe(PLAN_MAGIC, PLAN_VERSION, bytes)?;
+    let mut r = Reader::new(payload, 12);
+    let spec = get_model(&mut r)?;
+    let graph = get_graph(&mut r, &spec, version, false)?;
+    drop(spec);
+    let plan = get_program(&mut r, graph)?;
+    r.finish()?;
+    Ok(plan)
 }
 
 /// Decodes a `FRGT` file into its model and plan table. Entries must be sorted by budget.
@@ -479,7 +570,7 @@ pub fn decode_plan_table(bytes: &[u8]) -> Result<(ModelSpec, PlanTable), FormatE
         if entries.last().is_some_and(|e| e.budget > budget) {
             return Err(bad("budget", at, "entries not sorted by budget"));
         }
-        let plan = get_body(&mut r, &spec, version)?;
+        let plan = get_body(&mut r, &spec, version, true)?;
         entries.push(PlanEntry { budget, plan });
     }
     r.finish()?;
@@ -575,11 +666,17 @@ mod tests {
         assert_eq!(a.strategy, b.strategy);
     }
 
-    /// The payload offset of instruction 0 (relative to the payload start).
-    fn first_instr(bytes: &[u8]) -> usize {
+    /// The payload offset of the precision code (relative to the payload start).
+    fn precision_at(bytes: &[u8]) -> usize {
         let (_, p) = unframe(PLAN_MAGIC, PLAN_VERSION, bytes).unwrap();
         let model_len = u32::from_le_bytes([p[0], p[1], p[2], p[3]]) as usize;
-        4 + model_len + 4 + 2 + 2 + 1 + 4
+        4 + model_len + 4
+    }
+
+    /// The payload offset of instruction 0: precision, update bits, kernels, grad_tile, micro-batches,
+    /// in-place and the instruction count come first.
+    fn first_instr(bytes: &[u8]) -> usize {
+        precision_at(bytes) + 2 + 1 + 4 + 2 + 1 + 4
     }
 
     fn patched(bytes: &[u8], at: usize, v: u8) -> Vec<u8> {
@@ -769,7 +866,7 @@ mod tests {
         assert_eq!(field(&patched(&b, i + 2, 9)), "instruction node");
         assert_eq!(field(&patched(&b, i + 5, 3)), "instruction placement");
         // Batch 0 and a batch too large.
-        let batch_at = i - 13;
+        let batch_at = precision_at(&b) - 4;
         assert_eq!(field(&patched(&b, batch_at, 0)), "micro-batch size");
         assert_eq!(field(&patched(&b, batch_at + 3, 1)), "micro-batch size");
         // Bad in-place flag.
@@ -790,6 +887,26 @@ mod tests {
     fn int8(update: Int8Update) -> Plan {
         let g = Graph::with_precision(&spec(), 4, Precision::Int8(update)).unwrap();
         Plan::new(g)
+    }
+
+    fn portable(update: Int8Update) -> Plan {
+        let options = GraphOptions {
+            precision: Precision::Int8(update),
+            kernels: KernelFamily::Portable,
+            ..GraphOptions::default()
+        };
+        Plan::new(Graph::with_options(&spec(), 4, options).unwrap())
+    }
+
+    /// The int8 plan whose Linear weight gradients accumulate `grad_tile` elements at a time.
+    fn tiled(update: Int8Update, grad_tile: usize) -> Plan {
+        let options = GraphOptions {
+            precision: Precision::Int8(update),
+            kernels: KernelFamily::Portable,
+            grad_tile,
+            ..GraphOptions::default()
+        };
+        Plan::new(Graph::with_options(&spec(), 4, options).unwrap())
     }
 
     #[test]
@@ -826,39 +943,175 @@ mod tests {
 
     #[test]
     fn version_1_files_decode_as_f32() {
-        // A version-1 body is a version-2 body without the two precision bytes.
+        // A version-1 body is a version-3 body without the two precision bytes, the kernels byte and
+        // grad_tile.
         for plan in [plain(), shaped()] {
             let b = encode_plan(&spec(), &plan);
             let (_, p) = unframe(PLAN_MAGIC, PLAN_VERSION, &b).unwrap();
-            let at = first_instr(&b) - 13 + 4;
-            assert_eq!(&p[at..at + 2], &[0, 0]);
+            let at = precision_at(&b);
+            assert_eq!(&p[at..at + 7], &[0; 7]);
             let mut v1 = p[..at].to_vec();
-            v1.extend_from_slice(&p[at + 2..]);
+            v1.extend_from_slice(&p[at + 7..]);
             let (_, p1) = decode_plan(&frame(PLAN_MAGIC, 1, &v1)).unwrap();
             assert_eq!(p1.graph.precision, Precision::F32);
             assert_same(&plan, &p1);
-            // The same bytes claiming version 2 are misread and rejected, never accepted as another plan.
+            // The same bytes claiming a later version are misread and rejected, never accepted as
+            // another plan.
             assert!(decode_plan(&frame(PLAN_MAGIC, 2, &v1)).is_err());
+            assert!(decode_plan(&frame(PLAN_MAGIC, 3, &v1)).is_err());
         }
         // A version from the future is a typed error naming both versions.
         let b = encode_plan(&spec(), &plain());
         let (_, p) = unframe(PLAN_MAGIC, PLAN_VERSION, &b).unwrap();
-        let e = decode_plan(&frame(PLAN_MAGIC, 3, p)).unwrap_err();
+        let e = decode_plan(&frame(PLAN_MAGIC, 4, p)).unwrap_err();
         assert_eq!(
             e,
             FormatError::BadVersion {
-                found: 3,
-                newest: 2
+                found: 4,
+                newest: 3
             }
         );
-        assert!(e.to_string().contains("versions 1 to 2"), "{e}");
+        assert!(e.to_string().contains("versions 1 to 3"), "{e}");
+    }
+
+    #[test]
+    fn version_2_files_decode_with_scratch_for_any_kernel_and_whole_gradients() {
+        // A version-2 body is a version-3 body without the kernels byte and grad_tile.
+        for plan in [plain(), int8(Int8Update::Integer { update_bits: 2 })] {
+            let b = encode_plan(&spec(), &plan);
+            let (_, p) = unframe(PLAN_MAGIC, PLAN_VERSION, &b).unwrap();
+            let at = precision_at(&b) + 2;
+            assert_eq!(&p[at..at + 5], &[0; 5]);
+            let mut v2 = p[..at].to_vec();
+            v2.extend_from_slice(&p[at + 5..]);
+            let (_, p2) = decode_plan(&frame(PLAN_MAGIC, 2, &v2)).unwrap();
+            assert_eq!(p2.graph.kernels, KernelFamily::Any);
+            assert_eq!(p2.graph.grad_tile, 0);
+            assert_same(&plan, &p2);
+            assert!(decode_plan(&frame(PLAN_MAGIC, 3, &v2)).is_err());
+        }
+    }
+
+    #[test]
+    fn portable_int8_plans_round_trip_with_their_smaller_scratch() {
+        let s = spec();
+        for update in [
+            Int8Update::FloatMaster,
+            Int8Update::Integer { update_bits: 2 },
+        ] {
+            let plan = portable(update);
+            assert_eq!(plan.graph.kernels, KernelFamily::Portable);
+            let (_, p2) = decode_plan(&encode_plan(&s, &plan)).unwrap();
+            assert_eq!(p2.graph.kernels, KernelFamily::Portable);
+            assert_same(&plan, &p2);
+            // Sized for one kernel instead of every one: never larger, and here smaller.
+            assert!(plan.arena_bytes < int8(update).arena_bytes);
+            // The same bytes claiming scratch for any kernel do not match their layout.
+            let b = encode_plan(&s, &plan);
+            let at = precision_at(&b) + 2;
+            assert!(decode_plan(&patched(&b, at, 0)).is_err());
+        }
+        // f32 ignores the family: its graph records `Any`.
+        let f = Graph::with_options(
+            &s,
+            4,
+            GraphOptions {
+                kernels: KernelFamily::Portable,
+                ..GraphOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(f.kernels, KernelFamily::Any);
+    }
+
+    #[test]
+    fn bad_kernel_families_are_rejected() {
+        let s = spec();
+        let field = |b: &[u8]| match decode_plan(b) {
+            Err(FormatError::BadValue { field, .. }) => field,
+            other => panic!("expected BadValue, got {other:?}"),
+        };
+        let b = encode_plan(&s, &int8(Int8Update::FloatMaster));
+        let at = precision_at(&b) + 2;
+        assert_eq!(field(&patched(&b, at, 2)), "kernels");
+        assert_eq!(field(&patched(&b, at, 0xff)), "kernels");
+        // Only int8 scratch depends on the kernels: an f32 plan claiming the portable family is wrong.
+        let f = encode_plan(&s, &plain());
+        assert_eq!(field(&patched(&f, at, 1)), "kernels");
+        // Nor do f32 gradients accumulate in tiles.
+        assert_eq!(field(&patched(&f, at + 1, 1)), "grad_tile");
+    }
+
+    #[test]
+    fn tiled_gradient_plans_round_trip_with_their_smaller_scratch() {
+        let s = spec();
+        let update = Int8Update::Integer { update_bits: 2 };
+        // The model's Linear is 10×64: tiles of 64 and 128 elements hold one and two rows of it.
+        for tile in [64, 128, 1 << 20] {
+            let plan = tiled(update, tile);
+            assert_eq!(plan.graph.grad_tile, tile);
+            let (_, p2) = decode_plan(&encode_plan(&s, &plan)).unwrap();
+            assert_eq!(p2.graph.grad_tile, tile);
+            assert_same(&plan, &p2);
+            assert!(plan.arena_bytes <= portable(update).arena_bytes);
+        }
+        assert!(tiled(update, 64).arena_bytes < portable(update).arena_bytes);
+        // The same bytes claiming another tile do not match their layout.
+        let b = encode_plan(&s, &tiled(update, 64));
+        let at = precision_at(&b) + 3;
+        assert!(decode_plan(&patched(&b, at, 0)).is_err());
+        // f32 graphs ignore the option.
+        let f = Graph::with_options(
+            &s,
+            4,
+            GraphOptions {
+                grad_tile: 64,
+                ..GraphOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(f.grad_tile, 0);
+    }
+
+    #[test]
+    fn unnamed_plans_are_the_named_plan_without_names() {
+        let s = spec();
+        for plan in [
+            plain(),
+            shaped(),
+            portable(Int8Update::Integer { update_bits: 2 }),
+        ] {
+            let b = encode_plan(&s, &plan);
+            let (_, named) = decode_plan(&b).unwrap();
+            let bare = decode_plan_unnamed(&b).unwrap();
+            assert!(named.graph.tensors.iter().all(|t| !t.name.is_empty()));
+            assert!(bare.graph.tensors.iter().all(|t| t.name.is_empty()));
+            assert!(bare.graph.nodes.iter().all(|n| n.name.is_empty()));
+            assert!(bare.graph.params().all(|(_, p)| p.name.is_empty()));
+            assert!(bare.lives.iter().all(|l| l.name.is_empty()));
+            let mut renamed = bare.clone();
+            for (l, n) in renamed.lives.iter_mut().zip(&named.lives) {
+                l.name = n.name.clone();
+            }
+            assert_same(&named, &renamed);
+            let sizes = |p: &Plan| {
+                p.graph
+                    .tensors
+                    .iter()
+                    .map(|t| (t.kind, t.bytes, t.dtype, t.share))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(sizes(&bare), sizes(&named));
+            // It encodes to the very same bytes.
+            assert_eq!(encode_plan(&s, &bare), b);
+        }
     }
 
     #[test]
     fn bad_precisions_are_rejected() {
         let s = spec();
         let b = encode_plan(&s, &plain());
-        let at = first_instr(&b) - 9;
+        let at = precision_at(&b);
         let field = |b: &[u8]| match decode_plan(b) {
             Err(FormatError::BadValue { field, .. }) => field,
             other => panic!("expected BadValue, got {other:?}"),
@@ -900,10 +1153,18 @@ mod tests {
             deep in any::<bool>(),
             table in any::<bool>(),
             integer in any::<bool>(),
+            narrow in any::<bool>(),
+            unnamed in any::<bool>(),
         ) {
             let s = spec();
             let (magic, version, bytes) = if integer && !table {
-                (PLAN_MAGIC, PLAN_VERSION, encode_plan(&s, &int8(Int8Update::Integer { update_bits: 3 })))
+                let update = Int8Update::Integer { update_bits: 3 };
+                let plan = match (narrow, unnamed) {
+                    (false, _) => int8(update),
+                    (true, false) => portable(update),
+                    (true, true) => tiled(update, 64),
+                };
+                (PLAN_MAGIC, PLAN_VERSION, encode_plan(&s, &plan))
             } else if table {
                 let t = PlanTable { entries: vec![
                     PlanEntry { budget: 1000, plan: shaped() },
@@ -942,6 +1203,8 @@ mod tests {
             let framed = frame(magic, version, &p);
             if table {
                 let _ = decode_plan_table(&framed);
+            } else if unnamed {
+                let _ = decode_plan_unnamed(&framed);
             } else {
                 let _ = decode_plan(&framed);
             }

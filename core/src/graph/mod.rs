@@ -7,6 +7,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 use core::fmt;
 
+use crate::kernels::int8::KernelFamily;
 use crate::model::{Dims, LayerKind, LossKind, ModelSpec, OptimizerSpec, Precision, Src};
 use crate::ops::{self, Act, ConvGeom, PoolGeom};
 
@@ -314,6 +315,43 @@ pub struct Graph {
     pub halves: Vec<(TensorId, TensorId)>,
     /// Numeric precision of training (f32 unless realised with [`Graph::with_precision`]).
     pub precision: Precision,
+    /// The int8 GEMM kernels the scratch tensors are sized for (int8 graphs; always
+    /// [`KernelFamily::Any`] in f32).
+    pub kernels: KernelFamily,
+    /// Most i32 elements an int8 Linear weight gradient accumulates at once (0: the whole gradient;
+    /// always 0 in f32). See [`GraphOptions::grad_tile`].
+    pub grad_tile: usize,
+}
+
+/// How a [`ModelSpec`] is realised besides its batch size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GraphOptions {
+    /// The numbers training runs in.
+    pub precision: Precision,
+    /// The int8 GEMM kernels the scratch is sized for (ignored in f32): a target that runs only the
+    /// portable kernel reserves a quarter of the packing room or less.
+    pub kernels: KernelFamily,
+    /// Most i32 elements the accumulator of an int8 Linear weight gradient holds at once; 0 (default)
+    /// holds the whole gradient (ignored in f32). A smaller tile cuts the gradient's scratch from 4 bytes
+    /// per weight to `4 × grad_tile` bytes and costs a second GEMM pass over the gradient (its scale
+    /// needs the exact maximum first); the result is the same, bit for bit.
+    pub grad_tile: usize,
+    /// Give tensors, nodes and parameters their names (`fc1.weight`, `d(relu1.out)`). Without, every
+    /// name is the empty string and costs no allocation: a microcontroller runs a plan in a few KiB of
+    /// heap, where the names alone would take several hundred bytes.
+    pub names: bool,
+}
+
+impl Default for GraphOptions {
+    /// f32, scratch for any kernel, whole gradients, named tensors.
+    fn default() -> Self {
+        Self {
+            precision: Precision::F32,
+            kernels: KernelFamily::Any,
+            grad_tile: 0,
+            names: true,
+        }
+    }
 }
 
 fn err(index: usize, name: &str, reason: impl Into<String>) -> GraphError {
@@ -338,8 +376,31 @@ impl Graph {
         batch: usize,
         precision: Precision,
     ) -> Result<Graph, GraphError> {
+        Self::with_options(
+            spec,
+            batch,
+            GraphOptions {
+                precision,
+                ..GraphOptions::default()
+            },
+        )
+    }
+
+    /// Realises `spec` for batches of `batch` samples as `options` say ([`Graph::with_precision`] with
+    /// the int8 scratch sized for `options.kernels`, and names only when `options.names`). Every vector
+    /// of the graph has exactly the capacity it uses.
+    pub fn with_options(
+        spec: &ModelSpec,
+        batch: usize,
+        options: GraphOptions,
+    ) -> Result<Graph, GraphError> {
         let mut b = Builder::new(spec, batch)?;
-        b.precision = precision;
+        b.precision = options.precision;
+        if options.precision != Precision::F32 {
+            b.kernels = options.kernels;
+            b.grad_tile = options.grad_tile;
+        }
+        b.names = options.names;
         b.build()
     }
 
@@ -399,6 +460,9 @@ struct Builder<'a> {
     batch: usize,
     tensors: Vec<TensorInfo>,
     precision: Precision,
+    kernels: KernelFamily,
+    grad_tile: usize,
+    names: bool,
 }
 
 impl<'a> Builder<'a> {
@@ -414,6 +478,9 @@ impl<'a> Builder<'a> {
             batch,
             tensors: Vec::new(),
             precision: Precision::F32,
+            kernels: KernelFamily::Any,
+            grad_tile: 0,
+            names: true,
         })
     }
 
@@ -444,6 +511,7 @@ impl<'a> Builder<'a> {
         if bytes > isize::MAX as usize / 2 {
             return Err(GraphError::TooLarge { tensor: name });
         }
+        let name = self.name(name);
         self.tensors.push(TensorInfo {
             name,
             kind,
@@ -452,6 +520,15 @@ impl<'a> Builder<'a> {
             share,
         });
         Ok((self.tensors.len() - 1) as TensorId)
+    }
+
+    /// `name`, or the empty string (no allocation) when the graph has no names.
+    fn name(&self, name: String) -> String {
+        if self.names {
+            name
+        } else {
+            String::new()
+        }
     }
 
     /// `batch × per-sample` elements, checked.
@@ -510,8 +587,8 @@ impl<'a> Builder<'a> {
                     ),
                 ));
             }
-            let mut inputs = Vec::new();
-            let mut in_dims = Vec::new();
+            let mut inputs = Vec::with_capacity(arity);
+            let mut in_dims = Vec::with_capacity(arity);
             let mut in_rg = false;
             for s in &l.inputs {
                 match *s {
@@ -695,7 +772,6 @@ impl<'a> Builder<'a> {
             let out = self.tensor(format!("{name}.out"), out_kind, out_elems, share)?;
 
             // Parameters.
-            let mut params = Vec::new();
             let mut stats = Vec::new();
             let mut saved = Vec::new();
             let trainable = l.trainable;
@@ -719,6 +795,7 @@ impl<'a> Builder<'a> {
                 }
                 _ => {}
             }
+            let mut params = Vec::with_capacity(shapes.len());
             for (pname, shape) in shapes {
                 let elems = shape.iter().product::<usize>();
                 let full = format!("{name}.{pname}");
@@ -730,7 +807,7 @@ impl<'a> Builder<'a> {
                         elems,
                         Share::Own,
                     )?;
-                    let mut st = Vec::new();
+                    let mut st = Vec::with_capacity(slots);
                     for s in 0..slots {
                         st.push(self.tensor(
                             format!("{full}.state{s}"),
@@ -744,7 +821,7 @@ impl<'a> Builder<'a> {
                     (None, Vec::new())
                 };
                 params.push(Param {
-                    name: full,
+                    name: self.name(full),
                     shape,
                     value,
                     grad,
@@ -798,9 +875,11 @@ impl<'a> Builder<'a> {
             }
             let rg = in_rg || params.iter().any(|p| p.grad.is_some());
             requires_grad.push(rg);
+            stats.shrink_to_fit();
+            saved.shrink_to_fit();
             nodes.push(Node {
                 layer: li as u32,
-                name: String::from(name),
+                name: self.name(String::from(name)),
                 op,
                 inputs,
                 in_dims,
@@ -855,7 +934,7 @@ impl<'a> Builder<'a> {
         for ni in (0..nodes.len()).rev() {
             let d_out = deriv.get(&nodes[ni].out).map(|d| d.0);
             nodes[ni].d_out = d_out;
-            let mut d_in = Vec::new();
+            let mut d_in = Vec::with_capacity(nodes[ni].inputs.len());
             for (k, &t) in nodes[ni].inputs.clone().iter().enumerate() {
                 let src_rg = match spec.layers[ni].inputs[k] {
                     Src::Input => false,
@@ -902,7 +981,14 @@ impl<'a> Builder<'a> {
                 .first()
                 .is_some_and(|&t| self.tensors[t as usize].kind == TensorKind::External);
             let (fwd, gw, gx) = match &node.op {
-                _ if int8 => crate::quant::scratch_bytes(self.precision, &node.op, n, ext_in),
+                _ if int8 => crate::quant::scratch_bytes(
+                    self.precision,
+                    self.kernels,
+                    self.grad_tile,
+                    &node.op,
+                    n,
+                    ext_in,
+                ),
                 NodeOp::Linear { fin, fout } => {
                     let s = ops::linear_scratch_len(n, *fin, *fout);
                     (s, s, s)
@@ -946,9 +1032,11 @@ impl<'a> Builder<'a> {
             None
         };
 
+        let mut tensors = self.tensors;
+        tensors.shrink_to_fit();
         Ok(Graph {
             batch: n,
-            tensors: self.tensors,
+            tensors,
             nodes,
             input,
             target,
@@ -960,6 +1048,8 @@ impl<'a> Builder<'a> {
             loss_scratch,
             halves: Vec::new(),
             precision: self.precision,
+            kernels: self.kernels,
+            grad_tile: self.grad_tile,
         })
     }
 }

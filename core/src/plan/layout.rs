@@ -5,7 +5,8 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use super::TensorLife;
-use crate::sort::{rev, signed, sort_by_key};
+use crate::sort::heap_sort_by_key;
+use core::cmp::Reverse;
 
 /// Offsets for each storage plus the arena size they need.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,7 +42,9 @@ pub fn lower_bound(lives: &[TensorLife]) -> usize {
         events.push((l.last + 1, -(l.bytes as i64)));
     }
     // At equal times, frees (negative) first: a tensor ending at eo-1 and one starting at eo don't coexist.
-    sort_by_key(&mut events, |&(t, d)| [t as u64, signed(d), 0]);
+    // Equal keys are equal events, so any sort gives the same sums; the heapsort needs a few words of
+    // stack (decoders run this).
+    crate::sort::heap_sort_by_key(&mut events, |&e| e);
     let (mut cur, mut best) = (0i64, 0i64);
     for (_, d) in events {
         cur += d;
@@ -70,7 +73,8 @@ fn place(lives: &[TensorLife], order: &[usize], best_fit: bool) -> Layout {
                 .filter(|&&j| overlaps(me, &lives[j]))
                 .map(|&j| (offsets[j], offsets[j] + lives[j].bytes)),
         );
-        sort_by_key(&mut busy, |&(s, e)| [s as u64, e as u64, 0]);
+        // Equal keys are equal ranges: any order of them places alike.
+        heap_sort_by_key(&mut busy, |&r| r);
         let mut chosen: Option<(usize, usize)> = None; // (offset, gap size)
         let mut cursor = 0usize;
         for &(s, e) in &busy {
@@ -107,9 +111,7 @@ impl LayoutStrategy for FirstUseOrder {
     }
     fn layout(&self, lives: &[TensorLife]) -> Layout {
         let mut order: Vec<usize> = (0..lives.len()).collect();
-        sort_by_key(&mut order, |&i| {
-            [lives[i].first as u64, rev(lives[i].last as u64), i as u64]
-        });
+        heap_sort_by_key(&mut order, |&i| (lives[i].first, Reverse(lives[i].last), i));
         place(lives, &order, false)
     }
 }
@@ -122,12 +124,12 @@ impl LayoutStrategy for LongestLifetimeFirst {
     }
     fn layout(&self, lives: &[TensorLife]) -> Layout {
         let mut order: Vec<usize> = (0..lives.len()).collect();
-        sort_by_key(&mut order, |&i| {
-            [
-                rev((lives[i].last - lives[i].first) as u64),
-                rev(lives[i].bytes as u64),
-                i as u64,
-            ]
+        heap_sort_by_key(&mut order, |&i| {
+            (
+                Reverse(lives[i].last - lives[i].first),
+                Reverse(lives[i].bytes),
+                i,
+            )
         });
         place(lives, &order, false)
     }
@@ -141,8 +143,8 @@ impl LayoutStrategy for BestFitBySize {
     }
     fn layout(&self, lives: &[TensorLife]) -> Layout {
         let mut order: Vec<usize> = (0..lives.len()).collect();
-        sort_by_key(&mut order, |&i| {
-            [rev(lives[i].bytes as u64), lives[i].first as u64, i as u64]
+        heap_sort_by_key(&mut order, |&i| {
+            (Reverse(lives[i].bytes), lives[i].first, i)
         });
         place(lives, &order, true)
     }

@@ -17,7 +17,6 @@ pub use layout::{
 use crate::backend::Placement;
 use crate::budget::{Budget, BudgetError};
 use crate::graph::{scratch_slot, Graph, NodeOp, Share, TensorId, TensorKind};
-use crate::sort::{sort_by_key, sort_short};
 
 /// An execution order: the index of an instruction in the step's program.
 pub type Eo = u32;
@@ -380,7 +379,8 @@ pub fn share_groups(g: &Graph, merge_in_place: bool) -> Vec<u32> {
     let mut gfirst = first.clone();
     let mut glast = last.clone();
     let mut order: Vec<usize> = (0..nt).filter(|&t| first[t] != Eo::MAX).collect();
-    sort_by_key(&mut order, |&t| [first[t] as u64, t as u64, 0]);
+    // A heapsort by unique keys: the stable order, in a few words of stack (decoders run this).
+    crate::sort::heap_sort_by_key(&mut order, |&t| (first[t], t));
     for &t in &order {
         let (target, modify) = match g.tensors[t].share {
             Share::ModifyView(j) if merge_in_place => (j, true),
@@ -444,8 +444,10 @@ pub fn lifetimes(g: &Graph, program: &[Instr], roots: &[u32]) -> Lifetimes {
             gbytes[*gid as usize] = gbytes[*gid as usize].max(align_up(g.tensors[t].bytes));
         }
     }
-    let mut lives: Vec<TensorLife> = Vec::new();
-    let mut seg_touches: Vec<Vec<Eo>> = Vec::new();
+    // Most groups have one segment: room for one storage per group, so a small plan never regrows
+    // (a regrowth holds the old and the new vector at once, the decoder's peak on a microcontroller).
+    let mut lives: Vec<TensorLife> = Vec::with_capacity(ng);
+    let mut seg_touches: Vec<Vec<Eo>> = Vec::with_capacity(ng);
     let mut segments: Vec<Vec<(Eo, u32)>> = vec![Vec::new(); ng];
     let mut current: Vec<Option<u32>> = vec![None; ng];
     let new_seg =
@@ -464,7 +466,7 @@ pub fn lifetimes(g: &Graph, program: &[Instr], roots: &[u32]) -> Lifetimes {
     for (eo, ins) in program.iter().enumerate() {
         let eo = eo as Eo;
         touches(g, ins, &mut buf);
-        sort_short(&mut buf);
+        crate::sort::heap_sort_by_key(&mut buf, |&t| t);
         buf.dedup();
         // A group touched by several tensors of one instruction starts at most one segment.
         let mut seen_groups: Vec<u32> = Vec::new();
@@ -512,6 +514,13 @@ pub fn lifetimes(g: &Graph, program: &[Instr], roots: &[u32]) -> Lifetimes {
             segments[gi][0].0 = 0;
         }
     }
+    // Exact capacities, trimmed once the scratch vectors are gone: a microcontroller keeps the result
+    // for the whole run, and decodes it at a peak of not much more.
+    drop((gid_of_root, groups, gbytes, current, used, buf));
+    lives.shrink_to_fit();
+    seg_touches.iter_mut().for_each(Vec::shrink_to_fit);
+    seg_touches.shrink_to_fit();
+    segments.iter_mut().for_each(Vec::shrink_to_fit);
     Lifetimes {
         lives,
         group_of,

@@ -17,7 +17,7 @@ use alloc::vec::Vec;
 use super::swap::gaps;
 use crate::graph::{Graph, TensorKind};
 use crate::plan::{share_groups, Instr, Phase, Plan};
-use crate::sort::{rev, sort_by_key};
+use crate::sort::heap_sort_by_key;
 
 /// The plain single-micro-batch plan of `g` with every saved activation stored in fp16 between its
 /// forward and backward uses.
@@ -44,7 +44,7 @@ pub fn f16_storage(g: &Graph) -> Plan {
     }
     // Insert from the back so earlier positions stay valid; packs and unpacks never share a position
     // (packs come before the loss, unpacks after it).
-    sort_by_key(&mut events, |e| [rev(e.0 as u64), rev(e.1.node as u64), 0]);
+    heap_sort_by_key(&mut events, |e| core::cmp::Reverse((e.0, e.1.node)));
     let mut program = base.program.clone();
     for (at, ins) in events {
         program.insert(at, ins);

@@ -20,7 +20,7 @@ use crate::budget::{Budget, BudgetError};
 use crate::graph::{Graph, GraphError, NodeOp, TensorId, TensorKind};
 use crate::model::ModelSpec;
 use crate::plan::{share_groups, Eo, Instr, Phase, Plan, PlanShape, Schedule, ALIGN};
-use crate::sort::{rev, sort_by_key};
+use crate::sort::heap_sort_by_key;
 
 /// Which policy (or ordering of policies) to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -194,7 +194,7 @@ pub fn recompute(
         let mut rest: Vec<Eo> = (0..live.len() as Eo)
             .filter(|&t| live[t as usize] > limit || pool[t as usize] > limit)
             .collect();
-        sort_by_key(&mut rest, |&t| [rev(live[t as usize] as u64), 0, 0]);
+        heap_sort_by_key(&mut rest, |&t| (core::cmp::Reverse(live[t as usize]), t));
         points.extend(rest);
         let mut done = false;
         for t in points {
@@ -639,7 +639,7 @@ pub fn plan_for_budget_with(
                         .filter(|&b| balanced_micro_batch(batch, b) == b)
                         .collect();
                     if k == PolicyKind::Hybrid {
-                        sort_by_key(&mut v, |&b| [(b < eff) as u64, rev(b as u64), 0]);
+                        heap_sort_by_key(&mut v, |&b| (b < eff, core::cmp::Reverse(b)));
                     }
                     v
                 } else {

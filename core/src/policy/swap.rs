@@ -16,7 +16,7 @@ use crate::graph::{Graph, TensorId, TensorKind};
 use crate::plan::{share_groups, Eo, Instr, Phase, Plan, Schedule, ALIGN};
 
 use super::live_profile;
-use crate::sort::{rev, sort_by_key};
+use crate::sort::heap_sort_by_key;
 
 /// One gap of a storage that could be swapped: its value is needed again at `next` after `last`.
 #[derive(Clone, Copy)]
@@ -86,9 +86,7 @@ fn pick_gap(p: &Plan, lookahead: usize, limit: usize) -> Option<Gap> {
     let mut points: Vec<Eo> = (0..p.n_eo())
         .filter(|&t| live[t as usize] > limit || pool[t as usize] > limit)
         .collect();
-    sort_by_key(&mut points, |&t| {
-        [rev(live[t as usize] as u64), t as u64, 0]
-    });
+    heap_sort_by_key(&mut points, |&t| (core::cmp::Reverse(live[t as usize]), t));
     if points.is_empty() {
         // The layout overflows although no instruction does on its own: free the fullest point.
         points.extend(

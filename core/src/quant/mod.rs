@@ -15,6 +15,13 @@
 //! passes: compute every tile for `max |acc|` and discard, then compute and rescale); later passes reuse
 //! the last shift in one pass and watch the clamp count — any saturation redoes the op exactly ("forced").
 //!
+//! Weight gradients are rescaled exactly every step. By default a layer's whole i32 gradient is
+//! accumulated at once (4 bytes per weight of scratch); a graph realised with a `grad_tile`
+//! ([`GraphOptions`](crate::graph::GraphOptions)) accumulates a Linear's weight gradient in tiles of
+//! [`grad_rows`] output rows instead, computing every tile twice (once for `max |acc|`, once to
+//! rescale): the same int8 gradient, bit for bit, for a second GEMM pass — how a 16 KiB microcontroller
+//! trains a 64×16 layer.
+//!
 //! # Self-adaptive rescaling (Mandheling §3.4)
 //! Each [`Site`] checks its scale exactly every `period` passes. After an exact check, a changed shift
 //! halves the period (scales move: check more often) and an unchanged one doubles it, capped at
@@ -50,7 +57,7 @@ use alloc::format;
 use alloc::string::String;
 
 use crate::graph::{DType, GraphError, NodeOp, TensorKind};
-use crate::kernels::int8::{self as k8, igemm_scratch_len, Rounding, MAX_K};
+use crate::kernels::int8::{self as k8, igemm_scratch_len_for, KernelFamily, Rounding, MAX_K};
 use crate::model::{Int8Update, LayerKind, LossKind, ModelSpec, OptimizerSpec, Precision};
 use crate::ops::{ConvGeom, PoolGeom};
 
@@ -63,6 +70,10 @@ use lut::EXP2_LUT;
 
 /// Elements of an i32 tile for Linear (rows of the batch × output features).
 pub const TILE: usize = 4096;
+/// Elements of the on-stack buffers that convert a tensor piece by piece (integer update, gradient
+/// combination, float-master update). Results do not depend on it (rounding noise is indexed by
+/// element); it is small because a Cortex-M0 trains in about 2 KiB of stack.
+pub const CHUNK: usize = 64;
 /// Largest self-adaptive period.
 pub const PERIOD_CAP: u16 = 64;
 /// Alignment of the parts an int8 scratch tensor is split into.
@@ -189,16 +200,30 @@ pub fn tile_rows(n: usize, cols: usize) -> usize {
     (TILE / cols.max(1)).clamp(1, n.max(1))
 }
 
+/// Output features per tile of a Linear weight gradient (`fout × fin`) whose i32 accumulator may hold
+/// `grad_tile` elements (0: no limit, the whole gradient in one tile); at least one row.
+pub fn grad_rows(fout: usize, fin: usize, grad_tile: usize) -> usize {
+    match grad_tile {
+        0 => fout,
+        cap => (cap / fin.max(1)).clamp(1, fout.max(1)),
+    }
+}
+
 /// Byte lengths of the parts of each phase's scratch (F, CG, CD) for a node; see the executor for their
 /// meaning. Part order: F `[input i8, weight i8, bias i32, acc i32, gemm i8]`, CG `[input i8, cols i8,
-/// acc i32, gemm i8, unused]`, CD `[weight i8, dcols i32, acc i32, gemm i8, unused]`.
+/// acc i32, gemm i8, unused]`, CD `[weight i8, dcols i32, acc i32, gemm i8, unused]`. The GEMM parts are
+/// sized for the kernels of `family`; a Linear's CG accumulator holds [`grad_rows`] rows of the weight
+/// gradient (at most `grad_tile` elements unless 0) and the whole bias gradient.
 pub fn layouts(
     precision: Precision,
+    family: KernelFamily,
+    grad_tile: usize,
     op: &NodeOp,
     n: usize,
     ext_in: bool,
 ) -> Option<[[usize; 5]; 3]> {
     let fm = matches!(precision, Precision::Int8(Int8Update::FloatMaster));
+    let igemm_scratch_len = |m, n, k| igemm_scratch_len_for(family, m, n, k);
     match op {
         NodeOp::Linear { fin, fout } => {
             let (fin, fout) = (*fin, *fout);
@@ -206,6 +231,7 @@ pub fn layouts(
             let wq = if fm { fin * fout } else { 0 };
             let r = tile_rows(n, fout);
             let rx = tile_rows(n, fin);
+            let rw = grad_rows(fout, fin, grad_tile);
             Some([
                 [
                     xq,
@@ -217,8 +243,8 @@ pub fn layouts(
                 [
                     xq,
                     0,
-                    4 * (fin * fout + fout),
-                    igemm_scratch_len(fout, fin, n),
+                    4 * (rw * fin + fout),
+                    igemm_scratch_len(rw, fin, n),
                     0,
                 ],
                 [wq, 0, 4 * rx * fin, igemm_scratch_len(rx, fin, fout), 0],
@@ -260,14 +286,17 @@ pub fn layouts(
     }
 }
 
-/// Scratch bytes per phase (F, CG, CD) of a node in an int8 graph.
+/// Scratch bytes per phase (F, CG, CD) of a node in an int8 graph whose GEMMs run kernels of `family`
+/// and whose Linear weight gradients accumulate in tiles of `grad_tile` elements (see [`layouts`]).
 pub fn scratch_bytes(
     precision: Precision,
+    family: KernelFamily,
+    grad_tile: usize,
     op: &NodeOp,
     n: usize,
     ext_in: bool,
 ) -> (usize, usize, usize) {
-    match layouts(precision, op, n, ext_in) {
+    match layouts(precision, family, grad_tile, op, n, ext_in) {
         Some([f, w, x]) => (total(f), total(w), total(x)),
         None => (0, 0, 0),
     }
@@ -656,9 +685,9 @@ fn isqrt(v: u128) -> u128 {
 pub fn integer_update(w: &mut [i8], g: &[i8], update_bits: u32, seed: u64) {
     let m = g.iter().fold(0u32, |m, &v| m.max(v.unsigned_abs() as u32));
     let s = k8::bit_width(m).saturating_sub(update_bits);
-    let mut src = [0i32; 256];
-    let mut d = [0i8; 256];
-    for (c, (wc, gc)) in w.chunks_mut(256).zip(g.chunks(256)).enumerate() {
+    let mut src = [0i32; CHUNK];
+    let mut d = [0i8; CHUNK];
+    for (c, (wc, gc)) in w.chunks_mut(CHUNK).zip(g.chunks(CHUNK)).enumerate() {
         let len = wc.len();
         for (a, &b) in src.iter_mut().zip(gc) {
             *a = b as i32;
@@ -667,7 +696,7 @@ pub fn integer_update(w: &mut [i8], g: &[i8], update_bits: u32, seed: u64) {
             &src[..len],
             s,
             Rounding::Stochastic(seed),
-            (c * 256) as u64,
+            (c * CHUNK) as u64,
             &mut d[..len],
         );
         for (wv, &dv) in wc.iter_mut().zip(&d[..len]) {

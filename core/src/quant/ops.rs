@@ -191,12 +191,32 @@ pub fn linear_grad_w(
     db: Option<&mut [i32]>,
     gs: &mut [i8],
 ) {
+    linear_grad_w_rows(n, fin, fout, 0, fout, x, dy, dw, gs);
+    if let Some(db) = db {
+        linear_grad_b(n, fout, dy, db);
+    }
+}
+
+/// Rows `r0..r0 + rows` of the Linear weight gradient in i32, `dw[rows×fin] = dy[:, r0..r0+rows]ᵀ·x`:
+/// one tile of [`linear_grad_w`]'s `dw` (the same values, exactly).
+#[allow(clippy::too_many_arguments)]
+pub fn linear_grad_w_rows(
+    n: usize,
+    fin: usize,
+    fout: usize,
+    r0: usize,
+    rows: usize,
+    x: &[i8],
+    dy: &[i8],
+    dw: &mut [i32],
+    gs: &mut [i8],
+) {
     igemm(
-        fout,
+        rows,
         fin,
         n,
         MatRef {
-            data: &dy[..n * fout],
+            data: &dy[r0..n * fout],
             rs: 1,
             cs: fout,
         },
@@ -210,12 +230,14 @@ pub fn linear_grad_w(
         false,
         gs,
     );
-    if let Some(db) = db {
-        db.fill(0);
-        for row in dy[..n * fout].chunks_exact(fout) {
-            for (b, &v) in db.iter_mut().zip(row) {
-                *b += v as i32;
-            }
+}
+
+/// Linear bias gradient in i32: `db = Σ dy` over the `n` rows.
+pub fn linear_grad_b(n: usize, fout: usize, dy: &[i8], db: &mut [i32]) {
+    db[..fout].fill(0);
+    for row in dy[..n * fout].chunks_exact(fout) {
+        for (b, &v) in db.iter_mut().zip(row) {
+            *b += v as i32;
         }
     }
 }
@@ -709,7 +731,9 @@ pub fn maxpool_fwd(g: &PoolGeom, n: usize, x: &[i8], y: &mut [i8], idx: &mut [u8
     }
 }
 
-/// Max pooling derivative: `dx[argmax] += dy` moved from `e_dy` to `e_dx` (saturating).
+/// Max pooling derivative: `dx[argmax] += dy` moved from `e_dy` to `e_dx` (saturating). Not inlined:
+/// its table of window offsets stays off the stack of steps that pool nothing.
+#[inline(never)]
 pub fn maxpool_grad_x(
     g: &PoolGeom,
     n: usize,

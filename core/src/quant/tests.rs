@@ -8,6 +8,7 @@ use super::*;
 use crate::exec::int8::Int8Executor;
 use crate::exec::Target;
 use crate::graph::Graph;
+use crate::kernels::int8::igemm_scratch_len;
 use crate::model::{Dims, LayerSpec, Src};
 use crate::plan::Plan;
 use crate::rng::Rng;
@@ -697,6 +698,98 @@ fn quant_batch_split_combines_chunk_gradients_by_eq4() {
     assert_eq!(prof.len(), 2, "conv and fc have weight gradients");
     // This clock ticks once per reading: every chunking costs the same, so nothing is abnormal.
     assert!(ex.split().iter().all(|&c| c == 0));
+}
+
+/// Losses of `steps` steps and a hash of every parameter byte and exponent afterwards, every node's
+/// weight gradient in chunks of `split` samples (0: whole batch).
+fn run_hash(plan: &Plan, split: u16, steps: usize) -> (Vec<u32>, u64) {
+    let batch = plan.batch();
+    let mut arena = vec![0u8; plan.needed_bytes()];
+    let mut ex = Int8Executor::new(plan, &arena).unwrap();
+    ex.init_params(&mut arena, plan.graph.seed).unwrap();
+    for ni in 0..plan.graph.nodes.len() {
+        ex.set_split(ni, split);
+    }
+    let mut losses = Vec::new();
+    for step in 0..steps {
+        let (x, y) = synthetic(batch, step);
+        let s = ex.train_step(&mut arena, &x, Target::Classes(&y)).unwrap();
+        losses.push(s.loss.to_bits());
+    }
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for (_, _, t) in ex.state_tensors().collect::<Vec<_>>() {
+        for v in ex.read_f32(&mut arena, t).unwrap() {
+            h = fnv1a(&v.to_le_bytes(), h);
+        }
+        h = fnv1a(&ex.exponent(t).to_le_bytes(), h);
+    }
+    (losses, h)
+}
+
+#[test]
+fn quant_tiled_weight_gradients_train_bit_for_bit_like_whole_ones() {
+    use crate::graph::GraphOptions;
+    use crate::kernels::int8::KernelFamily;
+    use crate::plan::PlanShape;
+    let spec = tiny_spec();
+    // The Linear is 5 × 36: tiles of 1, 2 (2 + 2 + 1) and 5 rows, and a cap below one row.
+    for update in [
+        Int8Update::Integer { update_bits: 2 },
+        Int8Update::FloatMaster,
+    ] {
+        let plan = |kernels, grad_tile, micro_batches| {
+            let options = GraphOptions {
+                precision: Precision::Int8(update),
+                kernels,
+                grad_tile,
+                ..GraphOptions::default()
+            };
+            let g = Graph::with_options(&spec, 8 / micro_batches as usize, options).unwrap();
+            Plan::shaped(
+                g,
+                PlanShape {
+                    micro_batches,
+                    in_place: true,
+                },
+            )
+        };
+        for (split, micro_batches) in [(0, 1), (2, 1), (0, 2)] {
+            let want = run_hash(&plan(KernelFamily::Any, 0, micro_batches), split, 12);
+            for (kernels, tile) in [
+                (KernelFamily::Portable, 0),
+                (KernelFamily::Any, 36),
+                (KernelFamily::Portable, 72),
+                (KernelFamily::Portable, 10),
+                (KernelFamily::Portable, 180),
+            ] {
+                let p = plan(kernels, tile, micro_batches);
+                assert_eq!(
+                    run_hash(&p, split, 12),
+                    want,
+                    "{update:?}, {} kernels, tile {tile}, split {split}, {micro_batches} micro-batches",
+                    kernels.name()
+                );
+            }
+        }
+    }
+    // Tiles shrink the gradient's scratch: 4 bytes per weight become 4 per tile element.
+    let options = |grad_tile| GraphOptions {
+        precision: Precision::Int8(Int8Update::Integer { update_bits: 2 }),
+        grad_tile,
+        ..GraphOptions::default()
+    };
+    let whole = Plan::new(Graph::with_options(&spec, 8, options(0)).unwrap());
+    let tiled = Plan::new(Graph::with_options(&spec, 8, options(36)).unwrap());
+    let fc = |p: &Plan| {
+        let s = p.graph.nodes[4].scratch[crate::graph::scratch_slot::GRAD_W].unwrap();
+        p.graph.tensors[s as usize].bytes
+    };
+    assert!(
+        fc(&whole) >= fc(&tiled) + 4 * 4 * 36,
+        "{} vs {}",
+        fc(&whole),
+        fc(&tiled)
+    );
 }
 
 /// The inline rounding of [`quantize`] equals `clamp(roundf(v / 2^e), ±127)` (halves away from zero)

@@ -195,7 +195,42 @@ fn spec_scratch_len(spec: Spec, m: usize, n: usize, k: usize) -> usize {
     (ALIGN - 1) + Blocking::new(spec, n, k, KC, NC).len()
 }
 
-/// Bytes (i8 elements) of packing scratch that [`igemm`] needs for an `m×n×k` product.
+/// Which int8 GEMM kernels a packing scratch is sized for: a plan records it, because its arena holds
+/// the scratch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KernelFamily {
+    /// Every kernel of every target (the largest packing, AVX2's i16 panels): a plan made on one machine
+    /// runs with the fastest kernel of every other. What hosts plan with.
+    #[default]
+    Any,
+    /// The portable kernel only (4×8 tiles of i8): targets without int8 SIMD, such as Cortex-M, whose
+    /// RAM is too short to reserve room for kernels they cannot run. A SIMD kernel still runs such a
+    /// plan exactly, in smaller blocks.
+    Portable,
+}
+
+impl KernelFamily {
+    /// Both families.
+    pub const ALL: [KernelFamily; 2] = [KernelFamily::Any, KernelFamily::Portable];
+
+    /// Name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelFamily::Any => "any",
+            KernelFamily::Portable => "portable",
+        }
+    }
+
+    fn specs(self) -> &'static [Spec] {
+        match self {
+            KernelFamily::Any => &ALL_SPECS,
+            KernelFamily::Portable => &[SPEC_PORTABLE],
+        }
+    }
+}
+
+/// Bytes (i8 elements) of packing scratch that [`igemm`] needs for an `m×n×k` product with any kernel
+/// ([`KernelFamily::Any`]; see [`igemm_scratch_len_for`]).
 ///
 /// With `kc = min(k, round_up(ceil(k / ceil(k/512)), 4))` (≤ 512) and `nc = min(n, …)` (≤ 768), this is
 /// the maximum over all kernels of `63 + round_up(MR·G'·EW, 64) + ceil(nc/NR)·(NR·G'·EW + colsums)` where
@@ -204,7 +239,16 @@ fn spec_scratch_len(spec: Spec, m: usize, n: usize, k: usize) -> usize {
 /// on the CPU. It is 0 when `m`, `n` or `k` is 0. A shorter scratch still works (smaller blocks, or an
 /// unpacked loop).
 pub fn igemm_scratch_len(m: usize, n: usize, k: usize) -> usize {
-    ALL_SPECS
+    igemm_scratch_len_for(KernelFamily::Any, m, n, k)
+}
+
+/// Bytes of packing scratch that lets every kernel of `family` run an `m×n×k` product in its ideal
+/// blocks (for [`KernelFamily::Portable`]: `63 + round_up(4·G', 64) + ceil(nc/8)·8·G'`, about a quarter
+/// of [`igemm_scratch_len`] for small products). Any kernel runs with it, a kernel outside the family
+/// in smaller blocks.
+pub fn igemm_scratch_len_for(family: KernelFamily, m: usize, n: usize, k: usize) -> usize {
+    family
+        .specs()
         .iter()
         .map(|&s| spec_scratch_len(s, m, n, k))
         .max()
