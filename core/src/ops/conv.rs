@@ -4,9 +4,16 @@
 //! Three execution paths, picked from the geometry alone (so the scratch size is known up front):
 //!
 //! * **Depthwise / channel-multiplier** (`groups > 1`, one input channel per group): a direct loop
-//!   kernel, no scratch. Every `(kernel tap, output row)` pair is one contiguous axpy/dot over the
-//!   valid output columns, whose bounds are computed once per row — no per-element div/mod or
-//!   padding tests.
+//!   kernel. With stride 1 and a kernel or padding beyond 1×1 it works on *wide rows*: the input plane
+//!   is copied into a zero-bordered buffer of width `wp = w + 2·pw`, and the output is computed at that
+//!   width too (`oh × wp`, the extra `kw − 1` columns per row discarded), so that for every kernel tap
+//!   the whole plane is one contiguous axpy (forward, input gradient) or dot (weight gradient) at offset
+//!   `i·wp + j` — a few long vector loops per plane instead of one short one per row and tap (8×8
+//!   planes ran at a fifth of the speed). Scratch: the padded plane and the wide output. Otherwise
+//!   (strides, or 1×1 unpadded) every `(kernel tap, output row)` pair is one contiguous axpy/dot over
+//!   the valid output columns, whose bounds are computed once per row — no per-element div/mod or
+//!   padding tests — and there is no scratch. Per output element the taps add up in the same order on
+//!   both ways.
 //! * **Pointwise** (1×1 kernel, stride 1, no padding): the input plane block *is* the column matrix, so
 //!   each phase is one GEMM per sample and group, no scratch beyond the GEMM's own.
 //! * **General**: im2col + GEMM per sample, group and *block of output rows*: the column buffer holds
@@ -146,6 +153,15 @@ impl ConvGeom {
     fn k_g(&self) -> usize {
         self.cin_g() * self.kh * self.kw
     }
+    /// Whether the direct path works on zero-bordered wide rows (see the module docs).
+    fn wide(&self) -> bool {
+        self.sh == 1 && self.sw == 1 && (self.kh > 1 || self.kw > 1 || self.ph > 0 || self.pw > 0)
+    }
+    /// Elements of the wide-row buffers: the padded plane and the wide output.
+    fn wide_len(&self) -> usize {
+        let wp = self.w + 2 * self.pw;
+        (self.h + 2 * self.ph) * wp + self.oh * wp
+    }
     fn path(&self) -> Path {
         if self.groups > 1 && self.cin_g() == 1 {
             Path::Direct
@@ -208,6 +224,7 @@ fn gemm3(m_out: usize, cols: usize, k: usize) -> usize {
 
 fn scratch_len_cap(g: &ConvGeom, cap: usize) -> usize {
     match g.path() {
+        Path::Direct if g.wide() => g.wide_len(),
         Path::Direct => 0,
         Path::Pointwise => gemm3(g.cout_g(), g.h * g.w, g.cin_g()),
         Path::Im2col => {
@@ -466,7 +483,7 @@ fn fwd_cap<T: Real>(
         }
         let acc = b.is_some();
         match path {
-            Path::Direct => direct_fwd(g, xs, w, ys),
+            Path::Direct => direct_fwd(g, xs, w, ys, scratch),
             Path::Pointwise => {
                 for gi in 0..g.groups {
                     gemm(
@@ -562,7 +579,7 @@ fn grad_w_cap<T: Real>(
     match g.path() {
         Path::Direct => {
             for (xs, ds) in xs.zip(ds) {
-                direct_grad_w(g, xs, ds, dw);
+                direct_grad_w(g, xs, ds, dw, scratch);
             }
         }
         Path::Pointwise => {
@@ -654,7 +671,7 @@ fn grad_x_cap<T: Real>(
     match path {
         Path::Direct => {
             for (ds, xs) in ds.zip(xs) {
-                direct_grad_x(g, ds, w, xs);
+                direct_grad_x(g, ds, w, xs, scratch);
             }
         }
         Path::Pointwise => {
@@ -732,8 +749,64 @@ fn for_each_tap_row(g: &ConvGeom, mut f: impl FnMut(usize, usize, usize, usize, 
     }
 }
 
-fn direct_fwd<T: Real>(g: &ConvGeom, xs: &[T], w: &[T], ys: &mut [T]) {
+/// The wide-row buffers of one plane (see the module docs): the zero-bordered input plane
+/// (`(h + 2ph) × wp`) and the wide output (`oh × wp`).
+fn wide_bufs<'s, T: Real>(g: &ConvGeom, scratch: &'s mut [T]) -> (usize, &'s mut [T], &'s mut [T]) {
+    let wp = g.w + 2 * g.pw;
+    let (pad, rest) = scratch[..g.wide_len()].split_at_mut((g.h + 2 * g.ph) * wp);
+    (wp, pad, rest)
+}
+
+/// Copies plane `src` (`h × w`) into the interior of the zero-bordered `pad` (borders zeroed too).
+fn pad_plane<T: Real>(g: &ConvGeom, src: &[T], pad: &mut [T], wp: usize) {
+    fill(pad, T::ZERO);
+    for (r, row) in src.chunks_exact(g.w).enumerate() {
+        let at = (r + g.ph) * wp + g.pw;
+        pad[at..at + g.w].copy_from_slice(row);
+    }
+}
+
+/// Length of a tap's contiguous run over the wide output: every real output, and the discarded columns
+/// in between (not after the last row, which would read past the padded plane).
+fn wide_run(g: &ConvGeom, wp: usize) -> usize {
+    (g.oh - 1) * wp + g.ow
+}
+
+fn direct_fwd<T: Real>(g: &ConvGeom, xs: &[T], w: &[T], ys: &mut [T], scratch: &mut [T]) {
     let (hw, ohow, kk, mult) = (g.h * g.w, g.oh * g.ow, g.kh * g.kw, g.cout_g());
+    if g.wide() {
+        let (wp, pad, wide) = wide_bufs(g, scratch);
+        let run = wide_run(g, wp);
+        let mut padded = usize::MAX;
+        for (co, (yp, wk)) in ys
+            .chunks_exact_mut(ohow)
+            .zip(w.chunks_exact(kk))
+            .enumerate()
+        {
+            let ci = co / mult;
+            if padded != ci {
+                pad_plane(g, &xs[ci * hw..(ci + 1) * hw], pad, wp);
+                padded = ci;
+            }
+            // Start from what the output holds (bias or zero), then add the taps in order.
+            for (r, row) in yp.chunks_exact(g.ow).enumerate() {
+                wide[r * wp..r * wp + g.ow].copy_from_slice(row);
+            }
+            for i in 0..g.kh {
+                for j in 0..g.kw {
+                    let wv = wk[i * g.kw + j];
+                    let src = &pad[i * wp + j..i * wp + j + run];
+                    for (y, &x) in wide[..run].iter_mut().zip(src) {
+                        *y += wv * x;
+                    }
+                }
+            }
+            for (r, row) in yp.chunks_exact_mut(g.ow).enumerate() {
+                row.copy_from_slice(&wide[r * wp..r * wp + g.ow]);
+            }
+        }
+        return;
+    }
     for (co, (yp, wk)) in ys
         .chunks_exact_mut(ohow)
         .zip(w.chunks_exact(kk))
@@ -758,8 +831,35 @@ fn direct_fwd<T: Real>(g: &ConvGeom, xs: &[T], w: &[T], ys: &mut [T]) {
     }
 }
 
-fn direct_grad_w<T: Real>(g: &ConvGeom, xs: &[T], ds: &[T], dw: &mut [T]) {
+fn direct_grad_w<T: Real>(g: &ConvGeom, xs: &[T], ds: &[T], dw: &mut [T], scratch: &mut [T]) {
     let (hw, ohow, kk, mult) = (g.h * g.w, g.oh * g.ow, g.kh * g.kw, g.cout_g());
+    if g.wide() {
+        let (wp, pad, wide) = wide_bufs(g, scratch);
+        let run = wide_run(g, wp);
+        // The wide output gradient: dY's rows with zeros in the discarded columns.
+        fill(&mut wide[..], T::ZERO);
+        let mut padded = usize::MAX;
+        for (co, (dp, dwk)) in ds
+            .chunks_exact(ohow)
+            .zip(dw.chunks_exact_mut(kk))
+            .enumerate()
+        {
+            let ci = co / mult;
+            if padded != ci {
+                pad_plane(g, &xs[ci * hw..(ci + 1) * hw], pad, wp);
+                padded = ci;
+            }
+            for (r, row) in dp.chunks_exact(g.ow).enumerate() {
+                wide[r * wp..r * wp + g.ow].copy_from_slice(row);
+            }
+            for i in 0..g.kh {
+                for j in 0..g.kw {
+                    dwk[i * g.kw + j] += dot(&wide[..run], &pad[i * wp + j..i * wp + j + run]);
+                }
+            }
+        }
+        return;
+    }
     for (co, (dp, dwk)) in ds
         .chunks_exact(ohow)
         .zip(dw.chunks_exact_mut(kk))
@@ -783,8 +883,37 @@ fn direct_grad_w<T: Real>(g: &ConvGeom, xs: &[T], ds: &[T], dw: &mut [T]) {
     }
 }
 
-fn direct_grad_x<T: Real>(g: &ConvGeom, ds: &[T], w: &[T], dxs: &mut [T]) {
+fn direct_grad_x<T: Real>(g: &ConvGeom, ds: &[T], w: &[T], dxs: &mut [T], scratch: &mut [T]) {
     let (hw, ohow, kk, mult) = (g.h * g.w, g.oh * g.ow, g.kh * g.kw, g.cout_g());
+    if g.wide() {
+        let (wp, pad, wide) = wide_bufs(g, scratch);
+        let run = wide_run(g, wp);
+        fill(&mut wide[..], T::ZERO);
+        for (co, (dp, wk)) in ds.chunks_exact(ohow).zip(w.chunks_exact(kk)).enumerate() {
+            let ci = co / mult;
+            let xp = &mut dxs[ci * hw..(ci + 1) * hw];
+            // The padded input gradient starts from what dX holds; the discarded columns of the wide dY
+            // are zero, so the border collects only zeros-times-weights and is dropped.
+            pad_plane(g, xp, pad, wp);
+            for (r, row) in dp.chunks_exact(g.ow).enumerate() {
+                wide[r * wp..r * wp + g.ow].copy_from_slice(row);
+            }
+            for i in 0..g.kh {
+                for j in 0..g.kw {
+                    let wv = wk[i * g.kw + j];
+                    let dst = &mut pad[i * wp + j..i * wp + j + run];
+                    for (x, &d) in dst.iter_mut().zip(&wide[..run]) {
+                        *x += wv * d;
+                    }
+                }
+            }
+            for (r, row) in xp.chunks_exact_mut(g.w).enumerate() {
+                let at = (r + g.ph) * wp + g.pw;
+                row.copy_from_slice(&pad[at..at + g.w]);
+            }
+        }
+        return;
+    }
     for (co, (dp, wk)) in ds.chunks_exact(ohow).zip(w.chunks_exact(kk)).enumerate() {
         let ci = co / mult;
         let xp = &mut dxs[ci * hw..(ci + 1) * hw];
@@ -856,6 +985,14 @@ mod tests {
             (geom(1, 3, 3, 2, (2, 2), (1, 1), (2, 2), 1), 2, Path::Im2col),
             // depthwise with padding ≥ kernel
             (geom(2, 3, 4, 2, (2, 2), (2, 1), (2, 2), 2), 1, Path::Direct),
+            // depthwise at stride 1 (wide rows): 3×3 "same", and non-square kernel with asymmetric
+            // padding and a channel multiplier of 2
+            (geom(3, 6, 7, 3, (3, 3), (1, 1), (1, 1), 3), 2, Path::Direct),
+            (geom(2, 5, 6, 4, (2, 3), (1, 1), (0, 2), 2), 2, Path::Direct),
+            // padding ≥ kernel at stride 1
+            (geom(2, 3, 4, 2, (2, 2), (1, 1), (2, 2), 2), 1, Path::Direct),
+            // depthwise 1×1 (no wide rows)
+            (geom(2, 4, 3, 2, (1, 1), (1, 1), (0, 0), 2), 2, Path::Direct),
         ]
     }
 
@@ -984,8 +1121,18 @@ mod tests {
         assert_eq!(conv_scratch_len(&g, 1), conv_scratch_len(&g, 4096));
         let small = geom(6, 12, 12, 16, (5, 5), (1, 1), (0, 0), 1);
         assert!(conv_scratch_len(&small, 64) <= CONV_COL_CAP + gemm3(16, 64, 150));
+        // Depthwise: the wide-row buffers at stride 1 (padded plane 11×11, wide output 9×11), none
+        // with a stride or for 1×1.
         assert_eq!(
             conv_scratch_len(&geom(8, 9, 9, 8, (3, 3), (1, 1), (1, 1), 8), 32),
+            11 * 11 + 9 * 11
+        );
+        assert_eq!(
+            conv_scratch_len(&geom(8, 9, 9, 8, (3, 3), (2, 2), (1, 1), 8), 32),
+            0
+        );
+        assert_eq!(
+            conv_scratch_len(&geom(8, 9, 9, 8, (1, 1), (1, 1), (0, 0), 8), 32),
             0
         );
     }
