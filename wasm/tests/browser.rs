@@ -151,3 +151,62 @@ fn corrupt_bytes_and_bad_options_throw_errors() {
     assert_eq!(t.classes(), 2);
     assert_eq!(t.loaded_tensors(), 4);
 }
+
+/// Cross-target equality for integer training: the reference run of `tests/cross_target.rs` (digits
+/// MLP, batch 32, seed 1, pure-integer update, training samples in file order) run by the core compiled
+/// to wasm inside Chromium gives the golden loss bit patterns that the native run pins.
+#[wasm_bindgen_test]
+fn int8_losses_in_chromium_equal_the_native_golden_bit_for_bit() {
+    use frugal_core::exec::int8::Int8Executor;
+    use frugal_core::exec::Target;
+    use frugal_core::format::decode_model;
+    use frugal_core::graph::Graph;
+    use frugal_core::model::{Int8Update, Precision};
+    use frugal_core::plan::Plan;
+
+    const MODEL: &[u8] = include_bytes!("../../examples/digits-mlp.frgm");
+    const IMAGES: &[u8] = include_bytes!("../../data/digits/digits-train-images.idx");
+    const LABELS: &[u8] = include_bytes!("../../data/digits/digits-train-labels.idx");
+    const GOLDEN: &str = include_str!("../../tests/golden/cross_target_mlp.json");
+    // The golden's numbers after `key` (an array of integers, or one integer).
+    let numbers = |key: &str| -> Vec<u64> {
+        let at = GOLDEN
+            .find(&format!("\"{key}\":"))
+            .expect("key in the golden")
+            + key.len()
+            + 3;
+        let end = at + GOLDEN[at..].find(['\n']).expect("one line per key");
+        GOLDEN[at..end]
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse().unwrap())
+            .collect()
+    };
+    let want = numbers("int8_loss_bits");
+    let update_bits = numbers("int8_update_bits")[0] as u8;
+    let (steps, batch) = (want.len(), 32);
+    // IDX: a big-endian u32 magic (its low byte is the rank), the dimensions, then u8 data.
+    let body = |idx: &'static [u8]| &idx[4 + 4 * idx[3] as usize..];
+    let (pixels, labels) = (body(IMAGES), body(LABELS));
+    let spec = decode_model(MODEL).unwrap();
+    let per = spec.input.numel();
+    let p = Precision::Int8(Int8Update::Integer { update_bits });
+    let plan = Plan::new(Graph::with_precision(&spec, batch, p).unwrap());
+    let mut arena = vec![0u8; plan.needed_bytes()];
+    let mut ex = Int8Executor::new(&plan, &arena).unwrap();
+    ex.init_params(&mut arena, 1).unwrap();
+    let got: Vec<u64> = (0..steps)
+        .map(|i| {
+            let s = i * batch;
+            // The bundled digits' pixels are 0..=16, scaled to [0, 1] as the native reader does.
+            let x: Vec<f32> = pixels[s * per..(s + batch) * per]
+                .iter()
+                .map(|&p| p as f32 / 16.0)
+                .collect();
+            let y: Vec<u32> = labels[s..s + batch].iter().map(|&l| l as u32).collect();
+            let st = ex.train_step(&mut arena, &x, Target::Classes(&y)).unwrap();
+            st.loss.to_bits() as u64
+        })
+        .collect();
+    assert_eq!(got, want, "int8 loss bits in Chromium vs the native golden");
+}

@@ -24,6 +24,7 @@ mod data;
 mod error;
 
 use frugal_core::exec::StepStats;
+use frugal_core::model::{Int8Update, Precision};
 use frugal_core::policy::PolicyKind;
 use wasmtime::{
     Caller, Config, Engine, Instance, Linker, Module, ResourceLimiter, Store, StoreLimits,
@@ -98,10 +99,12 @@ pub struct SessionOptions {
     pub batch: usize,
     /// Seed of the parameter initialisation.
     pub seed: u64,
-    /// Memory policy when the plain plan does not fit.
+    /// Memory policy when the plain plan does not fit (f32 only: int8 trains on the plain plan).
     pub policy: PolicyKind,
     /// Fuel (roughly, wasm instructions) each call into the guest may use; `None`: unbounded.
     pub fuel: Option<u64>,
+    /// The numbers to train in: f32, or int8 with either weight update.
+    pub precision: Precision,
 }
 
 /// The plan the guest chose, and where its memory goes.
@@ -477,6 +480,18 @@ impl Session {
             .map_err(|e| {
                 SandboxError::Guest(format!("frugal_input returned a bad pointer: {e}"))
             })?;
+        let (code, bits) = match opts.precision {
+            Precision::F32 => (0, 0),
+            Precision::Int8(Int8Update::Integer { update_bits }) => (1, update_bits as u32),
+            Precision::Int8(Int8Update::FloatMaster) => (2, 0),
+        };
+        if code != 0 {
+            let set: TypedFunc<(u32, u32), i32> = self.func("frugal_set_precision")?;
+            let st = self.call(|st| set.call(st, (code, bits)))?;
+            if st != status::OK {
+                return Err(self.failure(st));
+            }
+        }
         let init: TypedFunc<(u64, u32, u64, u32), i32> = self.func("frugal_init")?;
         let code = policy_code(opts.policy);
         let budget = opts.budget as u64;

@@ -57,6 +57,13 @@ enum Cmd {
         /// without fuel metering).
         #[arg(long)]
         fuel: Option<u64>,
+        /// Numbers: f32, int8 (int8 weights, pure-integer update), int8-master (f32 master weights).
+        /// int8 runs the plain plan, which must fit the budget.
+        #[arg(long, default_value = "f32")]
+        precision: String,
+        /// int8 pure-integer update: bit width of the largest weight step.
+        #[arg(long, default_value_t = frugal_cli::train::DEFAULT_UPDATE_BITS)]
+        update_bits: u8,
         /// Time this many training steps in the sandbox and natively instead of training.
         #[arg(long)]
         bench: Option<u32>,
@@ -94,9 +101,12 @@ fn run(cmd: Cmd) -> Result<(), Box<dyn std::error::Error>> {
         epochs,
         seed,
         fuel,
+        precision,
+        update_bits,
         bench,
         quiet,
     } = cmd;
+    let precision = frugal_cli::train::parse_precision(&precision, update_bits)?;
     let mf = load_model(&model)?;
     let batch = batch.or(mf.train.batch.map(|b| b as usize)).unwrap_or(32);
     let epochs = epochs.or(mf.train.epochs).unwrap_or(10);
@@ -114,6 +124,7 @@ fn run(cmd: Cmd) -> Result<(), Box<dyn std::error::Error>> {
         seed,
         policy,
         fuel,
+        precision,
     };
     let t0 = Instant::now();
     // Fuel metering costs speed; compile it in only when a bound is asked for.
@@ -125,6 +136,11 @@ fn run(cmd: Cmd) -> Result<(), Box<dyn std::error::Error>> {
     let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
     let bytes = encode_model(&mf.spec);
     if let Some(steps) = bench {
+        if precision != frugal_core::model::Precision::F32 {
+            return Err(
+                "--bench compares f32 steps with native ones; leave out --precision".into(),
+            );
+        }
         return bench_steps(&sandbox, &mf, &bytes, train, test, &opts, steps);
     }
     let data = DatasetBatches::new(train, test, Order::Shuffled { seed });

@@ -8,6 +8,7 @@ use std::sync::OnceLock;
 use frugal_cli::data::digits;
 use frugal_cli::spec_toml::load_model;
 use frugal_core::format::encode_model;
+use frugal_core::model::{Int8Update, Precision};
 use frugal_core::policy::PolicyKind;
 use frugal_wasmtime::{DatasetBatches, Order, Sandbox, SandboxError, Session, SessionOptions};
 
@@ -38,6 +39,7 @@ fn opts(budget: usize) -> SessionOptions {
         seed: 1,
         policy: PolicyKind::Auto,
         fuel: None,
+        precision: Precision::F32,
     }
 }
 
@@ -263,4 +265,51 @@ fn sandbox_reproduces_the_native_cross_target_losses() {
             "step {i}: wasmtime loss {g} vs native golden {w}"
         );
     }
+}
+
+/// The golden int8 run's loss bit patterns and its update precision.
+fn golden_int8() -> (Vec<u32>, u8) {
+    let text = std::fs::read_to_string(root().join("tests/golden/cross_target_mlp.json"))
+        .expect("golden file");
+    let line = |key: &str| -> Vec<u64> {
+        let at = text.find(&format!("\"{key}\":")).expect("key") + key.len() + 3;
+        let end = at + text[at..].find('\n').expect("one line per key");
+        text[at..end]
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse().expect("a number"))
+            .collect()
+    };
+    let bits = line("int8_loss_bits").iter().map(|&b| b as u32).collect();
+    (bits, line("int8_update_bits")[0] as u8)
+}
+
+#[test]
+fn sandbox_int8_losses_equal_the_native_golden_bit_for_bit() {
+    // The reference run in int8 (pure-integer update): the core compiled to wasm and run by wasmtime
+    // must give exactly the native loss bits.
+    let (want, update_bits) = golden_int8();
+    assert_eq!(want.len(), 20);
+    let o = SessionOptions {
+        policy: PolicyKind::Plain,
+        precision: Precision::Int8(Int8Update::Integer { update_bits }),
+        ..opts(16 * MIB)
+    };
+    let mut s = sandbox()
+        .session(
+            &model("digits-mlp.toml"),
+            digits_batches(Order::Sequential),
+            &o,
+        )
+        .unwrap();
+    let got: Vec<u32> = s
+        .train(20)
+        .unwrap()
+        .iter()
+        .map(|st| st.loss.to_bits())
+        .collect();
+    assert_eq!(got, want, "int8 loss bits in wasmtime vs the native golden");
+    // And the int8 session evaluates.
+    let e = s.evaluate().unwrap();
+    assert!(e.samples > 0 && e.accuracy() > 0.3, "{e:?}");
 }

@@ -24,8 +24,9 @@
 //! * `on_step(step, loss, correct, samples)` — one training step finished.
 //! * `panicked(msg, len)` — the guest is about to trap; `msg` says why.
 //!
-//! Exports: [`frugal_input`], [`frugal_init`], [`frugal_train`], [`frugal_evaluate`], [`frugal_info`],
-//! [`frugal_error_detail`], [`frugal_error_message`], [`frugal_error_len`], [`frugal_test_allocate`].
+//! Exports: [`frugal_input`], [`frugal_set_precision`], [`frugal_init`], [`frugal_train`],
+//! [`frugal_evaluate`], [`frugal_info`], [`frugal_error_detail`], [`frugal_error_message`],
+//! [`frugal_error_len`], [`frugal_test_allocate`].
 //! Status codes are [`Status`] values; `0` is success.
 #![no_std]
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -42,10 +43,11 @@ use core::cell::RefCell;
 use core::fmt::{self, Write};
 
 use frugal_core::budget::{Budget, BudgetError};
+use frugal_core::exec::int8::Int8Executor;
 use frugal_core::exec::{ExecError, Executor, Target};
 use frugal_core::format::decode_model;
 use frugal_core::graph::Graph;
-use frugal_core::model::LossKind;
+use frugal_core::model::{Int8Update, LossKind, Precision};
 use frugal_core::plan::Plan;
 use frugal_core::policy::{plan_for_budget, CostModel, PlanError, PolicyKind};
 
@@ -129,6 +131,9 @@ pub mod info {
     pub const MEMORY_BYTES: u32 = 13;
     /// `f32` values per input sample.
     pub const SAMPLE_LEN: u32 = 14;
+    /// Numbers of the session: 0 f32, 1 int8 with the pure-integer update, 2 int8 with f32 master
+    /// weights (see [`frugal_set_precision`](super::frugal_set_precision)).
+    pub const PRECISION: u32 = 15;
 }
 
 /// Single-threaded global cell.
@@ -140,7 +145,13 @@ unsafe impl<T> Sync for Global<T> {}
 
 /// One training session: the plan, its arena and the batch buffers.
 struct Session {
-    plan: Plan,
+    /// The plan, kept for the instance's lifetime (one session per instance), so that the int8
+    /// executor, whose rescaling state lives across steps, can borrow it.
+    plan: &'static Plan,
+    /// The int8 executor (`None` in f32; the f32 executor keeps no state and is made per call).
+    int8: Option<Int8Executor<'static>>,
+    /// [`info::PRECISION`] code.
+    precision: u32,
     policy: PolicyKind,
     recomputes: usize,
     arena: &'static mut [u8],
@@ -176,6 +187,8 @@ impl Write for ErrorRecord {
 }
 
 static SESSION: Global<Option<Session>> = Global(RefCell::new(None));
+/// The numbers [`frugal_init`] will train in: (precision code, int8 update bits).
+static PRECISION: Global<(u32, u8)> = Global(RefCell::new((0, 0)));
 static INPUT: Global<Vec<u8>> = Global(RefCell::new(Vec::new()));
 static ERROR: Global<ErrorRecord> = Global(RefCell::new(ErrorRecord {
     status: Status::Ok,
@@ -313,10 +326,44 @@ pub extern "C" fn frugal_input(len: u32) -> u32 {
 
 /// Decodes the model written through [`frugal_input`], plans it for steps of `batch` samples so that
 /// the whole linear memory stays within `budget` bytes, grows the arena and initialises the
-/// parameters with `seed`. `policy`: see [`info::POLICY`].
+/// parameters with `seed`. `policy`: see [`info::POLICY`]. In int8 (see [`frugal_set_precision`]) the
+/// plan is the plain one: it must fit the budget as it is.
 #[no_mangle]
 pub extern "C" fn frugal_init(budget: u64, batch: u32, seed: u64, policy: u32) -> i32 {
     finish(init(budget, batch, seed, policy))
+}
+
+/// Sets the numbers [`frugal_init`] trains in: `code` 0 f32 (the default), 1 int8 with the pure-integer
+/// update of `update_bits` (1..=7), 2 int8 with f32 master weights (`update_bits` ignored). Only before
+/// [`frugal_init`].
+#[no_mangle]
+pub extern "C" fn frugal_set_precision(code: u32, update_bits: u32) -> i32 {
+    finish((|| {
+        if SESSION.0.borrow().is_some() {
+            return Err(Failure::new(
+                Status::AlreadyInitialised,
+                "the precision is set before frugal_init",
+                [0; 2],
+            ));
+        }
+        if code > 2 || (code == 1 && !(1..=7).contains(&update_bits)) {
+            return Err(Failure::new(
+                Status::BadArgument,
+                "precision code must be 0..=2, and update bits 1..=7 for the integer update",
+                [code as u64, update_bits as u64],
+            ));
+        }
+        *PRECISION.0.borrow_mut() = (code, update_bits as u8);
+        Ok(())
+    })())
+}
+
+fn precision_of(code: u32, update_bits: u8) -> Precision {
+    match code {
+        1 => Precision::Int8(Int8Update::Integer { update_bits }),
+        2 => Precision::Int8(Int8Update::FloatMaster),
+        _ => Precision::F32,
+    }
 }
 
 fn init(budget: u64, batch: u32, seed: u64, policy: u32) -> Result<(), Failure> {
@@ -377,6 +424,36 @@ fn init(budget: u64, batch: u32, seed: u64, policy: u32) -> Result<(), Failure> 
             given: budget.min(usize::MAX as u64) as usize,
         })),
     };
+    let (code, update_bits) = *PRECISION.0.borrow();
+    if code != 0 {
+        // int8: the plain plan (the memory policies plan f32 graphs).
+        let g = Graph::with_precision(&spec, batch, precision_of(code, update_bits))
+            .map_err(graph_err)?;
+        let plan: &'static Plan = alloc::boxed::Box::leak(alloc::boxed::Box::new(Plan::new(g)));
+        let heap = memory_bytes();
+        let arena_pages = plan.needed_bytes().div_ceil(PAGE);
+        if heap + arena_pages * PAGE > limit {
+            return Err(too_small(heap + arena_pages * PAGE));
+        }
+        let arena = grow_arena(arena_pages).ok_or(too_small(heap + arena_pages * PAGE))?;
+        let mut ex = Int8Executor::new(plan, arena)?;
+        ex.init_params(arena, seed)?;
+        *SESSION.0.borrow_mut() = Some(Session {
+            plan,
+            int8: Some(ex),
+            precision: code,
+            policy: PolicyKind::Plain,
+            recomputes: 0,
+            arena,
+            batch,
+            x,
+            y,
+            steps: 0,
+            overhead: heap,
+            eval: (0, 0, 0.0),
+        });
+        return Ok(());
+    }
     // Plan for what is left after the heap; planning itself may grow the heap, so measure again and
     // re-plan for less until the arena's pages fit beside it (memory only grows, so this ends).
     let mut avail = floor_page(limit.saturating_sub(memory_bytes()));
@@ -388,11 +465,14 @@ fn init(budget: u64, batch: u32, seed: u64, policy: u32) -> Result<(), Failure> 
                 if heap + arena_pages * PAGE <= limit {
                     let arena =
                         grow_arena(arena_pages).ok_or(too_small(heap + arena_pages * PAGE))?;
-                    let plan = chosen.plan;
-                    let mut ex = Executor::new(&plan, arena)?;
+                    let plan: &'static Plan =
+                        alloc::boxed::Box::leak(alloc::boxed::Box::new(chosen.plan));
+                    let mut ex = Executor::new(plan, arena)?;
                     ex.init_params(arena, seed)?;
                     *SESSION.0.borrow_mut() = Some(Session {
                         plan,
+                        int8: None,
+                        precision: 0,
                         policy: chosen.policy,
                         recomputes: chosen.recomputes,
                         arena,
@@ -457,10 +537,21 @@ pub extern "C" fn frugal_train(steps: u32) -> i32 {
                 )
             };
             let n = samples(n, cap)?;
-            let mut ex = Executor::new(&s.plan, s.arena)?;
-            ex.set_steps(s.steps);
-            let st = ex.train_step(s.arena, &s.x[..n * per], Target::Classes(&s.y[..n]))?;
-            s.steps = ex.steps();
+            let (x, y) = (&s.x[..n * per], Target::Classes(&s.y[..n]));
+            let st = match s.int8.as_mut() {
+                Some(ex) => {
+                    let st = ex.train_step(s.arena, x, y)?;
+                    s.steps = ex.steps();
+                    st
+                }
+                None => {
+                    let mut ex = Executor::new(s.plan, s.arena)?;
+                    ex.set_steps(s.steps);
+                    let st = ex.train_step(s.arena, x, y)?;
+                    s.steps = ex.steps();
+                    st
+                }
+            };
             // SAFETY: a plain call into the host with scalar arguments.
             unsafe { on_step(step, st.loss, st.correct as u32, st.samples as u32) };
         }
@@ -488,8 +579,14 @@ pub extern "C" fn frugal_evaluate() -> i32 {
         let per = s.plan.graph.input_dims.numel();
         let cap = s.plan.graph.batch.min(s.batch);
         let (mut correct, mut seen, mut loss) = (0usize, 0usize, 0f64);
-        let mut ex = Executor::new(&s.plan, s.arena)?;
-        ex.set_steps(s.steps);
+        let mut ex = match s.int8 {
+            Some(_) => None,
+            None => {
+                let mut ex = Executor::new(s.plan, s.arena)?;
+                ex.set_steps(s.steps);
+                Some(ex)
+            }
+        };
         for index in 0.. {
             // SAFETY: as in `frugal_train`; the capacity is the micro-batch, which is ≤ the buffers.
             let n = unsafe {
@@ -506,7 +603,14 @@ pub extern "C" fn frugal_evaluate() -> i32 {
                 break;
             }
             let n = samples(n, cap)?;
-            let st = ex.evaluate(s.arena, &s.x[..n * per], Target::Classes(&s.y[..n]))?;
+            let (x, y) = (&s.x[..n * per], Target::Classes(&s.y[..n]));
+            let st = match (s.int8.as_mut(), ex.as_mut()) {
+                (Some(ex8), _) => ex8.evaluate(s.arena, x, y)?,
+                (None, Some(ex)) => ex.evaluate(s.arena, x, y)?,
+                (None, None) => {
+                    return Err(Failure::new(Status::Exec, "no executor for the session", [0; 2]))
+                }
+            };
             correct += st.correct;
             seen += n;
             loss += st.loss as f64 * n as f64;
@@ -551,6 +655,7 @@ pub extern "C" fn frugal_info(field: u32) -> u64 {
         info::EVAL_SAMPLES => s.eval.1,
         info::EVAL_LOSS_BITS => return s.eval.2.to_bits() as u64,
         info::SAMPLE_LEN => s.plan.graph.input_dims.numel(),
+        info::PRECISION => s.precision as usize,
         _ => 0,
     }) as u64
 }
