@@ -32,18 +32,28 @@
 //! | `neon-dot`    | 4 × 16  | 4, i8      | `sdot`                                                   |
 //! | `simd128`     | 4 × 8   | 2, i16     | `i32x4.dot_i16x8_s`                                      |
 //!
+//! Small convolutions, where packing costs more than the multiply, use the packing-free products of
+//! [`pairs`] instead ([`igemm_pairs`], [`igemm_dot`], and the im2col row helpers that write their operands);
+//! they have AVX2 versions and portable loops elsewhere.
+//!
 //! Kernel choice follows the f32 GEMM: with the crate feature `std` the CPU is probed once and the choice
 //! cached; without it the choice is fixed at compile time by `cfg(target_feature)`. [`igemm_with`] forces
 //! a kernel (tests, benchmarks). `unsafe` lives only in the per-architecture modules, each block with the
 //! reason its accesses are in bounds.
 #[cfg(all(target_arch = "aarch64", not(miri)))]
 mod aarch64;
+pub mod pairs;
 #[cfg(test)]
 mod tests;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128", not(miri)))]
 mod wasm;
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 mod x86;
+
+pub use pairs::{
+    has_simd_pairs, igemm_dot, igemm_dot_with, igemm_pairs, igemm_pairs_with, pair_word,
+    rows_interleaved, rows_masked,
+};
 
 /// Strided read-only matrix view (the f32 GEMM's, generic over the element type).
 pub use super::gemm::MatRef;

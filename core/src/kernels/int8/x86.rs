@@ -8,6 +8,8 @@
 //!   the same function.
 use core::arch::x86_64::*;
 
+mod pairs;
+
 use super::{
     pack_panel_g, rescale_portable, store_tile, Kernel, Piece, Rounding, Spec, Tile, SPEC_AVX2,
     SPEC_VNNI,
