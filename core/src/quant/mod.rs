@@ -54,6 +54,7 @@ use crate::kernels::int8::{self as k8, igemm_scratch_len, Rounding, MAX_K};
 use crate::model::{Int8Update, LayerKind, LossKind, ModelSpec, OptimizerSpec, Precision};
 use crate::ops::{ConvGeom, PoolGeom};
 
+mod flat;
 mod lut;
 pub mod ops;
 #[cfg(test)]

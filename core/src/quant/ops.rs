@@ -2,6 +2,7 @@
 //! Exponents are the caller's (the executor's); ops that rescale return the shift they used.
 use core::convert::Infallible;
 
+use super::flat::{self, Flat, MASKS};
 use super::{align, conv_dims, pool_k, produce, sat8, tile_rows, Pass, Site, TileOut};
 use crate::kernels::int8::{self as k8, igemm, MatRef, Rounding};
 use crate::ops::{ConvGeom, PoolGeom};
@@ -424,7 +425,14 @@ pub fn col2im_add(
 
 /// Copies group `grp` of `samples` samples of `dy` (`[samples][cout][P]`) into `dyc[cout_g × ld]`
 /// (sample `s` in columns `[s·P, (s+1)·P)`), the layout whose columns match [`im2col`]'s.
-fn gather_dy(g: &ConvGeom, dy: &[i8], samples: usize, grp: usize, dyc: &mut [i8], ld: usize) {
+pub(super) fn gather_dy(
+    g: &ConvGeom,
+    dy: &[i8],
+    samples: usize,
+    grp: usize,
+    dyc: &mut [i8],
+    ld: usize,
+) {
     let (_, cout_g, _, p) = conv_dims(g);
     let per_out = g.cout * p;
     for co in 0..cout_g {
@@ -436,9 +444,11 @@ fn gather_dy(g: &ConvGeom, dy: &[i8], samples: usize, grp: usize, dyc: &mut [i8]
     }
 }
 
-/// Convolution forward, `blk` samples per tile: `acc` holds `cout × blk·P` i32, `cols` `kg × blk·P` i8.
-/// One GEMM per tile and group, `W_g · cols`, whose rows (output channels) run over the tile's samples;
-/// the rescale writes them back in `[sample][channel][P]` order.
+/// Convolution forward, `blk` samples per tile: `acc` holds `cout × blk·P` i32; `work` is the im2col
+/// and GEMM scratch (`kg·blk·P` bytes of columns, then [`igemm`]'s packing). One GEMM per tile and group,
+/// `W_g · cols`, whose rows (output channels) run over the tile's samples; the rescale writes them back
+/// in `[sample][channel][P]` order. Flat geometries take the packing-free path of `quant::flat` when it
+/// applies and `work` holds its words and columns (same integers either way).
 #[allow(clippy::too_many_arguments)]
 pub fn conv_fwd(
     g: &ConvGeom,
@@ -449,8 +459,7 @@ pub fn conv_fwd(
     bias: Option<&[i32]>,
     y: &mut [i8],
     acc: &mut [i32],
-    cols: &mut [i8],
-    gs: &mut [i8],
+    work: &mut [i8],
     site: &mut Site,
     pass: Pass,
 ) -> u32 {
@@ -458,6 +467,60 @@ pub fn conv_fwd(
     let per_in = g.cin * g.h * g.w;
     let per_out = g.cout * p;
     let blk = blk.clamp(1, n.max(1));
+    let add_bias = |acc: &mut [i32], ld: usize| {
+        if let Some(b) = bias {
+            for (row, &bb) in acc[..g.cout * ld].chunks_exact_mut(ld).zip(b) {
+                for v in row {
+                    *v = v.saturating_add(bb);
+                }
+            }
+        }
+    };
+    let out = |s0: usize, sc: usize| TileOut {
+        off: s0 * per_out,
+        len: sc * per_out,
+        rows: g.cout,
+        inner: p,
+    };
+    if let Some((fl, words, x2, buf)) = Flat::new(g).and_then(|fl| {
+        let (words, rest) = words_and_bytes(work, g.cout * fl.kp())?;
+        let (x2, buf) = rest.split_at_mut_checked(fl.x2_len(blk))?;
+        (buf.len() >= fl.planes_len(blk)).then_some((fl, words, x2, buf))
+    }) {
+        fl.weight_words(w, words);
+        let mut masks = [0i8; MASKS];
+        fl.masks(&mut masks);
+        let kp = fl.kp();
+        return ok(produce(
+            site,
+            pass,
+            n.div_ceil(blk),
+            acc,
+            y,
+            Rounding::Nearest,
+            |t, acc, _| {
+                let s0 = t * blk;
+                let sc = blk.min(n - s0);
+                let ld = sc * p;
+                let xs = x.rows(s0, sc, per_in);
+                for grp in 0..g.groups {
+                    fl.fwd_group(
+                        xs,
+                        sc,
+                        grp,
+                        &words[grp * cout_g * kp..(grp + 1) * cout_g * kp],
+                        &masks,
+                        buf,
+                        x2,
+                        &mut acc[grp * cout_g * ld..(grp + 1) * cout_g * ld],
+                    );
+                }
+                add_bias(acc, ld);
+                Ok(out(s0, sc))
+            },
+        ));
+    }
+    let (cols, gs) = work.split_at_mut(kg * blk * p);
     ok(produce(
         site,
         pass,
@@ -492,26 +555,29 @@ pub fn conv_fwd(
                     gs,
                 );
             }
-            if let Some(b) = bias {
-                for (row, &bb) in acc[..g.cout * ld].chunks_exact_mut(ld).zip(b) {
-                    for v in row {
-                        *v = v.saturating_add(bb);
-                    }
-                }
-            }
-            Ok(TileOut {
-                off: s0 * per_out,
-                len: sc * per_out,
-                rows: g.cout,
-                inner: p,
-            })
+            add_bias(acc, ld);
+            Ok(out(s0, sc))
         },
     ))
 }
 
+/// Splits `work` into at least `words` aligned i32 and the bytes after them; `None` when too short.
+fn words_and_bytes(work: &mut [i8], words: usize) -> Option<(&mut [i32], &mut [i8])> {
+    let head = work.as_ptr().align_offset(4);
+    let bytes = head.checked_add(words.checked_mul(4)?)?;
+    if head > 3 || bytes > work.len() {
+        return None;
+    }
+    let (wb, rest) = work.split_at_mut(bytes);
+    let w: &mut [i32] = bytemuck::try_cast_slice_mut(&mut wb[head..]).ok()?;
+    Some((w, rest))
+}
+
 /// Convolution derivative, `blk` samples per tile: `dcols` holds `kg × blk·P` i32, `acc`
 /// `blk·cin·h·w` i32, `dyc` `cout_g × blk·P` i8. One GEMM `W_gᵀ · dY` per tile and group, then col2im
-/// per sample.
+/// per sample. Flat geometries whose derivative is a flat convolution (`quant::flat::transposed`) run
+/// it as the convolution of `dY` with the flipped kernel when `dcols` holds its words and columns; the
+/// tile then comes out channel-major like the forward's.
 #[allow(clippy::too_many_arguments)]
 pub fn conv_grad_x(
     g: &ConvGeom,
@@ -528,10 +594,69 @@ pub fn conv_grad_x(
     site: &mut Site,
     pass: Pass,
 ) -> u32 {
-    let (_, cout_g, kg, p) = conv_dims(g);
-    let per_in = g.cin * g.h * g.w;
+    let (cin_g, cout_g, kg, p) = conv_dims(g);
+    let hw = g.h * g.w;
+    let per_in = g.cin * hw;
     let per_out = g.cout * p;
     let blk = blk.clamp(1, n.max(1));
+    let fast = flat::transposed(g)
+        .and_then(|t| Some((t, Flat::new(g)?, Flat::new(&t)?)))
+        .and_then(|(t, _, ft)| {
+            let kp = ft.kp();
+            let (words, rest) = dcols.split_at_mut_checked(g.cin * kp)?;
+            let rest: &mut [i8] = bytemuck::cast_slice_mut(rest);
+            let (x2, buf) = rest.split_at_mut_checked(ft.x2_len(blk))?;
+            (buf.len() >= ft.planes_len(blk)).then_some((t, ft, words, x2, buf))
+        });
+    if let Some((t, ft, words, x2, buf)) = fast {
+        ft.transposed_words(g, w, words);
+        let mut masks = [0i8; MASKS];
+        ft.masks(&mut masks);
+        let kp = ft.kp();
+        return ok(produce(
+            site,
+            pass,
+            n.div_ceil(blk),
+            acc,
+            dx,
+            Rounding::Nearest,
+            |tile, acc, prev| {
+                let s0 = tile * blk;
+                let sc = blk.min(n - s0);
+                let ld = sc * hw;
+                let dys = &dy[s0 * per_out..(s0 + sc) * per_out];
+                for grp in 0..t.groups {
+                    ft.fwd_group(
+                        dys,
+                        sc,
+                        grp,
+                        &words[grp * cin_g * kp..(grp + 1) * cin_g * kp],
+                        &masks,
+                        buf,
+                        x2,
+                        &mut acc[grp * cin_g * ld..(grp + 1) * cin_g * ld],
+                    );
+                }
+                if let Some((e_old, e_acc)) = old {
+                    // acc is [channel][sample][hw]; the old values are [sample][channel][hw].
+                    for (ci, row) in acc[..g.cin * ld].chunks_exact_mut(ld).enumerate() {
+                        for (s, part) in row.chunks_exact_mut(hw).enumerate() {
+                            let o = (s0 + s) * per_in + ci * hw;
+                            for (v, &q) in part.iter_mut().zip(&prev[o..o + hw]) {
+                                *v = v.saturating_add(align(q as i32, e_old, e_acc));
+                            }
+                        }
+                    }
+                }
+                Ok(TileOut {
+                    off: s0 * per_in,
+                    len: sc * per_in,
+                    rows: g.cin,
+                    inner: hw,
+                })
+            },
+        ));
+    }
     ok(produce(
         site,
         pass,
@@ -580,6 +705,7 @@ pub fn conv_grad_x(
 
 /// Convolution weight gradient in i32 over `n` samples (`dy` from its first; `x` from sample `first`),
 /// `blk` samples per GEMM (`cols` `kg × blk·P`, `dyc` `cout_g × blk·P`): `dw[cout × kg]`, `db[cout]`.
+/// Flat geometries multiply the columns with `dY` in place (`quant::flat`: no packing).
 #[allow(clippy::too_many_arguments)]
 pub fn conv_grad_w(
     g: &ConvGeom,
@@ -601,11 +727,27 @@ pub fn conv_grad_w(
     if let Some(db) = db.as_deref_mut() {
         db.fill(0);
     }
+    // The padded planes go where the general path packs its operands.
+    let fast = Flat::new(g).filter(|fl| {
+        cols.len() >= kg * blk * p
+            && dyc.len() >= cout_g * blk * p
+            && gs.len() >= fl.planes_len(blk)
+    });
+    let mut masks = [0i8; MASKS];
+    if let Some(fl) = fast {
+        fl.masks(&mut masks);
+    }
     for s0 in (0..n).step_by(blk) {
         let sc = blk.min(n - s0);
         let ld = sc * p;
         let xs = x.rows(first + s0, sc, per_in);
         for grp in 0..g.groups {
+            let dwg = &mut dw[grp * cout_g * kg..(grp + 1) * cout_g * kg];
+            if let Some(fl) = fast {
+                let dys = &dy[s0 * per_out..];
+                fl.grad_w_group(xs, dys, sc, grp, &masks, gs, cols, dyc, dwg, s0 > 0);
+                continue;
+            }
             im2col(g, xs, sc, grp, cols, ld);
             gather_dy(g, &dy[s0 * per_out..], sc, grp, dyc, ld);
             igemm(
@@ -622,7 +764,7 @@ pub fn conv_grad_w(
                     rs: 1,
                     cs: ld,
                 },
-                &mut dw[grp * cout_g * kg..(grp + 1) * cout_g * kg],
+                dwg,
                 kg,
                 s0 > 0,
                 gs,

@@ -1,0 +1,297 @@
+//! The int8 convolution fast path for *flat* geometries — stride 1 with output rows as wide as the input
+//! rows (horizontal `same` padding), the shape of small-image CNNs — on CPUs where the packing-free
+//! products [`igemm_pairs`] and [`igemm_dot`] run SIMD code ([`has_simd_pairs`]).
+//!
+//! In a flat convolution every kernel tap reads the input plane shifted by one constant offset. With each
+//! plane copied once between zero bytes, an im2col row of a sample is a single contiguous copy of `P`
+//! bytes, masked where its column falls outside the image; it is written straight in the layout the
+//! product reads — depth pairs interleaved for the forward ([`igemm_pairs`], no packing), plain rows for
+//! the weight gradient ([`igemm_dot`] against `dY` read in place, no gather). The derivative of a
+//! stride-1 convolution is the convolution of `dY` with the flipped, transposed kernel and padding
+//! `k − 1 − p`, so it runs through the forward's code with no col2im.
+//!
+//! The products are exact integers like the general path's, so which path runs never changes a value:
+//! the executor's results are bit-identical on every target.
+use super::conv_dims;
+use super::ops::gather_dy;
+use crate::kernels::int8::{
+    has_simd_pairs, igemm_dot, igemm_pairs, pair_word, rows_interleaved, rows_masked, IgemmKernel,
+};
+use crate::ops::ConvGeom;
+
+/// Bytes of the column masks (a stack buffer): one row of `P` per kernel column, and a row of zeros.
+pub(crate) const MASKS: usize = 4096;
+
+/// A flat geometry and the constants of its padded planes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Flat {
+    g: ConvGeom,
+    /// Output positions per sample (`oh·w`).
+    p: usize,
+    /// Input plane (`h·w`).
+    hw: usize,
+    /// Zero bytes before every plane (and after the last): at least the largest shift either way.
+    pad: usize,
+    /// `ph·w + pw`: a tap `(ki, kj)` reads the plane from `ki·w + kj − lead`.
+    lead: usize,
+}
+
+/// The geometry of the derivative as a convolution: `dY` (`cout` channels of `oh × ow`) with the flipped,
+/// transposed kernel gives `dX` (`cin` channels of `h × w`). `None` where that is not a flat convolution
+/// (`ph ≥ kh` or `pw ≥ kw`).
+pub(crate) fn transposed(g: &ConvGeom) -> Option<ConvGeom> {
+    let t = ConvGeom::new(
+        g.cout,
+        g.oh,
+        g.ow,
+        g.cin,
+        g.kh,
+        g.kw,
+        1,
+        1,
+        (g.kh - 1).checked_sub(g.ph)?,
+        (g.kw - 1).checked_sub(g.pw)?,
+        g.groups,
+    )?;
+    (t.oh == g.h && t.ow == g.w).then_some(t)
+}
+
+impl Flat {
+    /// The fast path's constants for `g`, or `None` when it does not apply (not flat, planes or masks
+    /// too large for the stack buffers, or no SIMD products on this CPU).
+    pub(crate) fn new(g: &ConvGeom) -> Option<Self> {
+        if g.sh != 1 || g.sw != 1 || g.ow != g.w || !has_simd_pairs(IgemmKernel::selected()) {
+            return None;
+        }
+        let (hw, p) = (g.h * g.w, g.oh * g.w);
+        let lead = g.ph * g.w + g.pw;
+        // The last byte any tap reads, relative to the plane: (oh−1+kh−1)·w + (w−1+kw−1) − lead.
+        let last = ((g.oh + g.kh - 2) * g.w + g.w + g.kw - 2).saturating_sub(lead);
+        let pad = lead.max((last + 1).saturating_sub(hw));
+        ((g.kw + 1) * p <= MASKS).then_some(Self {
+            g: *g,
+            p,
+            hw,
+            pad,
+            lead,
+        })
+    }
+
+    /// Depth pairs of one group's im2col.
+    pub(crate) fn kp(&self) -> usize {
+        conv_dims(&self.g).2.div_ceil(2)
+    }
+
+    /// Column masks: row `kj` holds −1 where output column `ox + kj − pw` is inside the image, 0 where
+    /// not; row `kw` is all zeros (the missing second row of an odd depth).
+    pub(crate) fn masks(&self, m: &mut [i8; MASKS]) {
+        let (g, p) = (&self.g, self.p);
+        for kj in 0..g.kw {
+            for (pos, v) in m[kj * p..(kj + 1) * p].iter_mut().enumerate() {
+                let ix = (pos % g.w + kj) as isize - g.pw as isize;
+                *v = if (0..g.w as isize).contains(&ix) {
+                    -1
+                } else {
+                    0
+                };
+            }
+        }
+        m[g.kw * p..(g.kw + 1) * p].fill(0);
+    }
+
+    /// The weights of group-major rows `W[co][kg]` as depth-pair words `[cout][kp]`.
+    pub(crate) fn weight_words(&self, w: &[i8], words: &mut [i32]) {
+        let (_, _, kg, _) = conv_dims(&self.g);
+        let kp = self.kp();
+        for (row, dst) in w[..self.g.cout * kg]
+            .chunks_exact(kg)
+            .zip(words.chunks_exact_mut(kp))
+        {
+            for (q, d) in dst.iter_mut().enumerate() {
+                let hi = row.get(2 * q + 1).copied().unwrap_or(0);
+                *d = pair_word(row[2 * q], hi);
+            }
+        }
+    }
+
+    /// For the derivative (`self` is [`transposed`] of `g`): the words of the flipped, transposed kernel,
+    /// `W'[ci][(co_l, ki, kj)] = W[co][ci_l][kh−1−ki][kw−1−kj]`, as `[cin][kp]`.
+    pub(crate) fn transposed_words(&self, g: &ConvGeom, w: &[i8], words: &mut [i32]) {
+        let (cin_g, cout_g, kg, _) = conv_dims(g);
+        let (kk, kp) = (g.kh * g.kw, self.kp());
+        let at = |ci: usize, r: usize| -> i8 {
+            let (grp, ci_l) = (ci / cin_g, ci % cin_g);
+            let (co_l, t) = (r / kk, r % kk);
+            let (ki, kj) = (t / g.kw, t % g.kw);
+            let co = grp * cout_g + co_l;
+            w[co * kg + ci_l * kk + (g.kh - 1 - ki) * g.kw + (g.kw - 1 - kj)]
+        };
+        let kg_t = cout_g * kk;
+        for (ci, dst) in words.chunks_exact_mut(kp).take(g.cin).enumerate() {
+            for (q, d) in dst.iter_mut().enumerate() {
+                let hi = if 2 * q + 1 < kg_t {
+                    at(ci, 2 * q + 1)
+                } else {
+                    0
+                };
+                *d = pair_word(at(ci, 2 * q), hi);
+            }
+        }
+    }
+
+    /// Bytes of one group's pair-interleaved im2col of `samples` samples (`kp` rows of `2·samples·P`).
+    pub(crate) fn x2_len(&self, samples: usize) -> usize {
+        self.kp() * 2 * samples * self.p
+    }
+
+    /// Bytes of the padded planes of one group of `samples` samples: every plane after `pad` zero bytes,
+    /// and `pad` zero bytes after the last.
+    pub(crate) fn planes_len(&self, samples: usize) -> usize {
+        let cin_g = self.g.cin / self.g.groups;
+        self.pad + samples * cin_g * (self.hw + self.pad)
+    }
+
+    /// Copies group `grp`'s planes of `samples` samples of `x` between zero bytes into `buf`.
+    fn load_planes(&self, x: &[i8], samples: usize, grp: usize, buf: &mut [i8]) {
+        let g = &self.g;
+        let (cin_g, hw, pad) = (g.cin / g.groups, self.hw, self.pad);
+        let buf = &mut buf[..self.planes_len(samples)];
+        buf[..pad].fill(0);
+        let mut at = pad;
+        for s in 0..samples {
+            let planes = &x[(s * g.cin + grp * cin_g) * hw..(s * g.cin + (grp + 1) * cin_g) * hw];
+            for plane in planes.chunks_exact(hw) {
+                buf[at..at + hw].copy_from_slice(plane);
+                buf[at + hw..at + hw + pad].fill(0);
+                at += hw + pad;
+            }
+        }
+    }
+
+    /// The im2col rows of the group: calls `f(r, off, mask)` for every row `r = (cl·kh + ki)·kw + kj`
+    /// with where its first sample's `P` bytes start in the padded planes (the next sample's are
+    /// `cin_g·(hw + pad)` further) and its column mask.
+    fn rows<'m>(&self, masks: &'m [i8; MASKS], mut f: impl FnMut(usize, usize, &'m [i8])) {
+        let g = &self.g;
+        let (_, _, kg, p) = conv_dims(g);
+        let stride = self.hw + self.pad;
+        let (mut cl, mut ki, mut kj) = (0, 0, 0);
+        for r in 0..kg {
+            // pad ≥ lead: the subtraction does not wrap.
+            f(
+                r,
+                self.pad + cl * stride + ki * g.w + kj - self.lead,
+                &masks[kj * p..(kj + 1) * p],
+            );
+            kj += 1;
+            if kj == g.kw {
+                (kj, ki) = (0, ki + 1);
+                if ki == g.kh {
+                    (ki, cl) = (0, cl + 1);
+                }
+            }
+        }
+    }
+
+    /// The forward products of one tile and group: the pair-interleaved im2col of `samples` samples of
+    /// `x` (group `grp`'s channels, padded into `buf`) into `x2`, then `acc[co][s·P + pos] = Σ W·cols`
+    /// for the group's `cout_g` rows of `acc` (row stride `samples·P`); `words` are the group's rows.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn fwd_group(
+        &self,
+        x: &[i8],
+        samples: usize,
+        grp: usize,
+        words: &[i32],
+        masks: &[i8; MASKS],
+        buf: &mut [i8],
+        x2: &mut [i8],
+        acc: &mut [i32],
+    ) {
+        let g = &self.g;
+        let (cin_g, cout_g, _, p) = conv_dims(g);
+        let (kp, ld) = (self.kp(), samples * p);
+        let sstride = cin_g * (self.hw + self.pad);
+        self.load_planes(x, samples, grp, buf);
+        let buf = &buf[..self.planes_len(samples)];
+        let zero = &masks[g.kw * p..(g.kw + 1) * p];
+        let mut first = (0, zero);
+        self.rows(masks, |r, off, m| {
+            if r % 2 == 0 {
+                first = (off, m);
+            } else {
+                let dst = &mut x2[(r / 2) * 2 * ld..(r / 2 + 1) * 2 * ld];
+                rows_interleaved(buf, first.0, off, sstride, samples, first.1, m, dst);
+            }
+        });
+        if kp * 2 > conv_dims(g).2 {
+            // Odd depth: the last row pairs with zeros.
+            let dst = &mut x2[(kp - 1) * 2 * ld..kp * 2 * ld];
+            rows_interleaved(buf, first.0, first.0, sstride, samples, first.1, zero, dst);
+        }
+        igemm_pairs(
+            cout_g,
+            ld,
+            kp,
+            words,
+            kp,
+            &x2[..kp * 2 * ld],
+            2 * ld,
+            &mut acc[..cout_g * ld],
+            ld,
+            false,
+        );
+    }
+
+    /// The weight gradient of one block of `samples` samples and group `grp`: `dw[co][kg] (+)= Σ dY·cols`
+    /// with the plain im2col in `cols` (`kg` rows of `samples·P`, padded planes in `buf`) and the group's
+    /// channels of `dy` (`[samples][cout][P]` from the block's first sample) gathered into `dyc` (`cout_g`
+    /// rows of `samples·P`, one contiguous depth per output).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn grad_w_group(
+        &self,
+        x: &[i8],
+        dy: &[i8],
+        samples: usize,
+        grp: usize,
+        masks: &[i8; MASKS],
+        buf: &mut [i8],
+        cols: &mut [i8],
+        dyc: &mut [i8],
+        dw: &mut [i32],
+        accumulate: bool,
+    ) {
+        let g = &self.g;
+        let (cin_g, cout_g, kg, p) = conv_dims(g);
+        let ld = samples * p;
+        let sstride = cin_g * (self.hw + self.pad);
+        self.load_planes(x, samples, grp, buf);
+        let buf = &buf[..self.planes_len(samples)];
+        self.rows(masks, |r, off, m| {
+            rows_masked(
+                buf,
+                off,
+                sstride,
+                samples,
+                m,
+                &mut cols[r * ld..(r + 1) * ld],
+            );
+        });
+        gather_dy(g, dy, samples, grp, dyc, ld);
+        igemm_dot(
+            cout_g,
+            kg,
+            1,
+            ld,
+            &dyc[..cout_g * ld],
+            ld,
+            0,
+            &cols[..kg * ld],
+            ld,
+            0,
+            &mut dw[..cout_g * kg],
+            kg,
+            accumulate,
+        );
+    }
+}
