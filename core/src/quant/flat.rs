@@ -15,7 +15,7 @@
 use super::conv_dims;
 use super::ops::gather_dy;
 use crate::kernels::int8::{
-    has_simd_pairs, igemm_dot, igemm_pairs, pair_word, rows_interleaved, rows_masked, IgemmKernel,
+    has_simd_pairs, igemm_dot, igemm_pairs, pair_word, FlatTaps, IgemmKernel, RowWriter,
 };
 use crate::ops::ConvGeom;
 
@@ -34,6 +34,8 @@ pub(crate) struct Flat {
     pad: usize,
     /// `ph·w + pw`: a tap `(ki, kj)` reads the plane from `ki·w + kj − lead`.
     lead: usize,
+    /// The im2col row writers.
+    rows: RowWriter,
 }
 
 /// The geometry of the derivative as a convolution: `dY` (`cout` channels of `oh × ow`) with the flipped,
@@ -74,6 +76,7 @@ impl Flat {
             hw,
             pad,
             lead,
+            rows: RowWriter::selected(),
         })
     }
 
@@ -151,45 +154,42 @@ impl Flat {
         self.pad + samples * cin_g * (self.hw + self.pad)
     }
 
-    /// Copies group `grp`'s planes of `samples` samples of `x` between zero bytes into `buf`.
+    /// Zeroes the padded planes of `samples` samples in `buf`: once per op, after which
+    /// [`Self::load_planes`] only writes the planes and the zero bytes between them stay.
+    pub(crate) fn clear_planes(&self, buf: &mut [i8], samples: usize) {
+        buf[..self.planes_len(samples)].fill(0);
+    }
+
+    /// Copies group `grp`'s planes of `samples` samples of `x` into `buf` (cleared by
+    /// [`Self::clear_planes`] for at least `samples` samples), each after `pad` zero bytes.
     fn load_planes(&self, x: &[i8], samples: usize, grp: usize, buf: &mut [i8]) {
         let g = &self.g;
         let (cin_g, hw, pad) = (g.cin / g.groups, self.hw, self.pad);
-        let buf = &mut buf[..self.planes_len(samples)];
-        buf[..pad].fill(0);
-        let mut at = pad;
-        for s in 0..samples {
-            let planes = &x[(s * g.cin + grp * cin_g) * hw..(s * g.cin + (grp + 1) * cin_g) * hw];
-            for plane in planes.chunks_exact(hw) {
-                buf[at..at + hw].copy_from_slice(plane);
-                buf[at + hw..at + hw + pad].fill(0);
-                at += hw + pad;
-            }
+        let src = &x[..samples * g.cin * hw];
+        let dst = buf[pad..self.planes_len(samples)].chunks_exact_mut(hw + pad);
+        let planes = src
+            .chunks_exact(g.cin * hw)
+            .flat_map(|sample| sample[grp * cin_g * hw..(grp + 1) * cin_g * hw].chunks_exact(hw));
+        for (d, plane) in dst.zip(planes) {
+            d[..hw].copy_from_slice(plane);
         }
     }
 
-    /// The im2col rows of the group: calls `f(r, off, mask)` for every row `r = (cl·kh + ki)·kw + kj`
-    /// with where its first sample's `P` bytes start in the padded planes (the next sample's are
-    /// `cin_g·(hw + pad)` further) and its column mask.
-    fn rows<'m>(&self, masks: &'m [i8; MASKS], mut f: impl FnMut(usize, usize, &'m [i8])) {
+    /// The taps of one group's im2col over the planes [`Self::load_planes`] wrote.
+    fn taps(&self) -> FlatTaps {
         let g = &self.g;
-        let (_, _, kg, p) = conv_dims(g);
-        let stride = self.hw + self.pad;
-        let (mut cl, mut ki, mut kj) = (0, 0, 0);
-        for r in 0..kg {
+        let (cin_g, _, kg, p) = conv_dims(g);
+        let plane = self.hw + self.pad;
+        FlatTaps {
+            rows: kg,
+            kh: g.kh,
+            kw: g.kw,
+            w: g.w,
+            plane,
+            sample: cin_g * plane,
             // pad ≥ lead: the subtraction does not wrap.
-            f(
-                r,
-                self.pad + cl * stride + ki * g.w + kj - self.lead,
-                &masks[kj * p..(kj + 1) * p],
-            );
-            kj += 1;
-            if kj == g.kw {
-                (kj, ki) = (0, ki + 1);
-                if ki == g.kh {
-                    (ki, cl) = (0, cl + 1);
-                }
-            }
+            first: self.pad - self.lead,
+            p,
         }
     }
 
@@ -209,26 +209,12 @@ impl Flat {
         acc: &mut [i32],
     ) {
         let g = &self.g;
-        let (cin_g, cout_g, _, p) = conv_dims(g);
+        let (_, cout_g, _, p) = conv_dims(g);
         let (kp, ld) = (self.kp(), samples * p);
-        let sstride = cin_g * (self.hw + self.pad);
         self.load_planes(x, samples, grp, buf);
         let buf = &buf[..self.planes_len(samples)];
-        let zero = &masks[g.kw * p..(g.kw + 1) * p];
-        let mut first = (0, zero);
-        self.rows(masks, |r, off, m| {
-            if r % 2 == 0 {
-                first = (off, m);
-            } else {
-                let dst = &mut x2[(r / 2) * 2 * ld..(r / 2 + 1) * 2 * ld];
-                rows_interleaved(buf, first.0, off, sstride, samples, first.1, m, dst);
-            }
-        });
-        if kp * 2 > conv_dims(g).2 {
-            // Odd depth: the last row pairs with zeros.
-            let dst = &mut x2[(kp - 1) * 2 * ld..kp * 2 * ld];
-            rows_interleaved(buf, first.0, first.0, sstride, samples, first.1, zero, dst);
-        }
+        self.rows
+            .im2col_pairs(&self.taps(), samples, buf, &masks[..], x2, 2 * ld);
         igemm_pairs(
             cout_g,
             ld,
@@ -262,21 +248,12 @@ impl Flat {
         accumulate: bool,
     ) {
         let g = &self.g;
-        let (cin_g, cout_g, kg, p) = conv_dims(g);
+        let (_, cout_g, kg, p) = conv_dims(g);
         let ld = samples * p;
-        let sstride = cin_g * (self.hw + self.pad);
         self.load_planes(x, samples, grp, buf);
         let buf = &buf[..self.planes_len(samples)];
-        self.rows(masks, |r, off, m| {
-            rows_masked(
-                buf,
-                off,
-                sstride,
-                samples,
-                m,
-                &mut cols[r * ld..(r + 1) * ld],
-            );
-        });
+        self.rows
+            .im2col(&self.taps(), samples, buf, &masks[..], cols, ld);
         gather_dy(g, dy, samples, grp, dyc, ld);
         igemm_dot(
             cout_g,

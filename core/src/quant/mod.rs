@@ -484,15 +484,15 @@ fn put_tile(acc: &[i32], t: TileOut, s: u32, rounding: Rounding, dst: &mut [i8])
             &mut dst[off..off + len],
         );
     }
-    let mut clamped = 0;
-    for (r, src_r) in acc[..t.len].chunks_exact(b * t.inner).enumerate() {
-        for (j, src) in src_r.chunks_exact(t.inner).enumerate() {
-            let d0 = t.off + (j * t.rows + r) * t.inner;
-            clamped +=
-                k8::rescale_i32_to_i8(src, s, rounding, d0 as u64, &mut dst[d0..d0 + t.inner]);
-        }
-    }
-    clamped
+    k8::rescale_i32_to_i8_blocks(
+        &acc[..t.len],
+        t.rows,
+        t.inner,
+        s,
+        rounding,
+        t.off as u64,
+        &mut dst[t.off..t.off + t.len],
+    )
 }
 
 /// Computes a tensor of `tiles` tiles into i32 (`compute(tile, acc, dst)` fills `acc[..len]` and returns

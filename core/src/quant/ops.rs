@@ -488,6 +488,7 @@ pub fn conv_fwd(
         (buf.len() >= fl.planes_len(blk)).then_some((fl, words, x2, buf))
     }) {
         fl.weight_words(w, words);
+        fl.clear_planes(buf, blk);
         let mut masks = [0i8; MASKS];
         fl.masks(&mut masks);
         let kp = fl.kp();
@@ -610,6 +611,7 @@ pub fn conv_grad_x(
         });
     if let Some((t, ft, words, x2, buf)) = fast {
         ft.transposed_words(g, w, words);
+        ft.clear_planes(buf, blk);
         let mut masks = [0i8; MASKS];
         ft.masks(&mut masks);
         let kp = ft.kp();
@@ -736,6 +738,7 @@ pub fn conv_grad_w(
     let mut masks = [0i8; MASKS];
     if let Some(fl) = fast {
         fl.masks(&mut masks);
+        fl.clear_planes(gs, blk);
     }
     for s0 in (0..n).step_by(blk) {
         let sc = blk.min(n - s0);

@@ -51,8 +51,8 @@ mod wasm;
 mod x86;
 
 pub use pairs::{
-    has_simd_pairs, igemm_dot, igemm_dot_with, igemm_pairs, igemm_pairs_with, pair_word,
-    rows_interleaved, rows_masked,
+    has_simd_pairs, igemm_dot, igemm_dot_with, igemm_pairs, igemm_pairs_with, pair_word, FlatTaps,
+    RowWriter,
 };
 
 /// Strided read-only matrix view (the f32 GEMM's, generic over the element type).
@@ -992,6 +992,59 @@ pub fn rescale_i32_to_i8_with(
         let (s, d) = (&src[done..done + len], &mut dst[done..done + len]);
         clamped += rescale_piece(kernel, piece, s, d);
         done += len;
+    }
+    clamped
+}
+
+/// [`rescale_i32_to_i8`] of a tile stored transposed by blocks: `src` is `[rows][b][inner]` and element
+/// `(r, j, i)` goes to `dst[(j·rows + r)·inner + i]` with index `offset + (j·rows + r)·inner + i` for the
+/// stochastic noise — the result of one [`rescale_i32_to_i8`] call per block, without the per-call
+/// choice of kernel (a convolution's tile has a block per output channel and sample). Returns how many
+/// values were clamped.
+///
+/// # Panics
+/// When `shift > 31`, `src.len()` is not a multiple of `rows·inner`, or `dst` is shorter than `src`.
+pub fn rescale_i32_to_i8_blocks(
+    src: &[i32],
+    rows: usize,
+    inner: usize,
+    shift: u32,
+    rounding: Rounding,
+    offset: u64,
+    dst: &mut [i8],
+) -> usize {
+    assert!(shift <= 31, "rescale: shift {shift} > 31");
+    if src.is_empty() {
+        return 0;
+    }
+    assert!(
+        rows >= 1 && inner >= 1 && src.len().is_multiple_of(rows * inner) && dst.len() >= src.len(),
+        "rescale_blocks: bad shape"
+    );
+    let kernel = IgemmKernel::selected();
+    let b = src.len() / (rows * inner);
+    let mut clamped = 0;
+    for (r, src_r) in src.chunks_exact(b * inner).enumerate() {
+        for (j, block) in src_r.chunks_exact(inner).enumerate() {
+            let d0 = (j * rows + r) * inner;
+            let idx = offset.wrapping_add(d0 as u64);
+            let d = &mut dst[d0..d0 + inner];
+            if (idx & 0xffff_ffff) + inner as u64 > 1 << 32 {
+                // The block crosses a change of the index's high half: two stream keys.
+                clamped += rescale_i32_to_i8_with(kernel, block, shift, rounding, idx, d);
+                continue;
+            }
+            let piece = Piece {
+                shift,
+                rounding,
+                key: match rounding {
+                    Rounding::Nearest => 0,
+                    Rounding::Stochastic(seed) => stream_key(seed, (idx >> 32) as u32),
+                },
+                lo: idx as u32,
+            };
+            clamped += rescale_piece(kernel, piece, block, d);
+        }
     }
     clamped
 }

@@ -340,82 +340,192 @@ pub(super) fn dot_portable(p: &Dot, a: &[i8], b: &[i8], c: &mut [i32]) {
     }
 }
 
-/// An im2col row for [`igemm_dot`] over `samples` samples: `dst[s·p + i] = src[off + s·stride + i] &
-/// m[i]` for `i < p = m.len()` (the mask zeroes the columns a kernel tap reads outside the image).
-///
-/// # Panics
-/// When `src` or `dst` is too short.
-pub fn rows_masked(
-    src: &[i8],
-    off: usize,
-    stride: usize,
-    samples: usize,
-    m: &[i8],
-    dst: &mut [i8],
-) {
-    let p = m.len();
-    if samples == 0 || p == 0 {
-        return;
-    }
-    assert!(
-        rows_fit(src.len(), off, stride, samples, p) && dst.len() >= samples * p,
-        "rows_masked: out of bounds"
-    );
+/// The im2col writers ([`RowWriter::im2col`], [`RowWriter::im2col_pairs`]) of one kernel, resolved once
+/// (a convolution calls them for every tile).
+#[derive(Clone, Copy, Debug)]
+pub struct RowWriter(Rows);
+
+#[derive(Clone, Copy, Debug)]
+enum Rows {
+    Portable,
     #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if has_simd_pairs(IgemmKernel::selected()) {
-        if let Some(k) = super::x86::Avx2::new() {
-            return k.rows_masked(src, off, stride, samples, m, dst);
+    Avx2(super::x86::Avx2),
+}
+
+impl RowWriter {
+    /// The writers of the selected kernel.
+    pub fn selected() -> Self {
+        Self::with(IgemmKernel::selected())
+    }
+
+    /// The writers of `kernel` (portable where it has no SIMD version).
+    pub fn with(kernel: IgemmKernel) -> Self {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        if has_simd_pairs(kernel) {
+            if let Some(k) = super::x86::Avx2::new() {
+                return Self(Rows::Avx2(k));
+            }
+        }
+        let _ = kernel;
+        Self(Rows::Portable)
+    }
+}
+
+/// The im2col of a *flat* convolution (stride 1, output rows as wide as the input rows) read from
+/// zero-padded planes: row `r = (c·kh + ki)·kw + kj` of sample `s` is the `p` bytes at
+/// `first + s·sample + c·plane + ki·w + kj`, ANDed with row `kj` of `masks` (`kw` rows of `p` bytes
+/// that zero the columns a tap reads outside the image).
+#[derive(Clone, Copy, Debug)]
+pub struct FlatTaps {
+    /// Rows (`channels·kh·kw`).
+    pub rows: usize,
+    /// Kernel height.
+    pub kh: usize,
+    /// Kernel width.
+    pub kw: usize,
+    /// Input row width (the shift of one kernel row).
+    pub w: usize,
+    /// Bytes between a sample's channels.
+    pub plane: usize,
+    /// Bytes between samples.
+    pub sample: usize,
+    /// Offset of row 0 of sample 0.
+    pub first: usize,
+    /// Bytes per row and sample (output positions).
+    pub p: usize,
+}
+
+impl FlatTaps {
+    /// Offset of row `(c, ki, kj)` of sample 0.
+    #[inline]
+    pub(super) fn at(&self, (c, ki, kj): (usize, usize, usize)) -> usize {
+        self.first + c * self.plane + ki * self.w + kj
+    }
+    /// The next row's `(c, ki, kj)`.
+    #[inline]
+    pub(super) fn next(&self, (c, ki, kj): (usize, usize, usize)) -> (usize, usize, usize) {
+        if kj + 1 < self.kw {
+            (c, ki, kj + 1)
+        } else if ki + 1 < self.kh {
+            (c, ki + 1, 0)
+        } else {
+            (c + 1, 0, 0)
         }
     }
-    rows_masked_portable(src, off, stride, samples, m, dst, 0)
+    /// Whether every byte the rows of `samples` samples read lies in `src_len`, and the masks in
+    /// `masks_len`.
+    pub(super) fn fits(&self, samples: usize, src_len: usize, masks_len: usize) -> bool {
+        let kk = self.kh * self.kw;
+        if samples == 0 || self.rows == 0 || kk == 0 || !self.rows.is_multiple_of(kk) {
+            return false;
+        }
+        let last = (self.rows / kk - 1, self.kh - 1, self.kw - 1);
+        let end = (samples - 1)
+            .checked_mul(self.sample)
+            .and_then(|x| x.checked_add(last.0.checked_mul(self.plane)?))
+            .and_then(|x| x.checked_add(last.1.checked_mul(self.w)?))
+            .and_then(|x| {
+                x.checked_add(self.first)?
+                    .checked_add(last.2)?
+                    .checked_add(self.p)
+            });
+        end.is_some_and(|e| e <= src_len)
+            && self.kw.checked_mul(self.p).is_some_and(|m| m <= masks_len)
+    }
 }
 
-/// Two im2col rows interleaved for [`igemm_pairs`] over `samples` samples: `dst[s·2p + 2i] =
-/// src[a + s·stride + i] & ma[i]` and `dst[s·2p + 2i + 1] = src[b + s·stride + i] & mb[i]` for
-/// `i < p = ma.len()`.
-///
-/// # Panics
-/// When `src` or `dst` is too short or the masks differ in length.
-#[allow(clippy::too_many_arguments)]
-pub fn rows_interleaved(
-    src: &[i8],
-    a: usize,
-    b: usize,
-    stride: usize,
-    samples: usize,
-    ma: &[i8],
-    mb: &[i8],
-    dst: &mut [i8],
-) {
-    let p = ma.len();
-    assert_eq!(p, mb.len(), "rows_interleaved: mask lengths differ");
-    if samples == 0 || p == 0 {
-        return;
-    }
-    assert!(
-        rows_fit(src.len(), a, stride, samples, p)
-            && rows_fit(src.len(), b, stride, samples, p)
-            && dst.len() >= samples * 2 * p,
-        "rows_interleaved: out of bounds"
-    );
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if has_simd_pairs(IgemmKernel::selected()) {
-        if let Some(k) = super::x86::Avx2::new() {
-            return k.rows_interleaved(src, (a, b), stride, samples, (ma, mb), dst);
+impl RowWriter {
+    /// Every row of [`FlatTaps`] for `samples` samples into `dst`: row `r` at `r·ld`, sample `s` at
+    /// `s·p` within it (the operand `B` of [`igemm_dot`] as `Bᵀ`).
+    ///
+    /// # Panics
+    /// When the taps read outside `src` or `masks`, `ld < samples·p`, or `dst` is too short.
+    pub fn im2col(
+        self,
+        t: &FlatTaps,
+        samples: usize,
+        src: &[i8],
+        masks: &[i8],
+        dst: &mut [i8],
+        ld: usize,
+    ) {
+        if t.rows == 0 || samples == 0 || t.p == 0 {
+            return;
+        }
+        assert!(
+            t.fits(samples, src.len(), masks.len())
+                && ld >= samples * t.p
+                && dst.len() >= (t.rows - 1) * ld + samples * t.p,
+            "im2col: out of bounds"
+        );
+        match self.0 {
+            #[cfg(all(target_arch = "x86_64", not(miri)))]
+            Rows::Avx2(k) => k.im2col(t, samples, src, masks, dst, ld),
+            Rows::Portable => {
+                let mut tap = (0, 0, 0);
+                for r in 0..t.rows {
+                    let m = &masks[tap.2 * t.p..(tap.2 + 1) * t.p];
+                    let d = &mut dst[r * ld..r * ld + samples * t.p];
+                    rows_masked_portable(src, t.at(tap), t.sample, samples, m, d, 0);
+                    tap = t.next(tap);
+                }
+            }
         }
     }
-    rows_interleaved_portable(src, (a, b), stride, samples, (ma, mb), dst, 0)
+
+    /// Every row of [`FlatTaps`] for `samples` samples, interleaved by pairs (the operand `B` of
+    /// [`igemm_pairs`]): rows `2q` and `2q + 1` at `q·ld2`, sample `s` at `2·s·p` within it; an odd last
+    /// row is paired with zeros.
+    ///
+    /// # Panics
+    /// When the taps read outside `src` or `masks`, `ld2 < 2·samples·p`, or `dst` is too short.
+    pub fn im2col_pairs(
+        self,
+        t: &FlatTaps,
+        samples: usize,
+        src: &[i8],
+        masks: &[i8],
+        dst: &mut [i8],
+        ld2: usize,
+    ) {
+        if t.rows == 0 || samples == 0 || t.p == 0 {
+            return;
+        }
+        let kp = t.rows.div_ceil(2);
+        assert!(
+            t.fits(samples, src.len(), masks.len())
+                && ld2 >= 2 * samples * t.p
+                && dst.len() >= (kp - 1) * ld2 + 2 * samples * t.p,
+            "im2col_pairs: out of bounds"
+        );
+        match self.0 {
+            #[cfg(all(target_arch = "x86_64", not(miri)))]
+            Rows::Avx2(k) => k.im2col_pairs(t, samples, src, masks, dst, ld2),
+            Rows::Portable => {
+                let mut tap = (0, 0, 0);
+                for q in 0..kp {
+                    let (a, ka) = (t.at(tap), tap.2 * t.p);
+                    tap = t.next(tap);
+                    let b = (2 * q + 1 < t.rows).then(|| (t.at(tap), tap.2 * t.p));
+                    tap = t.next(tap);
+                    let d = &mut dst[q * ld2..q * ld2 + 2 * samples * t.p];
+                    for s in 0..samples {
+                        for i in 0..t.p {
+                            d[s * 2 * t.p + 2 * i] = src[a + s * t.sample + i] & masks[ka + i];
+                            d[s * 2 * t.p + 2 * i + 1] = match b {
+                                Some((b, kb)) => src[b + s * t.sample + i] & masks[kb + i],
+                                None => 0,
+                            };
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
-/// Whether `samples` rows of `p` bytes at `off + s·stride` lie inside `len` bytes.
-pub(super) fn rows_fit(len: usize, off: usize, stride: usize, samples: usize, p: usize) -> bool {
-    (samples - 1)
-        .checked_mul(stride)
-        .and_then(|x| x.checked_add(off)?.checked_add(p))
-        .is_some_and(|end| end <= len)
-}
-
-/// [`rows_masked`] for columns `from..p` (the SIMD version's tail).
+/// One masked im2col row over `samples` samples, columns `from..p`: `dst[s·p + i] = src[off +
+/// s·stride + i] & m[i]`.
 pub(super) fn rows_masked_portable(
     src: &[i8],
     off: usize,
@@ -434,27 +544,6 @@ pub(super) fn rows_masked_portable(
             .zip(&m[from..])
         {
             *d = v & k;
-        }
-    }
-}
-
-/// [`rows_interleaved`] for columns `from..p` (the SIMD version's tail).
-pub(super) fn rows_interleaved_portable(
-    src: &[i8],
-    (a, b): (usize, usize),
-    stride: usize,
-    samples: usize,
-    (ma, mb): (&[i8], &[i8]),
-    dst: &mut [i8],
-    from: usize,
-) {
-    let p = ma.len();
-    for s in 0..samples {
-        let (ra, rb) = (&src[a + s * stride..][..p], &src[b + s * stride..][..p]);
-        let d = &mut dst[s * 2 * p..(s + 1) * 2 * p];
-        for i in from..p {
-            d[2 * i] = ra[i] & ma[i];
-            d[2 * i + 1] = rb[i] & mb[i];
         }
     }
 }

@@ -382,32 +382,28 @@ fn check_dot(kernel: IgemmKernel, t: DotCase) -> Result<(), String> {
     }
 }
 
-/// [`rows_masked`] and [`rows_interleaved`] with the kernel forced to `kernel`: every output byte
-/// (and the untouched ones after it).
-fn rows_outputs(
-    kernel: IgemmKernel,
-    p: usize,
-    samples: usize,
-    stride: usize,
-    seed: u64,
-) -> Vec<i8> {
+/// [`RowWriter::im2col`] and [`RowWriter::im2col_pairs`] of `kernel` over random padded planes and
+/// masks: every output byte (and the untouched ones after them).
+fn im2col_outputs(kernel: IgemmKernel, t: FlatTaps, samples: usize, seed: u64) -> Vec<i8> {
     let mut rng = Lcg(seed);
-    let src: Vec<i8> = (0..samples * stride + 2 * p + 7)
+    let src: Vec<i8> = (0..t.first
+        + samples * t.sample
+        + (t.rows / (t.kh * t.kw)) * t.plane
+        + t.kh * t.w
+        + t.kw
+        + t.p)
         .map(|_| rng.value(false))
         .collect();
-    let mask = |rng: &mut Lcg| -> Vec<i8> {
-        (0..p)
-            .map(|_| [0, -1, rng.value(false)][(rng.next() % 3) as usize])
-            .collect()
-    };
-    let (ma, mb) = (mask(&mut rng), mask(&mut rng));
-    let (a, b) = ((rng.next() % 7) as usize, (rng.next() % 7) as usize);
-    IgemmKernel::force(Some(kernel));
-    let mut one = vec![55i8; samples * p + 5];
-    rows_masked(&src, a, stride, samples, &ma, &mut one);
-    let mut two = vec![55i8; samples * 2 * p + 5];
-    rows_interleaved(&src, a, b, stride, samples, &ma, &mb, &mut two);
-    IgemmKernel::force(None);
+    let masks: Vec<i8> = (0..t.kw * t.p)
+        .map(|_| [0, -1, rng.value(false)][(rng.next() % 3) as usize])
+        .collect();
+    let w = RowWriter::with(kernel);
+    let ld = samples * t.p + 3;
+    let mut one = vec![55i8; t.rows * ld];
+    w.im2col(&t, samples, &src, &masks, &mut one, ld);
+    let kp = t.rows.div_ceil(2);
+    let mut two = vec![55i8; kp * 2 * ld];
+    w.im2col_pairs(&t, samples, &src, &masks, &mut two, 2 * ld);
     one.extend(two);
     one
 }
@@ -482,10 +478,15 @@ macro_rules! conformance {
                 }
 
                 #[test]
-                fn im2col_rows_match_portable(p in 1usize..70, samples in 1usize..6, extra in 0usize..20, seed in any::<u64>()) {
+                fn im2col_matches_portable(
+                    (c, kh, kw, w) in (1usize..4, 1usize..4, 1usize..4, 1usize..9),
+                    (p, samples, first, gap) in (1usize..70, 1usize..5, 0usize..9, 0usize..9),
+                    seed in any::<u64>(),
+                ) {
                     if let Some(kern) = kernel() {
-                        let stride = p + extra;
-                        prop_assert_eq!(rows_outputs(kern, p, samples, stride, seed), rows_outputs(IgemmKernel::Portable, p, samples, stride, seed));
+                        let plane = p + gap;
+                        let t = FlatTaps { rows: c * kh * kw, kh, kw, w, plane, sample: c * plane + gap, first, p };
+                        prop_assert_eq!(im2col_outputs(kern, t, samples, seed), im2col_outputs(IgemmKernel::Portable, t, samples, seed));
                     }
                 }
 
@@ -573,6 +574,33 @@ macro_rules! conformance {
                 assert_eq!(c, [5; 12]);
                 igemm_with(kern, 3, 3, 0, MatRef::row_major(&e, 0), MatRef::row_major(&e, 3), &mut c, 4, false, &mut []);
                 assert_eq!(c, [0, 0, 0, 5, 0, 0, 0, 5, 0, 0, 0, 5]);
+            }
+
+            #[test]
+            fn rescale_blocks_like_one_call_per_block() {
+                let Some(kern) = kernel() else { return };
+                let src: Vec<i32> = (0..7 * 3 * 19).map(|i: i32| i.wrapping_mul(2_654_435_761u32 as i32) >> 11).collect();
+                for (rows, inner) in [(7, 19), (21, 19), (1, 399), (7, 57)] {
+                    for offset in [0u64, 5, (1 << 32) - 100, u64::MAX - 200] {
+                        for r in [Rounding::Nearest, Rounding::Stochastic(9)] {
+                            let b = src.len() / (rows * inner);
+                            let mut want = vec![0i8; src.len()];
+                            let mut n_want = 0;
+                            for (ri, sr) in src.chunks_exact(b * inner).enumerate() {
+                                for (j, blk) in sr.chunks_exact(inner).enumerate() {
+                                    let d0 = (j * rows + ri) * inner;
+                                    n_want += rescale_i32_to_i8_with(IgemmKernel::Portable, blk, 12, r, offset.wrapping_add(d0 as u64), &mut want[d0..d0 + inner]);
+                                }
+                            }
+                            IgemmKernel::force(Some(kern));
+                            let mut got = vec![1i8; src.len()];
+                            let n_got = rescale_i32_to_i8_blocks(&src, rows, inner, 12, r, offset, &mut got);
+                            IgemmKernel::force(None);
+                            assert_eq!(got, want, "{rows}×{inner} at {offset}");
+                            assert_eq!(n_got, n_want);
+                        }
+                    }
+                }
             }
 
             #[test]

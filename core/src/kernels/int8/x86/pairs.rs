@@ -5,10 +5,7 @@
 //! modulo 2^32 and the additions wrap in every version.
 use core::arch::x86_64::*;
 
-use super::super::pairs::{
-    dot_portable, pairs_portable, rows_fit, rows_interleaved_portable, rows_masked_portable,
-    seg_addressable, Dot, Pairs,
-};
+use super::super::pairs::{dot_portable, pairs_portable, seg_addressable, Dot, FlatTaps, Pairs};
 use super::Avx2;
 
 impl Avx2 {
@@ -242,109 +239,135 @@ fn dot_block<const R: usize, const C: usize>(p: &Dot, a: &[i8], b: &[i8], c: &mu
 }
 
 impl Avx2 {
-    pub(in crate::kernels::int8) fn rows_masked(
+    pub(in crate::kernels::int8) fn im2col(
         self,
-        src: &[i8],
-        off: usize,
-        stride: usize,
+        t: &FlatTaps,
         samples: usize,
-        m: &[i8],
+        src: &[i8],
+        masks: &[i8],
         dst: &mut [i8],
+        ld: usize,
     ) {
         // SAFETY: `self` proves AVX2 is available.
-        unsafe { rows_masked_avx2(src, off, stride, samples, m, dst) }
+        unsafe { im2col_avx2(t, samples, src, masks, dst, ld) }
     }
-    pub(in crate::kernels::int8) fn rows_interleaved(
+    pub(in crate::kernels::int8) fn im2col_pairs(
         self,
-        src: &[i8],
-        ab: (usize, usize),
-        stride: usize,
+        t: &FlatTaps,
         samples: usize,
-        masks: (&[i8], &[i8]),
+        src: &[i8],
+        masks: &[i8],
         dst: &mut [i8],
+        ld2: usize,
     ) {
         // SAFETY: `self` proves AVX2 is available.
-        unsafe { rows_interleaved_avx2(src, ab, stride, samples, masks, dst) }
+        unsafe { im2col_pairs_avx2(t, samples, src, masks, dst, ld2) }
     }
 }
 
-/// 16 columns at a time, the mask loaded once per 16 and applied to every sample.
+/// Every row of the taps, 16 columns at a time for every sample (the mask loaded once per 16).
 #[target_feature(enable = "avx2")]
-fn rows_masked_avx2(
-    src: &[i8],
-    off: usize,
-    stride: usize,
-    samples: usize,
-    m: &[i8],
-    dst: &mut [i8],
-) {
-    let p = m.len();
-    let p16 = p / 16 * 16;
-    assert!(
-        samples >= 1 && rows_fit(src.len(), off, stride, samples, p) && dst.len() >= samples * p,
-        "rows_masked out of bounds"
-    );
-    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
-    for i in (0..p16).step_by(16) {
-        // SAFETY: reads m[i..i + 16], i + 16 ≤ p = m.len().
-        let k = unsafe { _mm_loadu_si128(m.as_ptr().add(i).cast()) };
-        for s in 0..samples {
-            // SAFETY: reads src[off + s·stride + i ..][..16], inside the rows checked by `rows_fit`;
-            // writes dst[s·p + i ..][..16] with i + 16 ≤ p, inside samples·p ≤ dst.len().
-            unsafe {
-                let v = _mm_loadu_si128(sp.add(off + s * stride + i).cast());
-                _mm_storeu_si128(dp.add(s * p + i).cast(), _mm_and_si128(v, k));
-            }
-        }
-    }
-    if p16 < p {
-        rows_masked_portable(src, off, stride, samples, m, dst, p16);
-    }
-}
-
-/// 16 columns of both rows at a time: AND with the masks, interleave the bytes (`punpck[lh]bw`).
-#[target_feature(enable = "avx2")]
-fn rows_interleaved_avx2(
-    src: &[i8],
-    (a, b): (usize, usize),
-    stride: usize,
-    samples: usize,
-    (ma, mb): (&[i8], &[i8]),
-    dst: &mut [i8],
-) {
-    let p = ma.len();
-    let p16 = p / 16 * 16;
+fn im2col_avx2(t: &FlatTaps, samples: usize, src: &[i8], masks: &[i8], dst: &mut [i8], ld: usize) {
+    let p = t.p;
     assert!(
         samples >= 1
-            && mb.len() == p
-            && rows_fit(src.len(), a, stride, samples, p)
-            && rows_fit(src.len(), b, stride, samples, p)
-            && dst.len() >= samples * 2 * p,
-        "rows_interleaved out of bounds"
+            && t.rows >= 1
+            && t.fits(samples, src.len(), masks.len())
+            && ld >= samples * p
+            && dst.len() >= (t.rows - 1) * ld + samples * p,
+        "im2col out of bounds"
     );
-    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
-    for i in (0..p16).step_by(16) {
-        // SAFETY: reads ma[i..i + 16] and mb[i..i + 16], i + 16 ≤ p = their length.
-        let (ka, kb) = unsafe {
-            (
-                _mm_loadu_si128(ma.as_ptr().add(i).cast()),
-                _mm_loadu_si128(mb.as_ptr().add(i).cast()),
-            )
-        };
-        for s in 0..samples {
-            // SAFETY: reads 16 bytes at a + s·stride + i and at b + s·stride + i, inside the rows
-            // checked by `rows_fit`; writes dst[s·2p + 2i ..][..32] with 2i + 32 ≤ 2p, inside
-            // samples·2p ≤ dst.len().
-            unsafe {
-                let x = _mm_and_si128(_mm_loadu_si128(sp.add(a + s * stride + i).cast()), ka);
-                let y = _mm_and_si128(_mm_loadu_si128(sp.add(b + s * stride + i).cast()), kb);
-                let d = dp.add(s * 2 * p + 2 * i);
-                _mm_storeu_si128(d.cast(), _mm_unpacklo_epi8(x, y));
-                _mm_storeu_si128(d.add(16).cast(), _mm_unpackhi_epi8(x, y));
+    let p16 = p / 16 * 16;
+    let (sp, mp, dp) = (src.as_ptr(), masks.as_ptr(), dst.as_mut_ptr());
+    let mut tap = (0, 0, 0);
+    for r in 0..t.rows {
+        let (a, m) = (t.at(tap), tap.2 * p);
+        for i in (0..p16).step_by(16) {
+            // SAFETY: mask row kj < kw: bytes kj·p + i + 16 ≤ kw·p ≤ masks.len() (`fits`).
+            let k = unsafe { _mm_loadu_si128(mp.add(m + i).cast()) };
+            for s in 0..samples {
+                // SAFETY: the read ends by a + s·sample + p ≤ src.len() (`fits` bounds every row of
+                // every sample); the write ends by r·ld + s·p + p ≤ (rows−1)·ld + samples·p ≤ dst.len().
+                unsafe {
+                    let v = _mm_loadu_si128(sp.add(a + s * t.sample + i).cast());
+                    _mm_storeu_si128(dp.add(r * ld + s * p + i).cast(), _mm_and_si128(v, k));
+                }
             }
         }
+        for s in 0..samples {
+            for i in p16..p {
+                dst[r * ld + s * p + i] = src[a + s * t.sample + i] & masks[m + i];
+            }
+        }
+        tap = t.next(tap);
     }
-    if p16 < p {
-        rows_interleaved_portable(src, (a, b), stride, samples, (ma, mb), dst, p16);
+}
+
+/// Every pair of rows of the taps, interleaved (`punpck[lh]bw`) 16 columns at a time for every sample.
+#[target_feature(enable = "avx2")]
+fn im2col_pairs_avx2(
+    t: &FlatTaps,
+    samples: usize,
+    src: &[i8],
+    masks: &[i8],
+    dst: &mut [i8],
+    ld2: usize,
+) {
+    let p = t.p;
+    let kp = t.rows.div_ceil(2);
+    assert!(
+        samples >= 1
+            && t.rows >= 1
+            && t.fits(samples, src.len(), masks.len())
+            && ld2 >= 2 * samples * p
+            && dst.len() >= (kp - 1) * ld2 + 2 * samples * p,
+        "im2col_pairs out of bounds"
+    );
+    let p16 = p / 16 * 16;
+    let (sp, mp, dp) = (src.as_ptr(), masks.as_ptr(), dst.as_mut_ptr());
+    let mut tap = (0, 0, 0);
+    for q in 0..kp {
+        let (a, ma) = (t.at(tap), tap.2 * p);
+        tap = t.next(tap);
+        // A missing second row (odd depth) reads the first again under an all-zero mask.
+        let (b, mb, second) = if 2 * q + 1 < t.rows {
+            (t.at(tap), tap.2 * p, true)
+        } else {
+            (a, ma, false)
+        };
+        tap = t.next(tap);
+        for i in (0..p16).step_by(16) {
+            // SAFETY: mask rows kj < kw: bytes kj·p + i + 16 ≤ kw·p ≤ masks.len() (`fits`).
+            let (ka, kb) = unsafe {
+                let kb = if second {
+                    _mm_loadu_si128(mp.add(mb + i).cast())
+                } else {
+                    _mm_setzero_si128()
+                };
+                (_mm_loadu_si128(mp.add(ma + i).cast()), kb)
+            };
+            for s in 0..samples {
+                // SAFETY: reads end by a + s·sample + p and b + s·sample + p ≤ src.len() (`fits`);
+                // the writes end by q·ld2 + 2·s·p + 2p ≤ (kp−1)·ld2 + 2·samples·p ≤ dst.len().
+                unsafe {
+                    let x = _mm_and_si128(_mm_loadu_si128(sp.add(a + s * t.sample + i).cast()), ka);
+                    let y = _mm_and_si128(_mm_loadu_si128(sp.add(b + s * t.sample + i).cast()), kb);
+                    let d = dp.add(q * ld2 + s * 2 * p + 2 * i);
+                    _mm_storeu_si128(d.cast(), _mm_unpacklo_epi8(x, y));
+                    _mm_storeu_si128(d.add(16).cast(), _mm_unpackhi_epi8(x, y));
+                }
+            }
+        }
+        for s in 0..samples {
+            for i in p16..p {
+                let d = q * ld2 + s * 2 * p + 2 * i;
+                dst[d] = src[a + s * t.sample + i] & masks[ma + i];
+                dst[d + 1] = if second {
+                    src[b + s * t.sample + i] & masks[mb + i]
+                } else {
+                    0
+                };
+            }
+        }
     }
 }
