@@ -805,8 +805,22 @@ pub fn maxpool_fwd(g: &PoolGeom, n: usize, x: &[i8], y: &mut [i8], idx: &mut [u8
     let planes = x
         .chunks_exact(pin)
         .zip(y[..n * g.c * pout].chunks_exact_mut(pout));
+    if (g.kh, g.kw, g.sh, g.sw) == (2, 2, 2, 2) && g.w.is_multiple_of(2) {
+        // The common 2×2 / 2 window over whole row pairs: a plane of even height is its pairs back to
+        // back, and so is a tensor of such planes.
+        if g.h.is_multiple_of(2) {
+            let pairs = n * g.c * g.oh;
+            k8::maxpool2x2(&x[..n * g.c * pin], g.w, pairs, &mut y[..pairs * g.ow], idx);
+        } else {
+            for ((xs, ys), is) in planes.zip(idx.chunks_exact_mut(pout)) {
+                k8::maxpool2x2(xs, g.w, g.oh, ys, is);
+            }
+        }
+        return;
+    }
     if (g.kh, g.kw, g.sh, g.sw) == (2, 2, 2, 2) {
-        // The common 2×2 / 2 window: the same comparisons in the same order, without index arithmetic.
+        // The 2×2 / 2 window on odd widths: the same comparisons in the same order, without index
+        // arithmetic.
         for ((xs, ys), is) in planes.zip(idx.chunks_exact_mut(pout)) {
             for oy in 0..g.oh {
                 let r0 = &xs[2 * oy * g.w..2 * oy * g.w + 2 * g.ow];
@@ -871,6 +885,20 @@ pub fn maxpool_grad_x(
         *o = (k / g.kw) * g.w + k % g.kw;
     }
     let same = e_dy == e_dx;
+    if same && (g.kh, g.kw, g.sh, g.sw) == (2, 2, 2, 2) && g.w.is_multiple_of(2) {
+        if g.h.is_multiple_of(2) {
+            k8::maxpool2x2_grad(&dy[..n * g.c * pout], idx, g.w, n * g.c * g.oh, dx);
+        } else {
+            for ((ds, is), xs) in dy[..n * g.c * pout]
+                .chunks_exact(pout)
+                .zip(idx.chunks_exact(pout))
+                .zip(dx.chunks_exact_mut(pin))
+            {
+                k8::maxpool2x2_grad(ds, is, g.w, g.oh, xs);
+            }
+        }
+        return;
+    }
     for ((ds, is), xs) in dy[..n * g.c * pout]
         .chunks_exact(pout)
         .zip(idx.chunks_exact(pout))

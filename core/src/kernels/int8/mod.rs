@@ -43,6 +43,7 @@
 #[cfg(all(target_arch = "aarch64", not(miri)))]
 mod aarch64;
 pub mod pairs;
+pub mod pool;
 #[cfg(test)]
 mod tests;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128", not(miri)))]
@@ -54,6 +55,8 @@ pub use pairs::{
     has_simd_pairs, igemm_dot, igemm_dot_with, igemm_pairs, igemm_pairs_with, pair_word, FlatTaps,
     RowWriter,
 };
+
+pub use pool::{maxpool2x2, maxpool2x2_grad};
 
 /// Strided read-only matrix view (the f32 GEMM's, generic over the element type).
 pub use super::gemm::MatRef;

@@ -408,6 +408,29 @@ fn im2col_outputs(kernel: IgemmKernel, t: FlatTaps, samples: usize, seed: u64) -
     one
 }
 
+/// [`maxpool2x2`] and [`maxpool2x2_grad`] with `kernel` forced: outputs, indices and the updated
+/// derivative (values drawn from a few levels, so windows often tie).
+fn maxpool_outputs(kernel: IgemmKernel, w: usize, pairs: usize, seed: u64) -> Vec<i8> {
+    let mut rng = Lcg(seed);
+    let level = |rng: &mut Lcg| [-128i8, -127, -3, 0, 0, 5, 126, 127][(rng.next() % 8) as usize];
+    let x: Vec<i8> = (0..pairs * 2 * w + 3).map(|_| level(&mut rng)).collect();
+    let ow = w / 2;
+    let dy: Vec<i8> = (0..pairs * ow + 3).map(|_| rng.value(true)).collect();
+    let idx_in: Vec<u8> = (0..pairs * ow + 3)
+        .map(|_| (rng.next() % 4) as u8)
+        .collect();
+    let mut dx: Vec<i8> = (0..pairs * 2 * w + 3).map(|_| rng.value(true)).collect();
+    IgemmKernel::force(Some(kernel));
+    let mut y = vec![9i8; pairs * ow + 3];
+    let mut idx = vec![9u8; pairs * ow + 3];
+    maxpool2x2(&x, w, pairs, &mut y, &mut idx);
+    maxpool2x2_grad(&dy, &idx_in, w, pairs, &mut dx);
+    IgemmKernel::force(None);
+    y.extend(idx.iter().map(|&i| i as i8));
+    y.extend(dx);
+    y
+}
+
 fn rescale_case_strategy() -> impl Strategy<Value = (Vec<i32>, u32, Rounding, u64)> {
     (
         prop::collection::vec(
@@ -487,6 +510,13 @@ macro_rules! conformance {
                         let plane = p + gap;
                         let t = FlatTaps { rows: c * kh * kw, kh, kw, w, plane, sample: c * plane + gap, first, p };
                         prop_assert_eq!(im2col_outputs(kern, t, samples, seed), im2col_outputs(IgemmKernel::Portable, t, samples, seed));
+                    }
+                }
+
+                #[test]
+                fn maxpool_matches_portable(w in prop::sample::select(vec![2usize, 4, 6, 8, 10, 16, 32, 48]), pairs in 0usize..40, seed in any::<u64>()) {
+                    if let Some(kern) = kernel() {
+                        prop_assert_eq!(maxpool_outputs(kern, w, pairs, seed), maxpool_outputs(IgemmKernel::Portable, w, pairs, seed));
                     }
                 }
 

@@ -9,6 +9,7 @@
 use core::arch::x86_64::*;
 
 mod pairs;
+mod pool;
 
 use super::{
     pack_panel_g, rescale_portable, store_tile, Kernel, Piece, Rounding, Spec, Tile, SPEC_AVX2,
