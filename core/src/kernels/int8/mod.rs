@@ -1025,6 +1025,14 @@ pub fn rescale_i32_to_i8_blocks(
         "rescale_blocks: bad shape"
     );
     let kernel = IgemmKernel::selected();
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if matches!(kernel, IgemmKernel::Avx2 | IgemmKernel::Avx512Vnni)
+        && rounding == Rounding::Nearest
+    {
+        if let Some(k) = x86::Avx2::new() {
+            return k.rescale_blocks_nearest(src, rows, inner, shift, &mut dst[..src.len()]);
+        }
+    }
     let b = src.len() / (rows * inner);
     let mut clamped = 0;
     for (r, src_r) in src.chunks_exact(b * inner).enumerate() {

@@ -424,6 +424,17 @@ impl Avx2 {
         // SAFETY: `self` proves AVX2 is available.
         unsafe { rescale_avx2(p, src, dst) }
     }
+    pub(super) fn rescale_blocks_nearest(
+        self,
+        src: &[i32],
+        rows: usize,
+        inner: usize,
+        shift: u32,
+        dst: &mut [i8],
+    ) -> usize {
+        // SAFETY: `self` proves AVX2 is available.
+        unsafe { rescale_blocks_nearest_avx2(src, rows, inner, shift, dst) }
+    }
 }
 
 #[target_feature(enable = "avx2")]
@@ -536,4 +547,64 @@ fn rescale_avx2(p: Piece, src: &[i32], dst: &mut [i8]) -> usize {
         ..p
     };
     clamped + rescale_portable(tail, &src[n8..], &mut dst[n8..])
+}
+
+/// [`super::rescale_i32_to_i8_blocks`] with nearest rounding: 8 values at a time straight from each
+/// block to its place (the same rounding, clamp and count as [`rescale_avx2`]).
+#[target_feature(enable = "avx2")]
+fn rescale_blocks_nearest_avx2(
+    src: &[i32],
+    rows: usize,
+    inner: usize,
+    shift: u32,
+    dst: &mut [i8],
+) -> usize {
+    assert!(
+        shift <= 31
+            && rows >= 1
+            && inner >= 1
+            && src.len().is_multiple_of(rows * inner)
+            && dst.len() >= src.len(),
+        "rescale_blocks: bad shape"
+    );
+    let b = src.len() / (rows * inner);
+    let i8n = inner / 8 * 8;
+    let p = Piece {
+        shift,
+        rounding: Rounding::Nearest,
+        key: 0,
+        lo: 0,
+    };
+    let (lim_hi, lim_lo) = (_mm256_set1_epi32(127), _mm256_set1_epi32(-127));
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let zero = _mm256_setzero_si256();
+    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+    let (mut kept, mut clamped) = (0usize, 0usize);
+    for r in 0..rows {
+        for j in 0..b {
+            let (s0, d0) = ((r * b + j) * inner, (j * rows + r) * inner);
+            for i in (0..i8n).step_by(8) {
+                // SAFETY: reads src[s0 + i..][..8] and writes dst[d0 + i..][..8] with i + 8 ≤ inner,
+                // inside the block (s0 + inner ≤ src.len() ≤ dst.len(), d0 + inner ≤ src.len()).
+                unsafe {
+                    let x = _mm256_loadu_si256(sp.add(s0 + i).cast());
+                    let q = round8(&p, x, zero);
+                    let y = _mm256_min_epi32(_mm256_max_epi32(q, lim_lo), lim_hi);
+                    let same = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(y, q)));
+                    kept += (same as u32).count_ones() as usize;
+                    let w = _mm256_packs_epi16(_mm256_packs_epi32(y, y), zero);
+                    let bytes = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(w, order));
+                    _mm_storel_epi64(dp.add(d0 + i).cast(), bytes);
+                }
+            }
+            if i8n < inner {
+                clamped += rescale_portable(
+                    p,
+                    &src[s0 + i8n..s0 + inner],
+                    &mut dst[d0 + i8n..d0 + inner],
+                );
+            }
+        }
+    }
+    clamped + (rows * b * i8n - kept)
 }
