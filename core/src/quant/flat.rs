@@ -13,7 +13,7 @@
 //! The products are exact integers like the general path's, so which path runs never changes a value:
 //! the executor's results are bit-identical on every target.
 use super::conv_dims;
-use super::ops::gather_dy;
+use super::ops::{copy_small, gather_dy};
 use crate::kernels::int8::{
     has_simd_pairs, igemm_dot, igemm_pairs, pair_word, FlatTaps, IgemmKernel, RowWriter,
 };
@@ -122,22 +122,16 @@ impl Flat {
     pub(crate) fn transposed_words(&self, g: &ConvGeom, w: &[i8], words: &mut [i32]) {
         let (cin_g, cout_g, kg, _) = conv_dims(g);
         let (kk, kp) = (g.kh * g.kw, self.kp());
-        let at = |ci: usize, r: usize| -> i8 {
-            let (grp, ci_l) = (ci / cin_g, ci % cin_g);
-            let (co_l, t) = (r / kk, r % kk);
-            let (ki, kj) = (t / g.kw, t % g.kw);
-            let co = grp * cout_g + co_l;
-            w[co * kg + ci_l * kk + (g.kh - 1 - ki) * g.kw + (g.kw - 1 - kj)]
-        };
-        let kg_t = cout_g * kk;
         for (ci, dst) in words.chunks_exact_mut(kp).take(g.cin).enumerate() {
-            for (q, d) in dst.iter_mut().enumerate() {
-                let hi = if 2 * q + 1 < kg_t {
-                    at(ci, 2 * q + 1)
-                } else {
-                    0
-                };
-                *d = pair_word(at(ci, 2 * q), hi);
+            let (grp, ci_l) = (ci / cin_g, ci % cin_g);
+            // Row (co_l, ki, kj) in order reads tap (kh−1−ki, kw−1−kj): the taps backwards.
+            let mut taps = (0..cout_g).flat_map(|co_l| {
+                let base = (grp * cout_g + co_l) * kg + ci_l * kk;
+                w[base..base + kk].iter().rev().copied()
+            });
+            for d in dst.iter_mut() {
+                let lo = taps.next().unwrap_or(0);
+                *d = pair_word(lo, taps.next().unwrap_or(0));
             }
         }
     }
@@ -165,13 +159,13 @@ impl Flat {
     fn load_planes(&self, x: &[i8], samples: usize, grp: usize, buf: &mut [i8]) {
         let g = &self.g;
         let (cin_g, hw, pad) = (g.cin / g.groups, self.hw, self.pad);
-        let src = &x[..samples * g.cin * hw];
-        let dst = buf[pad..self.planes_len(samples)].chunks_exact_mut(hw + pad);
-        let planes = src
-            .chunks_exact(g.cin * hw)
-            .flat_map(|sample| sample[grp * cin_g * hw..(grp + 1) * cin_g * hw].chunks_exact(hw));
-        for (d, plane) in dst.zip(planes) {
-            d[..hw].copy_from_slice(plane);
+        for s in 0..samples {
+            let src = &x[(s * g.cin + grp * cin_g) * hw..(s * g.cin + (grp + 1) * cin_g) * hw];
+            let at = pad + s * cin_g * (hw + pad);
+            for (c, plane) in src.chunks_exact(hw).enumerate() {
+                let d = at + c * (hw + pad);
+                copy_small(&mut buf[d..d + hw], plane);
+            }
         }
     }
 
@@ -195,7 +189,8 @@ impl Flat {
 
     /// The forward products of one tile and group: the pair-interleaved im2col of `samples` samples of
     /// `x` (group `grp`'s channels, padded into `buf`) into `x2`, then `acc[co][s·P + pos] = Σ W·cols`
-    /// for the group's `cout_g` rows of `acc` (row stride `samples·P`); `words` are the group's rows.
+    /// for the group's `cout_g` rows of `acc` (row stride `samples·P`, added to them with `accumulate`);
+    /// `words` are the group's rows.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn fwd_group(
         &self,
@@ -207,6 +202,7 @@ impl Flat {
         buf: &mut [i8],
         x2: &mut [i8],
         acc: &mut [i32],
+        accumulate: bool,
     ) {
         let g = &self.g;
         let (_, cout_g, _, p) = conv_dims(g);
@@ -225,7 +221,7 @@ impl Flat {
             2 * ld,
             &mut acc[..cout_g * ld],
             ld,
-            false,
+            accumulate,
         );
     }
 

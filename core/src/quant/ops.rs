@@ -4,7 +4,7 @@ use core::convert::Infallible;
 
 use super::flat::{self, Flat, MASKS};
 use super::{align, conv_dims, pool_k, produce, sat8, tile_rows, Pass, Site, TileOut};
-use crate::kernels::int8::{self as k8, igemm, MatRef, Rounding};
+use crate::kernels::int8::{self as k8, igemm, igemm_dot, MatRef, Rounding};
 use crate::ops::{ConvGeom, PoolGeom};
 
 /// Where a layer's input comes from: an int8 tensor, or the host's f32 batch quantised on the fly.
@@ -81,6 +81,7 @@ pub fn linear_fwd(
     pass: Pass,
 ) -> u32 {
     let r = tile_rows(n, fout);
+    let dot = k8::has_simd_pairs(k8::IgemmKernel::selected());
     ok(produce(
         site,
         pass,
@@ -92,25 +93,31 @@ pub fn linear_fwd(
             let r0 = t * r;
             let rows = r.min(n - r0);
             let c = &mut acc[..rows * fout];
-            igemm(
-                rows,
-                fout,
-                fin,
-                MatRef {
-                    data: &x[r0 * fin..(r0 + rows) * fin],
-                    rs: fin,
-                    cs: 1,
-                },
-                MatRef {
-                    data: w,
-                    rs: 1,
-                    cs: fin,
-                },
-                c,
-                fout,
-                false,
-                gs,
-            );
+            let xr = &x[r0 * fin..(r0 + rows) * fin];
+            if dot {
+                // x·Wᵀ reads both along `fin`: no packing.
+                igemm_dot(rows, fout, 1, fin, xr, fin, 0, w, fin, 0, c, fout, false);
+            } else {
+                igemm(
+                    rows,
+                    fout,
+                    fin,
+                    MatRef {
+                        data: xr,
+                        rs: fin,
+                        cs: 1,
+                    },
+                    MatRef {
+                        data: w,
+                        rs: 1,
+                        cs: fin,
+                    },
+                    c,
+                    fout,
+                    false,
+                    gs,
+                );
+            }
             if let Some(b) = bias {
                 for row in c.chunks_exact_mut(fout) {
                     for (v, &bb) in row.iter_mut().zip(b) {
@@ -243,7 +250,7 @@ fn valid_out(k: usize, p: usize, s: usize, len: usize, out: usize) -> (usize, us
 /// possibly overlapping moves that compile inline (no loop for LLVM to turn back into a `memcpy` call);
 /// rows longer than 64 bytes use `copy_from_slice`.
 #[inline(always)]
-fn copy_small(dst: &mut [i8], src: &[i8]) {
+pub(super) fn copy_small(dst: &mut [i8], src: &[i8]) {
     let len = dst.len();
     let src = &src[..len];
     macro_rules! two {
@@ -470,9 +477,7 @@ pub fn conv_fwd(
     let add_bias = |acc: &mut [i32], ld: usize| {
         if let Some(b) = bias {
             for (row, &bb) in acc[..g.cout * ld].chunks_exact_mut(ld).zip(b) {
-                for v in row {
-                    *v = v.saturating_add(bb);
-                }
+                add_saturating(row, bb);
             }
         }
     };
@@ -492,6 +497,13 @@ pub fn conv_fwd(
         let mut masks = [0i8; MASKS];
         fl.masks(&mut masks);
         let kp = fl.kp();
+        // A bias that no sum of 2·kp products (each at most 2^14) can push past i32 starts the
+        // accumulators instead of a saturating pass after them: the same values.
+        let reach = 2 * kp as i64 * (1 << 14);
+        let fold = bias.filter(|b| {
+            b.iter()
+                .all(|&v| i64::from(v).abs() + reach <= i64::from(i32::MAX))
+        });
         return ok(produce(
             site,
             pass,
@@ -504,6 +516,11 @@ pub fn conv_fwd(
                 let sc = blk.min(n - s0);
                 let ld = sc * p;
                 let xs = x.rows(s0, sc, per_in);
+                if let Some(b) = fold {
+                    for (row, &bb) in acc[..g.cout * ld].chunks_exact_mut(ld).zip(b) {
+                        row.fill(bb);
+                    }
+                }
                 for grp in 0..g.groups {
                     fl.fwd_group(
                         xs,
@@ -514,9 +531,12 @@ pub fn conv_fwd(
                         buf,
                         x2,
                         &mut acc[grp * cout_g * ld..(grp + 1) * cout_g * ld],
+                        fold.is_some(),
                     );
                 }
-                add_bias(acc, ld);
+                if fold.is_none() {
+                    add_bias(acc, ld);
+                }
                 Ok(out(s0, sc))
             },
         ));
@@ -560,6 +580,17 @@ pub fn conv_fwd(
             Ok(out(s0, sc))
         },
     ))
+}
+
+/// `v = v.saturating_add(b)` for every element, written so that it vectorises: the wrapping sum
+/// overflowed exactly when both operands have the sign the sum lacks, and then saturates toward the
+/// sign of `v`.
+pub(super) fn add_saturating(row: &mut [i32], b: i32) {
+    for v in row {
+        let s = v.wrapping_add(b);
+        let over = ((*v ^ s) & (b ^ s)) < 0;
+        *v = if over { (*v >> 31) ^ i32::MAX } else { s };
+    }
 }
 
 /// Splits `work` into at least `words` aligned i32 and the bytes after them; `None` when too short.
@@ -637,6 +668,7 @@ pub fn conv_grad_x(
                         buf,
                         x2,
                         &mut acc[grp * cin_g * ld..(grp + 1) * cin_g * ld],
+                        false,
                     );
                 }
                 if let Some((e_old, e_acc)) = old {
@@ -749,34 +781,34 @@ pub fn conv_grad_w(
             if let Some(fl) = fast {
                 let dys = &dy[s0 * per_out..];
                 fl.grad_w_group(xs, dys, sc, grp, &masks, gs, cols, dyc, dwg, s0 > 0);
-                continue;
+            } else {
+                im2col(g, xs, sc, grp, cols, ld);
+                gather_dy(g, &dy[s0 * per_out..], sc, grp, dyc, ld);
+                igemm(
+                    cout_g,
+                    kg,
+                    ld,
+                    MatRef {
+                        data: &dyc[..cout_g * ld],
+                        rs: ld,
+                        cs: 1,
+                    },
+                    MatRef {
+                        data: &cols[..kg * ld],
+                        rs: 1,
+                        cs: ld,
+                    },
+                    dwg,
+                    kg,
+                    s0 > 0,
+                    gs,
+                );
             }
-            im2col(g, xs, sc, grp, cols, ld);
-            gather_dy(g, &dy[s0 * per_out..], sc, grp, dyc, ld);
-            igemm(
-                cout_g,
-                kg,
-                ld,
-                MatRef {
-                    data: &dyc[..cout_g * ld],
-                    rs: ld,
-                    cs: 1,
-                },
-                MatRef {
-                    data: &cols[..kg * ld],
-                    rs: 1,
-                    cs: ld,
-                },
-                dwg,
-                kg,
-                s0 > 0,
-                gs,
-            );
-        }
-        if let Some(db) = db.as_deref_mut() {
-            for row in dy[s0 * per_out..(s0 + sc) * per_out].chunks_exact(per_out) {
-                for (b, ch) in db.iter_mut().zip(row.chunks_exact(p)) {
-                    *b += ch.iter().map(|&v| v as i32).sum::<i32>();
+            // Both paths leave the group's dY of the block in `dyc`, one row per channel.
+            if let Some(db) = db.as_deref_mut() {
+                let dbg = &mut db[grp * cout_g..(grp + 1) * cout_g];
+                for (b, row) in dbg.iter_mut().zip(dyc.chunks_exact(ld)) {
+                    *b += row.iter().map(|&v| v as i32).sum::<i32>();
                 }
             }
         }

@@ -345,10 +345,22 @@ fn conv_ops_outputs(g: &ConvGeom, n: usize, blk: usize, seed: u64) -> Vec<Vec<i6
             XSrc::I8(&x)
         };
         let mut site = Site::default();
-        for pass in [
-            Pass::Eval,
-            Pass::Train(Rescale::Adaptive),
-            Pass::Train(Rescale::Adaptive),
+        // A bias near the i32 limits saturates (the flat path adds it after the product), a small
+        // one starts the accumulators.
+        let huge: Vec<i32> = (0..g.cout)
+            .map(|i| {
+                if i % 2 == 0 {
+                    i32::MAX - 5
+                } else {
+                    i32::MIN + 7
+                }
+            })
+            .collect();
+        for (pass, bias) in [
+            (Pass::Eval, &huge),
+            (Pass::Eval, &bias),
+            (Pass::Train(Rescale::Adaptive), &bias),
+            (Pass::Train(Rescale::Adaptive), &bias),
         ] {
             let sh = q::conv_fwd(
                 g,
@@ -356,7 +368,7 @@ fn conv_ops_outputs(g: &ConvGeom, n: usize, blk: usize, seed: u64) -> Vec<Vec<i6
                 blk,
                 &mut src,
                 &w,
-                Some(&bias),
+                Some(bias.as_slice()),
                 &mut y,
                 &mut acc,
                 &mut work,
@@ -452,6 +464,64 @@ fn flat_conv_path_matches_the_general_path_bit_for_bit() {
                 assert_eq!(a, b, "case {i} {g:?}, n {n}, blk {blk}: output {k} differs");
             }
         }
+    }
+}
+
+#[test]
+fn reciprocal_division_is_exact() {
+    let mut rng = Rng::new(77);
+    let ds = [
+        1u64,
+        2,
+        3,
+        7,
+        65_536,
+        65_537,
+        655_360,
+        (1 << 31) - 1,
+        1 << 32,
+        u64::MAX / 3,
+        u64::MAX,
+    ];
+    for &d in ds.iter().chain(&[0]) {
+        let div = super::Divider::new(d);
+        let mut ns = vec![
+            0u64,
+            1,
+            d.wrapping_sub(1),
+            d,
+            d.wrapping_add(1),
+            u64::MAX,
+            u64::MAX - 1,
+        ];
+        ns.extend((0..200).map(|_| rng.next_u64() >> (rng.below(64) as u32)));
+        ns.extend((0..50).map(|_| d.wrapping_mul(rng.below(1 << 20))));
+        for n in ns {
+            assert_eq!(div.div(n), n.checked_div(d).unwrap_or(0), "{n} / {d}");
+        }
+    }
+}
+
+#[test]
+fn vectorised_bias_add_saturates_like_saturating_add() {
+    let edge = [
+        i32::MIN,
+        i32::MIN + 1,
+        -2,
+        -1,
+        0,
+        1,
+        2,
+        i32::MAX - 1,
+        i32::MAX,
+        1 << 30,
+        -(1 << 30),
+    ];
+    for &b in &edge {
+        let mut row: Vec<i32> = edge.iter().chain(&[12345, -98765]).copied().collect();
+        let want: Vec<i32> = row.iter().map(|v| v.saturating_add(b)).collect();
+        super::ops::add_saturating(&mut row, b);
+        assert_eq!(row, want, "bias {b}");
     }
 }
 

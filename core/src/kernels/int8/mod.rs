@@ -1060,6 +1060,40 @@ pub fn rescale_i32_to_i8_blocks(
     clamped
 }
 
+/// `dst[i] = clamp(round(src[i] · k), ±127)` with halves rounded away from zero and NaN to 0 (the
+/// quantisation of f32 values by a power-of-two scale `k`; exact in f32 arithmetic, see the portable
+/// loop). The AVX2 version gives the same bytes.
+///
+/// # Panics
+/// When `dst` is shorter than `src`.
+pub fn quantize_f32(src: &[f32], k: f32, dst: &mut [i8]) {
+    assert!(dst.len() >= src.len(), "quantize: dst too short");
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if matches!(
+        IgemmKernel::selected(),
+        IgemmKernel::Avx2 | IgemmKernel::Avx512Vnni
+    ) {
+        if let Some(x) = x86::Avx2::new() {
+            return x.quantize(src, k, dst);
+        }
+    }
+    quantize_portable(src, k, dst)
+}
+
+/// The portable [`quantize_f32`] (also the SIMD version's tail).
+fn quantize_portable(src: &[f32], k: f32, dst: &mut [i8]) {
+    for (d, &v) in dst.iter_mut().zip(src) {
+        // Clamping to ±128 first changes nothing after the final clamp to ±127, and makes the rounding
+        // exact in f32 arithmetic: `t − trunc(t)` is exact for |t| < 2^23, so comparing the fraction
+        // with ±0.5 rounds halves away from zero like `roundf` (NaN becomes 0 either way).
+        let t = (v * k).clamp(-128.0, 128.0);
+        let i = t as i32;
+        let f = t - i as f32;
+        let r = i + (f >= 0.5) as i32 - (f <= -0.5) as i32;
+        *d = r.clamp(-127, 127) as i8;
+    }
+}
+
 /// One run of [`rescale_i32_to_i8`] whose indices share their high 32 bits (`lo + len ≤ 2^32`).
 #[derive(Clone, Copy, Debug)]
 struct Piece {

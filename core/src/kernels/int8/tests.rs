@@ -521,6 +521,26 @@ macro_rules! conformance {
                 }
 
                 #[test]
+                fn quantize_matches_portable(
+                    vals in prop::collection::vec(prop_oneof![
+                        4 => -300f32..300.0,
+                        2 => (-260i32..260).prop_map(|i| i as f32 * 0.5),
+                        1 => prop::sample::select(vec![f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.49999997, -0.49999997, 127.5, -127.5, 128.0, -128.5, 1e30, -0.0]),
+                    ], 0..100),
+                    k in prop::sample::select(vec![1f32, 0.5, 0.25, 2.0, 1.0 / 1024.0, 64.0]),
+                ) {
+                    if let Some(kern) = kernel() {
+                        let mut want = vec![0i8; vals.len()];
+                        quantize_portable(&vals, k, &mut want);
+                        IgemmKernel::force(Some(kern));
+                        let mut got = vec![1i8; vals.len()];
+                        quantize_f32(&vals, k, &mut got);
+                        IgemmKernel::force(None);
+                        prop_assert_eq!(got, want);
+                    }
+                }
+
+                #[test]
                 fn rescale_matches_portable((src, shift, rounding, offset) in rescale_case_strategy()) {
                     if let Some(kern) = kernel() {
                         let mut want = vec![0i8; src.len()];

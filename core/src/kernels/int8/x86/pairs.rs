@@ -336,37 +336,38 @@ fn im2col_pairs_avx2(
             (a, ma, false)
         };
         tap = t.next(tap);
+        let row = q * ld2;
         for i in (0..p16).step_by(16) {
             // SAFETY: mask rows kj < kw: bytes kj·p + i + 16 ≤ kw·p ≤ masks.len() (`fits`).
             let (ka, kb) = unsafe {
-                let kb = if second {
-                    _mm_loadu_si128(mp.add(mb + i).cast())
-                } else {
-                    _mm_setzero_si128()
-                };
+                let kb = _mm_loadu_si128(mp.add(mb + i).cast());
+                let kb = if second { kb } else { _mm_setzero_si128() };
                 (_mm_loadu_si128(mp.add(ma + i).cast()), kb)
             };
-            for s in 0..samples {
+            let (mut xa, mut xb, mut d) = (a + i, b + i, row + 2 * i);
+            for _ in 0..samples {
                 // SAFETY: reads end by a + s·sample + p and b + s·sample + p ≤ src.len() (`fits`);
                 // the writes end by q·ld2 + 2·s·p + 2p ≤ (kp−1)·ld2 + 2·samples·p ≤ dst.len().
                 unsafe {
-                    let x = _mm_and_si128(_mm_loadu_si128(sp.add(a + s * t.sample + i).cast()), ka);
-                    let y = _mm_and_si128(_mm_loadu_si128(sp.add(b + s * t.sample + i).cast()), kb);
-                    let d = dp.add(q * ld2 + s * 2 * p + 2 * i);
-                    _mm_storeu_si128(d.cast(), _mm_unpacklo_epi8(x, y));
-                    _mm_storeu_si128(d.add(16).cast(), _mm_unpackhi_epi8(x, y));
+                    let x = _mm_and_si128(_mm_loadu_si128(sp.add(xa).cast()), ka);
+                    let y = _mm_and_si128(_mm_loadu_si128(sp.add(xb).cast()), kb);
+                    _mm_storeu_si128(dp.add(d).cast(), _mm_unpacklo_epi8(x, y));
+                    _mm_storeu_si128(dp.add(d + 16).cast(), _mm_unpackhi_epi8(x, y));
                 }
+                (xa, xb, d) = (xa + t.sample, xb + t.sample, d + 2 * p);
             }
         }
-        for s in 0..samples {
-            for i in p16..p {
-                let d = q * ld2 + s * 2 * p + 2 * i;
-                dst[d] = src[a + s * t.sample + i] & masks[ma + i];
-                dst[d + 1] = if second {
-                    src[b + s * t.sample + i] & masks[mb + i]
-                } else {
-                    0
-                };
+        if p16 < p {
+            for s in 0..samples {
+                for i in p16..p {
+                    let d = row + s * 2 * p + 2 * i;
+                    dst[d] = src[a + s * t.sample + i] & masks[ma + i];
+                    dst[d + 1] = if second {
+                        src[b + s * t.sample + i] & masks[mb + i]
+                    } else {
+                        0
+                    };
+                }
             }
         }
     }
