@@ -2,8 +2,6 @@
 //! backward adds the output derivative at that index. Row pairs lie back to back (`[top w][bottom w]`
 //! per pair, `w` even), as in a plane of even height or a whole tensor of such planes. The AVX2
 //! versions (every pair width ≤ 8 and multiples of 16) give the portable result bit for bit.
-use super::{has_simd_pairs, IgemmKernel};
-
 /// Forward over `pairs` row pairs of width `w` (even): `y[k·w/2 + x]` is the maximum of window `x` of
 /// pair `k` and `idx` its index (0 top-left, 1 top-right, 2 bottom-left, 3 bottom-right; the first of
 /// equal values in that order).
@@ -20,7 +18,7 @@ pub fn maxpool2x2(x: &[i8], w: usize, pairs: usize, y: &mut [i8], idx: &mut [u8]
         "maxpool2x2: bad shape"
     );
     #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if has_simd_pairs(IgemmKernel::selected()) {
+    if super::has_simd_pairs(super::IgemmKernel::selected()) {
         if let Some(k) = super::x86::Avx2::new() {
             return k.maxpool2x2(x, w, pairs, y, idx);
         }
@@ -43,7 +41,7 @@ pub fn maxpool2x2_grad(dy: &[i8], idx: &[u8], w: usize, pairs: usize, dx: &mut [
         "maxpool2x2_grad: bad shape"
     );
     #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if has_simd_pairs(IgemmKernel::selected()) {
+    if super::has_simd_pairs(super::IgemmKernel::selected()) {
         if let Some(k) = super::x86::Avx2::new() {
             return k.maxpool2x2_grad(dy, idx, w, pairs, dx);
         }
