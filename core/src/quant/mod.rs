@@ -9,12 +9,19 @@
 //! a tensor is `bit_width(max |acc|) − 7` (Mandheling Listing 1).
 //!
 //! # Never a whole int32 output
-//! Linear and Conv compute in tiles (row blocks of the batch for Linear, blocks of samples for Conv, see [`conv_blocks`]) into a small
-//! i32 scratch and rescale each tile at once with the tensor's shift ([`produce`]). The shift must be known
-//! before the first tile, so each output keeps a [`Site`]: the first pass of a tensor is exact (two
-//! passes: compute every tile for `max |acc|`, then rescale — the last tile from where it still lies,
-//! the others recomputed); later passes reuse the last shift in one pass and watch the clamp count —
-//! any saturation redoes the op exactly ("forced").
+//! Linear and Conv compute in tiles (row blocks of the batch for Linear, blocks of samples for Conv, see
+//! [`conv_blocks`]) into a small i32 scratch and rescale each tile at once with the tensor's shift
+//! ([`produce`]). The shift must be known before the first tile, so each output keeps a [`Site`]: the
+//! first pass of a tensor is exact (two passes: compute every tile for `max |acc|`, then rescale — the
+//! last tile from where it still lies, the others recomputed); later passes reuse the last shift in one
+//! pass and watch the clamp count — any saturation redoes the op exactly ("forced").
+//!
+//! # Convolutions
+//! A convolution tile is im2col + one integer product per group. Flat geometries (stride 1, output rows
+//! as wide as the input rows — small-image CNNs) take a packing-free path where the CPU has SIMD pair
+//! products (`flat`: the im2col written straight in the products' layout, the derivative as the
+//! convolution of `dY` with the flipped kernel, no col2im); others im2col into columns for the packed
+//! [`igemm`](k8::igemm). Both give the same integers, in the same scratch ([`layouts`]).
 //!
 //! # Self-adaptive rescaling (Mandheling §3.4)
 //! Each [`Site`] checks its scale exactly every `period` passes. After an exact check, a changed shift
