@@ -6,7 +6,7 @@
 //! plane copied once between zero bytes, an im2col row of a sample is a single contiguous copy of `P`
 //! bytes, masked where its column falls outside the image; it is written straight in the layout the
 //! product reads — depth pairs interleaved for the forward ([`igemm_pairs`], no packing), plain rows for
-//! the weight gradient ([`igemm_dot`] against `dY` read in place, no gather). The derivative of a
+//! the weight gradient ([`igemm_dot`] against the block's `dY` rows, one contiguous depth each). The derivative of a
 //! stride-1 convolution is the convolution of `dY` with the flipped, transposed kernel and padding
 //! `k − 1 − p`, so it runs through the forward's code with no col2im.
 //!
@@ -19,7 +19,7 @@ use crate::kernels::int8::{
 };
 use crate::ops::ConvGeom;
 
-/// Bytes of the column masks (a stack buffer): one row of `P` per kernel column, and a row of zeros.
+/// Bytes of the column masks (a stack buffer): one row of `P` per kernel column.
 pub(crate) const MASKS: usize = 4096;
 
 /// A flat geometry and the constants of its padded planes.
@@ -59,8 +59,8 @@ pub(crate) fn transposed(g: &ConvGeom) -> Option<ConvGeom> {
 }
 
 impl Flat {
-    /// The fast path's constants for `g`, or `None` when it does not apply (not flat, planes or masks
-    /// too large for the stack buffers, or no SIMD products on this CPU).
+    /// The fast path's constants for `g`, or `None` when it does not apply (not flat, masks too large
+    /// for their stack buffer, or no SIMD products on this CPU).
     pub(crate) fn new(g: &ConvGeom) -> Option<Self> {
         if g.sh != 1 || g.sw != 1 || g.ow != g.w || !has_simd_pairs(IgemmKernel::selected()) {
             return None;
@@ -70,7 +70,7 @@ impl Flat {
         // The last byte any tap reads, relative to the plane: (oh−1+kh−1)·w + (w−1+kw−1) − lead.
         let last = ((g.oh + g.kh - 2) * g.w + g.w + g.kw - 2).saturating_sub(lead);
         let pad = lead.max((last + 1).saturating_sub(hw));
-        ((g.kw + 1) * p <= MASKS).then_some(Self {
+        (g.kw * p <= MASKS).then_some(Self {
             g: *g,
             p,
             hw,
@@ -86,7 +86,7 @@ impl Flat {
     }
 
     /// Column masks: row `kj` holds −1 where output column `ox + kj − pw` is inside the image, 0 where
-    /// not; row `kw` is all zeros (the missing second row of an odd depth).
+    /// not.
     pub(crate) fn masks(&self, m: &mut [i8; MASKS]) {
         let (g, p) = (&self.g, self.p);
         for kj in 0..g.kw {
@@ -99,7 +99,6 @@ impl Flat {
                 };
             }
         }
-        m[g.kw * p..(g.kw + 1) * p].fill(0);
     }
 
     /// The weights of group-major rows `W[co][kg]` as depth-pair words `[cout][kp]`.

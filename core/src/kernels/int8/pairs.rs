@@ -5,9 +5,11 @@
 //!   depth-pair interleaved bytes, `(B[2q][j], B[2q+1][j])` side by side — and A as depth-pair words
 //!   ([`pair_word`]), so the micro-kernel broadcasts a word of A and multiplies it with a row of pairs
 //!   read straight from B, for any row stride. The im2col of a convolution writes B in this layout.
-//! * [`igemm_dot`]: `C = Σ_s A_s·B_sᵀ` with both operands depth-contiguous and the depth split into
-//!   segments (one per sample): a weight gradient `dY·colsᵀ` read from the arena's `dY` and the im2col
-//!   rows with no gather or packing; lanes run along the depth and are summed once per output.
+//! * [`igemm_dot`]: `C = Σ_s A_s·B_sᵀ` with both operands depth-contiguous, the depth optionally split
+//!   into segments: a weight gradient `dY·colsᵀ` or a dense layer's `X·Wᵀ` with no packing; lanes run
+//!   along the depth and are summed once per output.
+//! * [`RowWriter`]: the im2col of a flat convolution ([`FlatTaps`]) from zero-padded planes, written
+//!   straight in either layout (one masked copy per row and sample).
 //!
 //! Both are exact like [`igemm`](super::igemm): products of i8 accumulate in i32, wrapping, so the result
 //! is exact whenever the true one fits (total depth at most [`MAX_K`]). Every kernel gives the portable
