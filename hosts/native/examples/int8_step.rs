@@ -1,9 +1,13 @@
-//! Profiling harness: `cargo run --release -p frugal-cli --example int8_step -- f32|pure|master [steps]`
-//! runs the small CNN at batch 64 for `steps` steps (for perf / callgrind).
+//! Profiling harness for the int8 step: `cargo run --release -p frugal-cli --example int8_step --
+//! f32|pure|master [steps]` trains the small CNN (`examples/digits-cnn.toml`) at batch 64 for `steps`
+//! steps (default 2000) from initialisation and prints ms/step and the rescale counters — the workload of
+//! `cargo xtask bench int8`'s speed row, as one binary to run under `valgrind --tool=callgrind` (repeatable
+//! instruction counts; perf has no hardware counters on this kind of VM) or `perf record -e cpu-clock`.
 use std::path::PathBuf;
 use std::time::Instant;
 
 use frugal_cli::spec_toml::load_model;
+use frugal_cli::train::DEFAULT_UPDATE_BITS;
 use frugal_core::exec::int8::Int8Executor;
 use frugal_core::exec::{Executor, Target};
 use frugal_core::graph::Graph;
@@ -17,7 +21,9 @@ fn main() {
     let p = match mode {
         "f32" => Precision::F32,
         "master" => Precision::Int8(Int8Update::FloatMaster),
-        _ => Precision::Int8(Int8Update::Integer { update_bits: 4 }),
+        _ => Precision::Int8(Int8Update::Integer {
+            update_bits: DEFAULT_UPDATE_BITS,
+        }),
     };
     let m = load_model(
         &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/digits-cnn.toml"),
