@@ -598,8 +598,6 @@ impl<'p> Int8Executor<'p> {
                     }
                     NodeOp::Conv(g) => {
                         let blk = quant::conv_blocks(g, plan.graph.batch, ext)[0];
-                        let kp = g.cin / g.groups * g.kh * g.kw * blk * g.oh * g.ow;
-                        let (cols, gs) = i8s(gsb).split_at_mut(kp);
                         q::conv_fwd(
                             g,
                             n,
@@ -609,8 +607,7 @@ impl<'p> Int8Executor<'p> {
                             bias,
                             i8s(yb),
                             i32s(accb)?,
-                            cols,
-                            gs,
+                            i8s(gsb),
                             site,
                             pass,
                         )

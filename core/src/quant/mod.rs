@@ -9,11 +9,19 @@
 //! a tensor is `bit_width(max |acc|) − 7` (Mandheling Listing 1).
 //!
 //! # Never a whole int32 output
-//! Linear and Conv compute in tiles (row blocks of the batch for Linear, blocks of samples for Conv, see [`conv_blocks`]) into a small
-//! i32 scratch and rescale each tile at once with the tensor's shift ([`produce`]). The shift must be known
-//! before the first tile, so each output keeps a [`Site`]: the first pass of a tensor is exact (two
-//! passes: compute every tile for `max |acc|` and discard, then compute and rescale); later passes reuse
-//! the last shift in one pass and watch the clamp count — any saturation redoes the op exactly ("forced").
+//! Linear and Conv compute in tiles (row blocks of the batch for Linear, blocks of samples for Conv, see
+//! [`conv_blocks`]) into a small i32 scratch and rescale each tile at once with the tensor's shift
+//! ([`produce`]). The shift must be known before the first tile, so each output keeps a [`Site`]: the
+//! first pass of a tensor is exact (two passes: compute every tile for `max |acc|`, then rescale — the
+//! last tile from where it still lies, the others recomputed); later passes reuse the last shift in one
+//! pass and watch the clamp count — any saturation redoes the op exactly ("forced").
+//!
+//! # Convolutions
+//! A convolution tile is im2col + one integer product per group. Flat geometries (stride 1, output rows
+//! as wide as the input rows — small-image CNNs) take a packing-free path where the CPU has SIMD pair
+//! products (`flat`: the im2col written straight in the products' layout, the derivative as the
+//! convolution of `dY` with the flipped kernel, no col2im); others im2col into columns for the packed
+//! [`igemm`](k8::igemm). Both give the same integers, in the same scratch ([`layouts`]).
 //!
 //! Weight gradients are rescaled exactly every step. By default a layer's whole i32 gradient is
 //! accumulated at once (4 bytes per weight of scratch); a graph realised with a `grad_tile`
@@ -61,6 +69,7 @@ use crate::kernels::int8::{self as k8, igemm_scratch_len_for, KernelFamily, Roun
 use crate::model::{Int8Update, LayerKind, LossKind, ModelSpec, OptimizerSpec, Precision};
 use crate::ops::{ConvGeom, PoolGeom};
 
+mod flat;
 mod lut;
 pub mod ops;
 #[cfg(test)]
@@ -512,21 +521,23 @@ fn put_tile(acc: &[i32], t: TileOut, s: u32, rounding: Rounding, dst: &mut [i8])
             &mut dst[off..off + len],
         );
     }
-    let mut clamped = 0;
-    for (r, src_r) in acc[..t.len].chunks_exact(b * t.inner).enumerate() {
-        for (j, src) in src_r.chunks_exact(t.inner).enumerate() {
-            let d0 = t.off + (j * t.rows + r) * t.inner;
-            clamped +=
-                k8::rescale_i32_to_i8(src, s, rounding, d0 as u64, &mut dst[d0..d0 + t.inner]);
-        }
-    }
-    clamped
+    k8::rescale_i32_to_i8_blocks(
+        &acc[..t.len],
+        t.rows,
+        t.inner,
+        s,
+        rounding,
+        t.off as u64,
+        &mut dst[t.off..t.off + t.len],
+    )
 }
 
 /// Computes a tensor of `tiles` tiles into i32 (`compute(tile, acc, dst)` fills `acc[..len]` and returns
 /// where the tile goes in `dst` ([`TileOut`]); it may read `dst`'s old values of that tile, which are
 /// still intact when it runs in an exact pass) and rescales each tile to int8 with one shift for the
-/// whole tensor, chosen by `site` and `pass` (see the module docs). Returns the shift used.
+/// whole tensor, chosen by `site` and `pass` (see the module docs). Returns the shift used. An exact
+/// pass computes every tile for `max |acc|`, then rescales the last one (still in `acc`) and recomputes
+/// the others.
 pub fn produce<E>(
     site: &mut Site,
     pass: Pass,
@@ -558,12 +569,19 @@ pub fn produce<E>(
         forced = true;
     }
     let mut m = 0u32;
+    let mut last = None;
     for t in 0..tiles {
         let to = compute(t, acc, dst)?;
         m = m.max(k8::max_abs_i32(&acc[..to.len]));
+        last = Some(to);
     }
     let s = k8::shift_for(m);
-    for t in 0..tiles {
+    // The last tile is still in `acc`: rescale it first (tiles are disjoint, so the others' old values
+    // stay intact), then recompute the rest.
+    if let Some(to) = last {
+        put_tile(acc, to, s, rounding, dst);
+    }
+    for t in 0..tiles.saturating_sub(1) {
         let to = compute(t, acc, dst)?;
         put_tile(acc, to, s, rounding, dst);
     }
@@ -595,17 +613,7 @@ pub fn max_abs_f32(x: &[f32]) -> f32 {
 
 /// `dst = clamp(round(src / 2^e), ±127)`, halves away from zero.
 pub fn quantize(src: &[f32], e: i32, dst: &mut [i8]) {
-    let k = pow2(-e);
-    for (d, &v) in dst.iter_mut().zip(src) {
-        // Clamping to ±128 first changes nothing after the final clamp to ±127, and makes the rounding
-        // exact in f32 arithmetic: `t − trunc(t)` is exact for |t| < 2^23, so comparing the fraction
-        // with ±0.5 rounds halves away from zero like `roundf` (NaN becomes 0 either way).
-        let t = (v * k).clamp(-128.0, 128.0);
-        let i = t as i32;
-        let f = t - i as f32;
-        let r = i + (f >= 0.5) as i32 - (f <= -0.5) as i32;
-        *d = r.clamp(-127, 127) as i8;
-    }
+    k8::quantize_f32(src, pow2(-e), dst);
 }
 
 /// `q · 2^(from − to)` rounded (half away from zero) and saturated to i32.
@@ -740,10 +748,37 @@ pub fn softmax_row_q16(q: &[i8], e: i32, buf: &mut [i32]) {
         *b = x as i32;
         sum += x as i64;
     }
+    // One division for the row: the same quotients `((b << 16) + sum/2) / sum` from a reciprocal.
+    let div = Divider::new(sum as u64);
     for b in buf.iter_mut() {
-        *b = (((*b as i64) << 16) + sum / 2)
-            .checked_div(sum)
-            .unwrap_or(0) as i32;
+        *b = div.div(((*b as u64) << 16) + sum as u64 / 2) as i32;
+    }
+}
+
+/// Exact `floor(n / d)` for a fixed `d` by a multiply: `q = ⌊n·⌊(2^64−1)/d⌋ / 2^64⌋` is at most one
+/// below the true quotient for `n < 2^64`, and one comparison corrects it. `d = 0` gives 0 (like the
+/// `checked_div(…).unwrap_or(0)` it replaces).
+#[derive(Clone, Copy, Debug)]
+struct Divider {
+    d: u64,
+    r: u64,
+}
+
+impl Divider {
+    fn new(d: u64) -> Self {
+        Self {
+            d,
+            r: u64::MAX.checked_div(d).unwrap_or(0),
+        }
+    }
+    #[inline]
+    fn div(&self, n: u64) -> u64 {
+        if self.d == 0 {
+            return 0;
+        }
+        let q = ((n as u128 * self.r as u128) >> 64) as u64;
+        // n − q·d < 2d: one step up at most.
+        q + (n - q * self.d >= self.d) as u64
     }
 }
 

@@ -2,8 +2,9 @@
 //! Exponents are the caller's (the executor's); ops that rescale return the shift they used.
 use core::convert::Infallible;
 
+use super::flat::{self, Flat, MASKS};
 use super::{align, conv_dims, pool_k, produce, sat8, tile_rows, Pass, Site, TileOut};
-use crate::kernels::int8::{self as k8, igemm, MatRef, Rounding};
+use crate::kernels::int8::{self as k8, igemm, igemm_dot, MatRef, Rounding};
 use crate::ops::{ConvGeom, PoolGeom};
 
 /// Where a layer's input comes from: an int8 tensor, or the host's f32 batch quantised on the fly.
@@ -80,6 +81,7 @@ pub fn linear_fwd(
     pass: Pass,
 ) -> u32 {
     let r = tile_rows(n, fout);
+    let dot = k8::has_simd_pairs(k8::IgemmKernel::selected());
     ok(produce(
         site,
         pass,
@@ -91,25 +93,31 @@ pub fn linear_fwd(
             let r0 = t * r;
             let rows = r.min(n - r0);
             let c = &mut acc[..rows * fout];
-            igemm(
-                rows,
-                fout,
-                fin,
-                MatRef {
-                    data: &x[r0 * fin..(r0 + rows) * fin],
-                    rs: fin,
-                    cs: 1,
-                },
-                MatRef {
-                    data: w,
-                    rs: 1,
-                    cs: fin,
-                },
-                c,
-                fout,
-                false,
-                gs,
-            );
+            let xr = &x[r0 * fin..(r0 + rows) * fin];
+            if dot {
+                // x·Wᵀ reads both along `fin`: no packing.
+                igemm_dot(rows, fout, 1, fin, xr, fin, 0, w, fin, 0, c, fout, false);
+            } else {
+                igemm(
+                    rows,
+                    fout,
+                    fin,
+                    MatRef {
+                        data: xr,
+                        rs: fin,
+                        cs: 1,
+                    },
+                    MatRef {
+                        data: w,
+                        rs: 1,
+                        cs: fin,
+                    },
+                    c,
+                    fout,
+                    false,
+                    gs,
+                );
+            }
             if let Some(b) = bias {
                 for row in c.chunks_exact_mut(fout) {
                     for (v, &bb) in row.iter_mut().zip(b) {
@@ -264,7 +272,7 @@ fn valid_out(k: usize, p: usize, s: usize, len: usize, out: usize) -> (usize, us
 /// possibly overlapping moves that compile inline (no loop for LLVM to turn back into a `memcpy` call);
 /// rows longer than 64 bytes use `copy_from_slice`.
 #[inline(always)]
-fn copy_small(dst: &mut [i8], src: &[i8]) {
+pub(super) fn copy_small(dst: &mut [i8], src: &[i8]) {
     let len = dst.len();
     let src = &src[..len];
     macro_rules! two {
@@ -446,7 +454,14 @@ pub fn col2im_add(
 
 /// Copies group `grp` of `samples` samples of `dy` (`[samples][cout][P]`) into `dyc[cout_g × ld]`
 /// (sample `s` in columns `[s·P, (s+1)·P)`), the layout whose columns match [`im2col`]'s.
-fn gather_dy(g: &ConvGeom, dy: &[i8], samples: usize, grp: usize, dyc: &mut [i8], ld: usize) {
+pub(super) fn gather_dy(
+    g: &ConvGeom,
+    dy: &[i8],
+    samples: usize,
+    grp: usize,
+    dyc: &mut [i8],
+    ld: usize,
+) {
     let (_, cout_g, _, p) = conv_dims(g);
     let per_out = g.cout * p;
     for co in 0..cout_g {
@@ -458,9 +473,11 @@ fn gather_dy(g: &ConvGeom, dy: &[i8], samples: usize, grp: usize, dyc: &mut [i8]
     }
 }
 
-/// Convolution forward, `blk` samples per tile: `acc` holds `cout × blk·P` i32, `cols` `kg × blk·P` i8.
-/// One GEMM per tile and group, `W_g · cols`, whose rows (output channels) run over the tile's samples;
-/// the rescale writes them back in `[sample][channel][P]` order.
+/// Convolution forward, `blk` samples per tile: `acc` holds `cout × blk·P` i32; `work` is the im2col
+/// and GEMM scratch (`kg·blk·P` bytes of columns, then [`igemm`]'s packing). One GEMM per tile and group,
+/// `W_g · cols`, whose rows (output channels) run over the tile's samples; the rescale writes them back
+/// in `[sample][channel][P]` order. Flat geometries take the packing-free path of `quant::flat` when it
+/// applies and `work` holds its words and columns (same integers either way).
 #[allow(clippy::too_many_arguments)]
 pub fn conv_fwd(
     g: &ConvGeom,
@@ -471,8 +488,7 @@ pub fn conv_fwd(
     bias: Option<&[i32]>,
     y: &mut [i8],
     acc: &mut [i32],
-    cols: &mut [i8],
-    gs: &mut [i8],
+    work: &mut [i8],
     site: &mut Site,
     pass: Pass,
 ) -> u32 {
@@ -480,6 +496,74 @@ pub fn conv_fwd(
     let per_in = g.cin * g.h * g.w;
     let per_out = g.cout * p;
     let blk = blk.clamp(1, n.max(1));
+    let add_bias = |acc: &mut [i32], ld: usize| {
+        if let Some(b) = bias {
+            for (row, &bb) in acc[..g.cout * ld].chunks_exact_mut(ld).zip(b) {
+                add_saturating(row, bb);
+            }
+        }
+    };
+    let out = |s0: usize, sc: usize| TileOut {
+        off: s0 * per_out,
+        len: sc * per_out,
+        rows: g.cout,
+        inner: p,
+    };
+    if let Some((fl, words, x2, buf)) = Flat::new(g).and_then(|fl| {
+        let (words, rest) = words_and_bytes(work, g.cout * fl.kp())?;
+        let (x2, buf) = rest.split_at_mut_checked(fl.x2_len(blk))?;
+        (buf.len() >= fl.planes_len(blk)).then_some((fl, words, x2, buf))
+    }) {
+        fl.weight_words(w, words);
+        fl.clear_planes(buf, blk);
+        let mut masks = [0i8; MASKS];
+        fl.masks(&mut masks);
+        let kp = fl.kp();
+        // A bias that no sum of 2·kp products (each at most 2^14) can push past i32 starts the
+        // accumulators instead of a saturating pass after them: the same values.
+        let reach = 2 * kp as i64 * (1 << 14);
+        let fold = bias.filter(|b| {
+            b.iter()
+                .all(|&v| i64::from(v).abs() + reach <= i64::from(i32::MAX))
+        });
+        return ok(produce(
+            site,
+            pass,
+            n.div_ceil(blk),
+            acc,
+            y,
+            Rounding::Nearest,
+            |t, acc, _| {
+                let s0 = t * blk;
+                let sc = blk.min(n - s0);
+                let ld = sc * p;
+                let xs = x.rows(s0, sc, per_in);
+                if let Some(b) = fold {
+                    for (row, &bb) in acc[..g.cout * ld].chunks_exact_mut(ld).zip(b) {
+                        row.fill(bb);
+                    }
+                }
+                for grp in 0..g.groups {
+                    fl.fwd_group(
+                        xs,
+                        sc,
+                        grp,
+                        &words[grp * cout_g * kp..(grp + 1) * cout_g * kp],
+                        &masks,
+                        buf,
+                        x2,
+                        &mut acc[grp * cout_g * ld..(grp + 1) * cout_g * ld],
+                        fold.is_some(),
+                    );
+                }
+                if fold.is_none() {
+                    add_bias(acc, ld);
+                }
+                Ok(out(s0, sc))
+            },
+        ));
+    }
+    let (cols, gs) = work.split_at_mut(kg * blk * p);
     ok(produce(
         site,
         pass,
@@ -514,26 +598,40 @@ pub fn conv_fwd(
                     gs,
                 );
             }
-            if let Some(b) = bias {
-                for (row, &bb) in acc[..g.cout * ld].chunks_exact_mut(ld).zip(b) {
-                    for v in row {
-                        *v = v.saturating_add(bb);
-                    }
-                }
-            }
-            Ok(TileOut {
-                off: s0 * per_out,
-                len: sc * per_out,
-                rows: g.cout,
-                inner: p,
-            })
+            add_bias(acc, ld);
+            Ok(out(s0, sc))
         },
     ))
 }
 
+/// `v = v.saturating_add(b)` for every element, written so that it vectorises: the wrapping sum
+/// overflowed exactly when both operands have the sign the sum lacks, and then saturates toward the
+/// sign of `v`.
+pub(super) fn add_saturating(row: &mut [i32], b: i32) {
+    for v in row {
+        let s = v.wrapping_add(b);
+        let over = ((*v ^ s) & (b ^ s)) < 0;
+        *v = if over { (*v >> 31) ^ i32::MAX } else { s };
+    }
+}
+
+/// Splits `work` into at least `words` aligned i32 and the bytes after them; `None` when too short.
+fn words_and_bytes(work: &mut [i8], words: usize) -> Option<(&mut [i32], &mut [i8])> {
+    let head = work.as_ptr().align_offset(4);
+    let bytes = head.checked_add(words.checked_mul(4)?)?;
+    if head > 3 || bytes > work.len() {
+        return None;
+    }
+    let (wb, rest) = work.split_at_mut(bytes);
+    let w: &mut [i32] = bytemuck::try_cast_slice_mut(&mut wb[head..]).ok()?;
+    Some((w, rest))
+}
+
 /// Convolution derivative, `blk` samples per tile: `dcols` holds `kg × blk·P` i32, `acc`
 /// `blk·cin·h·w` i32, `dyc` `cout_g × blk·P` i8. One GEMM `W_gᵀ · dY` per tile and group, then col2im
-/// per sample.
+/// per sample. Flat geometries whose derivative is a flat convolution (`quant::flat::transposed`) run
+/// it as the convolution of `dY` with the flipped kernel when `dcols` holds its words and columns; the
+/// tile then comes out channel-major like the forward's.
 #[allow(clippy::too_many_arguments)]
 pub fn conv_grad_x(
     g: &ConvGeom,
@@ -550,10 +648,71 @@ pub fn conv_grad_x(
     site: &mut Site,
     pass: Pass,
 ) -> u32 {
-    let (_, cout_g, kg, p) = conv_dims(g);
-    let per_in = g.cin * g.h * g.w;
+    let (cin_g, cout_g, kg, p) = conv_dims(g);
+    let hw = g.h * g.w;
+    let per_in = g.cin * hw;
     let per_out = g.cout * p;
     let blk = blk.clamp(1, n.max(1));
+    let fast = flat::transposed(g)
+        .and_then(|t| Some((t, Flat::new(g)?, Flat::new(&t)?)))
+        .and_then(|(t, _, ft)| {
+            let kp = ft.kp();
+            let (words, rest) = dcols.split_at_mut_checked(g.cin * kp)?;
+            let rest: &mut [i8] = bytemuck::cast_slice_mut(rest);
+            let (x2, buf) = rest.split_at_mut_checked(ft.x2_len(blk))?;
+            (buf.len() >= ft.planes_len(blk)).then_some((t, ft, words, x2, buf))
+        });
+    if let Some((t, ft, words, x2, buf)) = fast {
+        ft.transposed_words(g, w, words);
+        ft.clear_planes(buf, blk);
+        let mut masks = [0i8; MASKS];
+        ft.masks(&mut masks);
+        let kp = ft.kp();
+        return ok(produce(
+            site,
+            pass,
+            n.div_ceil(blk),
+            acc,
+            dx,
+            Rounding::Nearest,
+            |tile, acc, prev| {
+                let s0 = tile * blk;
+                let sc = blk.min(n - s0);
+                let ld = sc * hw;
+                let dys = &dy[s0 * per_out..(s0 + sc) * per_out];
+                for grp in 0..t.groups {
+                    ft.fwd_group(
+                        dys,
+                        sc,
+                        grp,
+                        &words[grp * cin_g * kp..(grp + 1) * cin_g * kp],
+                        &masks,
+                        buf,
+                        x2,
+                        &mut acc[grp * cin_g * ld..(grp + 1) * cin_g * ld],
+                        false,
+                    );
+                }
+                if let Some((e_old, e_acc)) = old {
+                    // acc is [channel][sample][hw]; the old values are [sample][channel][hw].
+                    for (ci, row) in acc[..g.cin * ld].chunks_exact_mut(ld).enumerate() {
+                        for (s, part) in row.chunks_exact_mut(hw).enumerate() {
+                            let o = (s0 + s) * per_in + ci * hw;
+                            for (v, &q) in part.iter_mut().zip(&prev[o..o + hw]) {
+                                *v = v.saturating_add(align(q as i32, e_old, e_acc));
+                            }
+                        }
+                    }
+                }
+                Ok(TileOut {
+                    off: s0 * per_in,
+                    len: sc * per_in,
+                    rows: g.cin,
+                    inner: hw,
+                })
+            },
+        ));
+    }
     ok(produce(
         site,
         pass,
@@ -602,6 +761,7 @@ pub fn conv_grad_x(
 
 /// Convolution weight gradient in i32 over `n` samples (`dy` from its first; `x` from sample `first`),
 /// `blk` samples per GEMM (`cols` `kg × blk·P`, `dyc` `cout_g × blk·P`): `dw[cout × kg]`, `db[cout]`.
+/// Flat geometries multiply the columns with `dY` in place (`quant::flat`: no packing).
 #[allow(clippy::too_many_arguments)]
 pub fn conv_grad_w(
     g: &ConvGeom,
@@ -623,37 +783,54 @@ pub fn conv_grad_w(
     if let Some(db) = db.as_deref_mut() {
         db.fill(0);
     }
+    // The padded planes go where the general path packs its operands.
+    let fast = Flat::new(g).filter(|fl| {
+        cols.len() >= kg * blk * p
+            && dyc.len() >= cout_g * blk * p
+            && gs.len() >= fl.planes_len(blk)
+    });
+    let mut masks = [0i8; MASKS];
+    if let Some(fl) = fast {
+        fl.masks(&mut masks);
+        fl.clear_planes(gs, blk);
+    }
     for s0 in (0..n).step_by(blk) {
         let sc = blk.min(n - s0);
         let ld = sc * p;
         let xs = x.rows(first + s0, sc, per_in);
         for grp in 0..g.groups {
-            im2col(g, xs, sc, grp, cols, ld);
-            gather_dy(g, &dy[s0 * per_out..], sc, grp, dyc, ld);
-            igemm(
-                cout_g,
-                kg,
-                ld,
-                MatRef {
-                    data: &dyc[..cout_g * ld],
-                    rs: ld,
-                    cs: 1,
-                },
-                MatRef {
-                    data: &cols[..kg * ld],
-                    rs: 1,
-                    cs: ld,
-                },
-                &mut dw[grp * cout_g * kg..(grp + 1) * cout_g * kg],
-                kg,
-                s0 > 0,
-                gs,
-            );
-        }
-        if let Some(db) = db.as_deref_mut() {
-            for row in dy[s0 * per_out..(s0 + sc) * per_out].chunks_exact(per_out) {
-                for (b, ch) in db.iter_mut().zip(row.chunks_exact(p)) {
-                    *b += ch.iter().map(|&v| v as i32).sum::<i32>();
+            let dwg = &mut dw[grp * cout_g * kg..(grp + 1) * cout_g * kg];
+            if let Some(fl) = fast {
+                let dys = &dy[s0 * per_out..];
+                fl.grad_w_group(xs, dys, sc, grp, &masks, gs, cols, dyc, dwg, s0 > 0);
+            } else {
+                im2col(g, xs, sc, grp, cols, ld);
+                gather_dy(g, &dy[s0 * per_out..], sc, grp, dyc, ld);
+                igemm(
+                    cout_g,
+                    kg,
+                    ld,
+                    MatRef {
+                        data: &dyc[..cout_g * ld],
+                        rs: ld,
+                        cs: 1,
+                    },
+                    MatRef {
+                        data: &cols[..kg * ld],
+                        rs: 1,
+                        cs: ld,
+                    },
+                    dwg,
+                    kg,
+                    s0 > 0,
+                    gs,
+                );
+            }
+            // Both paths leave the group's dY of the block in `dyc`, one row per channel.
+            if let Some(db) = db.as_deref_mut() {
+                let dbg = &mut db[grp * cout_g..(grp + 1) * cout_g];
+                for (b, row) in dbg.iter_mut().zip(dyc.chunks_exact(ld)) {
+                    *b += row.iter().map(|&v| v as i32).sum::<i32>();
                 }
             }
         }
@@ -682,8 +859,22 @@ pub fn maxpool_fwd(g: &PoolGeom, n: usize, x: &[i8], y: &mut [i8], idx: &mut [u8
     let planes = x
         .chunks_exact(pin)
         .zip(y[..n * g.c * pout].chunks_exact_mut(pout));
+    if (g.kh, g.kw, g.sh, g.sw) == (2, 2, 2, 2) && g.w.is_multiple_of(2) {
+        // The common 2×2 / 2 window over whole row pairs: a plane of even height is its pairs back to
+        // back, and so is a tensor of such planes.
+        if g.h.is_multiple_of(2) {
+            let pairs = n * g.c * g.oh;
+            k8::maxpool2x2(&x[..n * g.c * pin], g.w, pairs, &mut y[..pairs * g.ow], idx);
+        } else {
+            for ((xs, ys), is) in planes.zip(idx.chunks_exact_mut(pout)) {
+                k8::maxpool2x2(xs, g.w, g.oh, ys, is);
+            }
+        }
+        return;
+    }
     if (g.kh, g.kw, g.sh, g.sw) == (2, 2, 2, 2) {
-        // The common 2×2 / 2 window: the same comparisons in the same order, without index arithmetic.
+        // The 2×2 / 2 window on odd widths: the same comparisons in the same order, without index
+        // arithmetic.
         for ((xs, ys), is) in planes.zip(idx.chunks_exact_mut(pout)) {
             for oy in 0..g.oh {
                 let r0 = &xs[2 * oy * g.w..2 * oy * g.w + 2 * g.ow];
@@ -750,6 +941,20 @@ pub fn maxpool_grad_x(
         *o = (k / g.kw) * g.w + k % g.kw;
     }
     let same = e_dy == e_dx;
+    if same && (g.kh, g.kw, g.sh, g.sw) == (2, 2, 2, 2) && g.w.is_multiple_of(2) {
+        if g.h.is_multiple_of(2) {
+            k8::maxpool2x2_grad(&dy[..n * g.c * pout], idx, g.w, n * g.c * g.oh, dx);
+        } else {
+            for ((ds, is), xs) in dy[..n * g.c * pout]
+                .chunks_exact(pout)
+                .zip(idx.chunks_exact(pout))
+                .zip(dx.chunks_exact_mut(pin))
+            {
+                k8::maxpool2x2_grad(ds, is, g.w, g.oh, xs);
+            }
+        }
+        return;
+    }
     for ((ds, is), xs) in dy[..n * g.c * pout]
         .chunks_exact(pout)
         .zip(idx.chunks_exact(pout))

@@ -219,6 +219,7 @@ fn conv_forward_and_gradients_match_f64() {
             .max(igemm_scratch_len(cout_g, kg, bp));
         let mut gs = vec![0i8; gs_len];
         let mut cols = vec![0i8; kg * bp];
+        let mut work = vec![0i8; kg * bp + gs_len];
         let mut dyc = vec![0i8; cout_g * bp];
         // Forward.
         let mut y = vec![0i8; n * g.cout * p];
@@ -233,8 +234,7 @@ fn conv_forward_and_gradients_match_f64() {
             None,
             &mut y,
             &mut acc,
-            &mut cols,
-            &mut gs,
+            &mut work,
             &mut site,
             Pass::Eval,
         );
@@ -311,6 +311,218 @@ fn conv_forward_and_gradients_match_f64() {
                 .sum();
             assert_eq!(b, want, "bias gradient of channel {c}");
         }
+    }
+}
+
+/// One run of the three conv ops (forward from f32 and from int8, weight gradient, derivative with
+/// and without accumulation) with the kernel the thread is forced to: every output and shift.
+fn conv_ops_outputs(g: &ConvGeom, n: usize, blk: usize, seed: u64) -> Vec<Vec<i64>> {
+    let mut rng = Rng::new(seed);
+    let (_, cout_g, kg, p) = conv_dims(g);
+    let per_in = g.cin * g.h * g.w;
+    let x = rand_i8(&mut rng, n * per_in, 127);
+    let xf: Vec<f32> = x.iter().map(|&v| v as f32 * 0.37).collect();
+    let w = rand_i8(&mut rng, g.cout * kg, 127);
+    let dy = rand_i8(&mut rng, n * g.cout * p, 127);
+    let bias: Vec<i32> = (0..g.cout).map(|i| i as i32 * 977 - 3000).collect();
+    let bp = blk * p;
+    let gs_len = igemm_scratch_len(cout_g, bp, kg)
+        .max(igemm_scratch_len(kg, bp, cout_g))
+        .max(igemm_scratch_len(cout_g, kg, bp));
+    let mut out = Vec::new();
+    let widen = |v: &[i8]| v.iter().map(|&x| x as i64).collect::<Vec<_>>();
+    for from_f32 in [false, true] {
+        let mut work = vec![0i8; kg * bp + gs_len];
+        let mut y = vec![0i8; n * g.cout * p];
+        let mut acc = vec![0i32; g.cout * bp];
+        let mut xq = vec![0i8; blk * per_in];
+        let mut src = if from_f32 {
+            XSrc::F32 {
+                x: &xf,
+                e: -2,
+                buf: &mut xq,
+            }
+        } else {
+            XSrc::I8(&x)
+        };
+        let mut site = Site::default();
+        // A bias near the i32 limits saturates (the flat path adds it after the product), a small
+        // one starts the accumulators.
+        let huge: Vec<i32> = (0..g.cout)
+            .map(|i| {
+                if i % 2 == 0 {
+                    i32::MAX - 5
+                } else {
+                    i32::MIN + 7
+                }
+            })
+            .collect();
+        for (pass, bias) in [
+            (Pass::Eval, &huge),
+            (Pass::Eval, &bias),
+            (Pass::Train(Rescale::Adaptive), &bias),
+            (Pass::Train(Rescale::Adaptive), &bias),
+        ] {
+            let sh = q::conv_fwd(
+                g,
+                n,
+                blk,
+                &mut src,
+                &w,
+                Some(bias.as_slice()),
+                &mut y,
+                &mut acc,
+                &mut work,
+                &mut site,
+                pass,
+            );
+            out.push(widen(&y));
+            out.push(vec![sh as i64]);
+        }
+        let mut dw = vec![0i32; g.cout * kg];
+        let mut db = vec![0i32; g.cout];
+        let mut cols = vec![0i8; kg * bp];
+        let mut dyc = vec![0i8; cout_g * bp];
+        let mut gs = vec![0i8; gs_len];
+        q::conv_grad_w(
+            g,
+            n,
+            0,
+            blk,
+            &mut src,
+            &dy,
+            &mut dw,
+            Some(&mut db),
+            &mut cols,
+            &mut dyc,
+            &mut gs,
+        );
+        out.push(dw.iter().chain(&db).map(|&v| v as i64).collect());
+    }
+    let mut dx = rand_i8(&mut rng, n * per_in, 127);
+    for old in [None, Some((-3, -5)), Some((-9, -5))] {
+        let mut dcols = vec![0i32; kg * bp];
+        let mut acc = vec![0i32; blk * per_in];
+        let mut dyc = vec![0i8; cout_g * bp];
+        let mut gs = vec![0i8; gs_len];
+        let mut site = Site::default();
+        let sh = q::conv_grad_x(
+            g,
+            n,
+            blk,
+            &dy,
+            &w,
+            &mut dx,
+            old,
+            &mut dcols,
+            &mut acc,
+            &mut dyc,
+            &mut gs,
+            &mut site,
+            Pass::Eval,
+        );
+        out.push(widen(&dx));
+        out.push(vec![sh as i64]);
+    }
+    out
+}
+
+#[test]
+fn flat_conv_path_matches_the_general_path_bit_for_bit() {
+    use crate::kernels::int8::IgemmKernel;
+    if !crate::kernels::int8::has_simd_pairs(IgemmKernel::Avx2) {
+        std::eprintln!(
+            "skipping: no SIMD pair products here (both runs would take the general path)"
+        );
+        return;
+    }
+    // (cin, h, w, cout, kh, kw, ph, pw, groups): flat geometries — 3×3 and 5×5, odd and even depth,
+    // rows cut vertically (ph = 0, ph = 2), a padding the derivative cannot flip (ph ≥ kh: general
+    // derivative), 1×1, 1-wide images, groups, and planes too large for one window (sliding window).
+    let cases = [
+        (1, 8, 8, 8, 3, 3, 1, 1, 1),
+        (8, 4, 4, 16, 3, 3, 1, 1, 1),
+        (3, 7, 6, 4, 3, 3, 1, 1, 1),
+        (2, 5, 7, 3, 5, 5, 2, 2, 1),
+        (4, 6, 5, 6, 3, 3, 0, 1, 2),
+        (3, 5, 4, 5, 3, 1, 2, 0, 1),
+        (2, 4, 4, 3, 2, 3, 3, 1, 1),
+        (5, 3, 3, 5, 1, 1, 0, 0, 5),
+        (2, 6, 1, 3, 3, 1, 1, 0, 1),
+        (6, 6, 6, 4, 3, 3, 1, 1, 2),
+        (5, 24, 24, 3, 3, 3, 1, 1, 1),
+    ];
+    for (i, &(cin, h, w, cout, kh, kw, ph, pw, groups)) in cases.iter().enumerate() {
+        let g = ConvGeom::new(cin, h, w, cout, kh, kw, 1, 1, ph, pw, groups).unwrap();
+        assert!(super::flat::Flat::new(&g).is_some(), "case {i} is flat");
+        for (n, blk) in [(1, 1), (3, 2), (5, 5)] {
+            IgemmKernel::force(Some(IgemmKernel::Portable));
+            let general = conv_ops_outputs(&g, n, blk, i as u64);
+            IgemmKernel::force(Some(IgemmKernel::Avx2));
+            let fast = conv_ops_outputs(&g, n, blk, i as u64);
+            IgemmKernel::force(None);
+            for (k, (a, b)) in general.iter().zip(&fast).enumerate() {
+                assert_eq!(a, b, "case {i} {g:?}, n {n}, blk {blk}: output {k} differs");
+            }
+        }
+    }
+}
+
+#[test]
+fn reciprocal_division_is_exact() {
+    let mut rng = Rng::new(77);
+    let ds = [
+        1u64,
+        2,
+        3,
+        7,
+        65_536,
+        65_537,
+        655_360,
+        (1 << 31) - 1,
+        1 << 32,
+        u64::MAX / 3,
+        u64::MAX,
+    ];
+    for &d in ds.iter().chain(&[0]) {
+        let div = super::Divider::new(d);
+        let mut ns = vec![
+            0u64,
+            1,
+            d.wrapping_sub(1),
+            d,
+            d.wrapping_add(1),
+            u64::MAX,
+            u64::MAX - 1,
+        ];
+        ns.extend((0..200).map(|_| rng.next_u64() >> (rng.below(64) as u32)));
+        ns.extend((0..50).map(|_| d.wrapping_mul(rng.below(1 << 20))));
+        for n in ns {
+            assert_eq!(div.div(n), n.checked_div(d).unwrap_or(0), "{n} / {d}");
+        }
+    }
+}
+
+#[test]
+fn vectorised_bias_add_saturates_like_saturating_add() {
+    let edge = [
+        i32::MIN,
+        i32::MIN + 1,
+        -2,
+        -1,
+        0,
+        1,
+        2,
+        i32::MAX - 1,
+        i32::MAX,
+        1 << 30,
+        -(1 << 30),
+    ];
+    for &b in &edge {
+        let mut row: Vec<i32> = edge.iter().chain(&[12345, -98765]).copied().collect();
+        let want: Vec<i32> = row.iter().map(|v| v.saturating_add(b)).collect();
+        super::ops::add_saturating(&mut row, b);
+        assert_eq!(row, want, "bias {b}");
     }
 }
 
@@ -611,6 +823,109 @@ fn quant_cross_target_bit_exact() {
         let (hk, _, _) = integer_run_hash();
         IgemmKernel::force(None);
         assert_eq!(hk, QUANT_PINNED_HASH, "kernel {}: {hk:#018x}", k.name());
+    }
+}
+
+/// The digits CNN's shape (1×8×8 → conv 8 → relu → pool → conv 16 → relu → pool → flatten → linear
+/// 10): both convolutions, the second with a derivative, every phase of the fast conv path.
+fn two_conv_spec() -> ModelSpec {
+    let conv = |name: &str, out: u32, from: u32| {
+        layer(
+            name,
+            LayerKind::Conv2d {
+                out,
+                kernel: [3, 3],
+                stride: [1, 1],
+                padding: [1, 1],
+                groups: 1,
+                bias: true,
+            },
+            if from == 0 {
+                Src::Input
+            } else {
+                Src::Layer(from - 1)
+            },
+        )
+    };
+    let pool = |name: &str, from: u32| {
+        layer(
+            name,
+            LayerKind::MaxPool2d {
+                kernel: [2, 2],
+                stride: [2, 2],
+            },
+            Src::Layer(from),
+        )
+    };
+    ModelSpec {
+        input: Dims::new(1, 8, 8),
+        layers: vec![
+            conv("conv1", 8, 0),
+            layer("relu1", LayerKind::Relu, Src::Layer(0)),
+            pool("pool1", 1),
+            conv("conv2", 16, 3),
+            layer("relu2", LayerKind::Relu, Src::Layer(3)),
+            pool("pool2", 4),
+            layer("flat", LayerKind::Flatten, Src::Layer(5)),
+            layer(
+                "fc",
+                LayerKind::Linear {
+                    out: 10,
+                    bias: true,
+                },
+                Src::Layer(6),
+            ),
+        ],
+        ..tiny_spec()
+    }
+}
+
+/// Per step: the loss bits, then a hash of every weight byte and exponent, for `steps` steps of
+/// [`two_conv_spec`] at batch 24 in `p`.
+fn two_conv_run(p: Precision, steps: usize) -> Vec<u64> {
+    let spec = two_conv_spec();
+    let plan = Plan::new(Graph::with_precision(&spec, 24, p).unwrap());
+    let mut arena = vec![0u8; plan.needed_bytes()];
+    let mut ex = Int8Executor::new(&plan, &arena).unwrap();
+    ex.init_params(&mut arena, 3).unwrap();
+    let mut out = Vec::new();
+    for step in 0..steps {
+        let mut rng = Rng::new(step as u64);
+        let x: Vec<f32> = (0..24 * 64).map(|_| rng.uniform(-1.0, 2.0)).collect();
+        let y: Vec<u32> = (0..24).map(|_| rng.below(10) as u32).collect();
+        let s = ex.train_step(&mut arena, &x, Target::Classes(&y)).unwrap();
+        out.push(s.loss.to_bits() as u64);
+    }
+    let base = arena
+        .as_ptr()
+        .align_offset(crate::plan::ALIGN)
+        .min(crate::plan::ALIGN);
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for (_, _, t) in ex.state_tensors().collect::<Vec<_>>() {
+        let (off, len) = plan.region(t).unwrap();
+        h = fnv1a(&arena[base + off..base + off + len], h);
+        h = fnv1a(&ex.exponent(t).to_le_bytes(), h);
+    }
+    out.push(h);
+    out
+}
+
+#[test]
+fn two_conv_training_does_not_depend_on_the_kernel() {
+    use crate::kernels::int8::IgemmKernel;
+    for p in [
+        Precision::Int8(Int8Update::Integer { update_bits: 4 }),
+        Precision::Int8(Int8Update::FloatMaster),
+    ] {
+        IgemmKernel::force(Some(IgemmKernel::Portable));
+        let want = two_conv_run(p, 12);
+        IgemmKernel::force(None);
+        for k in IgemmKernel::ALL.into_iter().filter(|k| k.is_available()) {
+            IgemmKernel::force(Some(k));
+            let got = two_conv_run(p, 12);
+            IgemmKernel::force(None);
+            assert_eq!(got, want, "{p:?}, kernel {}", k.name());
+        }
     }
 }
 

@@ -32,18 +32,31 @@
 //! | `neon-dot`    | 4 × 16  | 4, i8      | `sdot`                                                   |
 //! | `simd128`     | 4 × 8   | 2, i16     | `i32x4.dot_i16x8_s`                                      |
 //!
+//! Small convolutions, where packing costs more than the multiply, use the packing-free products of
+//! [`pairs`] instead ([`igemm_pairs`], [`igemm_dot`], and the im2col row helpers that write their operands);
+//! they have AVX2 versions and portable loops elsewhere.
+//!
 //! Kernel choice follows the f32 GEMM: with the crate feature `std` the CPU is probed once and the choice
 //! cached; without it the choice is fixed at compile time by `cfg(target_feature)`. [`igemm_with`] forces
 //! a kernel (tests, benchmarks). `unsafe` lives only in the per-architecture modules, each block with the
 //! reason its accesses are in bounds.
 #[cfg(all(target_arch = "aarch64", not(miri)))]
 mod aarch64;
+pub mod pairs;
+pub mod pool;
 #[cfg(test)]
 mod tests;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128", not(miri)))]
 mod wasm;
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 mod x86;
+
+pub use pairs::{
+    has_simd_pairs, igemm_dot, igemm_dot_with, igemm_pairs, igemm_pairs_with, pair_word, FlatTaps,
+    RowWriter,
+};
+
+pub use pool::{maxpool2x2, maxpool2x2_grad};
 
 /// Strided read-only matrix view (the f32 GEMM's, generic over the element type).
 pub use super::gemm::MatRef;
@@ -1028,6 +1041,101 @@ pub fn rescale_i32_to_i8_with(
         done += len;
     }
     clamped
+}
+
+/// [`rescale_i32_to_i8`] of a tile stored transposed by blocks: `src` is `[rows][b][inner]` and element
+/// `(r, j, i)` goes to `dst[(j·rows + r)·inner + i]` with index `offset + (j·rows + r)·inner + i` for the
+/// stochastic noise — the result of one [`rescale_i32_to_i8`] call per block, without the per-call
+/// choice of kernel (a convolution's tile has a block per output channel and sample). Returns how many
+/// values were clamped.
+///
+/// # Panics
+/// When `shift > 31`, `src.len()` is not a multiple of `rows·inner`, or `dst` is shorter than `src`.
+pub fn rescale_i32_to_i8_blocks(
+    src: &[i32],
+    rows: usize,
+    inner: usize,
+    shift: u32,
+    rounding: Rounding,
+    offset: u64,
+    dst: &mut [i8],
+) -> usize {
+    assert!(shift <= 31, "rescale: shift {shift} > 31");
+    if src.is_empty() {
+        return 0;
+    }
+    assert!(
+        rows >= 1 && inner >= 1 && src.len().is_multiple_of(rows * inner) && dst.len() >= src.len(),
+        "rescale_blocks: bad shape"
+    );
+    let kernel = IgemmKernel::selected();
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if matches!(kernel, IgemmKernel::Avx2 | IgemmKernel::Avx512Vnni)
+        && rounding == Rounding::Nearest
+    {
+        if let Some(k) = x86::Avx2::new() {
+            return k.rescale_blocks_nearest(src, rows, inner, shift, &mut dst[..src.len()]);
+        }
+    }
+    let b = src.len() / (rows * inner);
+    let mut clamped = 0;
+    for (r, src_r) in src.chunks_exact(b * inner).enumerate() {
+        for (j, block) in src_r.chunks_exact(inner).enumerate() {
+            let d0 = (j * rows + r) * inner;
+            let idx = offset.wrapping_add(d0 as u64);
+            let d = &mut dst[d0..d0 + inner];
+            if (idx & 0xffff_ffff) + inner as u64 > 1 << 32 {
+                // The block crosses a change of the index's high half: two stream keys.
+                clamped += rescale_i32_to_i8_with(kernel, block, shift, rounding, idx, d);
+                continue;
+            }
+            let piece = Piece {
+                shift,
+                rounding,
+                key: match rounding {
+                    Rounding::Nearest => 0,
+                    Rounding::Stochastic(seed) => stream_key(seed, (idx >> 32) as u32),
+                },
+                lo: idx as u32,
+            };
+            clamped += rescale_piece(kernel, piece, block, d);
+        }
+    }
+    clamped
+}
+
+/// `dst[i] = clamp(round(src[i] · k), ±127)` with halves rounded away from zero and NaN to 0 (the
+/// quantisation of f32 values by a power-of-two scale `k`; exact in f32 arithmetic, see the portable
+/// loop). The AVX2 version gives the same bytes.
+///
+/// # Panics
+/// When `dst` is shorter than `src`.
+pub fn quantize_f32(src: &[f32], k: f32, dst: &mut [i8]) {
+    assert!(dst.len() >= src.len(), "quantize: dst too short");
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if matches!(
+        IgemmKernel::selected(),
+        IgemmKernel::Avx2 | IgemmKernel::Avx512Vnni
+    ) {
+        if let Some(x) = x86::Avx2::new() {
+            return x.quantize(src, k, dst);
+        }
+    }
+    quantize_portable(src, k, dst)
+}
+
+/// The portable [`quantize_f32`] (also the SIMD version's tail).
+fn quantize_portable(src: &[f32], k: f32, dst: &mut [i8]) {
+    for (d, &v) in dst.iter_mut().zip(src) {
+        // Clamping to ±128 first changes nothing after the final clamp to ±127, and makes the rounding
+        // exact in f32 arithmetic: `t − trunc(t)` is exact for |t| < 2^23, so comparing the fraction
+        // with ±0.5 rounds halves away from zero like `roundf` (NaN becomes 0 either way).
+        let t = (v * k).clamp(-128.0, 128.0);
+        let i = t as i32;
+        let f = t - i as f32;
+        let r = i + (f >= 0.5) as i32 - (f <= -0.5) as i32;
+        *d = r.clamp(-127, 127) as i8;
+    }
 }
 
 /// One run of [`rescale_i32_to_i8`] whose indices share their high 32 bits (`lo + len ≤ 2^32`).

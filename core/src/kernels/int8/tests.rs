@@ -203,6 +203,234 @@ fn near_max_k(kernel: IgemmKernel) {
     }
 }
 
+/// One [`igemm_pairs`] case: shapes, padding of the strides, accumulate, extremes, seed.
+#[derive(Clone, Copy, Debug)]
+struct PairsCase {
+    m: usize,
+    n: usize,
+    kp: usize,
+    pads: (usize, usize, usize),
+    accumulate: bool,
+    extremes: bool,
+    seed: u64,
+}
+
+fn pairs_case_strategy(max_dim: usize) -> impl Strategy<Value = PairsCase> {
+    (
+        (1..=max_dim, 1..=max_dim, 0..=max_dim),
+        (0usize..3, 0usize..5, 0usize..3),
+        (any::<bool>(), prop::bool::weighted(0.2)),
+        any::<u64>(),
+    )
+        .prop_map(
+            |((m, n, kp), pads, (accumulate, extremes), seed)| PairsCase {
+                m,
+                n,
+                kp,
+                pads,
+                accumulate,
+                extremes,
+                seed,
+            },
+        )
+}
+
+/// [`igemm_pairs_with`] against an i64 sum over the int8 values the words and pairs hold.
+fn check_pairs(kernel: IgemmKernel, t: PairsCase) -> Result<(), String> {
+    let mut rng = Lcg(t.seed);
+    let (lda, ldb, ldc) = (t.kp + t.pads.0, 2 * t.n + t.pads.1, t.n + t.pads.2);
+    let av: Vec<i8> = (0..t.m * 2 * t.kp).map(|_| rng.value(t.extremes)).collect();
+    let mut a = vec![0x5a5a_5a5a; t.m * lda];
+    for i in 0..t.m {
+        for q in 0..t.kp {
+            a[i * lda + q] = pair_word(av[(i * t.kp + q) * 2], av[(i * t.kp + q) * 2 + 1]);
+        }
+    }
+    let mut b = vec![99i8; t.kp * ldb];
+    for q in 0..t.kp {
+        for e in 0..2 * t.n {
+            b[q * ldb + e] = rng.value(t.extremes);
+        }
+    }
+    let mut c = vec![-123_456_789i32; t.m * ldc + 3];
+    for i in 0..t.m {
+        for j in 0..t.n {
+            c[i * ldc + j] = (rng.next() as i32) >> 8;
+        }
+    }
+    let mut want = c.clone();
+    for i in 0..t.m {
+        for j in 0..t.n {
+            let mut s = 0i64;
+            for q in 0..t.kp {
+                for h in 0..2 {
+                    s += i64::from(av[(i * t.kp + q) * 2 + h]) * i64::from(b[q * ldb + 2 * j + h]);
+                }
+            }
+            let d = &mut want[i * ldc + j];
+            *d = (if t.accumulate { i64::from(*d) } else { 0 } + s) as i32;
+        }
+    }
+    igemm_pairs_with(
+        kernel,
+        t.m,
+        t.n,
+        t.kp,
+        &a,
+        lda,
+        &b,
+        ldb,
+        &mut c,
+        ldc,
+        t.accumulate,
+    );
+    match c.iter().zip(&want).position(|(g, w)| g != w) {
+        None => Ok(()),
+        Some(idx) => Err(format!(
+            "C[{idx}] = {}, reference {} ({t:?})",
+            c[idx], want[idx]
+        )),
+    }
+}
+
+/// One [`igemm_dot`] case: shapes, segment count and length, stride padding, accumulate, extremes.
+#[derive(Clone, Copy, Debug)]
+struct DotCase {
+    m: usize,
+    n: usize,
+    segs: usize,
+    len: usize,
+    pads: (usize, usize, usize, usize, usize),
+    accumulate: bool,
+    extremes: bool,
+    seed: u64,
+}
+
+fn dot_case_strategy() -> impl Strategy<Value = DotCase> {
+    (
+        (1usize..=11, 1usize..=11, 0usize..=5, 0usize..=70),
+        (0usize..3, 0usize..40, 0usize..3, 0usize..40, 0usize..3),
+        (any::<bool>(), prop::bool::weighted(0.2)),
+        any::<u64>(),
+    )
+        .prop_map(
+            |((m, n, segs, len), pads, (accumulate, extremes), seed)| DotCase {
+                m,
+                n,
+                segs,
+                len,
+                pads,
+                accumulate,
+                extremes,
+                seed,
+            },
+        )
+}
+
+/// [`igemm_dot_with`] against an i64 sum, segments laid out one after another with padding between
+/// rows and between segments (filled with values too: a read past a row would show).
+fn check_dot(kernel: IgemmKernel, t: DotCase) -> Result<(), String> {
+    let mut rng = Lcg(t.seed);
+    let (a_rs, b_rs) = (t.len + t.pads.0, t.len + t.pads.2);
+    let (a_ss, b_ss) = (t.m * a_rs + t.pads.1, t.n * b_rs + t.pads.3);
+    let ldc = t.n + t.pads.4;
+    let a: Vec<i8> = (0..t.segs * a_ss + 5)
+        .map(|_| rng.value(t.extremes))
+        .collect();
+    let b: Vec<i8> = (0..t.segs * b_ss + 5)
+        .map(|_| rng.value(t.extremes))
+        .collect();
+    let mut c: Vec<i32> = (0..t.m * ldc + 2)
+        .map(|_| (rng.next() as i32) >> 4)
+        .collect();
+    let mut want = c.clone();
+    for i in 0..t.m {
+        for j in 0..t.n {
+            let mut s = 0i64;
+            for g in 0..t.segs {
+                for p in 0..t.len {
+                    s += i64::from(a[g * a_ss + i * a_rs + p])
+                        * i64::from(b[g * b_ss + j * b_rs + p]);
+                }
+            }
+            let d = &mut want[i * ldc + j];
+            *d = (if t.accumulate { i64::from(*d) } else { 0 } + s) as i32;
+        }
+    }
+    igemm_dot_with(
+        kernel,
+        t.m,
+        t.n,
+        t.segs,
+        t.len,
+        &a,
+        a_rs,
+        a_ss,
+        &b,
+        b_rs,
+        b_ss,
+        &mut c,
+        ldc,
+        t.accumulate,
+    );
+    match c.iter().zip(&want).position(|(g, w)| g != w) {
+        None => Ok(()),
+        Some(idx) => Err(format!(
+            "C[{idx}] = {}, reference {} ({t:?})",
+            c[idx], want[idx]
+        )),
+    }
+}
+
+/// [`RowWriter::im2col`] and [`RowWriter::im2col_pairs`] of `kernel` over random padded planes and
+/// masks: every output byte (and the untouched ones after them).
+fn im2col_outputs(kernel: IgemmKernel, t: FlatTaps, samples: usize, seed: u64) -> Vec<i8> {
+    let mut rng = Lcg(seed);
+    let src: Vec<i8> = (0..t.first
+        + samples * t.sample
+        + (t.rows / (t.kh * t.kw)) * t.plane
+        + t.kh * t.w
+        + t.kw
+        + t.p)
+        .map(|_| rng.value(false))
+        .collect();
+    let masks: Vec<i8> = (0..t.kw * t.p)
+        .map(|_| [0, -1, rng.value(false)][(rng.next() % 3) as usize])
+        .collect();
+    let w = RowWriter::with(kernel);
+    let ld = samples * t.p + 3;
+    let mut one = vec![55i8; t.rows * ld];
+    w.im2col(&t, samples, &src, &masks, &mut one, ld);
+    let kp = t.rows.div_ceil(2);
+    let mut two = vec![55i8; kp * 2 * ld];
+    w.im2col_pairs(&t, samples, &src, &masks, &mut two, 2 * ld);
+    one.extend(two);
+    one
+}
+
+/// [`maxpool2x2`] and [`maxpool2x2_grad`] with `kernel` forced: outputs, indices and the updated
+/// derivative (values drawn from a few levels, so windows often tie).
+fn maxpool_outputs(kernel: IgemmKernel, w: usize, pairs: usize, seed: u64) -> Vec<i8> {
+    let mut rng = Lcg(seed);
+    let level = |rng: &mut Lcg| [-128i8, -127, -3, 0, 0, 5, 126, 127][(rng.next() % 8) as usize];
+    let x: Vec<i8> = (0..pairs * 2 * w + 3).map(|_| level(&mut rng)).collect();
+    let ow = w / 2;
+    let dy: Vec<i8> = (0..pairs * ow + 3).map(|_| rng.value(true)).collect();
+    let idx_in: Vec<u8> = (0..pairs * ow + 3)
+        .map(|_| (rng.next() % 4) as u8)
+        .collect();
+    let mut dx: Vec<i8> = (0..pairs * 2 * w + 3).map(|_| rng.value(true)).collect();
+    IgemmKernel::force(Some(kernel));
+    let mut y = vec![9i8; pairs * ow + 3];
+    let mut idx = vec![9u8; pairs * ow + 3];
+    maxpool2x2(&x, w, pairs, &mut y, &mut idx);
+    maxpool2x2_grad(&dy, &idx_in, w, pairs, &mut dx);
+    IgemmKernel::force(None);
+    y.extend(idx.iter().map(|&i| i as i8));
+    y.extend(dx);
+    y
+}
+
 fn rescale_case_strategy() -> impl Strategy<Value = (Vec<i32>, u32, Rounding, u64)> {
     (
         prop::collection::vec(
@@ -259,6 +487,60 @@ macro_rules! conformance {
                 }
 
                 #[test]
+                fn pairs_match_reference(case in pairs_case_strategy(40)) {
+                    if let Some(kern) = kernel() {
+                        prop_assert_eq!(check_pairs(kern, case), Ok(()));
+                    }
+                }
+
+                #[test]
+                fn dot_matches_reference(case in dot_case_strategy()) {
+                    if let Some(kern) = kernel() {
+                        prop_assert_eq!(check_dot(kern, case), Ok(()));
+                    }
+                }
+
+                #[test]
+                fn im2col_matches_portable(
+                    (c, kh, kw, w) in (1usize..4, 1usize..4, 1usize..4, 1usize..9),
+                    (p, samples, first, gap) in (1usize..70, 1usize..5, 0usize..9, 0usize..9),
+                    seed in any::<u64>(),
+                ) {
+                    if let Some(kern) = kernel() {
+                        let plane = p + gap;
+                        let t = FlatTaps { rows: c * kh * kw, kh, kw, w, plane, sample: c * plane + gap, first, p };
+                        prop_assert_eq!(im2col_outputs(kern, t, samples, seed), im2col_outputs(IgemmKernel::Portable, t, samples, seed));
+                    }
+                }
+
+                #[test]
+                fn maxpool_matches_portable(w in prop::sample::select(vec![2usize, 4, 6, 8, 10, 16, 32, 48]), pairs in 0usize..40, seed in any::<u64>()) {
+                    if let Some(kern) = kernel() {
+                        prop_assert_eq!(maxpool_outputs(kern, w, pairs, seed), maxpool_outputs(IgemmKernel::Portable, w, pairs, seed));
+                    }
+                }
+
+                #[test]
+                fn quantize_matches_portable(
+                    vals in prop::collection::vec(prop_oneof![
+                        4 => -300f32..300.0,
+                        2 => (-260i32..260).prop_map(|i| i as f32 * 0.5),
+                        1 => prop::sample::select(vec![f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.49999997, -0.49999997, 127.5, -127.5, 128.0, -128.5, 1e30, -0.0]),
+                    ], 0..100),
+                    k in prop::sample::select(vec![1f32, 0.5, 0.25, 2.0, 1.0 / 1024.0, 64.0]),
+                ) {
+                    if let Some(kern) = kernel() {
+                        let mut want = vec![0i8; vals.len()];
+                        quantize_portable(&vals, k, &mut want);
+                        IgemmKernel::force(Some(kern));
+                        let mut got = vec![1i8; vals.len()];
+                        quantize_f32(&vals, k, &mut got);
+                        IgemmKernel::force(None);
+                        prop_assert_eq!(got, want);
+                    }
+                }
+
+                #[test]
                 fn rescale_matches_portable((src, shift, rounding, offset) in rescale_case_strategy()) {
                     if let Some(kern) = kernel() {
                         let mut want = vec![0i8; src.len()];
@@ -300,6 +582,33 @@ macro_rules! conformance {
             }
 
             #[test]
+            fn pairs_and_dot_conv_shapes_and_max_depth() {
+                let Some(kern) = kernel() else { return };
+                // The digits CNN's shapes (4×16 tiles with 8- and 16-column edges, 16-, 64- and odd-length
+                // segments), then the largest exact depth with all-extreme values.
+                for (s, &(m, n, kp)) in [(16, 112, 36), (8, 384, 5), (8, 48, 72), (5, 27, 3), (1, 1, 1)].iter().enumerate() {
+                    let case = PairsCase { m, n, kp, pads: (1, 2, 1), accumulate: s % 2 == 1, extremes: s == 2, seed: s as u64 };
+                    assert_eq!(check_pairs(kern, case), Ok(()));
+                }
+                for (s, &(m, n, segs, len)) in [(16, 72, 11, 16), (8, 9, 14, 64), (10, 64, 1, 64), (7, 5, 3, 37)].iter().enumerate() {
+                    let case = DotCase { m, n, segs, len, pads: (0, 3, 1, 0, 2), accumulate: s % 2 == 0, extremes: s == 3, seed: s as u64 };
+                    assert_eq!(check_dot(kern, case), Ok(()));
+                }
+                for (x, y) in [(-128i8, -128i8), (-128, 127), (127, 127)] {
+                    let kp = MAX_K / 2;
+                    let a = vec![pair_word(x, x); 2 * kp];
+                    let b = vec![y; kp * 2 * 9];
+                    let mut c = vec![0i32; 2 * 9];
+                    igemm_pairs_with(kern, 2, 9, kp, &a, kp, &b, 18, &mut c, 9, false);
+                    assert!(c.iter().all(|&v| i64::from(v) == i64::from(x) * i64::from(y) * 2 * kp as i64));
+                    let a = vec![x; MAX_K * 2];
+                    let b = vec![y; MAX_K * 3];
+                    igemm_dot_with(kern, 2, 3, 1, MAX_K, &a, MAX_K, 0, &b, MAX_K, 0, &mut c, 3, false);
+                    assert!(c[..6].iter().all(|&v| i64::from(v) == i64::from(x) * i64::from(y) * MAX_K as i64));
+                }
+            }
+
+            #[test]
             fn igemm_near_max_k_is_exact() {
                 if let Some(kern) = kernel() {
                     near_max_k(kern);
@@ -315,6 +624,33 @@ macro_rules! conformance {
                 assert_eq!(c, [5; 12]);
                 igemm_with(kern, 3, 3, 0, MatRef::row_major(&e, 0), MatRef::row_major(&e, 3), &mut c, 4, false, &mut []);
                 assert_eq!(c, [0, 0, 0, 5, 0, 0, 0, 5, 0, 0, 0, 5]);
+            }
+
+            #[test]
+            fn rescale_blocks_like_one_call_per_block() {
+                let Some(kern) = kernel() else { return };
+                let src: Vec<i32> = (0..7 * 3 * 19).map(|i: i32| i.wrapping_mul(2_654_435_761u32 as i32) >> 11).collect();
+                for (rows, inner) in [(7, 19), (21, 19), (1, 399), (7, 57)] {
+                    for offset in [0u64, 5, (1 << 32) - 100, u64::MAX - 200] {
+                        for r in [Rounding::Nearest, Rounding::Stochastic(9)] {
+                            let b = src.len() / (rows * inner);
+                            let mut want = vec![0i8; src.len()];
+                            let mut n_want = 0;
+                            for (ri, sr) in src.chunks_exact(b * inner).enumerate() {
+                                for (j, blk) in sr.chunks_exact(inner).enumerate() {
+                                    let d0 = (j * rows + ri) * inner;
+                                    n_want += rescale_i32_to_i8_with(IgemmKernel::Portable, blk, 12, r, offset.wrapping_add(d0 as u64), &mut want[d0..d0 + inner]);
+                                }
+                            }
+                            IgemmKernel::force(Some(kern));
+                            let mut got = vec![1i8; src.len()];
+                            let n_got = rescale_i32_to_i8_blocks(&src, rows, inner, 12, r, offset, &mut got);
+                            IgemmKernel::force(None);
+                            assert_eq!(got, want, "{rows}×{inner} at {offset}");
+                            assert_eq!(n_got, n_want);
+                        }
+                    }
+                }
             }
 
             #[test]

@@ -8,9 +8,12 @@
 //!   the same function.
 use core::arch::x86_64::*;
 
+mod pairs;
+mod pool;
+
 use super::{
-    pack_panel_g, rescale_portable, store_tile, Kernel, Piece, Rounding, Spec, Tile, SPEC_AVX2,
-    SPEC_VNNI,
+    pack_panel_g, quantize_portable, rescale_portable, store_tile, Kernel, Piece, Rounding, Spec,
+    Tile, SPEC_AVX2, SPEC_VNNI,
 };
 
 /// Proof that the CPU has AVX2.
@@ -421,6 +424,21 @@ impl Avx2 {
         // SAFETY: `self` proves AVX2 is available.
         unsafe { rescale_avx2(p, src, dst) }
     }
+    pub(super) fn quantize(self, src: &[f32], k: f32, dst: &mut [i8]) {
+        // SAFETY: `self` proves AVX2 is available.
+        unsafe { quantize_avx2(src, k, dst) }
+    }
+    pub(super) fn rescale_blocks_nearest(
+        self,
+        src: &[i32],
+        rows: usize,
+        inner: usize,
+        shift: u32,
+        dst: &mut [i8],
+    ) -> usize {
+        // SAFETY: `self` proves AVX2 is available.
+        unsafe { rescale_blocks_nearest_avx2(src, rows, inner, shift, dst) }
+    }
 }
 
 #[target_feature(enable = "avx2")]
@@ -533,4 +551,106 @@ fn rescale_avx2(p: Piece, src: &[i32], dst: &mut [i8]) -> usize {
         ..p
     };
     clamped + rescale_portable(tail, &src[n8..], &mut dst[n8..])
+}
+
+/// [`super::rescale_i32_to_i8_blocks`] with nearest rounding: 8 values at a time straight from each
+/// block to its place (the same rounding, clamp and count as [`rescale_avx2`]).
+#[target_feature(enable = "avx2")]
+fn rescale_blocks_nearest_avx2(
+    src: &[i32],
+    rows: usize,
+    inner: usize,
+    shift: u32,
+    dst: &mut [i8],
+) -> usize {
+    assert!(
+        shift <= 31
+            && rows >= 1
+            && inner >= 1
+            && src.len().is_multiple_of(rows * inner)
+            && dst.len() >= src.len(),
+        "rescale_blocks: bad shape"
+    );
+    let b = src.len() / (rows * inner);
+    let i8n = inner / 8 * 8;
+    let p = Piece {
+        shift,
+        rounding: Rounding::Nearest,
+        key: 0,
+        lo: 0,
+    };
+    let (lim_hi, lim_lo) = (_mm256_set1_epi32(127), _mm256_set1_epi32(-127));
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let zero = _mm256_setzero_si256();
+    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+    let (mut kept, mut clamped) = (0usize, 0usize);
+    for r in 0..rows {
+        for j in 0..b {
+            let (s0, d0) = ((r * b + j) * inner, (j * rows + r) * inner);
+            for i in (0..i8n).step_by(8) {
+                // SAFETY: reads src[s0 + i..][..8] and writes dst[d0 + i..][..8] with i + 8 ≤ inner,
+                // inside the block (s0 + inner ≤ src.len() ≤ dst.len(), d0 + inner ≤ src.len()).
+                unsafe {
+                    let x = _mm256_loadu_si256(sp.add(s0 + i).cast());
+                    let q = round8(&p, x, zero);
+                    let y = _mm256_min_epi32(_mm256_max_epi32(q, lim_lo), lim_hi);
+                    let same = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(y, q)));
+                    kept += (same as u32).count_ones() as usize;
+                    let w = _mm256_packs_epi16(_mm256_packs_epi32(y, y), zero);
+                    let bytes = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(w, order));
+                    _mm_storel_epi64(dp.add(d0 + i).cast(), bytes);
+                }
+            }
+            if i8n < inner {
+                clamped += rescale_portable(
+                    p,
+                    &src[s0 + i8n..s0 + inner],
+                    &mut dst[d0 + i8n..d0 + inner],
+                );
+            }
+        }
+    }
+    clamped + (rows * b * i8n - kept)
+}
+
+/// [`super::quantize_f32`], 32 values at a time: NaN lanes to 0, clamp to ±128, truncate (exact for
+/// |t| ≤ 128), add ±1 where the fraction reaches ±0.5, clamp to ±127 and pack.
+#[target_feature(enable = "avx2")]
+fn quantize_avx2(src: &[f32], k: f32, dst: &mut [i8]) {
+    assert!(dst.len() >= src.len(), "quantize: dst too short");
+    let n32 = src.len() / 32 * 32;
+    let (kv, lo, hi) = (
+        _mm256_set1_ps(k),
+        _mm256_set1_ps(-128.0),
+        _mm256_set1_ps(128.0),
+    );
+    let (half, mhalf) = (_mm256_set1_ps(0.5), _mm256_set1_ps(-0.5));
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+    for b in (0..n32).step_by(32) {
+        let mut q = [_mm256_setzero_si256(); 4];
+        for (j, out) in q.iter_mut().enumerate() {
+            // SAFETY: reads src[b + 8j..][..8], b + 32 ≤ n32 ≤ src.len().
+            let v = unsafe { _mm256_loadu_ps(sp.add(b + 8 * j)) };
+            let t = _mm256_mul_ps(v, kv);
+            // NaN → 0, then the clamp (neither operand of min/max is NaN any more).
+            let t = _mm256_and_ps(t, _mm256_cmp_ps::<_CMP_ORD_Q>(t, t));
+            let t = _mm256_min_ps(_mm256_max_ps(t, lo), hi);
+            let i = _mm256_cvttps_epi32(t);
+            let f = _mm256_sub_ps(t, _mm256_cvtepi32_ps(i));
+            let up = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(f, half));
+            let down = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(f, mhalf));
+            // Masks are −1 where true: i + [f ≥ ½] − [f ≤ −½].
+            *out = _mm256_add_epi32(_mm256_sub_epi32(i, up), down);
+        }
+        // ±128 saturate to ±127 after the packs' own saturation to i8 keeps −128: clamp first.
+        let (l, h) = (_mm256_set1_epi32(-127), _mm256_set1_epi32(127));
+        let c = q.map(|x| _mm256_min_epi32(_mm256_max_epi32(x, l), h));
+        let w01 = _mm256_packs_epi32(c[0], c[1]);
+        let w23 = _mm256_packs_epi32(c[2], c[3]);
+        let bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), order);
+        // SAFETY: writes dst[b..b + 32], b + 32 ≤ n32 ≤ src.len() ≤ dst.len().
+        unsafe { _mm256_storeu_si256(dp.add(b).cast(), bytes) };
+    }
+    quantize_portable(&src[n32..], k, &mut dst[n32..src.len()]);
 }
