@@ -65,10 +65,9 @@ proptest! {
     }
 }
 
-#[test]
-fn recompute_goes_well_below_the_plain_arena() {
-    // conv-relu-pool ×2 + linear on 16×16: the small CNN shape.
-    let spec = random_model(
+/// conv-relu-pool ×2 + linear on 16×16: the small CNN shape.
+fn small_cnn() -> ModelSpec {
+    random_model(
         &[
             (0, 2, true),
             (3, 0, true),
@@ -80,7 +79,12 @@ fn recompute_goes_well_below_the_plain_arena() {
         1,
         16,
         2,
-    );
+    )
+}
+
+#[test]
+fn recompute_goes_well_below_the_plain_arena() {
+    let spec = small_cnn();
     let g = Graph::new(&spec, 32).unwrap();
     let plain = Plan::new(g.clone());
     let cost = CostModel::estimate(&g);
@@ -249,20 +253,7 @@ fn ghost_batch_norm_is_used_only_when_asked() {
 
 #[test]
 fn micro_batches_split_the_batch_evenly() {
-    // conv-relu-pool ×2 + linear on 16×16: the small CNN shape, batch 128.
-    let spec = random_model(
-        &[
-            (0, 2, true),
-            (3, 0, true),
-            (4, 0, true),
-            (0, 2, true),
-            (3, 0, true),
-            (4, 0, true),
-        ],
-        1,
-        16,
-        2,
-    );
+    let spec = small_cnn();
     let batch = 128;
     let g = Graph::new(&spec, batch).unwrap();
     let cost = CostModel::estimate(&g);
