@@ -25,6 +25,7 @@ pub mod backend;
 pub mod budget;
 pub mod kernels;
 pub mod ops;
+pub mod pool;
 pub mod rng;
 #[cfg(feature = "alloc")]
 mod sort;
