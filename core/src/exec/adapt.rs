@@ -60,18 +60,14 @@ use alloc::vec::Vec;
 use core::cmp::Reverse;
 use core::ptr;
 
-use super::{
-    base_of, run_instr, run_loss, ExecError, Executor, Mode, Observer, RunSeed, StepStats, Target,
-};
-use crate::backend::{Backend, Placement};
+use super::{base_of, ExecError, Executor, InOrder, Observer, Steer, StepRun, StepStats, Target};
+use crate::backend::{dispatch, Backend, Cx as InstrCx, Mode, Placement};
 use crate::budget::{Budget, BudgetError};
 use crate::format::plan::{PlanEntry, PlanTable};
 use crate::graph::{Graph, NodeOp, TensorId, TensorKind};
 use crate::model::ModelSpec;
-use crate::optim::StepCtx;
 use crate::plan::{touches, Eo, Instr, Phase, Plan, TensorLife, ALIGN};
 use crate::policy::{recompute, CostModel, PlanError};
-use crate::rng::hash2;
 use crate::sort::heap_sort_by_key;
 
 /// Plans `spec` at `batch` for each of `budgets` with Melon's progressive recomputation at one
@@ -162,17 +158,6 @@ impl<O: Observer> AdaptObserver for O {
     }
 }
 
-/// The per-step constants and accumulators of a running step.
-struct StepRun<'x, 't> {
-    x: &'x [f32],
-    target: Target<'t>,
-    n: usize,
-    ctx: StepCtx,
-    seed: u64,
-    loss: f64,
-    correct: usize,
-}
-
 /// Whether `ins` changes a persistent tensor (an optimizer update, or a training-mode BatchNorm forward
 /// updating its running statistics): restarting the step after it would apply it twice.
 fn mutates_persistent(p: &Plan, ins: &Instr) -> bool {
@@ -206,78 +191,117 @@ fn runnable(p: &Plan) -> Result<(), ExecError> {
     }
 }
 
-impl<'p, B: Backend> Executor<'p, B> {
-    /// Runs instruction `eo` of the current plan (as [`Executor::train_step_observed`] does).
-    fn adaptive_instr(
-        &self,
-        whole: &mut [u8],
-        eo: usize,
-        run: &mut StepRun<'_, '_>,
-    ) -> Result<(), ExecError> {
-        let plan = self.plan;
-        let ins = &plan.program[eo];
-        if ins.placement != Placement::Cpu && ins.placement != self.backend.placement() {
-            return Err(ExecError::Placement(ins.placement));
-        }
-        let mb_size = plan.graph.batch;
-        let per = plan.graph.input_dims.numel();
-        let outs = plan.graph.pred_dims().numel();
-        let n = run.n;
-        let start = ins.mb as usize * mb_size;
-        let n_mb = if ins.phase == Phase::Apply {
-            n
-        } else {
-            n.saturating_sub(start).min(mb_size)
-        };
-        if n_mb == 0 {
-            return Ok(());
-        }
-        let x = run.x;
-        let xs = if ins.phase == Phase::Apply {
-            x
-        } else {
-            &x[start * per..(start + n_mb) * per]
-        };
-        let a = whole
-            .get_mut(..plan.arena_bytes)
-            .ok_or(ExecError::BadPlan("tensor outside the arena"))?;
-        if ins.phase == Phase::Loss {
-            let t = match run.target {
-                Target::Classes(y) => Target::Classes(&y[start..start + n_mb]),
-                Target::Values(v) => Target::Values(&v[start * outs..(start + n_mb) * outs]),
-            };
-            let (l, correct) = run_loss(plan, eo as Eo, a, n_mb, t, true, n)?;
-            if !l.is_finite() {
-                return Err(ExecError::NonFinite("the loss"));
-            }
-            run.loss += l as f64 * n_mb as f64;
-            run.correct += correct;
-        } else {
-            run_instr(
-                plan,
-                eo as Eo,
-                a,
-                ins,
-                n_mb,
-                xs,
-                Mode::Train,
-                RunSeed {
-                    seed: run.seed,
-                    start,
-                },
-                run.ctx,
-            )?;
-        }
-        Ok(())
-    }
+/// The adaptive step's steering: before every instruction, asks the host for the budget and switches
+/// plans when it says so (see the [module](self) docs).
+struct Adapt<'p, 'f, F> {
+    table: &'p PlanTable,
+    budget_at: &'f mut F,
+    /// The caller's arena length (no plan larger than it).
+    cap: usize,
+    budget: Option<usize>,
+    /// Something persistent changed in this step (a restart would apply it twice).
+    mutated: bool,
+    ad: Adapted,
+}
 
-    /// Starts a step: checks the batch and the arena; returns the aligned arena's base and the run.
+impl<'p, B: Backend, F: FnMut(usize, &Plan) -> Option<Budget>> Steer<'p, B> for Adapt<'p, '_, F> {
+    fn before(
+        &mut self,
+        ex: &mut Executor<'p, B>,
+        whole: &mut [u8],
+        mut eo: usize,
+        run: &mut StepRun<'_, '_, '_>,
+    ) -> Result<usize, ExecError> {
+        let plan = ex.plan;
+        if eo >= plan.program.len() {
+            return Ok(eo);
+        }
+        let table = self.table;
+        let cap = self.cap;
+        if let Some(b) = (self.budget_at)(eo, plan) {
+            self.budget = Some(b.bytes);
+            let over = plan.needed_bytes() > b.bytes;
+            let entry = pick(table, b.bytes.min(cap));
+            let other = entry.is_some_and(|e| !ptr::eq(&e.plan, plan));
+            if over || (eo == 0 && other) {
+                let next = match entry {
+                    Some(e) => &e.plan,
+                    None => {
+                        let needed = table
+                            .entries
+                            .iter()
+                            .map(|e| e.plan.needed_bytes())
+                            .min()
+                            .unwrap_or(usize::MAX);
+                        return Err(ExecError::Budget(BudgetError::TooSmall {
+                            needed,
+                            given: b.bytes,
+                        }));
+                    }
+                };
+                let hi = whole.len();
+                if eo == 0 {
+                    // Nothing in flight: only the persistent tensors move.
+                    runnable(next)?;
+                    let sw = plan_switch(plan, 0, next, Some(0), hi)
+                        .map_err(|_| ExecError::BadPlan("cannot adapt here"))?;
+                    ex.apply_switch(whole, &sw, next, run, &mut self.ad)?;
+                } else {
+                    // The table's plan for the budget, else any smaller one that lines up.
+                    let mut fits: Vec<&'p PlanEntry> = table
+                        .entries
+                        .iter()
+                        .filter(|e| e.plan.needed_bytes() <= b.bytes.min(cap))
+                        .filter(|e| runnable(&e.plan).is_ok())
+                        .collect();
+                    // The table's order breaks ties (a unique key: the heapsort is not stable).
+                    let pos = |e: &PlanEntry| table.entries.iter().position(|x| ptr::eq(x, e));
+                    heap_sort_by_key(&mut fits, |e| {
+                        (Reverse((ptr::eq(&e.plan, next), e.budget)), pos(e))
+                    });
+                    let found = fits.iter().find_map(|e| {
+                        plan_switch(plan, eo, &e.plan, None, hi)
+                            .ok()
+                            .map(|sw| (sw, &e.plan))
+                    });
+                    match found {
+                        Some((sw, to)) => {
+                            ex.apply_switch(whole, &sw, to, run, &mut self.ad)?;
+                            eo = sw.e2;
+                        }
+                        None if !self.mutated => {
+                            // Restart on the new plan, keeping only the persistent tensors.
+                            runnable(next)?;
+                            let sw = plan_switch(plan, eo, next, Some(0), hi)
+                                .map_err(|_| ExecError::BadPlan("cannot adapt here"))?;
+                            ex.apply_switch(whole, &sw, next, run, &mut self.ad)?;
+                            self.ad.restarted = true;
+                            eo = 0;
+                            run.loss = 0.0;
+                            run.correct = 0;
+                        }
+                        None => return Err(ExecError::BadPlan("cannot adapt here")),
+                    }
+                }
+                self.ad.switches += 1;
+            }
+        }
+        if let Some(ins) = ex.plan.program.get(eo) {
+            self.mutated |= mutates_persistent(ex.plan, ins);
+        }
+        Ok(eo)
+    }
+}
+
+impl<'p, B: Backend> Executor<'p, B> {
+    /// Starts an adaptive step: checks the plan, the batch and the arena; returns the aligned arena's
+    /// base and the run.
     fn adaptive_start<'x, 't>(
-        &self,
+        &mut self,
         arena: &[u8],
         x: &'x [f32],
         target: Target<'t>,
-    ) -> Result<(usize, StepRun<'x, 't>), ExecError> {
+    ) -> Result<(usize, StepRun<'x, 't, 'static>), ExecError> {
         runnable(self.plan)?;
         let n = self.check_batch(x, Some(target), self.plan.batch())?;
         let base = base_of(arena);
@@ -287,18 +311,8 @@ impl<'p, B: Backend> Executor<'p, B> {
                 given: arena.len(),
             }));
         }
-        Ok((
-            base,
-            StepRun {
-                x,
-                target,
-                n,
-                ctx: StepCtx { t: self.steps + 1 },
-                seed: hash2(self.plan.graph.seed, self.steps as u64),
-                loss: 0.0,
-                correct: 0,
-            },
-        ))
+        let run = self.start(x, Some(target), n, Mode::Train, None)?;
+        Ok((base, run))
     }
 
     /// Carries out a planned switch and makes `next` the current plan.
@@ -307,7 +321,7 @@ impl<'p, B: Backend> Executor<'p, B> {
         whole: &mut [u8],
         sw: &SwitchPlan,
         next: &'p Plan,
-        run: &StepRun<'_, '_>,
+        run: &StepRun<'_, '_, '_>,
         ad: &mut Adapted,
     ) -> Result<(), ExecError> {
         run_copies(whole, &sw.copies, ad)?;
@@ -315,28 +329,27 @@ impl<'p, B: Backend> Executor<'p, B> {
             let a = whole
                 .get_mut(..synth.arena_bytes)
                 .ok_or(ExecError::BadPlan("a switch regenerates outside the arena"))?;
+            // The regeneration is a program of recomputations over the whole batch, each on the backend
+            // like any instruction (its tensors are laid out for eo 0 of the synthesised plan).
             for ins in &synth.program {
-                run_instr(
-                    synth,
-                    0,
-                    a,
+                let cx = InstrCx {
+                    plan: synth,
+                    eo: 0,
                     ins,
-                    run.n,
-                    run.x,
-                    Mode::Recompute,
-                    RunSeed {
-                        seed: run.seed,
-                        start: 0,
-                    },
-                    run.ctx,
-                )?;
+                    n: run.n,
+                    x: run.x,
+                    mode: Mode::Recompute,
+                    seed: run.seed,
+                    start: 0,
+                    t: run.t,
+                };
+                dispatch(&mut self.backend, &cx, a, None)?;
                 ad.recomputed += 1;
             }
         }
         run_copies(whole, &sw.copies_after, ad)?;
         ad.above |= sw.above;
-        self.plan = next;
-        Ok(())
+        self.set_plan(next)
     }
 
     /// One training step that adapts to the budget: before every instruction it calls
@@ -363,96 +376,19 @@ impl<'p, B: Backend> Executor<'p, B> {
         let (base, mut run) = self.adaptive_start(arena, x, target)?;
         let cap = arena.len();
         let whole = &mut arena[base..];
-        let mut ad = Adapted::default();
-        let mut budget: Option<usize> = None;
-        let mut mutated = false;
-        let mut eo = 0usize;
-        while eo < self.plan.program.len() {
-            let plan = self.plan;
-            if let Some(b) = budget_at(eo, plan) {
-                budget = Some(b.bytes);
-                let over = plan.needed_bytes() > b.bytes;
-                let entry = pick(table, b.bytes.min(cap));
-                let other = entry.is_some_and(|e| !ptr::eq(&e.plan, plan));
-                if over || (eo == 0 && other) {
-                    let next = match entry {
-                        Some(e) => &e.plan,
-                        None => {
-                            let needed = table
-                                .entries
-                                .iter()
-                                .map(|e| e.plan.needed_bytes())
-                                .min()
-                                .unwrap_or(usize::MAX);
-                            return Err(ExecError::Budget(BudgetError::TooSmall {
-                                needed,
-                                given: b.bytes,
-                            }));
-                        }
-                    };
-                    let hi = whole.len();
-                    if eo == 0 {
-                        // Nothing in flight: only the persistent tensors move.
-                        runnable(next)?;
-                        let sw = plan_switch(plan, 0, next, Some(0), hi)
-                            .map_err(|_| ExecError::BadPlan("cannot adapt here"))?;
-                        self.apply_switch(whole, &sw, next, &run, &mut ad)?;
-                    } else {
-                        // The table's plan for the budget, else any smaller one that lines up.
-                        let mut fits: Vec<&'p PlanEntry> = table
-                            .entries
-                            .iter()
-                            .filter(|e| e.plan.needed_bytes() <= b.bytes.min(cap))
-                            .filter(|e| runnable(&e.plan).is_ok())
-                            .collect();
-                        // The table's order breaks ties (a unique key: the heapsort is not stable).
-                        let pos = |e: &PlanEntry| table.entries.iter().position(|x| ptr::eq(x, e));
-                        heap_sort_by_key(&mut fits, |e| {
-                            (Reverse((ptr::eq(&e.plan, next), e.budget)), pos(e))
-                        });
-                        let found = fits.iter().find_map(|e| {
-                            plan_switch(plan, eo, &e.plan, None, hi)
-                                .ok()
-                                .map(|sw| (sw, &e.plan))
-                        });
-                        match found {
-                            Some((sw, to)) => {
-                                self.apply_switch(whole, &sw, to, &run, &mut ad)?;
-                                eo = sw.e2;
-                            }
-                            None if !mutated => {
-                                // Restart on the new plan, keeping only the persistent tensors.
-                                runnable(next)?;
-                                let sw = plan_switch(plan, eo, next, Some(0), hi)
-                                    .map_err(|_| ExecError::BadPlan("cannot adapt here"))?;
-                                self.apply_switch(whole, &sw, next, &run, &mut ad)?;
-                                ad.restarted = true;
-                                eo = 0;
-                                run.loss = 0.0;
-                                run.correct = 0;
-                            }
-                            None => return Err(ExecError::BadPlan("cannot adapt here")),
-                        }
-                    }
-                    ad.switches += 1;
-                    if eo >= self.plan.program.len() {
-                        break;
-                    }
-                }
-            }
-            mutated |= mutates_persistent(self.plan, &self.plan.program[eo]);
-            self.adaptive_instr(whole, eo, &mut run)?;
-            obs.observe(self.plan, eo, &self.plan.program[eo], whole);
-            eo += 1;
-        }
-        let stats = StepStats {
-            loss: (run.loss / run.n as f64) as f32,
-            correct: run.correct,
-            samples: run.n,
+        let mut steer = Adapt {
+            table,
+            budget_at,
+            cap,
+            budget: None,
+            mutated: false,
+            ad: Adapted::default(),
         };
-        self.steps += 1;
+        self.run_loop(whole, &mut run, 0, None, &mut steer, obs)?;
+        let mut ad = steer.ad;
+        let stats = self.finish_train(&run);
         // Lazy switch: after the step only persistent tensors are live.
-        if let Some(b) = budget {
+        if let Some(b) = steer.budget {
             let plan = self.plan;
             if let Some(e) = pick(table, b.min(cap)) {
                 if !ptr::eq(&e.plan, plan) && runnable(&e.plan).is_ok() {
@@ -519,10 +455,7 @@ impl<'p, B: Backend> Executor<'p, B> {
                     .flat_map(|&(o, l)| whole[o..o + l].iter().copied())
                     .collect()
             });
-        for eo in 0..stop {
-            self.adaptive_instr(whole, eo, &mut run)?;
-            obs.observe(first, eo, &first.program[eo], whole);
-        }
+        self.run_loop(whole, &mut run, 0, Some(stop), &mut InOrder, obs)?;
         if let Some(snap) = snapshot {
             let mut at = 0;
             for &(o, l) in &persistent {
@@ -534,16 +467,8 @@ impl<'p, B: Backend> Executor<'p, B> {
         self.apply_switch(whole, &sw, next, &run, &mut ad)?;
         run.loss = 0.0;
         run.correct = 0;
-        for eo in 0..next.program.len() {
-            self.adaptive_instr(whole, eo, &mut run)?;
-            obs.observe(next, eo, &next.program[eo], whole);
-        }
-        self.steps += 1;
-        Ok(StepStats {
-            loss: (run.loss / run.n as f64) as f32,
-            correct: run.correct,
-            samples: run.n,
-        })
+        self.run_loop(whole, &mut run, 0, None, &mut InOrder, obs)?;
+        Ok(self.finish_train(&run))
     }
 }
 
@@ -1326,6 +1251,7 @@ fn regenerate(
             bytes,
             first: 0,
             last: 0,
+            space: crate::plan::SpaceId::HOST,
         });
     }
     let top = offsets
@@ -1355,6 +1281,7 @@ fn regenerate(
         segments,
         offsets,
         arena_bytes: top,
+        spaces: Vec::new(),
         lower_bound: 0,
         strategy: "adapt",
     };

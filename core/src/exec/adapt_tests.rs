@@ -248,7 +248,7 @@ fn adaptive_run(
     Ok((out, ads, check))
 }
 
-fn bn_table() -> (Graph, PlanTable) {
+pub(super) fn bn_table() -> (Graph, PlanTable) {
     let spec = bn_cnn(2);
     let g = Graph::new(&spec, 16).unwrap();
     let cost = CostModel::estimate(&g);

@@ -9,8 +9,8 @@
 //! payload length, payload, CRC-32 of the payload):
 //!
 //! ```text
-//! plan file   = frame(b"FRGP", 3, model | body)
-//! table file  = frame(b"FRGT", 3, model | entries: u32 | { budget: u64 | body } × entries)
+//! plan file   = frame(b"FRGP", 4, model | body)
+//! table file  = frame(b"FRGT", 4, model | entries: u32 | { budget: u64 | body } × entries)
 //! model       = len: u32 | encode_model(spec) (itself a framed b"FRGM" file of `len` bytes)
 //! body        = micro-batch size: u32 | precision: u8 | update_bits: u8 | kernels: u8 | grad_tile: u32
 //!             | micro_batches: u16 | in_place: u8 (0/1)
@@ -18,7 +18,14 @@
 //!             | storages: u32 | offset: u64 × storages
 //!             | arena_bytes: u64
 //!             | strategy length: u8 | strategy name bytes
+//!             | spaces: u8 | { space id: u8 | align: u32 | bytes: u64 } × spaces      (version 4)
+//!             | { space id: u8 } × storages, only when spaces > 0                   (version 4)
 //! ```
+//!
+//! Memory spaces (version 4; earlier files have none): the layouts of the spaces other than the host
+//! arena ([`crate::plan::space`]), then each storage's space; its offset is within that space. A space id
+//! is never 0 (the host) nor repeated, its alignment a power of two from 64 bytes to 1 MiB; each space's
+//! storages are checked against its own size and alignment.
 //!
 //! Precision (version 2; version-1 files have no such bytes and decode as f32) is coded 0 f32, 1 int8
 //! with float master weights, 2 int8 with the integer update, whose `update_bits` (1..=7) follows; the
@@ -46,18 +53,18 @@ use crate::graph::{Graph, GraphError, GraphOptions, TensorId, TensorKind};
 use crate::kernels::int8::KernelFamily;
 use crate::model::{Int8Update, ModelSpec, Precision};
 use crate::plan::{
-    lifetimes, lower_bound, share_groups, strategies, Instr, Phase, Plan, TensorLife, ALIGN,
-    LOSS_NODE,
+    lifetimes, lower_bound, share_groups, strategies, Instr, Phase, Plan, SpaceId, SpaceLayout,
+    TensorLife, ALIGN, LOSS_NODE,
 };
 
 /// Magic of an encoded [`Plan`].
 pub const PLAN_MAGIC: [u8; 4] = *b"FRGP";
 /// Current plan encoding version.
-pub const PLAN_VERSION: u16 = 3;
+pub const PLAN_VERSION: u16 = 4;
 /// Magic of an encoded [`PlanTable`].
 pub const TABLE_MAGIC: [u8; 4] = *b"FRGT";
 /// Current plan-table encoding version.
-pub const TABLE_VERSION: u16 = 3;
+pub const TABLE_VERSION: u16 = 4;
 /// Most instructions a decoded plan may have.
 pub const MAX_INSTRS: usize = 1 << 20;
 /// Largest micro-batch size a decoded plan may have.
@@ -218,6 +225,17 @@ fn put_body(out: &mut Vec<u8>, plan: &Plan) {
     let name = &name[..name.len().min(u8::MAX as usize)];
     put_u8(out, name.len() as u8);
     out.extend_from_slice(name);
+    put_u8(out, plan.spaces.len().min(u8::MAX as usize) as u8);
+    for sp in plan.spaces.iter().take(u8::MAX as usize) {
+        put_u8(out, sp.space.0);
+        put_u32(out, u32::try_from(sp.align).unwrap_or(u32::MAX));
+        put_u64(out, sp.bytes as u64);
+    }
+    if !plan.spaces.is_empty() {
+        for l in &plan.lives {
+            put_u8(out, l.space.0);
+        }
+    }
 }
 
 /// Encodes `plan` (made from `spec`) as a `FRGP` file.
@@ -277,26 +295,43 @@ fn strategy_name(bytes: &[u8]) -> &'static str {
         .unwrap_or(STORED_STRATEGY)
 }
 
-/// Checks a stored layout against the recomputed storages.
+/// Checks a stored layout against the recomputed storages: every storage of each space aligned to that
+/// space's alignment, inside it, and no two alive together overlapping.
 fn check_layout(
     lives: &[TensorLife],
     offsets: &[usize],
+    spaces: &[SpaceLayout],
     arena_bytes: usize,
     offsets_at: usize,
 ) -> Result<(), FormatError> {
     let at_of = |i: usize| offsets_at + 8 * i;
+    let limit = |space: SpaceId| -> (usize, usize) {
+        if space == SpaceId::HOST {
+            (arena_bytes, ALIGN)
+        } else {
+            spaces
+                .iter()
+                .find(|s| s.space == space)
+                .map_or((0, ALIGN), |s| (s.bytes, s.align))
+        }
+    };
     let mut ends = Vec::with_capacity(lives.len());
     for (i, (l, &o)) in lives.iter().zip(offsets).enumerate() {
-        if o % ALIGN != 0 {
-            return Err(bad("offsets", at_of(i), "offset not aligned to 64 bytes"));
+        let (bytes, align) = limit(l.space);
+        if o % align != 0 {
+            return Err(bad(
+                "offsets",
+                at_of(i),
+                "offset not aligned to its memory space's alignment",
+            ));
         }
         match o.checked_add(l.bytes) {
-            Some(e) if e <= arena_bytes => ends.push(e),
+            Some(e) if e <= bytes => ends.push(e),
             _ => {
                 return Err(bad(
                     "offsets",
                     at_of(i),
-                    "storage extends past the end of the arena",
+                    "storage extends past the end of its memory space",
                 ))
             }
         }
@@ -310,7 +345,7 @@ fn check_layout(
         let li = &lives[i];
         active.retain(|&j| lives[j].last >= li.first);
         for &j in &active {
-            if offsets[i] < ends[j] && offsets[j] < ends[i] {
+            if lives[i].space == lives[j].space && offsets[i] < ends[j] && offsets[j] < ends[i] {
                 return Err(bad(
                     "offsets",
                     at_of(i.max(j)),
@@ -323,6 +358,61 @@ fn check_layout(
     Ok(())
 }
 
+/// Reads the memory spaces of a version-4 body (after the strategy name): the other spaces' layouts and,
+/// when there are any, each storage's space.
+fn get_spaces(
+    r: &mut Reader<'_>,
+    lives: &mut [TensorLife],
+) -> Result<Vec<SpaceLayout>, FormatError> {
+    let count = r.u8("space count")? as usize;
+    let mut spaces: Vec<SpaceLayout> = Vec::with_capacity(count);
+    for _ in 0..count {
+        let at = r.at();
+        let space = SpaceId(r.u8("space id")?);
+        let align = r.u32("space alignment")? as usize;
+        let bytes = size(r.u64("space bytes")?, "space bytes", at)?;
+        if space == SpaceId::HOST || spaces.iter().any(|s| s.space == space) {
+            return Err(bad("space id", at, "the host or a repeated space"));
+        }
+        if !align.is_power_of_two() || !(ALIGN..=1 << 20).contains(&align) {
+            return Err(bad(
+                "space alignment",
+                at + 1,
+                "not a power of two from 64 to 1 MiB",
+            ));
+        }
+        spaces.push(SpaceLayout {
+            space,
+            align,
+            bytes,
+            lower_bound: 0,
+        });
+    }
+    if count > 0 {
+        for l in lives.iter_mut() {
+            let at = r.at();
+            let space = SpaceId(r.u8("storage space")?);
+            if space != SpaceId::HOST && !spaces.iter().any(|s| s.space == space) {
+                return Err(bad("storage space", at, "names an undeclared memory space"));
+            }
+            l.space = space;
+        }
+    }
+    for sp in &mut spaces {
+        // As the planner counts it: sizes rounded to the space's alignment.
+        let members: Vec<TensorLife> = lives
+            .iter()
+            .filter(|l| l.space == sp.space)
+            .map(|l| TensorLife {
+                bytes: l.bytes.div_ceil(sp.align) * sp.align,
+                ..l.clone()
+            })
+            .collect();
+        sp.lower_bound = lower_bound(&members);
+    }
+    Ok(spaces)
+}
+
 /// Reads and checks a plan body for `spec`, encoded in `version` (1: no precision bytes, f32; 2: no
 /// kernels byte nor grad_tile, scratch for any kernel and whole gradients); the graph has names when
 /// `names`.
@@ -333,7 +423,7 @@ fn get_body(
     names: bool,
 ) -> Result<Plan, FormatError> {
     let graph = get_graph(r, spec, version, names)?;
-    get_program(r, graph)
+    get_program(r, graph, version)
 }
 
 /// The head of a plan body (micro-batch size, precision, kernels, grad_tile): the graph of `spec` it
@@ -387,7 +477,7 @@ fn get_graph(
 }
 
 /// The rest of a plan body (micro-batches, program, layout), checked against `graph`.
-fn get_program(r: &mut Reader<'_>, mut graph: Graph) -> Result<Plan, FormatError> {
+fn get_program(r: &mut Reader<'_>, mut graph: Graph, version: u16) -> Result<Plan, FormatError> {
     let at = r.at();
     let micro_batches = r.u16("micro_batches")?;
     if micro_batches == 0 {
@@ -507,7 +597,13 @@ fn get_program(r: &mut Reader<'_>, mut graph: Graph) -> Result<Plan, FormatError
             "the storages are too large for this machine",
         ));
     }
-    check_layout(&lt.lives, &offsets, arena_bytes, offsets_at)?;
+    let mut lt = lt;
+    let spaces = if version >= 4 {
+        get_spaces(r, &mut lt.lives)?
+    } else {
+        Vec::new()
+    };
+    check_layout(&lt.lives, &offsets, &spaces, arena_bytes, offsets_at)?;
     // The checked storages and the stored layout are the plan: no layout strategy runs on decode (a
     // micro:bit decodes this in a few KiB of heap).
     Ok(Plan {
@@ -515,13 +611,20 @@ fn get_program(r: &mut Reader<'_>, mut graph: Graph) -> Result<Plan, FormatError
         micro_batches,
         program,
         roots,
-        lower_bound: lower_bound(&lt.lives),
+        lower_bound: lower_bound(
+            &lt.lives
+                .iter()
+                .filter(|l| l.space == SpaceId::HOST)
+                .cloned()
+                .collect::<Vec<_>>(),
+        ),
         lives: lt.lives,
         group_of: lt.group_of,
         segments: lt.segments,
         touches: lt.touches,
         offsets,
         arena_bytes,
+        spaces,
         strategy,
     })
 }
@@ -547,7 +650,7 @@ pub fn decode_plan_unnamed(bytes: &[u8]) -> Result<Plan, FormatError> {
     let spec = get_model(&mut r)?;
     let graph = get_graph(&mut r, &spec, version, false)?;
     drop(spec);
-    let plan = get_program(&mut r, graph)?;
+    let plan = get_program(&mut r, graph, version)?;
     r.finish()?;
     Ok(plan)
 }
@@ -941,13 +1044,35 @@ mod tests {
         );
     }
 
+    /// A host-only version-4 body less its trailing space count (0): the body of versions 1 to 3.
+    fn strip_spaces(p: &[u8]) -> &[u8] {
+        assert_eq!(
+            p.last(),
+            Some(&0),
+            "a host-only plan ends with space count 0"
+        );
+        &p[..p.len() - 1]
+    }
+
+    #[test]
+    fn version_3_files_decode_as_host_only_plans() {
+        for plan in [plain(), int8(Int8Update::FloatMaster)] {
+            let b = encode_plan(&spec(), &plan);
+            let (_, p) = unframe(PLAN_MAGIC, PLAN_VERSION, &b).unwrap();
+            let (_, p3) = decode_plan(&frame(PLAN_MAGIC, 3, strip_spaces(p))).unwrap();
+            assert!(p3.spaces.is_empty());
+            assert_same(&plan, &p3);
+        }
+    }
+
     #[test]
     fn version_1_files_decode_as_f32() {
-        // A version-1 body is a version-3 body without the two precision bytes, the kernels byte and
-        // grad_tile.
+        // A version-1 body is a version-4 body without the two precision bytes, the kernels byte,
+        // grad_tile and the space count (0: a host-only plan) at its end.
         for plan in [plain(), shaped()] {
             let b = encode_plan(&spec(), &plan);
             let (_, p) = unframe(PLAN_MAGIC, PLAN_VERSION, &b).unwrap();
+            let p = strip_spaces(p);
             let at = precision_at(&b);
             assert_eq!(&p[at..at + 7], &[0; 7]);
             let mut v1 = p[..at].to_vec();
@@ -963,23 +1088,24 @@ mod tests {
         // A version from the future is a typed error naming both versions.
         let b = encode_plan(&spec(), &plain());
         let (_, p) = unframe(PLAN_MAGIC, PLAN_VERSION, &b).unwrap();
-        let e = decode_plan(&frame(PLAN_MAGIC, 4, p)).unwrap_err();
+        let e = decode_plan(&frame(PLAN_MAGIC, 5, p)).unwrap_err();
         assert_eq!(
             e,
             FormatError::BadVersion {
-                found: 4,
-                newest: 3
+                found: 5,
+                newest: 4
             }
         );
-        assert!(e.to_string().contains("versions 1 to 3"), "{e}");
+        assert!(e.to_string().contains("versions 1 to 4"), "{e}");
     }
 
     #[test]
     fn version_2_files_decode_with_scratch_for_any_kernel_and_whole_gradients() {
-        // A version-2 body is a version-3 body without the kernels byte and grad_tile.
+        // A version-2 body is a version-4 body without the kernels byte, grad_tile and the space count.
         for plan in [plain(), int8(Int8Update::Integer { update_bits: 2 })] {
             let b = encode_plan(&spec(), &plan);
             let (_, p) = unframe(PLAN_MAGIC, PLAN_VERSION, &b).unwrap();
+            let p = strip_spaces(p);
             let at = precision_at(&b) + 2;
             assert_eq!(&p[at..at + 5], &[0; 5]);
             let mut v2 = p[..at].to_vec();

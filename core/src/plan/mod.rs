@@ -2,6 +2,7 @@
 //! sharing by NNTrainer's Algorithm 1, and the layout of all storages in one arena. The result is a
 //! [`Plan`]: a flat program of [`Instr`]s plus an offset for every tensor — what the executor runs.
 mod layout;
+pub mod space;
 #[cfg(test)]
 pub(crate) mod tests;
 
@@ -13,6 +14,7 @@ pub use layout::{
     lower_bound, strategies, BestFitBySize, FirstUseOrder, Layout, LayoutStrategy,
     LongestLifetimeFirst,
 };
+pub use space::{SpaceId, SpaceLayout};
 
 use crate::backend::Placement;
 use crate::budget::{Budget, BudgetError};
@@ -324,6 +326,8 @@ pub struct TensorLife {
     pub first: Eo,
     /// Last execution order (inclusive).
     pub last: Eo,
+    /// The memory space it lives in ([`SpaceId::HOST`]: the arena).
+    pub space: SpaceId,
 }
 
 /// Result of lifetime analysis.
@@ -459,6 +463,7 @@ pub fn lifetimes(g: &Graph, program: &[Instr], roots: &[u32]) -> Lifetimes {
                 bytes: gbytes[gid],
                 first: eo,
                 last: eo,
+                space: SpaceId::HOST,
             });
             seg_touches.push(Vec::new());
             (lives.len() - 1) as u32
@@ -566,10 +571,12 @@ pub struct Plan {
     pub segments: Vec<Vec<(Eo, u32)>>,
     /// Storage → execution orders touching it.
     pub touches: Vec<Vec<Eo>>,
-    /// Storage offsets in the arena.
+    /// Storage offsets in their memory space (the arena for [`SpaceId::HOST`]).
     pub offsets: Vec<usize>,
-    /// Arena size in bytes (the layout's high-water mark).
+    /// Arena (host space) size in bytes (the layout's high-water mark).
     pub arena_bytes: usize,
+    /// The layouts of the other memory spaces (none for a host-only plan).
+    pub spaces: Vec<SpaceLayout>,
     /// max over execution orders of the bytes live at once: no layout can be smaller.
     pub lower_bound: usize,
     /// Name of the layout strategy that won.
@@ -637,6 +644,7 @@ impl Plan {
             touches: lt.touches,
             offsets: layout.offsets,
             arena_bytes: layout.arena_bytes,
+            spaces: Vec::new(),
             lower_bound: lb,
             strategy,
         }

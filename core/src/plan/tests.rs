@@ -321,8 +321,118 @@ fn lower_bound_counts_peak_of_overlapping_lives() {
         bytes,
         first,
         last,
+        space: SpaceId::HOST,
     };
     let lives = [l(0, 2, 64), l(1, 3, 128), l(3, 4, 64), l(5, 5, 512)];
     assert_eq!(lower_bound(&lives), 512);
     assert_eq!(lower_bound(&lives[..3]), 192);
+}
+
+/// A second (test) memory space: its storages are laid out on their own, at its alignment, with its own
+/// lifetimes; the host arena shrinks; budgets are checked per space; the plan format carries it; and the
+/// CPU backend, which owns no such space, refuses the plan when an executor is created.
+#[test]
+fn a_second_memory_space_is_laid_out_on_its_own() {
+    use crate::exec::ExecError;
+    use crate::format::{decode_plan, encode_plan};
+    let spec = random_model(
+        &[
+            (0, 2, true),
+            (3, 0, true),
+            (4, 0, true),
+            (0, 2, true),
+            (3, 0, true),
+        ],
+        1,
+        12,
+        1,
+    );
+    let mut p = Plan::new(Graph::new(&spec, 8).unwrap());
+    let host_before = p.arena_bytes;
+    let test_space = SpaceId(7);
+    let in_test =
+        |l: &TensorLife| matches!(l.kind, TensorKind::Activation | TensorKind::Derivative);
+    p.place_spaces(
+        |_, l| {
+            if in_test(l) {
+                test_space
+            } else {
+                SpaceId::HOST
+            }
+        },
+        |_| 256,
+    );
+    assert_eq!(p.spaces.len(), 1);
+    let sp = p.spaces[0];
+    assert_eq!((sp.space, sp.align), (test_space, 256));
+    assert!(sp.bytes > 0 && sp.bytes >= sp.lower_bound);
+    assert!(
+        p.arena_bytes < host_before,
+        "the host arena gave up the moved storages"
+    );
+    assert!(p.arena_bytes >= p.lower_bound);
+    for (i, l) in p.lives.iter().enumerate() {
+        let (size, align) = if l.space == SpaceId::HOST {
+            (p.arena_bytes, ALIGN)
+        } else {
+            (sp.bytes, sp.align)
+        };
+        assert_eq!(l.space == test_space, in_test(l));
+        assert_eq!(p.offsets[i] % align, 0, "storage {i} aligned to its space");
+        assert!(
+            p.offsets[i] + l.bytes <= size,
+            "storage {i} inside its space"
+        );
+        for (j, m) in p.lives.iter().enumerate().skip(i + 1) {
+            let together = l.first <= m.last && m.first <= l.last;
+            let overlap =
+                p.offsets[i] < p.offsets[j] + m.bytes && p.offsets[j] < p.offsets[i] + l.bytes;
+            assert!(
+                !(together && overlap && l.space == m.space),
+                "storages {i} and {j} overlap in one space"
+            );
+        }
+    }
+    // Some pair shares bytes across spaces (each space starts at 0): the spaces really are separate.
+    assert!(p
+        .lives
+        .iter()
+        .enumerate()
+        .any(|(i, l)| l.space == test_space && p.offsets[i] == 0));
+    assert!(p
+        .lives
+        .iter()
+        .enumerate()
+        .any(|(i, l)| l.space == SpaceId::HOST && p.offsets[i] == 0));
+    // Budgets per space: the host's budget never pays for the test space's bytes.
+    let host = (SpaceId::HOST, Budget::new(p.needed_bytes()));
+    assert!(p.check_budgets(&[host]).is_ok());
+    assert!(p
+        .check_budgets(&[host, (test_space, Budget::new(sp.bytes))])
+        .is_ok());
+    assert_eq!(
+        p.check_budgets(&[host, (test_space, Budget::new(sp.bytes - 1))]),
+        Err(BudgetError::TooSmall {
+            needed: sp.bytes,
+            given: sp.bytes - 1
+        })
+    );
+    // The plan format carries the spaces.
+    let (_, q) = decode_plan(&encode_plan(&spec, &p)).unwrap();
+    assert_eq!(q.spaces, p.spaces);
+    assert_eq!(q.lives, p.lives);
+    assert_eq!(q.offsets, p.offsets);
+    // A corrupt space byte is a typed error, not a panic.
+    let bytes = encode_plan(&spec, &p);
+    let (v, payload) = crate::format::unframe(*b"FRGP", 4, &bytes).unwrap();
+    let mut payload = payload.to_vec();
+    *payload.last_mut().unwrap() = 9; // the last storage's space byte: an undeclared space
+    let bad = crate::format::frame(*b"FRGP", v, &payload);
+    assert!(decode_plan(&bad).is_err());
+    // No backend of a CPU executor owns space 7.
+    let arena = vec![0u8; p.needed_bytes()];
+    assert!(matches!(
+        Executor::new(&p, &arena).map(|_| ()),
+        Err(ExecError::Space(7))
+    ));
 }

@@ -73,7 +73,7 @@ mod flat;
 mod lut;
 pub mod ops;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use lut::EXP2_LUT;
 

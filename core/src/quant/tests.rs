@@ -705,7 +705,7 @@ fn layer(name: &str, kind: LayerKind, from: Src) -> LayerSpec {
 }
 
 /// conv(4, 3×3, pad 1) → relu → maxpool 2 → flatten → linear 5 on 1×6×6 inputs.
-fn tiny_spec() -> ModelSpec {
+pub(crate) fn tiny_spec() -> ModelSpec {
     ModelSpec {
         input: Dims::new(1, 6, 6),
         layers: vec![
@@ -749,7 +749,7 @@ fn tiny_spec() -> ModelSpec {
 
 /// Synthetic data: class k lights up a k-dependent pixel pattern; values are multiples of 1/8 (exact
 /// in f32 and in the input quantisation).
-fn synthetic(batch: usize, step: usize) -> (Vec<f32>, Vec<u32>) {
+pub(crate) fn synthetic(batch: usize, step: usize) -> (Vec<f32>, Vec<u32>) {
     let mut x = vec![0f32; batch * 36];
     let mut y = vec![0u32; batch];
     for s in 0..batch {

@@ -1,0 +1,893 @@
+//! The f32 CPU backend: every instruction of an f32 plan as slices of the host arena, run by the
+//! portable kernels in [`crate::ops`] (SIMD where the target has it), GEMM and convolution split across a
+//! host-provided [`WorkerPool`] when one is given.
+use super::arena::{carve, f32s, u32s};
+use super::{
+    Backend, Cx, ExecError, LayerOps, LossOps, LossOut, Mode, MoveOps, OptimOps, Placement, Target,
+};
+use crate::graph::{scratch_slot, Node, NodeOp, TensorId, TensorKind};
+use crate::model::LossKind;
+use crate::ops;
+use crate::optim::{self, StepCtx};
+use crate::plan::{Eo, Instr, Phase, Plan, LOSS_NODE};
+use crate::pool::{SingleThread, WorkerPool};
+use crate::rng::{hash2, Rng};
+
+/// The portable CPU backend (SIMD where the target has it), single-threaded unless given a pool.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuBackend<P: WorkerPool = SingleThread> {
+    pool: P,
+}
+
+impl CpuBackend {
+    /// The CPU backend on the calling thread alone.
+    pub fn new() -> Self {
+        Self { pool: SingleThread }
+    }
+}
+
+impl<P: WorkerPool> CpuBackend<P> {
+    /// The CPU backend splitting GEMM, convolution and large element-wise work across `pool`; results
+    /// are bit-identical to one thread.
+    pub fn with_pool(pool: P) -> Self {
+        Self { pool }
+    }
+
+    /// The worker pool.
+    pub fn pool(&self) -> &P {
+        &self.pool
+    }
+}
+
+fn node_of<'a>(cx: &Cx<'a>) -> Result<&'a Node, ExecError> {
+    if cx.ins.node == LOSS_NODE {
+        return Err(ExecError::BadPlan("loss instruction in the wrong place"));
+    }
+    cx.plan
+        .graph
+        .nodes
+        .get(cx.ins.node as usize)
+        .ok_or(ExecError::BadPlan("node index out of range"))
+}
+
+fn seed_of(cx: &Cx<'_>) -> RunSeed {
+    RunSeed {
+        seed: cx.seed,
+        start: cx.start,
+    }
+}
+
+impl<P: WorkerPool> LayerOps for CpuBackend<P> {
+    fn forward(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError> {
+        let node = node_of(cx)?;
+        forward(cx.plan, cx.eo, host, node, cx.n, cx.x, cx.mode, seed_of(cx))
+    }
+    fn grad_w(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError> {
+        let node = node_of(cx)?;
+        grad_w(cx.plan, cx.eo, host, node, cx.n, cx.x, cx.ins.mb > 0)
+    }
+    fn grad_x(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError> {
+        let node = node_of(cx)?;
+        grad_x(cx.plan, cx.eo, host, node, cx.n, seed_of(cx))
+    }
+}
+
+impl<P: WorkerPool> LossOps for CpuBackend<P> {
+    fn loss(
+        &mut self,
+        cx: &Cx<'_>,
+        host: &mut [u8],
+        target: Target<'_>,
+        norm: usize,
+    ) -> Result<LossOut, ExecError> {
+        let train = cx.mode == Mode::Train;
+        let (mean, correct) = run_loss(cx.plan, cx.eo, host, cx.n, target, train, norm)?;
+        Ok(LossOut {
+            sum: mean as f64 * cx.n as f64,
+            mean,
+            correct,
+        })
+    }
+}
+
+impl<P: WorkerPool> OptimOps for CpuBackend<P> {
+    fn apply(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError> {
+        let node = node_of(cx)?;
+        apply(cx.plan, cx.eo, host, node, StepCtx { t: cx.t })
+    }
+}
+
+impl<P: WorkerPool> MoveOps for CpuBackend<P> {
+    fn convert_half(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError> {
+        convert_half(cx.plan, cx.eo, host, cx.ins)
+    }
+}
+
+impl<P: WorkerPool> Backend for CpuBackend<P> {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+    fn serves(&self, p: Placement) -> bool {
+        p == Placement::Cpu
+    }
+}
+
+/// Randomness of one instruction: the step's seed and the batch index of its first sample.
+#[derive(Clone, Copy)]
+struct RunSeed {
+    seed: u64,
+    start: usize,
+}
+
+/// Initialises every parameter like PyTorch's defaults (uniform ±1/√fan_in for weights and biases;
+/// BatchNorm γ=1, β=0, running mean 0, running var 1) and zeroes the optimizer state.
+pub(crate) fn init_params_f32(plan: &Plan, arena: &mut [u8], seed: u64) -> Result<(), ExecError> {
+    let mut rng = Rng::new(seed);
+    for node in &plan.graph.nodes {
+        let fan_in = match &node.op {
+            NodeOp::Linear { fin, .. } => *fin,
+            NodeOp::Conv(g) => g.cin / g.groups * g.kh * g.kw,
+            _ => 0,
+        };
+        for (k, p) in node.params.iter().enumerate() {
+            let v = tensor_mut(plan, arena, p.value)?;
+            if let NodeOp::BatchNorm { .. } = node.op {
+                v.fill(if k == 0 { 1.0 } else { 0.0 });
+            } else {
+                let bound = 1.0 / libm::sqrtf(fan_in.max(1) as f32);
+                for x in v.iter_mut() {
+                    *x = rng.uniform(-bound, bound);
+                }
+            }
+            for &s in &p.state {
+                tensor_mut(plan, arena, s)?.fill(0.0);
+            }
+        }
+        for (k, &s) in node.stats.iter().enumerate() {
+            tensor_mut(plan, arena, s)?.fill(if k == 0 { 0.0 } else { 1.0 });
+        }
+    }
+    Ok(())
+}
+
+/// Whole tensor `t` as a mutable f32 slice.
+pub(crate) fn tensor_mut<'a>(
+    plan: &Plan,
+    arena: &'a mut [u8],
+    t: TensorId,
+) -> Result<&'a mut [f32], ExecError> {
+    let (off, len) = plan
+        .region(t)
+        .ok_or(ExecError::Tensor("tensor is not in the arena"))?;
+    let s = arena
+        .get_mut(off..off + len)
+        .ok_or(ExecError::BadPlan("tensor outside the arena"))?;
+    f32s(s)
+}
+
+/// Arena range (offset, bytes) of the whole storage a swap instruction at `eo` moves.
+pub(crate) fn spill_region(plan: &Plan, eo: Eo) -> Result<(usize, usize), ExecError> {
+    let bad = ExecError::BadPlan("a swap names a tensor that is not in the arena");
+    let t = plan.program[eo as usize].spilled().ok_or(bad.clone())?;
+    let s = plan.storage_at(t, eo).ok_or(bad.clone())? as usize;
+    let (off, len) = (plan.offsets[s], plan.lives[s].bytes);
+    if off.checked_add(len).is_none_or(|e| e > plan.arena_bytes) {
+        return Err(bad);
+    }
+    Ok((off, len))
+}
+
+/// (offset, bytes) of the first `elems` elements of `t` at `eo`, or (0, 0) for none/external.
+fn reg(plan: &Plan, eo: Eo, t: Option<TensorId>, elems: usize) -> (usize, usize) {
+    match t.and_then(|t| plan.region_at(t, eo)) {
+        Some((off, bytes)) => (off, (elems * 4).min(bytes)),
+        None => (0, 0),
+    }
+}
+
+fn whole(plan: &Plan, eo: Eo, t: Option<TensorId>) -> (usize, usize) {
+    t.and_then(|t| plan.region_at(t, eo)).unwrap_or((0, 0))
+}
+
+fn same(plan: &Plan, eo: Eo, a: TensorId, b: TensorId) -> bool {
+    matches!((plan.region_at(a, eo), plan.region_at(b, eo)), (Some(x), Some(y)) if x.0 == y.0)
+}
+
+fn is_ext(plan: &Plan, t: TensorId) -> bool {
+    plan.graph.tensors[t as usize].kind == TensorKind::External
+}
+
+fn opt_f32(s: &mut [u8]) -> Result<Option<&mut [f32]>, ExecError> {
+    if s.is_empty() {
+        Ok(None)
+    } else {
+        f32s(s).map(Some)
+    }
+}
+
+/// The fused loss on `n` samples; the derivative is normalised by `norm` samples (the whole batch when
+/// micro-batching, so the accumulated gradient equals the whole batch's). Returns the micro-batch's mean
+/// loss and correct count.
+#[allow(clippy::too_many_arguments)]
+fn run_loss(
+    plan: &Plan,
+    eo: Eo,
+    a: &mut [u8],
+    n: usize,
+    target: Target<'_>,
+    train: bool,
+    norm: usize,
+) -> Result<(f32, usize), ExecError> {
+    let g = &plan.graph;
+    let per = g.pred_dims().numel();
+    let pred = g.pred();
+    let mismatch = ExecError::BadBatch("target kind does not match the loss", 0);
+    if !train {
+        let [p] = carve(a, [reg(plan, eo, Some(pred), n * per)])?;
+        let p = f32s(p)?;
+        return match (g.loss, target) {
+            (LossKind::SoftmaxCrossEntropy, Target::Classes(y)) => {
+                let (sum, c) = ops::softmax_ce_eval(n, per, p, y);
+                Ok((sum / n as f32, c))
+            }
+            (LossKind::Mse, Target::Values(t)) => Ok((ops::mse_eval(p, t), 0)),
+            _ => Err(mismatch),
+        };
+    }
+    let (result, d) = if same(plan, eo, pred, g.d_pred) {
+        let [p] = carve(a, [reg(plan, eo, Some(pred), n * per)])?;
+        let p = f32s(p)?;
+        let r = match (g.loss, target) {
+            (LossKind::SoftmaxCrossEntropy, Target::Classes(y)) => {
+                ops::softmax_ce_inplace(n, per, p, y)
+            }
+            (LossKind::Mse, Target::Values(t)) => (ops::mse_inplace(p, t), 0),
+            _ => return Err(mismatch),
+        };
+        (r, p)
+    } else {
+        let [p, d] = carve(
+            a,
+            [
+                reg(plan, eo, Some(pred), n * per),
+                reg(plan, eo, Some(g.d_pred), n * per),
+            ],
+        )?;
+        let (p, d) = (f32s(p)?, f32s(d)?);
+        let r = match (g.loss, target) {
+            (LossKind::SoftmaxCrossEntropy, Target::Classes(y)) => ops::softmax_ce(n, per, p, y, d),
+            (LossKind::Mse, Target::Values(t)) => (ops::mse(p, t, d), 0),
+            _ => return Err(mismatch),
+        };
+        (r, d)
+    };
+    if norm != n {
+        ops::scale(n as f32 / norm as f32, d);
+    }
+    Ok(result)
+}
+
+/// fp16 storage: [`Phase::Pack`] rounds the f32 tensor to IEEE half (nearest-even, saturating at ±65504
+/// so a large activation never turns into infinity) into its half copy; [`Phase::Unpack`] widens it back.
+fn convert_half(plan: &Plan, eo: Eo, a: &mut [u8], ins: &Instr) -> Result<(), ExecError> {
+    let bad = ExecError::BadPlan("a pack/unpack names a tensor without a half copy in the arena");
+    let x = ins.packed().ok_or(bad.clone())?;
+    let h = plan.graph.half_of(x).ok_or(bad.clone())?;
+    let (xr, hr) = (
+        plan.region_at(x, eo).ok_or(bad.clone())?,
+        plan.region_at(h, eo).ok_or(bad)?,
+    );
+    let elems = (xr.1 / 4).min(hr.1 / 2);
+    let [xb, hb] = carve(a, [(xr.0, elems * 4), (hr.0, elems * 2)])?;
+    if ins.phase == Phase::Pack {
+        for (v, o) in xb.chunks_exact(4).zip(hb.chunks_exact_mut(2)) {
+            let v = f32::from_le_bytes([v[0], v[1], v[2], v[3]]).clamp(-65504.0, 65504.0);
+            o.copy_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes());
+        }
+    } else {
+        for (v, o) in hb.chunks_exact(2).zip(xb.chunks_exact_mut(4)) {
+            let v = half::f16::from_bits(u16::from_le_bytes([v[0], v[1]])).to_f32();
+            o.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    Ok(())
+}
+
+/// The input slice of a node: from the arena, or the host's batch for the model input.
+fn input<'a>(
+    plan: &Plan,
+    t: TensorId,
+    buf: &'a mut [u8],
+    xext: &'a [f32],
+    elems: usize,
+) -> Result<&'a [f32], ExecError> {
+    if is_ext(plan, t) {
+        xext.get(..elems).ok_or(ExecError::BadBatch(
+            "input shorter than the model input",
+            xext.len(),
+        ))
+    } else {
+        Ok(f32s(buf)?)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn forward(
+    plan: &Plan,
+    eo: Eo,
+    a: &mut [u8],
+    node: &Node,
+    n: usize,
+    xext: &[f32],
+    mode: Mode,
+    rs: RunSeed,
+) -> Result<(), ExecError> {
+    let xin = node.inputs[0];
+    let in_elems = n * node.in_dims[0].numel();
+    let out_elems = n * node.out_dims.numel();
+    let w = node.params.first().map(|p| p.value);
+    let b = node.params.get(1).map(|p| p.value);
+    let s = node.scratch[scratch_slot::FWD];
+    match &node.op {
+        NodeOp::Linear { .. } | NodeOp::Conv(_) => {
+            let [xb, wb, bb, yb, sb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(xin), in_elems),
+                    whole(plan, eo, w),
+                    whole(plan, eo, b),
+                    reg(plan, eo, Some(node.out), out_elems),
+                    whole(plan, eo, s),
+                ],
+            )?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            let (w, b, y, s) = (f32s(wb)?, opt_f32(bb)?.map(|b| &*b), f32s(yb)?, f32s(sb)?);
+            match &node.op {
+                NodeOp::Linear { fin, fout } => ops::linear_fwd(n, *fin, *fout, x, w, b, y, s),
+                NodeOp::Conv(g) => ops::conv_fwd(g, n, x, w, b, y, s),
+                _ => return Err(ExecError::BadPlan("not a linear or convolution layer")),
+            }
+        }
+        NodeOp::MaxPool(g) => {
+            let [xb, yb, ib] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(xin), in_elems),
+                    reg(plan, eo, Some(node.out), out_elems),
+                    reg(plan, eo, node.saved.first().copied(), out_elems),
+                ],
+            )?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            ops::maxpool_fwd(g, n, x, f32s(yb)?, u32s(ib)?);
+        }
+        NodeOp::AvgPool(g) => {
+            let [xb, yb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(xin), in_elems),
+                    reg(plan, eo, Some(node.out), out_elems),
+                ],
+            )?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            ops::avgpool_fwd(g, n, x, f32s(yb)?);
+        }
+        NodeOp::GlobalAvgPool { c, hw } => {
+            let [xb, yb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(xin), in_elems),
+                    reg(plan, eo, Some(node.out), out_elems),
+                ],
+            )?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            ops::global_avgpool_fwd(n, *c, *hw, x, f32s(yb)?);
+        }
+        NodeOp::Act(act) => {
+            if same(plan, eo, xin, node.out) {
+                let [yb] = carve(a, [reg(plan, eo, Some(node.out), out_elems)])?;
+                ops::act_fwd_inplace(*act, f32s(yb)?);
+            } else {
+                let [xb, yb] = carve(
+                    a,
+                    [
+                        reg(plan, eo, Some(xin), in_elems),
+                        reg(plan, eo, Some(node.out), out_elems),
+                    ],
+                )?;
+                let x = input(plan, xin, xb, xext, in_elems)?;
+                ops::act_fwd(*act, x, f32s(yb)?);
+            }
+        }
+        NodeOp::Dropout { p } => {
+            let seed = hash2(rs.seed, node.layer as u64);
+            let p = if mode == Mode::Eval { 0.0 } else { *p };
+            let per = node.out_dims.numel();
+            if same(plan, eo, xin, node.out) {
+                let [yb] = carve(a, [reg(plan, eo, Some(node.out), out_elems)])?;
+                // One mask per sample, keyed by its index in the whole batch: micro-batching draws the
+                // same masks as the whole batch.
+                for (s, y) in f32s(yb)?.chunks_exact_mut(per).enumerate() {
+                    ops::dropout_fwd_inplace(p, hash2(seed, (rs.start + s) as u64), y);
+                }
+            } else {
+                let [xb, yb] = carve(
+                    a,
+                    [
+                        reg(plan, eo, Some(xin), in_elems),
+                        reg(plan, eo, Some(node.out), out_elems),
+                    ],
+                )?;
+                let x = input(plan, xin, xb, xext, in_elems)?;
+                for (s, (x, y)) in x
+                    .chunks_exact(per)
+                    .zip(f32s(yb)?.chunks_exact_mut(per))
+                    .enumerate()
+                {
+                    ops::dropout_fwd(p, hash2(seed, (rs.start + s) as u64), x, y);
+                }
+            }
+        }
+        NodeOp::View => {
+            // Same bytes as the input: either merged (nothing to do) or the input is external and the
+            // output is external too. A view that could not merge would be a planner bug.
+            if !is_ext(plan, node.out) && !same(plan, eo, xin, node.out) {
+                return Err(ExecError::BadPlan("a view is not merged with its input"));
+            }
+        }
+        NodeOp::Add => {
+            let bin = node.inputs[1];
+            if same(plan, eo, xin, node.out) {
+                let [yb, bb] = carve(
+                    a,
+                    [
+                        reg(plan, eo, Some(node.out), out_elems),
+                        reg(plan, eo, Some(bin), in_elems),
+                    ],
+                )?;
+                let bx = input(plan, bin, bb, xext, in_elems)?;
+                ops::add_fwd_inplace(f32s(yb)?, bx);
+            } else {
+                let [ab, bb, yb] = carve(
+                    a,
+                    [
+                        reg(plan, eo, Some(xin), in_elems),
+                        reg(plan, eo, Some(bin), in_elems),
+                        reg(plan, eo, Some(node.out), out_elems),
+                    ],
+                )?;
+                let ax = input(plan, xin, ab, xext, in_elems)?;
+                // Only one input can be the external batch, so a second borrow of `xext` is fine.
+                let bx = input(plan, bin, bb, xext, in_elems)?;
+                ops::add_fwd(ax, bx, f32s(yb)?);
+            }
+        }
+        NodeOp::BatchNorm {
+            c,
+            hw,
+            eps,
+            momentum,
+            train,
+        } => {
+            let [xb, gb, bb, rmb, rvb, yb, mb, ib] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(xin), in_elems),
+                    whole(plan, eo, w),
+                    whole(plan, eo, b),
+                    whole(plan, eo, node.stats.first().copied()),
+                    whole(plan, eo, node.stats.get(1).copied()),
+                    reg(plan, eo, Some(node.out), out_elems),
+                    whole(plan, eo, node.saved.first().copied()),
+                    whole(plan, eo, node.saved.get(1).copied()),
+                ],
+            )?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            if *train && mode == Mode::Recompute {
+                ops::bn_fwd_recompute(
+                    n,
+                    *c,
+                    *hw,
+                    x,
+                    f32s(gb)?,
+                    f32s(bb)?,
+                    f32s(mb)?,
+                    f32s(ib)?,
+                    f32s(yb)?,
+                );
+            } else if *train && mode == Mode::Train {
+                ops::bn_fwd_train(
+                    n,
+                    *c,
+                    *hw,
+                    x,
+                    f32s(gb)?,
+                    f32s(bb)?,
+                    f32s(yb)?,
+                    f32s(mb)?,
+                    f32s(ib)?,
+                    f32s(rmb)?,
+                    f32s(rvb)?,
+                    *momentum,
+                    *eps,
+                );
+            } else {
+                ops::bn_fwd_eval(
+                    n,
+                    *c,
+                    *hw,
+                    x,
+                    f32s(gb)?,
+                    f32s(bb)?,
+                    f32s(rmb)?,
+                    f32s(rvb)?,
+                    *eps,
+                    f32s(yb)?,
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn grad_w(
+    plan: &Plan,
+    eo: Eo,
+    a: &mut [u8],
+    node: &Node,
+    n: usize,
+    xext: &[f32],
+    acc_w: bool,
+) -> Result<(), ExecError> {
+    let xin = node.inputs[0];
+    let in_elems = n * node.in_dims[0].numel();
+    let out_elems = n * node.out_dims.numel();
+    let dw = node.params.first().and_then(|p| p.grad);
+    let db = node.params.get(1).and_then(|p| p.grad);
+    let s = node.scratch[scratch_slot::GRAD_W];
+    let dy = node
+        .d_out
+        .ok_or(ExecError::BadPlan("gradient without an output derivative"))?;
+    match &node.op {
+        NodeOp::Linear { .. } | NodeOp::Conv(_) => {
+            let [xb, dyb, dwb, dbb, sb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(xin), in_elems),
+                    reg(plan, eo, Some(dy), out_elems),
+                    whole(plan, eo, dw),
+                    whole(plan, eo, db),
+                    whole(plan, eo, s),
+                ],
+            )?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            let (dy, dw, db, s) = (f32s(dyb)?, f32s(dwb)?, opt_f32(dbb)?, f32s(sb)?);
+            match &node.op {
+                NodeOp::Linear { fin, fout } => {
+                    ops::linear_grad_w(n, *fin, *fout, x, dy, dw, db, acc_w, s)
+                }
+                NodeOp::Conv(g) => ops::conv_grad_w(g, n, x, dy, dw, db, acc_w, s),
+                _ => return Err(ExecError::BadPlan("not a linear or convolution layer")),
+            }
+        }
+        NodeOp::BatchNorm { c, hw, .. } => {
+            let [xb, dyb, mb, ib, dgb, dbb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(xin), in_elems),
+                    reg(plan, eo, Some(dy), out_elems),
+                    whole(plan, eo, node.saved.first().copied()),
+                    whole(plan, eo, node.saved.get(1).copied()),
+                    whole(plan, eo, dw),
+                    whole(plan, eo, db),
+                ],
+            )?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            ops::bn_grad_w(
+                n,
+                *c,
+                *hw,
+                x,
+                f32s(dyb)?,
+                f32s(mb)?,
+                f32s(ib)?,
+                f32s(dgb)?,
+                f32s(dbb)?,
+                acc_w,
+            );
+        }
+        _ => {
+            return Err(ExecError::BadPlan(
+                "gradient phase on a layer without parameters",
+            ))
+        }
+    }
+    Ok(())
+}
+
+fn grad_x(
+    plan: &Plan,
+    eo: Eo,
+    a: &mut [u8],
+    node: &Node,
+    n: usize,
+    rs: RunSeed,
+) -> Result<(), ExecError> {
+    let in_elems = n * node.in_dims[0].numel();
+    let out_elems = n * node.out_dims.numel();
+    let dy = node.d_out.ok_or(ExecError::BadPlan(
+        "derivative without an output derivative",
+    ))?;
+    let (dx, acc) = match node.d_in.first().copied().flatten() {
+        Some(d) => (Some(d.0), d.1),
+        None => (None, false),
+    };
+    let w = node.params.first().map(|p| p.value);
+    let s = node.scratch[scratch_slot::GRAD_X];
+    match &node.op {
+        NodeOp::Linear { .. } | NodeOp::Conv(_) => {
+            let [dyb, wb, dxb, sb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(dy), out_elems),
+                    whole(plan, eo, w),
+                    reg(plan, eo, dx, in_elems),
+                    whole(plan, eo, s),
+                ],
+            )?;
+            let (dy, w, dx, s) = (f32s(dyb)?, f32s(wb)?, f32s(dxb)?, f32s(sb)?);
+            match &node.op {
+                NodeOp::Linear { fin, fout } => {
+                    ops::linear_grad_x(n, *fin, *fout, dy, w, dx, acc, s)
+                }
+                NodeOp::Conv(g) => ops::conv_grad_x(g, n, dy, w, dx, acc, s),
+                _ => return Err(ExecError::BadPlan("not a linear or convolution layer")),
+            }
+        }
+        NodeOp::MaxPool(g) => {
+            let [dyb, ib, dxb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(dy), out_elems),
+                    reg(plan, eo, node.saved.first().copied(), out_elems),
+                    reg(plan, eo, dx, in_elems),
+                ],
+            )?;
+            ops::maxpool_grad_x(g, n, f32s(dyb)?, u32s(ib)?, f32s(dxb)?, acc);
+        }
+        NodeOp::AvgPool(g) => {
+            let [dyb, dxb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(dy), out_elems),
+                    reg(plan, eo, dx, in_elems),
+                ],
+            )?;
+            ops::avgpool_grad_x(g, n, f32s(dyb)?, f32s(dxb)?, acc);
+        }
+        NodeOp::GlobalAvgPool { c, hw } => {
+            let [dyb, dxb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(dy), out_elems),
+                    reg(plan, eo, dx, in_elems),
+                ],
+            )?;
+            ops::global_avgpool_grad_x(n, *c, *hw, f32s(dyb)?, f32s(dxb)?, acc);
+        }
+        NodeOp::Act(act) => {
+            let dx = dx.ok_or(ExecError::BadPlan("activation derivative without a target"))?;
+            if same(plan, eo, dy, dx) {
+                let [yb, db] = carve(
+                    a,
+                    [
+                        reg(plan, eo, Some(node.out), out_elems),
+                        reg(plan, eo, Some(dx), in_elems),
+                    ],
+                )?;
+                ops::act_grad_inplace(*act, f32s(yb)?, f32s(db)?);
+            } else {
+                let [yb, dyb, dxb] = carve(
+                    a,
+                    [
+                        reg(plan, eo, Some(node.out), out_elems),
+                        reg(plan, eo, Some(dy), out_elems),
+                        reg(plan, eo, Some(dx), in_elems),
+                    ],
+                )?;
+                ops::act_grad(*act, f32s(yb)?, f32s(dyb)?, f32s(dxb)?, acc);
+            }
+        }
+        NodeOp::Dropout { p } => {
+            let dx = dx.ok_or(ExecError::BadPlan("dropout derivative without a target"))?;
+            let seed = hash2(rs.seed, node.layer as u64);
+            let per = node.out_dims.numel();
+            if same(plan, eo, dy, dx) {
+                let [db] = carve(a, [reg(plan, eo, Some(dx), in_elems)])?;
+                for (s, d) in f32s(db)?.chunks_exact_mut(per).enumerate() {
+                    ops::dropout_grad_inplace(*p, hash2(seed, (rs.start + s) as u64), d);
+                }
+            } else {
+                let [dyb, dxb] = carve(
+                    a,
+                    [
+                        reg(plan, eo, Some(dy), out_elems),
+                        reg(plan, eo, Some(dx), in_elems),
+                    ],
+                )?;
+                for (s, (dy, dx)) in f32s(dyb)?
+                    .chunks_exact(per)
+                    .zip(f32s(dxb)?.chunks_exact_mut(per))
+                    .enumerate()
+                {
+                    ops::dropout_grad(*p, hash2(seed, (rs.start + s) as u64), dy, dx, acc);
+                }
+            }
+        }
+        NodeOp::View => {
+            let dx = dx.ok_or(ExecError::BadPlan("view derivative without a target"))?;
+            if !same(plan, eo, dy, dx) {
+                let [dyb, dxb] = carve(
+                    a,
+                    [
+                        reg(plan, eo, Some(dy), out_elems),
+                        reg(plan, eo, Some(dx), in_elems),
+                    ],
+                )?;
+                ops::copy_or_acc(f32s(dyb)?, f32s(dxb)?, acc);
+            }
+        }
+        NodeOp::Add => {
+            let (db_t, acc_b) = match node.d_in.get(1).copied().flatten() {
+                Some(d) => (Some(d.0), d.1),
+                None => (None, false),
+            };
+            // Second input first: the first one may be the output derivative itself (in place).
+            if let Some(dbt) = db_t {
+                let [dyb, dbb] = carve(
+                    a,
+                    [
+                        reg(plan, eo, Some(dy), out_elems),
+                        reg(plan, eo, Some(dbt), in_elems),
+                    ],
+                )?;
+                ops::copy_or_acc(f32s(dyb)?, f32s(dbb)?, acc_b);
+            }
+            if let Some(dat) = dx {
+                if !same(plan, eo, dy, dat) {
+                    let [dyb, dab] = carve(
+                        a,
+                        [
+                            reg(plan, eo, Some(dy), out_elems),
+                            reg(plan, eo, Some(dat), in_elems),
+                        ],
+                    )?;
+                    ops::copy_or_acc(f32s(dyb)?, f32s(dab)?, acc);
+                }
+            }
+        }
+        NodeOp::BatchNorm {
+            c, hw, eps, train, ..
+        } => {
+            let xin = node.inputs[0];
+            if *train && dx.is_some_and(|d| same(plan, eo, dy, d)) {
+                let [xb, db, mb, ib, gb] = carve(
+                    a,
+                    [
+                        reg(plan, eo, Some(xin), in_elems),
+                        reg(plan, eo, Some(dy), out_elems),
+                        whole(plan, eo, node.saved.first().copied()),
+                        whole(plan, eo, node.saved.get(1).copied()),
+                        whole(plan, eo, w),
+                    ],
+                )?;
+                ops::bn_grad_x_inplace(
+                    n,
+                    *c,
+                    *hw,
+                    f32s(xb)?,
+                    f32s(db)?,
+                    f32s(mb)?,
+                    f32s(ib)?,
+                    f32s(gb)?,
+                );
+            } else if *train {
+                let [xb, dyb, mb, ib, gb, dxb] = carve(
+                    a,
+                    [
+                        reg(plan, eo, Some(xin), in_elems),
+                        reg(plan, eo, Some(dy), out_elems),
+                        whole(plan, eo, node.saved.first().copied()),
+                        whole(plan, eo, node.saved.get(1).copied()),
+                        whole(plan, eo, w),
+                        reg(plan, eo, dx, in_elems),
+                    ],
+                )?;
+                ops::bn_grad_x(
+                    n,
+                    *c,
+                    *hw,
+                    f32s(xb)?,
+                    f32s(dyb)?,
+                    f32s(mb)?,
+                    f32s(ib)?,
+                    f32s(gb)?,
+                    f32s(dxb)?,
+                    acc,
+                );
+            } else {
+                let [dyb, gb, rvb, dxb] = carve(
+                    a,
+                    [
+                        reg(plan, eo, Some(dy), out_elems),
+                        whole(plan, eo, w),
+                        whole(plan, eo, node.stats.get(1).copied()),
+                        reg(plan, eo, dx, in_elems),
+                    ],
+                )?;
+                ops::bn_grad_x_eval(
+                    n,
+                    *c,
+                    *hw,
+                    f32s(dyb)?,
+                    f32s(gb)?,
+                    f32s(rvb)?,
+                    *eps,
+                    f32s(dxb)?,
+                    acc,
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn apply(plan: &Plan, eo: Eo, a: &mut [u8], node: &Node, ctx: StepCtx) -> Result<(), ExecError> {
+    let opt = &plan.graph.optimizer;
+    for p in &node.params {
+        let Some(g) = p.grad else { continue };
+        match p.state.as_slice() {
+            [] => {
+                let [wb, gb] = carve(
+                    a,
+                    [whole(plan, eo, Some(p.value)), whole(plan, eo, Some(g))],
+                )?;
+                optim::apply(opt, ctx, f32s(wb)?, f32s(gb)?, &mut []);
+            }
+            [s0] => {
+                let [wb, gb, s0b] = carve(
+                    a,
+                    [
+                        whole(plan, eo, Some(p.value)),
+                        whole(plan, eo, Some(g)),
+                        whole(plan, eo, Some(*s0)),
+                    ],
+                )?;
+                optim::apply(opt, ctx, f32s(wb)?, f32s(gb)?, &mut [f32s(s0b)?]);
+            }
+            [s0, s1] => {
+                let [wb, gb, s0b, s1b] = carve(
+                    a,
+                    [
+                        whole(plan, eo, Some(p.value)),
+                        whole(plan, eo, Some(g)),
+                        whole(plan, eo, Some(*s0)),
+                        whole(plan, eo, Some(*s1)),
+                    ],
+                )?;
+                optim::apply(
+                    opt,
+                    ctx,
+                    f32s(wb)?,
+                    f32s(gb)?,
+                    &mut [f32s(s0b)?, f32s(s1b)?],
+                );
+            }
+            _ => {
+                return Err(ExecError::BadPlan(
+                    "more optimizer state slots than any optimizer uses",
+                ))
+            }
+        }
+    }
+    Ok(())
+}
