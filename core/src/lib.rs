@@ -3,14 +3,16 @@
 //! The portable heart of frugal: it trains neural networks inside one caller-owned byte arena whose size
 //! is known before the first step.
 //!
-//! Data flow (see `DESIGN.md` in the repository):
+//! Data flow (see `docs/design.md` in the repository):
 //! [`ModelSpec`](model::ModelSpec) → [`Graph`](graph::Graph) (ops, tensors, in-place/view sharing) →
 //! [`Schedule`](plan::Schedule) (execution orders) → [`TensorLife`](plan::TensorLife) →
-//! [`Layout`](plan::Layout) (offsets) → [`Plan`](plan::Plan) → [`Executor`](exec::Executor).
+//! [`Layout`](plan::Layout) (offsets, per memory space) → [`Plan`](plan::Plan) →
+//! [`Executor`](exec::Executor) (one step loop) → [`Backend`](backend::Backend) (runs each instruction).
 //!
 //! Layers of the crate, bottom to top: `kernels` (slices in, slices out) → `ops` (one layer kind,
-//! forward and backward) → `graph`/`plan` (what runs when, where each tensor lives) → `exec` (runs a
-//! plan over an arena). Nothing below imports from above.
+//! forward and backward) → `graph`/`quant`/`plan` (what runs when, where each tensor lives) → `backend`
+//! (how an instruction runs) → `policy` (which plan for a budget) → `exec` (the step loop). The known
+//! exceptions (`graph` ↔ `quant`, `exec::adapt` → `policy`/`format`) are listed in `docs/design.md`.
 //!
 //! The crate is `#![no_std]`; `alloc` (default) enables the planner, `std` enables run-time SIMD
 //! detection on hosts.

@@ -363,7 +363,7 @@ fn idx_body(path: &Path, header: usize) -> Result<Vec<u8>, String> {
 /// The native executor of the baked plan's precision.
 enum Native<'p> {
     F32(Executor<'p>),
-    Int8(Int8Executor<'p>),
+    Int8(Box<Int8Executor<'p>>),
 }
 
 /// The first steps natively: the plan baked into `elf`, the same initialisation seed and the same stream.
@@ -388,7 +388,7 @@ fn native_losses(
         let mut e = Int8Executor::new(&plan, &arena).map_err(|e| e.to_string())?;
         e.init_params(&mut arena, b.seed)
             .map_err(|e| e.to_string())?;
-        Native::Int8(e)
+        Native::Int8(Box::new(e))
     } else {
         let mut e = Executor::new(&plan, &arena).map_err(|e| e.to_string())?;
         e.init_params(&mut arena, b.seed)
