@@ -51,6 +51,11 @@ pub fn chunk(len: usize, parts: usize, align: usize, i: usize) -> core::ops::Ran
     start..end
 }
 
+#[cfg(feature = "std")]
+mod threads;
+#[cfg(feature = "std")]
+pub use threads::ThreadPool;
+
 #[cfg(test)]
 mod tests {
     use super::*;
