@@ -30,6 +30,7 @@ fn held_out_accuracy_with(
         quiet: true,
         policy: frugal_core::policy::PolicyKind::Auto,
         approx,
+        threads: 1,
     };
     let rep = train::train(&m, &tr, &te, &opts, m.train.weights.as_ref()).unwrap();
     assert!(
@@ -128,6 +129,7 @@ fn a_batch_larger_than_the_budget_trains_to_the_same_accuracy_band() {
         quiet: true,
         policy: frugal_core::policy::PolicyKind::Auto,
         approx: Default::default(),
+        threads: 1,
     };
     let rep = train::train(&m, &tr, &te, &opts, None).unwrap();
     assert!(rep.arena_bytes + 63 <= budget);

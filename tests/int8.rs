@@ -26,6 +26,7 @@ fn run(example: &str, precision: Precision, epochs: u32) -> train::Int8Report {
         quiet: true,
         policy: frugal_core::policy::PolicyKind::Plain,
         approx: Default::default(),
+        threads: 1,
     };
     train::train_int8(
         &m,

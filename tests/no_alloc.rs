@@ -26,6 +26,10 @@ fn main() {
             "int8_training_steps_allocate_nothing",
             int8_training_steps_allocate_nothing,
         ),
+        (
+            "threaded_steps_allocate_nothing",
+            threaded_steps_allocate_nothing,
+        ),
     ]);
 }
 
@@ -304,5 +308,51 @@ fn int8_training_steps_allocate_nothing() {
             kernels.name()
         );
         assert!(ex.counts().passes() > 0);
+    }
+}
+
+/// A step on a 2- and a 3-worker `ThreadPool` allocates nothing on any thread (the pool exists before the
+/// step, as a host keeps it): the workloads with the largest GEMMs and convolutions, where work is split.
+fn threaded_steps_allocate_nothing() {
+    use frugal_core::backend::CpuBackend;
+    use frugal_core::pool::{ThreadPool, WorkerPool};
+    for threads in [2, 3] {
+        let pool = ThreadPool::new(threads).unwrap();
+        for (id, batch) in [
+            ("fc3", 64),
+            ("conv2d", 2),
+            ("small_cnn", 16),
+            ("lenet5", 16),
+        ] {
+            let w = workloads::all().into_iter().find(|w| w.id == id).unwrap();
+            let plan = Plan::new(Graph::new(&w.spec, batch).unwrap());
+            let mut arena = vec![0u8; plan.needed_bytes()];
+            let mut ex =
+                Executor::with_backend(&plan, &arena, CpuBackend::with_pool(&pool)).unwrap();
+            ex.init_params(&mut arena, 1).unwrap();
+            let per = w.spec.input.numel();
+            let outs = plan.graph.pred_dims().numel();
+            let x: Vec<f32> = (0..batch * per).map(|i| (i % 11) as f32 / 11.0).collect();
+            let tv: Vec<f32> = (0..batch * outs).map(|i| (i % 5) as f32 / 5.0).collect();
+            let tc: Vec<u32> = (0..batch).map(|i| (i % outs) as u32).collect();
+            let mse = w.spec.loss == frugal_core::model::LossKind::Mse;
+            // The very first step counts.
+            let ((), n) = allocations(|| {
+                for _ in 0..2 {
+                    let t = if mse {
+                        Target::Values(&tv)
+                    } else {
+                        Target::Classes(&tc)
+                    };
+                    ex.train_step(&mut arena, &x, t).unwrap();
+                }
+            });
+            assert_eq!(
+                n,
+                0,
+                "{id} b{batch} on {} threads: allocations during steps",
+                pool.threads()
+            );
+        }
     }
 }

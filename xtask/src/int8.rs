@@ -40,6 +40,7 @@ fn opts(m: &ModelFile, epochs: Option<u32>) -> TrainOptions {
         quiet: true,
         policy: frugal_core::policy::PolicyKind::Plain,
         approx: Default::default(),
+        threads: 1,
     }
 }
 

@@ -51,9 +51,9 @@ pub fn chunk(len: usize, parts: usize, align: usize, i: usize) -> core::ops::Ran
     start..end
 }
 
-#[cfg(feature = "std")]
+#[cfg(any(test, feature = "std"))]
 mod threads;
-#[cfg(feature = "std")]
+#[cfg(any(test, feature = "std"))]
 pub use threads::ThreadPool;
 
 #[cfg(test)]

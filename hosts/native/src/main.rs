@@ -12,6 +12,7 @@ use frugal_core::budget::Budget;
 use frugal_core::graph::Graph;
 use frugal_core::plan::Plan;
 use frugal_core::policy::{self, Approximations, CostModel, PolicyKind};
+use frugal_core::pool::ThreadPool;
 
 #[derive(Parser)]
 #[command(
@@ -85,6 +86,11 @@ enum Cmd {
         /// and run the ones whose cost per FLOP jumps with batch size in smaller chunks.
         #[arg(long)]
         batch_split: bool,
+        /// CPU threads for f32 training (default: the cores this process may use). GEMM, convolution
+        /// and large element-wise work are split by output ranges, so the results are the same, bit for
+        /// bit, for any count.
+        #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+        threads: Option<u16>,
     },
     /// Print the plan of one training step: every tensor, its lifetime and offset; or, with --budgets,
     /// a table of plans for a ladder of budgets.
@@ -188,6 +194,7 @@ fn run(cli: Cli) -> Res {
             update_bits,
             rescale_every_step,
             batch_split,
+            threads,
         } => {
             let mf = load_model(&model)?;
             // fp16 storage is an opt-in approximation of the f32 plan (compute stays f32).
@@ -249,6 +256,11 @@ fn run(cli: Cli) -> Res {
                 chosen.extra_flops as f64 / 1e6,
                 chosen.predicted_ms
             );
+            let threads = threads.map_or_else(ThreadPool::available, usize::from);
+            println!(
+                "cpu: {threads} thread{}",
+                if threads == 1 { "" } else { "s" }
+            );
             let opts = TrainOptions {
                 batch,
                 epochs,
@@ -258,6 +270,7 @@ fn run(cli: Cli) -> Res {
                 quiet: false,
                 policy,
                 approx,
+                threads,
             };
             let w = weights.or(mf.train.weights.clone());
             let rep = train::train(&mf, &train_set, &test_set, &opts, w.as_ref())?;
@@ -503,6 +516,7 @@ fn train_int8_cli(
         quiet: false,
         policy: PolicyKind::Plain,
         approx: Approximations::default(),
+        threads: 1,
     };
     let rescale = if every_step {
         Rescale::EveryStep

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use frugal_core::backend::{Backend, CpuBackend};
 use frugal_core::budget::{Budget, BudgetError};
 use frugal_core::exec::int8::Int8Executor;
 use frugal_core::exec::{ExecError, Executor, Target};
@@ -10,6 +11,7 @@ use frugal_core::graph::{Graph, GraphError};
 use frugal_core::model::{Int8Update, Precision};
 use frugal_core::plan::Plan;
 use frugal_core::policy::{self, Approximations, Chosen, CostModel, PlanError, PolicyKind};
+use frugal_core::pool::ThreadPool;
 use frugal_core::quant::{Rescale, RescaleCounts};
 
 use crate::checkpoint::{self, CheckpointError};
@@ -37,6 +39,8 @@ pub struct TrainOptions {
     pub policy: PolicyKind,
     /// Opt-in approximations (ghost batch norm).
     pub approx: Approximations,
+    /// CPU threads for the f32 backend (1 = the calling thread only; results are identical for any count).
+    pub threads: usize,
 }
 
 /// What a run produced.
@@ -180,8 +184,8 @@ pub fn plan_for(
 }
 
 /// Loads named tensors into the executor's persistent tensors; returns how many were loaded.
-pub fn load_weights(
-    ex: &mut Executor<'_>,
+pub fn load_weights<B: Backend>(
+    ex: &mut Executor<'_, B>,
     arena: &mut [u8],
     path: &Path,
 ) -> Result<usize, TrainError> {
@@ -204,8 +208,8 @@ pub fn load_weights(
 }
 
 /// Fraction correct on `ds`, evaluated in batches of the plan's size.
-pub fn evaluate(
-    ex: &mut Executor<'_>,
+pub fn evaluate<B: Backend>(
+    ex: &mut Executor<'_, B>,
     arena: &mut [u8],
     ds: &Dataset,
 ) -> Result<(f32, f32), TrainError> {
@@ -262,7 +266,10 @@ pub fn train(
         )));
     }
     let mut arena = vec![0u8; plan.needed_bytes()];
-    let mut ex = Executor::new(&plan, &arena)?;
+    let pool = ThreadPool::new(opts.threads).map_err(|e| {
+        TrainError::Mismatch(format!("cannot start {} CPU threads: {e}", opts.threads))
+    })?;
+    let mut ex = Executor::with_backend(&plan, &arena, CpuBackend::with_pool(&pool))?;
     ex.init_params(&mut arena, spec.seed)?;
     if let Some(w) = weights {
         let n = load_weights(&mut ex, &mut arena, w)?;
