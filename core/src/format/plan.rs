@@ -611,13 +611,19 @@ fn get_program(r: &mut Reader<'_>, mut graph: Graph, version: u16) -> Result<Pla
         micro_batches,
         program,
         roots,
-        lower_bound: lower_bound(
-            &lt.lives
-                .iter()
-                .filter(|l| l.space == SpaceId::HOST)
-                .cloned()
-                .collect::<Vec<_>>(),
-        ),
+        // Host-only plans (every plan today, and the microcontroller's) bound the lives as they are:
+        // a filtered copy would cost a microcontroller's heap one more lifetime table.
+        lower_bound: if spaces.is_empty() {
+            lower_bound(&lt.lives)
+        } else {
+            lower_bound(
+                &lt.lives
+                    .iter()
+                    .filter(|l| l.space == SpaceId::HOST)
+                    .cloned()
+                    .collect::<Vec<_>>(),
+            )
+        },
         lives: lt.lives,
         group_of: lt.group_of,
         segments: lt.segments,
