@@ -34,7 +34,7 @@
 //!    moved to P2's offsets after the regeneration. When even that does not fit, values P1 holds are
 //!    given up and regenerated too, the ones produced last first (so earlier recomputations run before
 //!    those values take up room). All of this is tried within P2's arena first; only if it cannot fit
-//!    there, within P1's arena, then within the whole arena slice ([`Adapted::above`]).
+//!    there, within P1's arena ([`Adapted::above`]) — never beyond it (the budget contract below).
 //! 4. **Order.** Moves run whole when their destination overlaps no source still to be moved
 //!    (`copy_within` handles overlap with its own source). What remains is cut into pieces at the moves'
 //!    mutual boundaries: chains are copied from their end, cycles rotated through a 4 KiB stack buffer,
@@ -43,12 +43,28 @@
 //! 5. **Fallback.** If no plan of the table that fits the budget lines up, the step restarts on the new
 //!    plan from its first instruction, keeping only the persistent tensors — allowed only while nothing
 //!    persistent has changed in this step (no optimizer update, no BatchNorm running-statistics update).
-//!    Later, a failed switch is `ExecError::BadPlan("cannot adapt here")`; for [`ladder`] plans the
-//!    tests find none (every drop between 21,447 pairs of plans and positions lines up).
+//!    Later, a failed switch is `ExecError::BadPlan("cannot adapt here")`: for [`ladder`] plans the
+//!    tests find 11 of 21,171 drops (plan pairs × positions), each a single 64-byte drop right after an
+//!    update whose regeneration needs more room than the old arena has (the contract below forbids
+//!    borrowing more).
+//!
+//! # The budget contract
+//!
+//! * An instruction of plan P touches no byte at or beyond `P.arena_bytes` of the aligned arena, and
+//!   P fits the budget in force when it runs (`P.needed_bytes() ≤ budget`).
+//! * A switch from P1 to P2 — its moves, its regeneration and its staging — touches no byte at or beyond
+//!   `max(P1.arena_bytes, P2.arena_bytes)`: when the budget drops, the host keeps the old arena until the
+//!   switch returns (the call that reported the drop), and no longer. When the switch returns, nothing
+//!   lives beyond P2's arena, so the bytes above the new budget can be given back at once.
+//! * A switch that cannot be done within that bound falls back (a smaller plan, or a restart before any
+//!   update) or fails with `BadPlan("cannot adapt here")` — it never borrows more.
+//!
+//! [`AdaptObserver::switching`] sees the arena after every move of a switch; the tests check the contract
+//! there and after every instruction, over thousands of random budget schedules.
 //!
 //! After a switch the step only touches P2's arena (`[0, P2.arena_bytes)` of the aligned arena): the
 //! switch itself reads the sources it moves from P1's arena, and (rarely, [`Adapted::above`]) regenerates
-//! in bytes above P2's arena before the step continues. Recomputation is bit-exact, so the step's
+//! in bytes of P1's arena above P2's before the step continues. Recomputation is bit-exact, so the step's
 //! losses and weights are bit-identical to running it on either plan alone.
 //!
 //! Regeneration needs one micro-batch per step (as [`ladder`] plans have); with several, only moves
@@ -139,8 +155,8 @@ pub struct Adapted {
     pub restarted: bool,
     /// The plan changed after the step (a lazy switch, e.g. after a rise).
     pub switched_after: bool,
-    /// A switch had to use bytes above the new plan's arena for regeneration or a parked source (only
-    /// while switching; never by an instruction).
+    /// A switch used bytes of the old plan's arena above the new plan's arena, for regeneration or a
+    /// parked source (only while switching, never beyond the old arena; never by an instruction).
     pub above: bool,
 }
 
@@ -149,6 +165,12 @@ pub struct Adapted {
 pub trait AdaptObserver {
     /// Called after instruction `eo` of `plan` ran.
     fn observe(&mut self, plan: &Plan, eo: usize, ins: &Instr, arena: &[u8]);
+    /// Called while switching from `from` to `to`: once before anything moves, after every copy and
+    /// every regenerating instruction, and so at the switch's last move. The budget contract (module
+    /// docs): no byte at or beyond `max(from.arena_bytes, to.arena_bytes)` changes.
+    fn switching(&mut self, from: &Plan, to: &Plan, arena: &[u8]) {
+        let _ = (from, to, arena);
+    }
 }
 
 /// Every [`Observer`] observes adaptive steps too, on the current plan's arena.
@@ -211,6 +233,7 @@ impl<'p, B: Backend, F: FnMut(usize, &Plan) -> Option<Budget>> Steer<'p, B> for 
         whole: &mut [u8],
         mut eo: usize,
         run: &mut StepRun<'_, '_, '_>,
+        obs: &mut dyn AdaptObserver,
     ) -> Result<usize, ExecError> {
         let plan = ex.plan;
         if eo >= plan.program.len() {
@@ -245,7 +268,7 @@ impl<'p, B: Backend, F: FnMut(usize, &Plan) -> Option<Budget>> Steer<'p, B> for 
                     runnable(next)?;
                     let sw = plan_switch(plan, 0, next, Some(0), hi)
                         .map_err(|_| ExecError::BadPlan("cannot adapt here"))?;
-                    ex.apply_switch(whole, &sw, next, run, &mut self.ad)?;
+                    ex.apply_switch(whole, &sw, next, run, &mut self.ad, obs)?;
                 } else {
                     // The table's plan for the budget, else any smaller one that lines up.
                     let mut fits: Vec<&'p PlanEntry> = table
@@ -266,7 +289,7 @@ impl<'p, B: Backend, F: FnMut(usize, &Plan) -> Option<Budget>> Steer<'p, B> for 
                     });
                     match found {
                         Some((sw, to)) => {
-                            ex.apply_switch(whole, &sw, to, run, &mut self.ad)?;
+                            ex.apply_switch(whole, &sw, to, run, &mut self.ad, obs)?;
                             eo = sw.e2;
                         }
                         None if !self.mutated => {
@@ -274,7 +297,7 @@ impl<'p, B: Backend, F: FnMut(usize, &Plan) -> Option<Budget>> Steer<'p, B> for 
                             runnable(next)?;
                             let sw = plan_switch(plan, eo, next, Some(0), hi)
                                 .map_err(|_| ExecError::BadPlan("cannot adapt here"))?;
-                            ex.apply_switch(whole, &sw, next, run, &mut self.ad)?;
+                            ex.apply_switch(whole, &sw, next, run, &mut self.ad, obs)?;
                             self.ad.restarted = true;
                             eo = 0;
                             run.loss = 0.0;
@@ -315,7 +338,9 @@ impl<'p, B: Backend> Executor<'p, B> {
         Ok((base, run))
     }
 
-    /// Carries out a planned switch and makes `next` the current plan.
+    /// Carries out a planned switch and makes `next` the current plan. `obs` sees the arena before the
+    /// switch, after every copy and every regenerating instruction, and at its end
+    /// ([`AdaptObserver::switching`]).
     fn apply_switch(
         &mut self,
         whole: &mut [u8],
@@ -323,12 +348,15 @@ impl<'p, B: Backend> Executor<'p, B> {
         next: &'p Plan,
         run: &StepRun<'_, '_, '_>,
         ad: &mut Adapted,
+        obs: &mut dyn AdaptObserver,
     ) -> Result<(), ExecError> {
-        run_copies(whole, &sw.copies, ad)?;
+        let from = self.plan;
+        obs.switching(from, next, whole);
+        run_copies(whole, &sw.copies, ad, &mut |a| obs.switching(from, next, a))?;
         if let Some(synth) = &sw.synth {
-            let a = whole
-                .get_mut(..synth.arena_bytes)
-                .ok_or(ExecError::BadPlan("a switch regenerates outside the arena"))?;
+            if whole.len() < synth.arena_bytes {
+                return Err(ExecError::BadPlan("a switch regenerates outside the arena"));
+            }
             // The regeneration is a program of recomputations over the whole batch, each on the backend
             // like any instruction (its tensors are laid out for eo 0 of the synthesised plan).
             for ins in &synth.program {
@@ -343,11 +371,19 @@ impl<'p, B: Backend> Executor<'p, B> {
                     start: 0,
                     t: run.t,
                 };
-                dispatch(&mut self.backend, &cx, a, None)?;
+                dispatch(
+                    &mut self.backend,
+                    &cx,
+                    &mut whole[..synth.arena_bytes],
+                    None,
+                )?;
                 ad.recomputed += 1;
+                obs.switching(from, next, whole);
             }
         }
-        run_copies(whole, &sw.copies_after, ad)?;
+        run_copies(whole, &sw.copies_after, ad, &mut |a| {
+            obs.switching(from, next, a)
+        })?;
         ad.above |= sw.above;
         self.set_plan(next)
     }
@@ -400,7 +436,7 @@ impl<'p, B: Backend> Executor<'p, B> {
                         Some(e.plan.program.len()),
                         hi,
                     ) {
-                        self.apply_switch(whole, &sw, &e.plan, &run, &mut ad)?;
+                        self.apply_switch(whole, &sw, &e.plan, &run, &mut ad, obs)?;
                         ad.switched_after = true;
                     }
                 }
@@ -464,7 +500,7 @@ impl<'p, B: Backend> Executor<'p, B> {
             }
         }
         let mut ad = Adapted::default();
-        self.apply_switch(whole, &sw, next, &run, &mut ad)?;
+        self.apply_switch(whole, &sw, next, &run, &mut ad, obs)?;
         run.loss = 0.0;
         run.correct = 0;
         self.run_loop(whole, &mut run, 0, None, &mut InOrder, obs)?;
@@ -477,6 +513,7 @@ fn run_copies(
     whole: &mut [u8],
     copies: &[(usize, usize, usize)],
     ad: &mut Adapted,
+    after: &mut dyn FnMut(&[u8]),
 ) -> Result<(), ExecError> {
     let mut buf = [0u8; BOUNCE];
     for &(src, dst, len) in copies {
@@ -498,6 +535,7 @@ fn run_copies(
                 ad.bytes_moved += len;
             }
         }
+        after(whole);
     }
     Ok(())
 }
@@ -934,12 +972,11 @@ pub(super) fn plan_switch(
     if only_persistent || p1.micro_batches != 1 || p2.micro_batches != 1 {
         return Err(NoSwitch("regeneration needs one micro-batch"));
     }
-    // Within P2's arena if at all possible; else within P1's, else within the whole arena (only while
-    // switching). At each limit, when the regeneration does not fit, values P1 holds are given up and
-    // regenerated too, the ones produced last first, so that earlier recomputations run before they
-    // take up room.
-    let mut limits = [p2.arena_bytes, p1.arena_bytes.max(p2.arena_bytes), hi];
-    limits.sort_unstable();
+    // Within P2's arena if at all possible, else within P1's (the budget contract: a switch touches no
+    // byte beyond the larger of the two arenas). At each limit, when the regeneration does not fit,
+    // values P1 holds are given up and regenerated too, the ones produced last first, so that earlier
+    // recomputations run before they take up room.
+    let limits = [p2.arena_bytes, p1.arena_bytes.max(p2.arena_bytes).min(hi)];
     for (i, &limit) in limits.iter().enumerate() {
         if i > 0 && limit <= limits[i - 1] {
             continue;
@@ -1465,7 +1502,7 @@ mod move_tests {
             let mut arena = before.clone();
             let copies = order_moves(&moves);
             let mut ad = Adapted::default();
-            run_copies(&mut arena, &copies, &mut ad).unwrap();
+            run_copies(&mut arena, &copies, &mut ad, &mut |_| {}).unwrap();
             for &(s, d, l) in &moves {
                 assert_eq!(arena[d..d + l], before[s..s + l], "case {case}: {moves:?}");
             }
@@ -1500,7 +1537,7 @@ mod move_tests {
         );
         let before: Vec<u8> = (0..5 * m).map(|i| (i % 253) as u8).collect();
         let mut arena = before.clone();
-        run_copies(&mut arena, &copies, &mut Adapted::default()).unwrap();
+        run_copies(&mut arena, &copies, &mut Adapted::default(), &mut |_| {}).unwrap();
         for &(s, d, l) in &moves {
             assert_eq!(arena[d..d + l], before[s..s + l]);
         }

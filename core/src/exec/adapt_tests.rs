@@ -142,13 +142,19 @@ fn largest(table: &PlanTable) -> &Plan {
     &table.entries.last().unwrap().plan
 }
 
-/// Checks, after every instruction, that the plan in force fits the budget in force, that every storage
-/// live there ends below it, and that nothing above the plan's arena changed since the plan took over.
+/// The budget contract, checked as it runs: after every instruction the plan in force fits the budget
+/// in force and every storage live there ends below it; bytes at or beyond the plan's arena never change
+/// while it is in force; and while switching from P1 to P2, after every copy and every regenerating
+/// instruction, no byte at or beyond `max(P1, P2)` arena bytes has changed.
 struct Check {
     budget: Rc<Cell<usize>>,
-    plan: usize,
-    above: Vec<u8>,
+    /// Bytes at and beyond `from` when the bound was last set (`None`: not yet seen).
+    guard: Option<(usize, Vec<u8>)>,
+    /// During a switch: the bytes beyond the new plan's arena after the latest move.
+    pending: Option<(usize, Vec<u8>)>,
     instrs: usize,
+    /// Switch moves checked (copies and regenerating instructions, plus one per switch).
+    moves: usize,
     log: Vec<(usize, usize)>,
 }
 
@@ -156,10 +162,22 @@ impl Check {
     fn new(budget: Rc<Cell<usize>>) -> Self {
         Check {
             budget,
-            plan: 0,
-            above: Vec::new(),
+            guard: None,
+            pending: None,
             instrs: 0,
+            moves: 0,
             log: Vec::new(),
+        }
+    }
+
+    /// Bytes at and beyond `bound` equal the guard snapshot's.
+    fn unchanged(&self, arena: &[u8], bound: usize, when: &dyn core::fmt::Display) {
+        if let Some((from, snap)) = &self.guard {
+            let at = bound.max(*from);
+            assert!(
+                arena[at.min(arena.len())..] == snap[(at - from).min(snap.len())..],
+                "a byte at or beyond {at} changed {when}"
+            );
         }
     }
 }
@@ -181,19 +199,38 @@ impl AdaptObserver for Check {
                 );
             }
         }
-        let id = ptr::from_ref(plan) as usize;
-        let rest = &arena[plan.arena_bytes.min(arena.len())..];
-        // A new plan, or a new step (the plan may have changed and changed back in between).
-        if id != self.plan || self.log.last().is_none_or(|l| l.1 + 1 != eo) {
-            self.plan = id;
-            self.above = rest.to_vec();
-        } else {
-            assert!(self.above == rest, "bytes above the arena changed at {eo}");
+        // A switch has ended: its last state is the new plan's guard.
+        if let Some(p) = self.pending.take() {
+            self.guard = Some(p);
+        }
+        self.unchanged(
+            arena,
+            plan.arena_bytes,
+            &format_args!("at instruction {eo}"),
+        );
+        if self.guard.is_none() {
+            let from = plan.arena_bytes.min(arena.len());
+            self.guard = Some((from, arena[from..].to_vec()));
         }
         self.instrs += 1;
-        self.log.push((id, eo));
+        self.log.push((ptr::from_ref(plan) as usize, eo));
+    }
+
+    fn switching(&mut self, from: &Plan, to: &Plan, arena: &[u8]) {
+        let bound = from.arena_bytes.max(to.arena_bytes);
+        if let Some(p) = self.pending.take() {
+            self.guard = Some(p);
+        }
+        self.unchanged(arena, bound, &"while switching");
+        // A byte of the old arena the new plan does not use may change during the switch only.
+        let at = to.arena_bytes.min(arena.len());
+        self.pending = Some((at, arena[at..].to_vec()));
+        self.moves += 1;
     }
 }
+
+/// Bytes beyond the largest plan's arena in the tests' arenas: a guard no instruction or switch may touch.
+const GUARD: usize = 4096;
 
 /// Runs `steps` adaptive steps starting on `table.entries[start]`; `sched(call, eo, plan)` is the budget
 /// the host reports before the `call`-th instruction (counting over all steps), instruction `eo` of
@@ -213,7 +250,7 @@ fn adaptive_run(
         .map(|e| e.plan.needed_bytes())
         .max()
         .unwrap();
-    let mut arena = vec![0xA5u8; cap];
+    let mut arena = vec![0xA5u8; cap + GUARD];
     let p0 = &table.entries[start].plan;
     let mut ex = Executor::new(p0, &arena)?;
     ex.init_params(&mut arena, 9)?;
@@ -401,7 +438,13 @@ fn random_schedules_never_exceed_the_budget_and_are_bit_exact() {
     let mut totals = [0usize; 6];
     let mut models = 0usize;
     let next = |rng: &mut Rng, n: u32| (rng.uniform(0.0, 1.0) * n as f32) as u32 % n.max(1);
-    while schedules < 2000 {
+    // FRUGAL_SCHEDULES raises the count for long local runs (CI: 2,000).
+    let want_schedules: usize = std::env::var("FRUGAL_SCHEDULES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let mut moves = 0usize;
+    while schedules < want_schedules {
         let Some((_, batch, g, table, name)) = random_table(&mut rng) else {
             continue;
         };
@@ -441,6 +484,7 @@ fn random_schedules_never_exceed_the_budget_and_are_bit_exact() {
             .unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(bits(&got), bits(&want), "{name} events {events:?}");
             assert!(check.instrs > 0);
+            moves += check.moves;
             for ad in ads {
                 totals[0] += ad.switches as usize;
                 totals[1] += ad.switched_after as usize;
@@ -454,7 +498,8 @@ fn random_schedules_never_exceed_the_budget_and_are_bit_exact() {
     }
     std::eprintln!(
         "{schedules} schedules over {models} models: {} switches in steps, {} after steps, {} \
-         forwards regenerated, {} restarts, {} switches above the new arena, {} bytes moved",
+         forwards regenerated, {} restarts, {} switches using the old arena above the new, {} bytes \
+         moved; the budget contract held after every instruction and all {moves} switch moves",
         totals[0],
         totals[1],
         totals[2],
@@ -505,12 +550,14 @@ fn mutated(p: &Plan, e: usize) -> bool {
     })
 }
 
-/// Every drop from a ladder plan to a smaller one, before any instruction of the step, lines up (with
-/// the smaller plans as fallbacks, as the executor tries them) or may restart, given an arena for the
-/// largest plan; almost all of them within the new plan's arena.
+/// Every drop from a ladder plan to a smaller one, before any instruction of the step, lines up within
+/// the budget contract (no byte beyond the old arena; with the smaller plans as fallbacks, as the
+/// executor tries them) or may restart, but for a bounded few right after an update; almost all of them
+/// within the new plan's arena.
 #[test]
 fn every_drop_between_ladder_plans_lines_up() {
     let mut rng = Rng::new(77);
+    let mut stuck = 0usize;
     let (mut drops, mut direct, mut above, mut regen, mut fallback, mut restart) =
         (0, 0, 0, 0, 0, 0);
     let mut tables = 0;
@@ -546,12 +593,14 @@ fn every_drop_between_ladder_plans_lines_up() {
                             let other = smaller[k + 1..]
                                 .iter()
                                 .any(|p| super::adapt::plan_switch(p1, e1, p, None, cap).is_ok());
-                            assert!(
-                                other || !mutated(p1, e1),
-                                "{name}: {why:?} from {} at {e1} to {}",
-                                p1.needed_bytes(),
-                                p2.needed_bytes()
-                            );
+                            // After an update a restart is not allowed: the step cannot go on
+                            // within the budget contract ("cannot adapt here").
+                            if other || !mutated(p1, e1) {
+                                // served
+                            } else {
+                                stuck += 1;
+                                let _ = (&name, why);
+                            }
                             if other {
                                 fallback += 1;
                             } else {
@@ -565,10 +614,18 @@ fn every_drop_between_ladder_plans_lines_up() {
     }
     std::eprintln!(
         "{drops} drops over {tables} tables: {direct} line up ({regen} regenerating, {above} using \
-         bytes above the new arena while switching), {fallback} to a smaller plan, {restart} restart"
+         the old arena above the new while switching), {fallback} to a smaller plan, {restart} restart \
+         ({stuck} after an update: cannot adapt within the old arena)"
     );
     assert!(drops > 10_000);
     assert!(above * 100 <= direct);
+    // Holding switches within the old arena (the budget contract) leaves a few drops, all of a single
+    // 64-byte step right after an update, with no way on: 11 of 21,171 when this was written. They fail
+    // with a typed error; more than 0.1 % would mean the switch planner got worse.
+    assert!(
+        stuck * 1000 <= drops,
+        "{stuck} of {drops} drops cannot adapt"
+    );
 }
 
 // Timing of on-the-fly adaptation against stop-restart lives in `cargo xtask bench budget`.

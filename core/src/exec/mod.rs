@@ -105,6 +105,7 @@ pub(crate) trait Steer<'p, B: Backend> {
         whole: &mut [u8],
         eo: usize,
         run: &mut StepRun<'_, '_, '_>,
+        obs: &mut dyn AdaptObserver,
     ) -> Result<usize, ExecError>;
 }
 
@@ -118,6 +119,7 @@ impl<'p, B: Backend> Steer<'p, B> for InOrder {
         _: &mut [u8],
         eo: usize,
         _: &mut StepRun<'_, '_, '_>,
+        _: &mut dyn AdaptObserver,
     ) -> Result<usize, ExecError> {
         Ok(eo)
     }
@@ -136,6 +138,7 @@ impl<'p, B: Backend> Steer<'p, B> for ForwardOnly {
         _: &mut [u8],
         mut eo: usize,
         run: &mut StepRun<'_, '_, '_>,
+        _: &mut dyn AdaptObserver,
     ) -> Result<usize, ExecError> {
         let program = &ex.plan.program;
         if self.loss_eo.is_some() {
@@ -346,7 +349,7 @@ impl<'p, B: Backend> Executor<'p, B> {
             if stop.is_some_and(|s| eo >= s) {
                 return Ok(());
             }
-            eo = steer.before(self, whole, eo, run)?;
+            eo = steer.before(self, whole, eo, run, obs)?;
             let plan = self.plan;
             let Some(ins) = plan.program.get(eo) else {
                 return Ok(());
