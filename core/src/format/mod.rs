@@ -522,6 +522,17 @@ mod tests {
     use alloc::vec;
     use proptest::prelude::*;
 
+    /// Found by `cargo xtask fuzz` (target `model`): an input of u32::MAX³ elements decodes (the
+    /// encoding allows it) and must then be refused when realised, not overflow `Dims::numel`.
+    #[test]
+    fn decoded_model_with_an_overflowing_input_shape_is_a_typed_graph_error() {
+        let mut m = sample();
+        m.input = Dims::new(u32::MAX, u32::MAX, u32::MAX);
+        let d = decode_model(&encode_model(&m)).unwrap();
+        assert_eq!(d.input.numel(), usize::MAX);
+        assert!(crate::graph::Graph::new(&d, 1).is_err());
+    }
+
     fn sample() -> ModelSpec {
         ModelSpec {
             input: Dims::new(1, 8, 8),
