@@ -14,6 +14,8 @@
 //!   tests and its figures (see `web.rs`).
 //! - `firmware --board netduinoplus2|microbit`: builds `firmware/`, trains in QEMU, decodes the defmt log,
 //!   compares the first losses with a native run of the baked plan (see `firmware.rs`).
+//! - `fuzz [--time SECS] [--seeds] [TARGET …]`: the libFuzzer targets of `fuzz/` (nightly, cargo-fuzz),
+//!   each for SECS seconds (default 20), with a table of runs, crashes and coverage (see `fuzz.rs`).
 //! - `miri`: the decoders, kernel suites and int8 ops of `frugal-core` under Miri (nightly; see `miri.rs`).
 //! - `cross`: the int8/quant tests of `frugal-core` natively, on aarch64 under qemu (NEON, `sdot`) and on
 //!   wasm32-wasip1 + simd128 under Node (see `cross.rs`).
@@ -21,6 +23,7 @@ mod bench;
 mod budget;
 mod cross;
 mod firmware;
+mod fuzz;
 mod int8;
 mod miri;
 mod swap;
@@ -44,8 +47,9 @@ fn main() -> ExitCode {
         Some("cross") => cross::main(&args[1..]),
         Some("web") => web::main(&args[1..]),
         Some("miri") => miri::main(&args[1..]),
+        Some("fuzz") => fuzz::main(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask test [--fast] | bench memory|budget|swap|int8 … | cross | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit");
+            eprintln!("usage: cargo xtask test [--fast] | bench memory|budget|swap|int8 … | cross | fuzz [--time SECS] [TARGET] | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit");
             Err("unknown task".into())
         }
     };

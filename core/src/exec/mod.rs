@@ -8,6 +8,8 @@ pub mod adapt;
 mod adapt_tests;
 pub mod int8;
 #[cfg(test)]
+mod nonfinite_tests;
+#[cfg(test)]
 mod record_tests;
 
 pub use crate::backend::arena::carve;

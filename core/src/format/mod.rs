@@ -522,6 +522,43 @@ mod tests {
     use alloc::vec;
     use proptest::prelude::*;
 
+    /// Found by `cargo xtask fuzz` (target `model`): an input of u32::MAX³ elements decodes (the
+    /// encoding allows it) and must then be refused when realised, not overflow `Dims::numel`.
+    #[test]
+    fn decoded_model_with_an_overflowing_input_shape_is_a_typed_graph_error() {
+        let mut m = sample();
+        m.input = Dims::new(u32::MAX, u32::MAX, u32::MAX);
+        let d = decode_model(&encode_model(&m)).unwrap();
+        assert_eq!(d.input.numel(), usize::MAX);
+        assert!(crate::graph::Graph::new(&d, 1).is_err());
+    }
+
+    /// Found by `cargo xtask fuzz` (targets `model`, `plan_table`): a linear layer whose weight has
+    /// more elements than the address space (2^48 inputs × u32::MAX outputs) is refused as TooLarge,
+    /// not an overflowing product.
+    #[test]
+    fn decoded_model_with_an_overflowing_weight_is_a_typed_graph_error() {
+        let m = ModelSpec {
+            input: Dims::new(1 << 16, 1 << 16, 1 << 16),
+            layers: vec![LayerSpec {
+                name: "fc".into(),
+                kind: LayerKind::Linear {
+                    out: u32::MAX,
+                    bias: true,
+                },
+                inputs: vec![Src::Input],
+                trainable: true,
+            }],
+            ..sample()
+        };
+        let d = decode_model(&encode_model(&m)).unwrap();
+        let e = crate::graph::Graph::new(&d, 1).unwrap_err();
+        assert!(
+            matches!(&e, crate::graph::GraphError::TooLarge { tensor } if tensor == "fc.weight"),
+            "{e:?}"
+        );
+    }
+
     fn sample() -> ModelSpec {
         ModelSpec {
             input: Dims::new(1, 8, 8),

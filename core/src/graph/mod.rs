@@ -797,8 +797,13 @@ impl<'a> Builder<'a> {
             }
             let mut params = Vec::with_capacity(shapes.len());
             for (pname, shape) in shapes {
-                let elems = shape.iter().product::<usize>();
                 let full = format!("{name}.{pname}");
+                let elems = shape
+                    .iter()
+                    .try_fold(1usize, |a, &d| a.checked_mul(d))
+                    .ok_or_else(|| GraphError::TooLarge {
+                        tensor: full.clone(),
+                    })?;
                 let value = self.tensor(full.clone(), TensorKind::Weight, elems, Share::Own)?;
                 let (grad, state) = if trainable {
                     let g = self.tensor(

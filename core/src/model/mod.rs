@@ -24,9 +24,12 @@ impl Dims {
     pub const fn flat(f: u32) -> Self {
         Self { c: f, h: 1, w: 1 }
     }
-    /// Elements per sample (saturating; shapes are validated to fit in `u32` products elsewhere).
+    /// Elements per sample, saturating at `usize::MAX` (three `u32`s can overflow even a 64-bit
+    /// product; shapes are checked to fit where tensors are sized, [`crate::graph::Graph::new`]).
     pub fn numel(&self) -> usize {
-        self.c as usize * self.h as usize * self.w as usize
+        (self.c as usize)
+            .saturating_mul(self.h as usize)
+            .saturating_mul(self.w as usize)
     }
 }
 

@@ -3,6 +3,8 @@
 //! - [`spec_toml`] (feature `toml`, on by default): the TOML model description
 //!   (`docs/model-format.md`) → [`frugal_core::model::ModelSpec`] + a [`spec_toml::TrainConfig`].
 //! - [`data`]: data sets — the bundled UCI digits, MNIST-style IDX files, numeric CSV — and batching.
+//! - [`devmem`]: the memory this device can give (the default budget) and arenas allocated without
+//!   aborting.
 //! - [`checkpoint`]: safetensors weights in and out (atomic writes).
 //! - [`svg`]: pictures — the arena layout over execution order, training curves.
 //! - [`progress`]: per-epoch progress bars that stay quiet in CI logs.
@@ -14,6 +16,7 @@
 
 pub mod checkpoint;
 pub mod data;
+pub mod devmem;
 pub mod fsutil;
 pub mod measure;
 pub mod progress;

@@ -7,7 +7,7 @@ use frugal_cli::report;
 use frugal_cli::spec_toml::{load_model, DatasetSource};
 use frugal_cli::svg::{arena_svg, curves_svg, human_bytes, timeline_svg, TimelinePanel};
 use frugal_cli::train::{self, parse_size, TrainOptions};
-use frugal_cli::{checkpoint, fsutil, measure};
+use frugal_cli::{checkpoint, devmem, fsutil, measure};
 use frugal_core::budget::Budget;
 use frugal_core::graph::Graph;
 use frugal_core::plan::Plan;
@@ -39,8 +39,10 @@ enum Cmd {
     Train {
         /// Model description (see docs/model-format.md).
         model: PathBuf,
-        /// Arena budget, e.g. 2MiB, 600KiB (default: unlimited). Batches that do not fit are
-        /// micro-batched and/or recomputed, with the same gradients.
+        /// Arena budget, e.g. 2MiB, 600KiB (default: the memory this device can give now — the
+        /// smaller of MemAvailable and the cgroup's limit minus its usage; unlimited when neither can
+        /// be read). Batches that do not fit are micro-batched and/or recomputed, with the same
+        /// gradients.
         #[arg(long, value_parser = parse_size)]
         budget: Option<usize>,
         /// Memory policy when the plain plan does not fit the budget.
@@ -208,7 +210,19 @@ fn run(cli: Cli) -> Res {
             let epochs = epochs.or(mf.train.epochs).unwrap_or(10);
             let source = mf.train.dataset.clone().unwrap_or(DatasetSource::Digits);
             let (train_set, test_set) = train::load_data(&source)?;
-            let budget_v = budget.map(Budget::new).unwrap_or(Budget::UNLIMITED);
+            // No --budget: what the device can give now (available memory, the cgroup's room).
+            let (budget_v, device) = match budget {
+                Some(b) => (Budget::new(b), None),
+                None => devmem::default_budget(),
+            };
+            let budget = budget.or((budget_v != Budget::UNLIMITED).then_some(budget_v.bytes));
+            if let Some(m) = &device {
+                println!(
+                    "budget: {} — the memory this device can give ({}); set one with --budget",
+                    human_bytes(budget_v.bytes),
+                    m.source
+                );
+            }
             println!(
                 "model {}: {} layers, {} train / {} test samples",
                 model.display(),
@@ -232,7 +246,15 @@ fn run(cli: Cli) -> Res {
                 ghost_batch_norm,
                 f16_storage,
             };
-            let chosen = train::plan_for(&mf, batch, budget_v, policy, Some(&cost), approx)?;
+            let chosen = train::plan_for(&mf, batch, budget_v, policy, Some(&cost), approx)
+                .map_err(|e| match (&e, &device) {
+                    (train::TrainError::Budget(_), Some(m)) => format!(
+                        "{e} (no --budget: {} bytes is what this device can give, by {})",
+                        m.bytes, m.source
+                    )
+                    .into(),
+                    _ => Box::<dyn std::error::Error>::from(e),
+                })?;
             println!("{}", report::summary(&chosen.plan, budget));
             if f16_storage {
                 let f32_plan = Plan::new(Graph::new(&mf.spec, batch)?);

@@ -16,6 +16,7 @@ use frugal_core::quant::{Rescale, RescaleCounts};
 
 use crate::checkpoint::{self, CheckpointError};
 use crate::data::{self, DataError, Dataset};
+use crate::devmem::{alloc_zeroed, MemoryError};
 use crate::progress::EpochBar;
 use crate::spec_toml::{DatasetSource, ModelFile};
 use crate::svg::EpochPoint;
@@ -81,6 +82,8 @@ pub enum TrainError {
     Checkpoint(CheckpointError),
     /// The data does not fit the model.
     Mismatch(String),
+    /// The system refused the memory the plan needs.
+    Memory(MemoryError),
 }
 
 impl fmt::Display for TrainError {
@@ -92,6 +95,7 @@ impl fmt::Display for TrainError {
             TrainError::Exec(e) => write!(f, "training step: {e}"),
             TrainError::Checkpoint(e) => write!(f, "{e}"),
             TrainError::Mismatch(e) => write!(f, "{e}"),
+            TrainError::Memory(e) => write!(f, "{e}"),
         }
     }
 }
@@ -112,6 +116,7 @@ from!(Graph, GraphError);
 from!(Budget, BudgetError);
 from!(Exec, ExecError);
 from!(Checkpoint, CheckpointError);
+from!(Memory, MemoryError);
 
 impl From<PlanError> for TrainError {
     fn from(e: PlanError) -> Self {
@@ -265,7 +270,7 @@ pub fn train(
             train.classes
         )));
     }
-    let mut arena = vec![0u8; plan.needed_bytes()];
+    let mut arena = alloc_zeroed::<u8>(plan.needed_bytes(), "the arena")?;
     let pool = ThreadPool::new(opts.threads).map_err(|e| {
         TrainError::Mismatch(format!("cannot start {} CPU threads: {e}", opts.threads))
     })?;
@@ -278,8 +283,9 @@ pub fn train(
         }
     }
     let per = spec.input.numel();
-    let mut xbuf = vec![0f32; opts.batch.max(plan.batch()) * per];
-    let mut ybuf = vec![0u32; opts.batch.max(plan.batch())];
+    let rows = opts.batch.max(plan.batch());
+    let mut xbuf = alloc_zeroed::<f32>(rows.saturating_mul(per), "the batch buffer")?;
+    let mut ybuf = alloc_zeroed::<u32>(rows, "the label buffer")?;
     let steps = train.len().div_ceil(opts.batch) as u64;
     let mut curves = Vec::new();
     for epoch in 0..opts.epochs {
@@ -453,7 +459,7 @@ pub fn train_int8_with(
             train.classes
         )));
     }
-    let mut arena = vec![0u8; plan.needed_bytes()];
+    let mut arena = alloc_zeroed::<u8>(plan.needed_bytes(), "the arena")?;
     let mut ex = Int8Executor::new(&plan, &arena)?;
     ex.set_rescale(rescale);
     ex.init_params(&mut arena, spec.seed)?;
@@ -477,14 +483,15 @@ pub fn train_int8_with(
         }
     }
     let per = spec.input.numel();
-    let mut xbuf = vec![0f32; opts.batch * per];
-    let mut ybuf = vec![0u32; opts.batch];
+    let mut xbuf = alloc_zeroed::<f32>(opts.batch.saturating_mul(per), "the batch buffer")?;
+    let mut ybuf = alloc_zeroed::<u32>(opts.batch, "the label buffer")?;
     let mut split_profile = Vec::new();
     if let Some(threshold) = split {
         let n = opts.batch.min(train.len());
         let first: Vec<usize> = (0..n).collect();
         train.batch(&first, &mut xbuf, &mut ybuf);
-        let mut scratch = arena.clone();
+        let mut scratch = alloc_zeroed::<u8>(arena.len(), "the profiling arena")?;
+        scratch.copy_from_slice(&arena);
         let mut probe = Int8Executor::new(&plan, &scratch)?;
         probe.set_rescale(rescale);
         let prof = probe.profile_split(

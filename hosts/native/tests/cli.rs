@@ -132,3 +132,40 @@ fn int8_batch_split_profiles_every_weight_gradient() {
     assert!(out.contains("held-out accuracy"), "{out}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn a_model_too_big_for_the_device_fails_with_a_typed_error_not_an_abort() {
+    // No --budget: the budget is what the device can give; a 64 × 2^31 weight (512 GiB) fits no plan.
+    let dir = std::env::temp_dir().join(format!("frugal-huge-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("huge.toml");
+    std::fs::write(
+        &model,
+        "[model]\ninput = [1, 8, 8]\nloss = \"cross_entropy\"\n[optimizer]\ntype = \"sgd\"\nlr = 0.1\n\
+         [[layers]]\ntype = \"flatten\"\n[[layers]]\ntype = \"linear\"\nout = 2147483648\n\
+         [[layers]]\ntype = \"linear\"\nout = 10\n[train]\ndataset = \"digits\"\nepochs = 1\n",
+    )
+    .unwrap();
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let out = Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args(["train", model.to_str().unwrap()])
+        .current_dir(root)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "exit by error, not by a signal: {text}"
+    );
+    assert!(!text.contains("memory allocation of"), "{text}");
+    assert!(
+        text.contains("memory budget too small") && text.contains("this device can give"),
+        "{text}"
+    );
+}

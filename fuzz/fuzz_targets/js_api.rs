@@ -1,0 +1,183 @@
+//! The JS API (`Trainer`) with random argument sequences. wasm-bindgen's `JsValue` cannot exist off
+//! wasm, so this drives what every JS method calls — `frugal_wasm::Session` — through the same argument
+//! conversions the bindings apply (`integer`, `parse_policy`, budgets as f64 with `Infinity` for none).
+//! A rejected call must leave the trainer usable; nothing may panic (a panic is a trap in the browser).
+//! Step counts are capped at 3 per call so a run explores sequences rather than long training.
+#![no_main]
+use arbitrary::Arbitrary;
+use frugal_wasm::session::{integer, parse_policy, MAX_BATCH, MAX_CLASSES, MAX_STEPS_PER_CALL};
+use frugal_wasm::{Options, Session};
+use libfuzzer_sys::fuzz_target;
+
+const MLP: &[u8] = include_bytes!("../../examples/digits-mlp.frgm");
+const CNN: &[u8] = include_bytes!("../../examples/digits-cnn.frgm");
+const TRANSFER: &[u8] = include_bytes!("../../examples/transfer.frgm");
+const BACKBONE: &[u8] = include_bytes!("../../examples/digits-backbone.safetensors");
+
+#[derive(Arbitrary, Debug)]
+enum Model {
+    Mlp,
+    Cnn,
+    Transfer,
+    Bytes(Vec<u8>),
+}
+
+#[derive(Arbitrary, Debug)]
+enum Weights {
+    None,
+    Backbone,
+    Bytes(Vec<u8>),
+}
+
+#[derive(Arbitrary, Debug)]
+struct Create {
+    model: Model,
+    weights: Weights,
+    batch: Option<f64>,
+    budget: Option<f64>,
+    seed: Option<f64>,
+    classes: Option<f64>,
+    policy: Option<String>,
+}
+
+#[derive(Arbitrary, Debug)]
+enum Call {
+    AddSample {
+        fill: f32,
+        len_delta: i8,
+        label: f64,
+    },
+    AddRandom {
+        values: Vec<f32>,
+        label: f64,
+    },
+    ClearSamples,
+    TrainSteps(f64),
+    Predict {
+        fill: f32,
+        samples: u8,
+        extra: u8,
+    },
+    SetBudget(f64),
+    PlanInfo,
+    ExportWeights,
+}
+
+#[derive(Arbitrary, Debug)]
+struct Script {
+    create: Create,
+    calls: Vec<Call>,
+}
+
+fn budget(v: f64) -> Option<Option<usize>> {
+    if v == f64::INFINITY {
+        return Some(None);
+    }
+    integer("bytes", v, 0, 1 << 53)
+        .ok()
+        .map(|b| Some(b as usize))
+}
+
+fn options(c: &Create) -> Option<Options> {
+    let mut o = Options::default();
+    if let Some(b) = c.batch {
+        // Small batches keep each run fast; the bindings allow up to MAX_BATCH.
+        o.batch = integer("options.batch", b, 1, MAX_BATCH as u64)
+            .ok()?
+            .min(16) as usize;
+    }
+    if let Some(b) = c.budget {
+        o.budget = budget(b)?;
+    }
+    if let Some(s) = c.seed {
+        o.seed = Some(integer("options.seed", s, 0, 1 << 53).ok()?);
+    }
+    if let Some(k) = c.classes {
+        o.classes = Some(integer("options.classes", k, 1, MAX_CLASSES as u64).ok()? as u32);
+    }
+    if let Some(p) = &c.policy {
+        o.policy = parse_policy(p).ok()?;
+    }
+    Some(o)
+}
+
+fuzz_target!(|script: Script| {
+    let Some(opts) = options(&script.create) else {
+        return;
+    };
+    let model: &[u8] = match &script.create.model {
+        Model::Mlp => MLP,
+        Model::Cnn => CNN,
+        Model::Transfer => TRANSFER,
+        Model::Bytes(b) => b,
+    };
+    let weights: &[u8] = match &script.create.weights {
+        Weights::None => &[],
+        Weights::Backbone => BACKBONE,
+        Weights::Bytes(b) => b,
+    };
+    // Fuzzed model bytes can describe huge layers; the bindings refuse those with a budget or
+    // out-of-memory error, which is what a bounded budget tests here without exhausting the fuzzer.
+    let mut opts = opts;
+    if matches!(script.create.model, Model::Bytes(_)) {
+        opts.budget = Some(opts.budget.unwrap_or(64 << 20).min(64 << 20));
+    }
+    let Ok(mut s) = Session::new(model, weights, opts) else {
+        return;
+    };
+    let per = s.input_size();
+    for call in script.calls.iter().take(32) {
+        let before = s.steps();
+        match call {
+            Call::AddSample {
+                fill,
+                len_delta,
+                label,
+            } => {
+                let n = (per as isize + *len_delta as isize).max(0) as usize;
+                let _ = s.add_sample(&vec![*fill; n], *label);
+            }
+            Call::AddRandom { values, label } => {
+                let _ = s.add_sample(values, *label);
+            }
+            Call::ClearSamples => s.clear_samples(),
+            Call::TrainSteps(n) => {
+                if let Ok(n) = integer("steps", *n, 0, MAX_STEPS_PER_CALL as u64) {
+                    let mut losses = Vec::new();
+                    let r = s.train_steps(n.min(3) as u32, &mut losses);
+                    if r.is_ok() {
+                        assert_eq!(losses.len() as u64, n.min(3));
+                        assert!(losses.iter().all(|l| l.is_finite()));
+                    }
+                }
+            }
+            Call::Predict {
+                fill,
+                samples,
+                extra,
+            } => {
+                let n = (*samples as usize % 5) * per + (*extra as usize % 3);
+                if let Ok(p) = s.predict(&vec![*fill; n]) {
+                    assert_eq!(p.len(), n / per * s.classes());
+                }
+            }
+            Call::SetBudget(b) => {
+                if let Some(b) = budget(*b) {
+                    let info = s.plan_info();
+                    if s.set_budget(b).is_err() {
+                        assert_eq!(s.plan_info(), info, "a refused budget keeps the plan");
+                    }
+                }
+            }
+            Call::PlanInfo => {
+                let _ = s.plan_info();
+            }
+            Call::ExportWeights => {
+                if let Ok(w) = s.export_weights() {
+                    frugal_wasm::weights::parse(&w).expect("exported weights parse");
+                }
+            }
+        }
+        assert!(s.steps() >= before);
+    }
+});
