@@ -89,6 +89,8 @@ pub struct Tool {
     pub install: Install,
     /// The legs that need it.
     pub legs: &'static [Leg],
+    /// Said with the install command when it is missing (`""`: nothing to add).
+    pub note: &'static str,
 }
 
 /// Everything any leg needs beyond `cargo` and `rustc` themselves.
@@ -99,6 +101,7 @@ pub const TOOLS: &[Tool] = &[
         want: Want::Any,
         install: Install::Component("rustfmt"),
         legs: &[Leg::Fmt],
+        note: "",
     },
     Tool {
         name: "clippy",
@@ -106,6 +109,7 @@ pub const TOOLS: &[Tool] = &[
         want: Want::Any,
         install: Install::Component("clippy"),
         legs: &[Leg::Clippy],
+        note: "",
     },
     // The wasmtime host's build script compiles its guest for wasm32; the browser build too.
     Tool {
@@ -114,6 +118,7 @@ pub const TOOLS: &[Tool] = &[
         want: Want::Any,
         install: Install::Target("wasm32-unknown-unknown"),
         legs: &[Leg::Tests, Leg::NoStd, Leg::Web],
+        note: "",
     },
     Tool {
         name: "target thumbv7em-none-eabihf",
@@ -121,6 +126,7 @@ pub const TOOLS: &[Tool] = &[
         want: Want::Any,
         install: Install::Target("thumbv7em-none-eabihf"),
         legs: &[Leg::NoStd, Leg::FirmwareM4],
+        note: "",
     },
     Tool {
         name: "target thumbv6m-none-eabi",
@@ -128,6 +134,7 @@ pub const TOOLS: &[Tool] = &[
         want: Want::Any,
         install: Install::Target("thumbv6m-none-eabi"),
         legs: &[Leg::NoStd, Leg::FirmwareM0],
+        note: "",
     },
     Tool {
         name: "target aarch64-unknown-linux-gnu",
@@ -135,6 +142,7 @@ pub const TOOLS: &[Tool] = &[
         want: Want::Any,
         install: Install::Target("aarch64-unknown-linux-gnu"),
         legs: &[Leg::Cross],
+        note: "",
     },
     Tool {
         name: "target wasm32-wasip1",
@@ -142,6 +150,7 @@ pub const TOOLS: &[Tool] = &[
         want: Want::Any,
         install: Install::Target("wasm32-wasip1"),
         legs: &[Leg::Cross],
+        note: "",
     },
     Tool {
         name: "aarch64-linux-gnu-gcc",
@@ -149,6 +158,7 @@ pub const TOOLS: &[Tool] = &[
         want: Want::Any,
         install: Install::Apt(&["gcc-aarch64-linux-gnu"]),
         legs: &[Leg::Cross],
+        note: "",
     },
     // Linking for aarch64, and the `-L` root of `qemu-aarch64`.
     Tool {
@@ -157,6 +167,7 @@ pub const TOOLS: &[Tool] = &[
         want: Want::Any,
         install: Install::Apt(&["libc6-dev-arm64-cross"]),
         legs: &[Leg::Cross],
+        note: "",
     },
     Tool {
         name: "qemu-aarch64",
@@ -164,6 +175,7 @@ pub const TOOLS: &[Tool] = &[
         want: Want::Any,
         install: Install::Apt(&["qemu-user"]),
         legs: &[Leg::Cross],
+        note: "",
     },
     // `node:wasi` with `version: 'preview1'` (the wasm32-wasip1 suite); Playwright. Debian 12's own
     // nodejs is 18: a machine without Node ≥ 20 needs NodeSource's (which bundles npm).
@@ -173,6 +185,7 @@ pub const TOOLS: &[Tool] = &[
         want: Want::AtLeast((20, 0, 0)),
         install: Install::Apt(&["nodejs", "npm"]),
         legs: &[Leg::Cross, Leg::Web],
+        note: "Debian 12's nodejs is 18: take Node ≥ 20 from NodeSource, whose nodejs bundles npm",
     },
     Tool {
         name: "qemu-system-arm",
@@ -180,6 +193,7 @@ pub const TOOLS: &[Tool] = &[
         want: Want::Any,
         install: Install::Apt(&["qemu-system-arm"]),
         legs: &[Leg::FirmwareM4, Leg::FirmwareM0],
+        note: "",
     },
     Tool {
         name: "defmt-print",
@@ -190,6 +204,7 @@ pub const TOOLS: &[Tool] = &[
         },
         install: Install::Cargo("defmt-print"),
         legs: &[Leg::FirmwareM4, Leg::FirmwareM0],
+        note: "",
     },
     Tool {
         name: "chromium",
@@ -197,6 +212,7 @@ pub const TOOLS: &[Tool] = &[
         want: Want::Any,
         install: Install::Apt(&["chromium"]),
         legs: &[Leg::Web],
+        note: "",
     },
     Tool {
         name: "chromedriver",
@@ -204,6 +220,7 @@ pub const TOOLS: &[Tool] = &[
         want: Want::Any,
         install: Install::Apt(&["chromium-driver"]),
         legs: &[Leg::Web],
+        note: "",
     },
     Tool {
         name: "wasm-opt",
@@ -211,6 +228,7 @@ pub const TOOLS: &[Tool] = &[
         want: Want::Any,
         install: Install::Apt(&["binaryen"]),
         legs: &[Leg::Web],
+        note: "",
     },
     Tool {
         name: "wasm-bindgen-cli",
@@ -221,6 +239,7 @@ pub const TOOLS: &[Tool] = &[
         },
         install: Install::Cargo("wasm-bindgen-cli"),
         legs: &[Leg::Web],
+        note: "",
     },
     Tool {
         name: "web-demo npm packages",
@@ -231,6 +250,7 @@ pub const TOOLS: &[Tool] = &[
         want: Want::Any,
         install: Install::NpmCi("web-demo"),
         legs: &[Leg::Web],
+        note: "",
     },
     Tool {
         name: "nightly + miri",
@@ -238,6 +258,7 @@ pub const TOOLS: &[Tool] = &[
         want: Want::Any,
         install: Install::Toolchain("nightly", &["miri", "rust-src"]),
         legs: &[Leg::Miri],
+        note: "",
     },
 ];
 
@@ -428,6 +449,15 @@ impl Tool {
         }
     }
 
+    /// The install command, with the note when there is one.
+    pub fn hint(&self) -> String {
+        if self.note.is_empty() {
+            self.command()
+        } else {
+            format!("{}; {}", self.command(), self.note)
+        }
+    }
+
     /// The exact command that installs it (Debian packages: as root).
     pub fn command(&self) -> String {
         let pin = self.want.pin().ok().flatten();
@@ -481,13 +511,16 @@ impl Status {
         (!names.is_empty()).then(|| format!("missing {}", names.join(", ")))
     }
 
-    /// One line per tool: ok / missing, the tool, what was found or why not, the legs that need it.
+    /// One line per tool: ok / MISSING / VERSION (present, incompatible), the tool, the legs that need it,
+    /// what was found or why not with the command that installs it.
     pub fn print(&self) {
         for (t, r) in &self.rows {
             let legs: Vec<&str> = t.legs.iter().map(|l| l.name()).collect();
             let (mark, what) = match r {
                 Ok(s) => ("ok", s.clone()),
-                Err(e) => ("MISSING", format!("{e} — {}", t.command())),
+                // `Want::accepts` says "found V, need …".
+                Err(e) if e.starts_with("found ") => ("VERSION", format!("{e} — {}", t.hint())),
+                Err(e) => ("MISSING", format!("{e} — {}", t.hint())),
             };
             eprintln!("  {mark:<8} {:<32} {:<24} {what}", t.name, legs.join(","));
         }

@@ -209,7 +209,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         if !missing.is_empty() {
             let how: Vec<String> = missing
                 .iter()
-                .map(|t| format!("  {}: {}", t.name, t.command()))
+                .map(|t| format!("  {}: {}", t.name, t.hint()))
                 .collect();
             return Err(format!(
                 "--no-setup: missing tools (`cargo xtask setup` installs them):\n{}",
