@@ -57,7 +57,7 @@ fn main() -> ExitCode {
         Some("web") => ready(&[Leg::Web]).and_then(|()| web::main(&args[1..])),
         Some("miri") => ready(&[Leg::Miri]).and_then(|()| miri::main(&args[1..])),
         _ => {
-            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|swap|int8 … | cross | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit");
+            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|swap|int8 … | cross | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit | miri");
             Err("unknown task".into())
         }
     };
