@@ -12,8 +12,8 @@
 //! It fails if any suite fails or runs no test. A "required" kernel that is unavailable fails the suite
 //! (the tests read `FRUGAL_REQUIRE_KERNELS`), so a misconfigured emulator cannot skip it silently.
 //!
-//! Needs (Debian): `apt-get install -y gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user nodejs`
-//! (Node ≥ 20 for `node:wasi`); the Rust targets are added here with `rustup`.
+//! Needs the aarch64 cross linker and glibc, `qemu-aarch64`, Node ≥ 20 (`node:wasi`) and the two Rust
+//! targets: `cargo xtask setup` installs them (the table in `setup.rs`).
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -49,35 +49,6 @@ pub fn main(args: &[String]) -> Result<(), String> {
         return Err(format!(
             "`cargo xtask cross` takes no arguments (got `{a}`)"
         ));
-    }
-    let _ = Command::new("rustup")
-        .args([
-            "target",
-            "add",
-            "aarch64-unknown-linux-gnu",
-            "wasm32-wasip1",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-    for (tool, arg, pkg) in [
-        (
-            "aarch64-linux-gnu-gcc",
-            "--version",
-            "gcc-aarch64-linux-gnu libc6-dev-arm64-cross",
-        ),
-        ("qemu-aarch64", "--version", "qemu-user"),
-        ("node", "--version", "nodejs (≥ 20)"),
-    ] {
-        let ok = Command::new(tool)
-            .arg(arg)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            return Err(format!("`{tool}` not found: apt-get install -y {pkg}"));
-        }
     }
     let mut report = Vec::new();
 

@@ -180,11 +180,6 @@ fn check_model_file(root: &Path, b: &boards::Board) -> Result<(), String> {
 }
 
 fn build(root: &Path, b: &boards::Board, int8: bool) -> Result<PathBuf, String> {
-    let _ = Command::new("rustup")
-        .args(["target", "add", b.target])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
     let target_dir = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
@@ -293,9 +288,7 @@ fn decode_defmt(elf: &str, raw: &[u8]) -> Result<String, String> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| {
-            format!("cannot run defmt-print ({e}); install it: cargo install defmt-print")
-        })?;
+        .map_err(|e| format!("cannot run defmt-print ({e}); `cargo xtask setup` installs it"))?;
     p.stdin
         .take()
         .ok_or("no defmt-print stdin")?

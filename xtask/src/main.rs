@@ -1,8 +1,13 @@
 //! `cargo xtask <task>`:
-//! - `test [--fast]`: everything CI checks — fmt, clippy, the workspace tests, `frugal-core` built
-//!   without `std` for Cortex-M4F, Cortex-M0 and wasm32, the memory benchmark's targets, the int8 kernels
-//!   on aarch64 (qemu) and wasm32 (Node), the browser build and its Chromium tests, and the firmware on
-//!   the Cortex-M4F and Cortex-M0 boards in QEMU (`--fast` leaves out those last three).
+//! - `test [--fast] [--no-setup]`: everything CI checks — fmt, clippy, the workspace tests,
+//!   `frugal-core` built without `std` for Cortex-M4F, Cortex-M0 and wasm32, the memory benchmark's
+//!   targets, the int8 kernels on aarch64 (qemu) and wasm32 (Node), the browser build and its Chromium
+//!   tests, and the firmware on the Cortex-M4F and Cortex-M0 boards in QEMU (`--fast` leaves out those
+//!   last four); installs what is missing first (`--no-setup`: refuses instead); ends with a table of
+//!   legs, results and times (see `test.rs`).
+//! - `setup [--fast] [--check] [LEG…]`: installs the tools the legs need, skipping what is present at a
+//!   compatible version (see `setup.rs`, the one list of them). The emulator, browser and Miri tasks
+//!   below run it for their own needs first.
 //! - `bench memory [--only id,id] [--steps N]`: the reference workloads, each in a fresh process: arena,
 //!   lower bound, peak RSS over the process baseline, ms/step at one thread, beside PyTorch's and the
 //!   best peer's numbers measured on this machine kind.
@@ -26,15 +31,20 @@ mod firmware;
 mod fuzz;
 mod int8;
 mod miri;
+mod setup;
 mod swap;
+mod test;
 mod web;
 
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
+
+use test::Leg;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let r = match args.first().map(String::as_str) {
-        Some("test") => test(&args[1..]),
+        Some("test") => test::main(&args[1..]),
+        Some("setup") => setup::main(&args[1..]),
         Some("bench") if args.get(1).map(String::as_str) == Some("budget") => {
             budget::main(&args[2..])
         }
@@ -43,13 +53,15 @@ fn main() -> ExitCode {
         Some("bench") => bench::main(&args[1..]),
         Some("__bench-swap-one") => swap::child(&args[1..]),
         Some("__bench-one") => bench::child(&args[1..]),
-        Some("firmware") => firmware::main(&args[1..]),
-        Some("cross") => cross::main(&args[1..]),
-        Some("web") => web::main(&args[1..]),
-        Some("miri") => miri::main(&args[1..]),
-        Some("fuzz") => fuzz::main(&args[1..]),
+        Some("firmware") => {
+            ready(&[Leg::FirmwareM4, Leg::FirmwareM0]).and_then(|()| firmware::main(&args[1..]))
+        }
+        Some("cross") => ready(&[Leg::Cross]).and_then(|()| cross::main(&args[1..])),
+        Some("web") => ready(&[Leg::Web]).and_then(|()| web::main(&args[1..])),
+        Some("miri") => ready(&[Leg::Miri]).and_then(|()| miri::main(&args[1..])),
+        Some("fuzz") => ready(&[Leg::Fuzz]).and_then(|()| fuzz::main(&args[1..])),
         _ => {
-            eprintln!("usage: cargo xtask test [--fast] | bench memory|budget|swap|int8 … | cross | fuzz [--time SECS] [TARGET] | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit");
+            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|swap|int8|sgemm … | cross | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit | miri | fuzz [--time SECS] [TARGET…]");
             Err("unknown task".into())
         }
     };
@@ -62,163 +74,12 @@ fn main() -> ExitCode {
     }
 }
 
-fn cargo(args: &[&str]) -> Result<(), String> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    eprintln!("\n$ cargo {}", args.join(" "));
-    let st = Command::new(&cargo)
-        .args(args)
-        .status()
-        .map_err(|e| format!("cannot run cargo: {e}"))?;
-    if st.success() {
-        Ok(())
-    } else {
-        Err(format!("`cargo {}` failed ({st})", args.join(" ")))
-    }
-}
-
-/// What the emulated and browser legs need beyond cargo: (program, what installs it).
-const TOOLS: &[(&str, &str)] = &[
-    ("qemu-aarch64", "apt-get install -y qemu-user"),
-    (
-        "aarch64-linux-gnu-gcc",
-        "apt-get install -y gcc-aarch64-linux-gnu libc6-dev-arm64-cross",
-    ),
-    ("qemu-system-arm", "apt-get install -y qemu-system-arm"),
-    ("node", "apt-get install -y nodejs npm"),
-    ("npm", "apt-get install -y nodejs npm"),
-    ("chromium", "apt-get install -y chromium chromium-driver"),
-    (
-        "chromedriver",
-        "apt-get install -y chromium chromium-driver",
-    ),
-    ("wasm-opt", "apt-get install -y binaryen"),
-    (
-        "wasm-bindgen",
-        "cargo install wasm-bindgen-cli --version 0.2.130",
-    ),
-    (
-        "wasm-bindgen-test-runner",
-        "cargo install wasm-bindgen-cli --version 0.2.130",
-    ),
-    (
-        "defmt-print",
-        "cargo install defmt-print --version 1.2.0 --locked",
-    ),
-];
-
-/// Every target the checks build for.
-const TARGETS: &[&str] = &[
-    "thumbv7em-none-eabihf",
-    "thumbv6m-none-eabi",
-    "wasm32-unknown-unknown",
-    "wasm32-wasip1",
-    "aarch64-unknown-linux-gnu",
-];
-
-fn on_path(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-}
-
-/// Fails before the first build when a tool of the full run is missing, naming how to install it
-/// (`.ci/run` installs all of them).
-fn preflight() -> Result<(), String> {
-    let missing: Vec<String> = TOOLS
-        .iter()
-        .filter(|(t, _)| !on_path(t))
-        .map(|(t, how)| format!("  {t}: {how}"))
-        .collect();
+/// Before a task run on its own: installs what its legs need (see `setup.rs`), or says what is missing.
+fn ready(legs: &[Leg]) -> Result<(), String> {
+    let missing = setup::ensure(legs).missing();
     if missing.is_empty() {
         return Ok(());
     }
-    Err(format!(
-        "missing tools (`.ci/run` installs them; `cargo xtask test --fast` skips the emulated and browser legs):\n{}",
-        missing.join("\n")
-    ))
-}
-
-fn step(name: &str, r: Result<(), String>) -> Result<(), String> {
-    eprintln!("\n== {name}");
-    r.map_err(|e| format!("{name}: {e}"))
-}
-
-/// `cargo xtask test [--fast]`: everything CI checks. `--fast` leaves out the legs that need
-/// emulators and a browser (aarch64/wasm kernels, the web demo, the firmware in QEMU).
-fn test(args: &[String]) -> Result<(), String> {
-    let fast = args.iter().any(|a| a == "--fast");
-    if !fast {
-        preflight()?;
-    }
-    for target in TARGETS {
-        // Idempotent and quick when the target is already there.
-        let _ = Command::new("rustup")
-            .args(["target", "add", target])
-            .status();
-    }
-    cargo(&["fmt", "--all", "--check"])?;
-    cargo(&[
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ])?;
-    cargo(&["test", "--workspace"])?;
-    for target in [
-        "thumbv7em-none-eabihf",
-        "thumbv6m-none-eabi",
-        "wasm32-unknown-unknown",
-    ] {
-        cargo(&[
-            "build",
-            "-p",
-            "frugal-core",
-            "--no-default-features",
-            "--target",
-            target,
-        ])
-        .map_err(|e| format!("{e}\n(hint: `rustup target add {target}`)"))?;
-        cargo(&[
-            "build",
-            "-p",
-            "frugal-core",
-            "--no-default-features",
-            "--features",
-            "alloc",
-            "--target",
-            target,
-        ])?;
-    }
-    // The memory targets of the benchmark (peak RSS is repeatable; times are only reported).
-    cargo(&[
-        "run",
-        "--release",
-        "-p",
-        "xtask",
-        "--",
-        "bench",
-        "memory",
-        "--check",
-    ])?;
-    if !fast {
-        step(
-            "int8 kernels natively, on aarch64 (qemu) and wasm32 (Node)",
-            cross::main(&[]),
-        )?;
-        step(
-            "browser: frugal-wasm, the demo in Chromium, cross-target losses",
-            web::main(&["--test".to_string()]),
-        )?;
-        step(
-            "firmware on netduinoplus2 (QEMU), f32 and int8",
-            firmware::main(&["--board".to_string(), "netduinoplus2".to_string()]),
-        )?;
-        step(
-            "firmware on microbit (QEMU, Cortex-M0, 16 KiB RAM), int8",
-            firmware::main(&["--board".to_string(), "microbit".to_string()]),
-        )?;
-    }
-    eprintln!("\nall checks passed");
-    Ok(())
+    let names: Vec<&str> = missing.iter().map(|t| t.name).collect();
+    Err(format!("missing {} (see above)", names.join(", ")))
 }

@@ -2,7 +2,7 @@
 //! decoders (model, plan, plan table: round trips, corrupt and random bytes), the GEMM and int8 kernel
 //! conformance suites (the x86 SIMD kernels are compiled out under Miri; the portable ones run) and
 //! the int8 ops — under `cargo +nightly miri` with one proptest case each (Miri runs ~1000× slower
-//! than native). Needs a nightly toolchain with `miri` and `rust-src`; the project itself builds on
+//! than native). Needs a nightly toolchain with `miri` and `rust-src` (`cargo xtask setup miri`); the project itself builds on
 //! stable (this is a checking tool, like the sanitizers). Isolation is off because proptest reads its
 //! failure-persistence files.
 use std::process::Command;
@@ -17,17 +17,6 @@ const FILTERS: &[&str] = &[
 ];
 
 pub fn main(_args: &[String]) -> Result<(), String> {
-    let ok = Command::new("cargo")
-        .args(["+nightly", "miri", "--version"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok {
-        return Err(
-            "Miri is not installed: `rustup toolchain install nightly --component miri rust-src`"
-                .into(),
-        );
-    }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))

@@ -11,9 +11,9 @@
 //! - `--bench`: builds, then times training steps of `examples/digits-cnn.frgm` (batch 32) natively in
 //!   this process and in Chromium, and reports the `.wasm` size and wasm memory vs budget.
 //!
-//! Needs: `rustup target add wasm32-unknown-unknown`, `cargo install wasm-bindgen-cli --version
-//! 0.2.130`, `apt-get install chromium chromium-driver binaryen`, `npm ci` in `web-demo/` (done here when
-//! `node_modules` is missing).
+//! Needs the wasm32 target, `wasm-bindgen-cli` at the `wasm-bindgen` crate's version, binaryen's
+//! `wasm-opt`, Chromium and its driver, Node and `npm ci` in `web-demo/`: `cargo xtask setup` installs
+//! them (the table in `setup.rs`).
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -23,8 +23,6 @@ use frugal_core::format::decode_model;
 use frugal_core::graph::Graph;
 use frugal_core::plan::Plan;
 
-/// The wasm-bindgen CLI must match the `wasm-bindgen` crate exactly.
-const WASM_BINDGEN_VERSION: &str = "0.2.130";
 /// The release `.wasm` must stay below this (issue 5: 400 KB, read as decimal kilobytes, the stricter).
 const MAX_WASM_BYTES: u64 = 400_000;
 /// Demo files copied into `dist/` (the wasm-bindgen output is added beside them).
@@ -94,9 +92,6 @@ pub fn main(args: &[String]) -> Result<(), String> {
 
 /// Builds the module and the demo into `web-demo/dist/`; returns the `.wasm` path there.
 fn build() -> Result<PathBuf, String> {
-    let _ = Command::new("rustup")
-        .args(["target", "add", "wasm32-unknown-unknown"])
-        .status();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     // A target directory of its own: the profile overrides below must not invalidate other builds.
     let tdir = target_dir().join("web");
@@ -131,19 +126,6 @@ fn build() -> Result<PathBuf, String> {
         ])
         .arg("--target-dir")
         .arg(&tdir))?;
-    let version = Command::new("wasm-bindgen")
-        .arg("--version")
-        .output()
-        .map_err(|e| {
-            format!("cannot run wasm-bindgen ({e}); install it: cargo install wasm-bindgen-cli --version {WASM_BINDGEN_VERSION}")
-        })?;
-    let v = String::from_utf8_lossy(&version.stdout);
-    if !v.contains(WASM_BINDGEN_VERSION) {
-        return Err(format!(
-            "wasm-bindgen is {}, the crate needs {WASM_BINDGEN_VERSION}: cargo install wasm-bindgen-cli --version {WASM_BINDGEN_VERSION}",
-            v.trim()
-        ));
-    }
     let demo = root().join("web-demo");
     let dist = demo.join("dist");
     let _ = std::fs::remove_dir_all(&dist);
@@ -167,7 +149,7 @@ fn build() -> Result<PathBuf, String> {
         .arg(&raw)
         .arg("-o")
         .arg(&opt))
-    .map_err(|e| format!("{e} (wasm-opt comes with binaryen: apt-get install binaryen)"))?;
+    .map_err(|e| format!("{e} (wasm-opt comes with binaryen: `cargo xtask setup`)"))?;
     run(Command::new("wasm-bindgen")
         .arg("--target")
         .arg("web")
@@ -203,19 +185,7 @@ fn copy(from: &Path, to: &Path) -> Result<(), String> {
         .map_err(|e| format!("copy {} → {}: {e}", from.display(), to.display()))
 }
 
-/// `npm ci` in `web-demo/` when its `node_modules` is missing.
-fn npm_deps() -> Result<(), String> {
-    let demo = root().join("web-demo");
-    if !demo.join("node_modules/playwright-core").exists() {
-        run(Command::new("npm")
-            .current_dir(&demo)
-            .args(["ci", "--no-audit", "--no-fund"]))?;
-    }
-    Ok(())
-}
-
 fn test() -> Result<(), String> {
-    npm_deps()?;
     run(Command::new("node").arg(root().join("web-demo/test/demo.test.mjs")))?;
     // The JS API's error paths, in Chromium through chromedriver (wasm-bindgen-test).
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -282,7 +252,6 @@ fn native_ms_per_step(rounds: usize, steps: usize) -> Result<f64, String> {
 }
 
 fn bench(wasm: &Path) -> Result<(), String> {
-    npm_deps()?;
     let (rounds, steps) = (7, 40);
     let native = native_ms_per_step(rounds, steps)?;
     let out = Command::new("node")
