@@ -6,6 +6,8 @@
 //! - `bench memory [--only id,id] [--steps N]`: the reference workloads, each in a fresh process: arena,
 //!   lower bound, peak RSS over the process baseline, ms/step at one thread, beside PyTorch's and the
 //!   best peer's numbers measured on this machine kind.
+//! - `bench sgemm [--threads N] [--reps R]`: SGEMM GFLOPS (1024³ and the FC-FC-FC shapes) per kernel
+//!   family, with the measured clock and the share of the FMA peak.
 //! - `bench budget`: the memory policies — Melon's headline, smallest budgets, Sage's orderings.
 //! - `bench swap [--scale S] [--lookahead L] [--budget-mib M] [--steps N] [--rounds R] [--keep-cache]`:
 //!   proactive swap (NNTrainer §4.3) on VGG-16/CIFAR: no swap, on-demand and proactive swap, each in a
@@ -23,6 +25,7 @@ mod cross;
 mod firmware;
 mod int8;
 mod miri;
+mod sgemm;
 mod swap;
 mod web;
 
@@ -37,6 +40,9 @@ fn main() -> ExitCode {
         }
         Some("bench") if args.get(1).map(String::as_str) == Some("swap") => swap::main(&args[2..]),
         Some("bench") if args.get(1).map(String::as_str) == Some("int8") => int8::main(&args[2..]),
+        Some("bench") if args.get(1).map(String::as_str) == Some("sgemm") => {
+            sgemm::main(&args[2..])
+        }
         Some("bench") => bench::main(&args[1..]),
         Some("__bench-swap-one") => swap::child(&args[1..]),
         Some("__bench-one") => bench::child(&args[1..]),
@@ -45,7 +51,7 @@ fn main() -> ExitCode {
         Some("web") => web::main(&args[1..]),
         Some("miri") => miri::main(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask test [--fast] | bench memory|budget|swap|int8 … | cross | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit");
+            eprintln!("usage: cargo xtask test [--fast] | bench memory|budget|swap|int8|sgemm … | cross | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit");
             Err("unknown task".into())
         }
     };
