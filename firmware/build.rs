@@ -99,6 +99,7 @@ fn main() {
             kernels: KernelFamily::Portable,
             grad_tile: b.int8_grad_tile,
             names: true,
+            threads: 1,
         };
         let g = Graph::with_options(&spec, b.batch, options)
             .unwrap_or_else(|e| panic!("{} in int8: {e}", b.model));

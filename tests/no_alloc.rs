@@ -325,7 +325,11 @@ fn threaded_steps_allocate_nothing() {
             ("lenet5", 16),
         ] {
             let w = workloads::all().into_iter().find(|w| w.id == id).unwrap();
-            let plan = Plan::new(Graph::new(&w.spec, batch).unwrap());
+            let options = GraphOptions {
+                threads,
+                ..GraphOptions::default()
+            };
+            let plan = Plan::new(Graph::with_options(&w.spec, batch, options).unwrap());
             let mut arena = vec![0u8; plan.needed_bytes()];
             let mut ex =
                 Executor::with_backend(&plan, &arena, CpuBackend::with_pool(&pool)).unwrap();

@@ -4,7 +4,7 @@
 use frugal_cli::workloads;
 use frugal_core::backend::{Backend, CpuBackend};
 use frugal_core::exec::{Executor, Target};
-use frugal_core::graph::Graph;
+use frugal_core::graph::{Graph, GraphOptions};
 use frugal_core::model::LossKind;
 use frugal_core::plan::Plan;
 use frugal_core::pool::{SingleThread, ThreadPool, WorkerPool};
@@ -13,7 +13,12 @@ use frugal_core::rng::Rng;
 /// Trains `steps` steps of workload `id` at `batch` on `pool`; returns (losses, every state tensor's bits).
 fn run<P: WorkerPool>(id: &str, batch: usize, steps: usize, pool: P) -> (Vec<u32>, Vec<Vec<u32>>) {
     let w = workloads::all().into_iter().find(|w| w.id == id).unwrap();
-    let plan = Plan::new(Graph::new(&w.spec, batch).unwrap());
+    // Scratch for every worker, as a host that knows its thread count plans.
+    let options = GraphOptions {
+        threads: pool.threads(),
+        ..GraphOptions::default()
+    };
+    let plan = Plan::new(Graph::with_options(&w.spec, batch, options).unwrap());
     let mut arena = vec![0u8; plan.needed_bytes()];
     let mut ex = Executor::with_backend(&plan, &arena, CpuBackend::with_pool(pool)).unwrap();
     ex.init_params(&mut arena, 7).unwrap();

@@ -8,7 +8,7 @@ use std::time::Instant;
 use frugal_cli::workloads;
 use frugal_core::backend::CpuBackend;
 use frugal_core::exec::{Executor, Target};
-use frugal_core::graph::Graph;
+use frugal_core::graph::{Graph, GraphOptions};
 use frugal_core::model::LossKind;
 use frugal_core::plan::Plan;
 use frugal_core::pool::ThreadPool;
@@ -75,7 +75,13 @@ pub fn child(args: &[String]) -> Result<(), String> {
         .into_iter()
         .find(|w| w.id == id)
         .ok_or_else(|| format!("unknown workload {id}"))?;
-    let plan = Plan::new(Graph::new(&w.spec, batch).map_err(|e| e.to_string())?);
+    // Scratch for every worker (per-worker packing and unfolding room): the memory columns of a
+    // threaded row include it.
+    let options = GraphOptions {
+        threads,
+        ..GraphOptions::default()
+    };
+    let plan = Plan::new(Graph::with_options(&w.spec, batch, options).map_err(|e| e.to_string())?);
     let mut arena = vec![0u8; plan.needed_bytes()];
     let pool =
         ThreadPool::new(threads).map_err(|e| format!("cannot start {threads} threads: {e}"))?;

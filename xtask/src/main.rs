@@ -11,6 +11,8 @@
 //! - `bench memory [--only id,id] [--steps N]`: the reference workloads, each in a fresh process: arena,
 //!   lower bound, peak RSS over the process baseline, ms/step at one thread, beside PyTorch's and the
 //!   best peer's numbers measured on this machine kind.
+//! - `bench sgemm [--threads N] [--reps R]`: SGEMM GFLOPS (1024³ and the FC-FC-FC shapes) per kernel
+//!   family, with the measured clock and the share of the FMA peak.
 //! - `bench budget`: the memory policies — Melon's headline, smallest budgets, Sage's orderings.
 //! - `bench swap [--scale S] [--lookahead L] [--budget-mib M] [--steps N] [--rounds R] [--keep-cache]`:
 //!   proactive swap (NNTrainer §4.3) on VGG-16/CIFAR: no swap, on-demand and proactive swap, each in a
@@ -32,6 +34,7 @@ mod fuzz;
 mod int8;
 mod miri;
 mod setup;
+mod sgemm;
 mod swap;
 mod test;
 mod web;
@@ -50,6 +53,9 @@ fn main() -> ExitCode {
         }
         Some("bench") if args.get(1).map(String::as_str) == Some("swap") => swap::main(&args[2..]),
         Some("bench") if args.get(1).map(String::as_str) == Some("int8") => int8::main(&args[2..]),
+        Some("bench") if args.get(1).map(String::as_str) == Some("sgemm") => {
+            sgemm::main(&args[2..])
+        }
         Some("bench") => bench::main(&args[1..]),
         Some("__bench-swap-one") => swap::child(&args[1..]),
         Some("__bench-one") => bench::child(&args[1..]),

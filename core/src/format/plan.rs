@@ -472,6 +472,7 @@ fn get_graph(
         kernels,
         grad_tile,
         names,
+        threads: 1,
     };
     Graph::with_options(spec, batch, options).map_err(|e| bad("model", at, graph_reason(&e)))
 }

@@ -340,6 +340,13 @@ pub struct GraphOptions {
     /// name is the empty string and costs no allocation: a microcontroller runs a plan in a few KiB of
     /// heap, where the names alone would take several hundred bytes.
     pub names: bool,
+    /// Workers the f32 scratch is sized for (default 1): each worker of a threaded
+    /// [`CpuBackend`](crate::backend::CpuBackend) gets its own packing room
+    /// ([`crate::ops::linear_scratch_len_threads`], [`crate::ops::conv_scratch_len_threads`]). A plan
+    /// sized for fewer workers than the pool has still runs and gives the same bits, with fewer workers
+    /// on the convolutions' samples. Ignored in int8. Not stored in plan files: a decoded plan is sized
+    /// for one worker.
+    pub threads: usize,
 }
 
 impl Default for GraphOptions {
@@ -350,6 +357,7 @@ impl Default for GraphOptions {
             kernels: KernelFamily::Any,
             grad_tile: 0,
             names: true,
+            threads: 1,
         }
     }
 }
@@ -401,6 +409,7 @@ impl Graph {
             b.grad_tile = options.grad_tile;
         }
         b.names = options.names;
+        b.threads = options.threads.max(1);
         b.build()
     }
 
@@ -463,6 +472,7 @@ struct Builder<'a> {
     kernels: KernelFamily,
     grad_tile: usize,
     names: bool,
+    threads: usize,
 }
 
 impl<'a> Builder<'a> {
@@ -481,6 +491,7 @@ impl<'a> Builder<'a> {
             kernels: KernelFamily::Any,
             grad_tile: 0,
             names: true,
+            threads: 1,
         })
     }
 
@@ -995,11 +1006,11 @@ impl<'a> Builder<'a> {
                     ext_in,
                 ),
                 NodeOp::Linear { fin, fout } => {
-                    let s = ops::linear_scratch_len(n, *fin, *fout);
+                    let s = ops::linear_scratch_len_threads(n, *fin, *fout, self.threads);
                     (s, s, s)
                 }
                 NodeOp::Conv(g) => {
-                    let s = ops::conv_scratch_len(g, n);
+                    let s = ops::conv_scratch_len_threads(g, n, self.threads);
                     (s, s, s)
                 }
                 _ => (0, 0, 0),

@@ -47,7 +47,9 @@
 //! `#[target_feature]` functions, allowed only through kernel values that exist after detection); every
 //! block states why its accesses are in bounds. Operand extents are checked once per call
 //! ([`sgemm_with`] panics on short operands), slices are re-checked per tile.
+use super::par;
 use super::Real;
+use crate::pool::{SingleThread, WorkerPool};
 
 #[cfg(test)]
 mod tests;
@@ -208,6 +210,40 @@ pub fn gemm_scratch_len(m: usize, n: usize, k: usize) -> usize {
 // Public entry points
 // ---------------------------------------------------------------------------------------------------------
 
+/// Scratch elements (f32) that [`sgemm_par`] needs so that each of `threads` workers packs its own A
+/// panels: [`gemm_scratch_len`] plus, per worker beyond the first, one A panel region
+/// (`round_up(MR·kc, 16)`, at most 2 048 elements). With less (down to [`gemm_scratch_len`]) the
+/// extra workers read A in place (same result); `threads ≤ 1` gives exactly [`gemm_scratch_len`].
+pub fn gemm_scratch_len_threads(m: usize, n: usize, k: usize, threads: usize) -> usize {
+    let base = gemm_scratch_len(m, n, k);
+    if base == 0 || threads <= 1 {
+        return base;
+    }
+    let a_len = ALL_SPECS
+        .iter()
+        .map(|&s| Blocking::new(s, n, k, KC, NC).a_len)
+        .max()
+        .unwrap_or(0);
+    base + (threads.min(par::MAX_TASKS) - 1) * a_len
+}
+
+/// [`gemm`] on the workers of `pool` (f32: [`sgemm_par`]; other types run on the calling thread).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_par<T: Real>(
+    pool: &dyn WorkerPool,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef<'_, T>,
+    b: MatRef<'_, T>,
+    c: &mut [T],
+    ldc: usize,
+    accumulate: bool,
+    scratch: &mut [T],
+) {
+    T::gemm_par(pool, m, n, k, a, b, c, ldc, accumulate, scratch)
+}
+
 /// `C = A·B` (or `C += A·B` when `accumulate`) for any [`Real`]; `C` is row-major with row stride `ldc`.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm<T: Real>(
@@ -357,6 +393,62 @@ pub fn sgemm_with(
     accumulate: bool,
     scratch: &mut [f32],
 ) {
+    sgemm_with_pool(
+        kernel,
+        &SingleThread,
+        m,
+        n,
+        k,
+        a,
+        b,
+        c,
+        ldc,
+        accumulate,
+        scratch,
+    )
+}
+
+/// [`sgemm`] on the workers of `pool` (rows of C split into bands; see [`gemm_scratch_len_threads`] for
+/// the scratch that lets every worker pack its own A panels). The result is bit-identical to
+/// [`sgemm`] with the same `scratch` length, for any pool.
+///
+/// # Panics
+/// As [`sgemm`].
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_par(
+    pool: &dyn WorkerPool,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef<'_, f32>,
+    b: MatRef<'_, f32>,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+    scratch: &mut [f32],
+) {
+    let kernel = SgemmKernel::selected();
+    sgemm_with_pool(kernel, pool, m, n, k, a, b, c, ldc, accumulate, scratch)
+}
+
+/// [`sgemm_with`] on the workers of `pool` (see [`sgemm_par`]).
+///
+/// # Panics
+/// As [`sgemm`].
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_with_pool(
+    kernel: SgemmKernel,
+    pool: &dyn WorkerPool,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef<'_, f32>,
+    b: MatRef<'_, f32>,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+    scratch: &mut [f32],
+) {
     if m == 0 || n == 0 {
         return;
     }
@@ -391,20 +483,20 @@ pub fn sgemm_with(
         #[cfg(all(target_arch = "x86_64", not(miri)))]
         SgemmKernel::Avx512 => {
             if let Some(kern) = x86::Avx512::new() {
-                return drive(kern, &p, c, scratch);
+                return drive(kern, &p, c, scratch, pool);
             }
         }
         #[cfg(all(target_arch = "x86_64", not(miri)))]
         SgemmKernel::Avx2 => {
             if let Some(kern) = x86::Avx2::new() {
-                return drive(kern, &p, c, scratch);
+                return drive(kern, &p, c, scratch, pool);
             }
         }
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128", not(miri)))]
-        SgemmKernel::Simd128 => return drive(wasm::Simd128, &p, c, scratch),
+        SgemmKernel::Simd128 => return drive(wasm::Simd128, &p, c, scratch, pool),
         _ => {}
     }
-    drive(Portable, &p, c, scratch)
+    drive(Portable, &p, c, scratch, pool)
 }
 
 /// Whether every element (i < rows, j < cols) of `x` is inside `x.data` (rows, cols ≥ 1).
@@ -481,7 +573,7 @@ struct Tile<'a> {
 /// (`nr`, or less for the last panel, a multiple of `vl`) holds element (p, j) at `p·w + j`. Panel `q`
 /// of a B block starts at `q·nr·kc`. Rows/columns past the edge are zero where a kernel reads them
 /// (portable: both; AVX2: B columns), else left as they were (exact-height kernels, masked loads).
-trait Kernel: Copy {
+trait Kernel: Copy + Sync {
     const SPEC: Spec;
     /// Whether [`Kernel::tile`] can read a row-major B in place (`b_padded == false`).
     const B_IN_PLACE: bool;
@@ -563,7 +655,23 @@ const B_IN_PLACE_L1: usize = 8192;
 /// A panel then feeds at most two register tiles, too few to pay for copying it.
 const A_IN_PLACE_MAX_N: usize = 96;
 
-fn drive<K: Kernel>(kern: K, p: &Problem<'_>, c: &mut [f32], scratch: &mut [f32]) {
+/// Products with fewer multiply-adds than this per task are not split across workers (the fork-join
+/// costs a few microseconds).
+const PAR_MIN_FMAS: usize = if cfg!(test) { 16 } else { 1 << 18 };
+
+/// The blocked product. With a pool of more than one worker, each (jc, pc) block is two fork-joins:
+/// the B block is packed panel range by panel range, then the register-tile rows of C are split into
+/// contiguous bands, one per task. Every tile is computed exactly as with one worker (same blocks, same
+/// kernel, same depth order), so the result does not depend on the worker count. Task 0 packs A into
+/// the block's A region; task `w ≥ 1` into the `w`-th extra A region after the block when the scratch
+/// has it, else it reads A in place (the SIMD kernels compute the same values either way).
+fn drive<K: Kernel>(
+    kern: K,
+    p: &Problem<'_>,
+    c: &mut [f32],
+    scratch: &mut [f32],
+    pool: &dyn WorkerPool,
+) {
     let spec = K::SPEC;
     let (m, n, k, a, b, ldc) = (p.m, p.n, p.k, p.a, p.b, p.ldc);
     let b_in_place = K::B_IN_PLACE
@@ -575,54 +683,126 @@ fn drive<K: Kernel>(kern: K, p: &Problem<'_>, c: &mut [f32], scratch: &mut [f32]
         return unpacked(p, c);
     };
     let mr = spec.mr;
-    let (apack, rest) = scratch[off..].split_at_mut(blk.a_len);
-    let bpack = &mut rest[..blk.b_len];
+    let mt = m.div_ceil(mr);
+    // Layout: [B block | A region of task 0 | extra A regions …]; B first keeps it 64-byte aligned.
+    let (bpack, a_all) = scratch[off..].split_at_mut(blk.b_len);
+    let extra_a = a_all
+        .len()
+        .checked_div(blk.a_len)
+        .map_or(usize::MAX, |r| r - 1);
+    let mut tasks =
+        par::tasks_for(pool, m.saturating_mul(n).saturating_mul(k), PAR_MIN_FMAS).min(mt);
+    if !K::A_IN_PLACE {
+        tasks = tasks.min(extra_a.saturating_add(1));
+    }
+    let a_regions = if blk.a_len == 0 {
+        0
+    } else {
+        tasks.min(extra_a.saturating_add(1))
+    };
+    let c_end = (m - 1) * ldc + n;
+    let rows_of = |w: usize| {
+        let t = crate::pool::chunk(mt, tasks, 1, w);
+        (t.start * mr).min(m)..(t.end * mr).min(m)
+    };
     for jc in (0..n).step_by(blk.nc) {
         let nc = blk.nc.min(n - jc);
+        let npanels = nc.div_ceil(spec.nr);
         for (pi, pc) in (0..k).step_by(blk.kc).enumerate() {
             let kc = blk.kc.min(k - pc);
             if !b_in_place {
-                kern.pack_b(b.data, pc * b.rs + jc * b.cs, b.cs, b.rs, nc, kc, bpack);
-            }
-            for ir in (0..m).step_by(mr) {
-                let rows = mr.min(m - ir);
-                let a0 = ir * a.rs + pc * a.cs;
-                let (at, a_rs, a_ps) = if a_in_place {
-                    (
-                        &a.data[a0..a0 + (rows - 1) * a.rs + (kc - 1) * a.cs + 1],
-                        a.rs,
-                        a.cs,
-                    )
-                } else {
-                    let ap = &mut apack[..spec.mr * kc];
-                    kern.pack_a(a.data, a0, a.rs, a.cs, rows, kc, ap);
-                    (&*ap, 1, spec.mr)
+                let ptasks = tasks.min(npanels);
+                // Panel q starts at element q·nr·kc of the block; the last one may be narrower.
+                let width =
+                    (npanels - 1) * spec.nr + panel_width(spec, nc, (npanels - 1) * spec.nr);
+                let at = |q: usize| kc * if q < npanels { q * spec.nr } else { width };
+                let span = |w: usize| {
+                    let q = crate::pool::chunk(npanels, ptasks, 1, w);
+                    let j0 = (q.start * spec.nr).min(nc);
+                    let j1 = (q.end * spec.nr).min(nc);
+                    (j0, j1, at(q.start)..at(q.end))
                 };
-                for jr in (0..nc).step_by(spec.nr) {
-                    let cols = spec.nr.min(nc - jr);
-                    let (bt, ldb) = if b_in_place {
-                        let b0 = pc * b.rs + jc + jr;
-                        (&b.data[b0..b0 + (kc - 1) * b.rs + cols], b.rs)
-                    } else {
-                        let w = panel_width(spec, nc, jr);
-                        (&bpack[jr * kc..jr * kc + w * kc], w)
-                    };
-                    let t = Tile {
-                        kc,
-                        a: at,
-                        a_rs,
-                        a_ps,
-                        b: bt,
-                        ldb,
-                        b_padded: !b_in_place,
-                        ldc,
-                        rows,
-                        cols,
-                        acc: p.accumulate || pi > 0,
-                    };
-                    let c0 = ir * ldc + jc + jr;
-                    kern.tile(&t, &mut c[c0..c0 + (rows - 1) * ldc + cols]);
+                let pack = |w: usize, dst: &mut [f32]| {
+                    let (j0, j1, _) = span(w);
+                    if j1 > j0 {
+                        let base = pc * b.rs + (jc + j0) * b.cs;
+                        kern.pack_b(b.data, base, b.cs, b.rs, j1 - j0, kc, dst);
+                    }
+                };
+                if ptasks == 1 {
+                    pack(0, &mut bpack[..]);
+                } else {
+                    let sh = par::Shards::new(&mut bpack[..], ptasks, |w| span(w).2);
+                    pool.run(ptasks, &|w| pack(w, sh.take(w)));
                 }
+            }
+            let bpack = &*bpack;
+            let acc = p.accumulate || pi > 0;
+            // Rows `rows` of C (its band `cb` starts at row `rows.start`), A packed into `ap` if given.
+            let body =
+                |rows: core::ops::Range<usize>, cb: &mut [f32], mut ap: Option<&mut [f32]>| {
+                    for ir in rows.clone().step_by(mr) {
+                        let rows_t = mr.min(m - ir);
+                        let a0 = ir * a.rs + pc * a.cs;
+                        let (at, a_rs, a_ps) = match ap.as_deref_mut() {
+                            Some(ap) if !a_in_place => {
+                                let ap = &mut ap[..spec.mr * kc];
+                                kern.pack_a(a.data, a0, a.rs, a.cs, rows_t, kc, ap);
+                                (&*ap, 1, spec.mr)
+                            }
+                            _ => (
+                                &a.data[a0..a0 + (rows_t - 1) * a.rs + (kc - 1) * a.cs + 1],
+                                a.rs,
+                                a.cs,
+                            ),
+                        };
+                        for jr in (0..nc).step_by(spec.nr) {
+                            let cols = spec.nr.min(nc - jr);
+                            let (bt, ldb) = if b_in_place {
+                                let b0 = pc * b.rs + jc + jr;
+                                (&b.data[b0..b0 + (kc - 1) * b.rs + cols], b.rs)
+                            } else {
+                                let w = panel_width(spec, nc, jr);
+                                (&bpack[jr * kc..jr * kc + w * kc], w)
+                            };
+                            let t = Tile {
+                                kc,
+                                a: at,
+                                a_rs,
+                                a_ps,
+                                b: bt,
+                                ldb,
+                                b_padded: !b_in_place,
+                                ldc,
+                                rows: rows_t,
+                                cols,
+                                acc,
+                            };
+                            let c0 = (ir - rows.start) * ldc + jc + jr;
+                            kern.tile(&t, &mut cb[c0..c0 + (rows_t - 1) * ldc + cols]);
+                        }
+                    }
+                };
+            if tasks == 1 {
+                body(0..m, &mut c[..c_end], Some(&mut a_all[..blk.a_len]));
+            } else {
+                let cs = par::Shards::new(&mut c[..c_end], tasks, |w| {
+                    let r = rows_of(w);
+                    let start = (r.start * ldc).min(c_end);
+                    start..if r.end == m { c_end } else { r.end * ldc }
+                });
+                let asl =
+                    par::Shards::new(&mut a_all[..a_regions * blk.a_len], a_regions.max(1), |w| {
+                        if a_regions == 0 {
+                            0..0
+                        } else {
+                            w * blk.a_len..(w + 1) * blk.a_len
+                        }
+                    });
+                pool.run(tasks, &|w| {
+                    let ap = (w < a_regions).then(|| asl.take(w));
+                    body(rows_of(w), cs.take(w), ap);
+                });
             }
         }
     }

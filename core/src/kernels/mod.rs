@@ -4,7 +4,8 @@
 
 pub mod gemm;
 pub mod int8;
+pub mod par;
 mod real;
 
-pub use gemm::{gemm, gemm_scratch_len, MatRef};
+pub use gemm::{gemm, gemm_par, gemm_scratch_len, gemm_scratch_len_threads, MatRef};
 pub use real::Real;

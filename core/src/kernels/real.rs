@@ -3,6 +3,7 @@ use core::fmt::Debug;
 use core::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
 
 use super::gemm::MatRef;
+use crate::pool::WorkerPool;
 
 /// A floating-point scalar the ops can compute with.
 pub trait Real:
@@ -72,6 +73,22 @@ pub trait Real:
         accumulate: bool,
         scratch: &mut [Self],
     );
+    /// [`Real::gemm`] on the workers of `pool`, bit-identical to it; the default ignores the pool.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_par(
+        _pool: &dyn WorkerPool,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: MatRef<'_, Self>,
+        b: MatRef<'_, Self>,
+        c: &mut [Self],
+        ldc: usize,
+        accumulate: bool,
+        scratch: &mut [Self],
+    ) {
+        Self::gemm(m, n, k, a, b, c, ldc, accumulate, scratch)
+    }
 }
 
 impl Real for f32 {
@@ -113,6 +130,20 @@ impl Real for f32 {
         scratch: &mut [Self],
     ) {
         super::gemm::sgemm(m, n, k, a, b, c, ldc, accumulate, scratch)
+    }
+    fn gemm_par(
+        pool: &dyn WorkerPool,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: MatRef<'_, Self>,
+        b: MatRef<'_, Self>,
+        c: &mut [Self],
+        ldc: usize,
+        accumulate: bool,
+        scratch: &mut [Self],
+    ) {
+        super::gemm::sgemm_par(pool, m, n, k, a, b, c, ldc, accumulate, scratch)
     }
 }
 

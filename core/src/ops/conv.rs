@@ -31,7 +31,9 @@
 //! is dominated by the GEMM itself, whose packing of transposed operands matters most for the
 //! weight-gradient shape (small m and n, long k).
 use super::elementwise::{dot, fill, sum};
-use crate::kernels::{gemm, gemm_scratch_len, MatRef, Real};
+use crate::kernels::par::{tasks_for, Shards};
+use crate::kernels::{gemm_par, gemm_scratch_len, MatRef, Real};
+use crate::pool::{chunk, SingleThread, WorkerPool};
 
 /// Largest im2col buffer, in elements, the general path uses (128 KiB of f32: stays in L2 while the
 /// GEMM streams it). A single output row that needs more than this gets exactly one row.
@@ -213,6 +215,32 @@ impl ConvGeom {
 /// Independent of the batch size `n` (kept in the signature for the planner's uniformity).
 pub fn conv_scratch_len(g: &ConvGeom, _n: usize) -> usize {
     scratch_len_cap(g, CONV_COL_CAP)
+}
+
+/// Scratch elements for `threads` workers: each takes whole samples of the forward and input-gradient
+/// passes with its own copy of [`conv_scratch_len`] (`threads ≤ 1`: exactly that). With less, fewer
+/// workers take samples (down to one, which then splits each GEMM's rows); the result is the same bits.
+pub fn conv_scratch_len_threads(g: &ConvGeom, n: usize, threads: usize) -> usize {
+    conv_scratch_len(g, n)
+        * threads
+            .clamp(1, crate::kernels::par::MAX_TASKS)
+            .min(n.max(1))
+}
+
+/// Workers that take samples: as many as the pool has, there are samples, and scratch copies of `per`
+/// elements fit (1 when the conv needs no scratch per sample only if the pool has one worker).
+/// Multiply-adds below which a pass is not split across workers (tiny in tests, so that they split).
+const PAR_MIN_WORK: usize = if cfg!(test) { 16 } else { 1 << 17 };
+
+fn sample_tasks(
+    pool: &dyn WorkerPool,
+    n: usize,
+    per: usize,
+    scratch_len: usize,
+    work: usize,
+) -> usize {
+    let fit = scratch_len.checked_div(per).unwrap_or(usize::MAX);
+    tasks_for(pool, work, PAR_MIN_WORK).min(n).min(fit).max(1)
 }
 
 fn gemm3(m_out: usize, cols: usize, k: usize) -> usize {
@@ -451,11 +479,29 @@ pub fn conv_fwd<T: Real>(
     y: &mut [T],
     scratch: &mut [T],
 ) {
-    fwd_cap(g, n, x, w, b, y, scratch, CONV_COL_CAP)
+    fwd_cap(&SingleThread, g, n, x, w, b, y, scratch, CONV_COL_CAP)
+}
+
+/// [`conv_fwd`] on the workers of `pool`: samples split across workers that each have a scratch copy
+/// (see [`conv_scratch_len_threads`]), else each sample's GEMMs split by output rows. The same bits for
+/// any pool.
+#[allow(clippy::too_many_arguments)]
+pub fn conv_fwd_par<T: Real>(
+    pool: &dyn WorkerPool,
+    g: &ConvGeom,
+    n: usize,
+    x: &[T],
+    w: &[T],
+    b: Option<&[T]>,
+    y: &mut [T],
+    scratch: &mut [T],
+) {
+    fwd_cap(pool, g, n, x, w, b, y, scratch, CONV_COL_CAP)
 }
 
 #[allow(clippy::too_many_arguments)]
 fn fwd_cap<T: Real>(
+    pool: &dyn WorkerPool,
     g: &ConvGeom,
     n: usize,
     x: &[T],
@@ -465,12 +511,51 @@ fn fwd_cap<T: Real>(
     scratch: &mut [T],
     cap: usize,
 ) {
-    let (in_len, out_len, ohow, hw) = (g.in_len(), g.out_len(), g.oh * g.ow, g.h * g.w);
+    let (in_len, out_len) = (g.in_len(), g.out_len());
+    let per = scratch_len_cap(g, cap);
+    let work = n * out_len * g.k_g().max(1);
+    let tasks = sample_tasks(pool, n, per, scratch.len(), work);
+    if tasks == 1 {
+        let xs = x[..n * in_len].chunks_exact(in_len);
+        let ys = y[..n * out_len].chunks_exact_mut(out_len);
+        for (xs, ys) in xs.zip(ys) {
+            fwd_sample(pool, g, xs, w, b, ys, scratch, cap);
+        }
+        return;
+    }
+    let ysh = Shards::new(&mut y[..n * out_len], tasks, |t| {
+        let r = chunk(n, tasks, 1, t);
+        r.start * out_len..r.end * out_len
+    });
+    let ssh = Shards::new(&mut scratch[..tasks * per], tasks, |t| {
+        t * per..(t + 1) * per
+    });
+    pool.run(tasks, &|t| {
+        let r = chunk(n, tasks, 1, t);
+        let (ys, sc) = (ysh.take(t), ssh.take(t));
+        let xs = x[r.start * in_len..r.end * in_len].chunks_exact(in_len);
+        for (xs, ys) in xs.zip(ys.chunks_exact_mut(out_len)) {
+            fwd_sample(&SingleThread, g, xs, w, b, ys, sc, cap);
+        }
+    });
+}
+
+/// The forward pass of one sample.
+#[allow(clippy::too_many_arguments)]
+fn fwd_sample<T: Real>(
+    pool: &dyn WorkerPool,
+    g: &ConvGeom,
+    xs: &[T],
+    w: &[T],
+    b: Option<&[T]>,
+    ys: &mut [T],
+    scratch: &mut [T],
+    cap: usize,
+) {
+    let (ohow, hw) = (g.oh * g.ow, g.h * g.w);
     let (cin_g, cout_g, k) = (g.cin_g(), g.cout_g(), g.k_g());
     let path = g.path();
-    let xs = x[..n * in_len].chunks_exact(in_len);
-    let ys = y[..n * out_len].chunks_exact_mut(out_len);
-    for (xs, ys) in xs.zip(ys) {
+    {
         // Bias first; the kernels below accumulate on top of it.
         match b {
             Some(b) => {
@@ -486,7 +571,8 @@ fn fwd_cap<T: Real>(
             Path::Direct => direct_fwd(g, xs, w, ys, scratch),
             Path::Pointwise => {
                 for gi in 0..g.groups {
-                    gemm(
+                    gemm_par(
+                        pool,
                         cout_g,
                         hw,
                         cin_g,
@@ -511,7 +597,8 @@ fn fwd_cap<T: Real>(
                         let oy1 = (oy0 + rows).min(g.oh);
                         let ncols = (oy1 - oy0) * g.ow;
                         unfold_block(g, xg, oy0, oy1 - oy0, pbuf, col);
-                        gemm(
+                        gemm_par(
+                            pool,
                             cout_g,
                             ncols,
                             k,
@@ -541,11 +628,40 @@ pub fn conv_grad_w<T: Real>(
     accumulate: bool,
     scratch: &mut [T],
 ) {
-    grad_w_cap(g, n, x, dy, dw, db, accumulate, scratch, CONV_COL_CAP)
+    grad_w_cap(
+        &SingleThread,
+        g,
+        n,
+        x,
+        dy,
+        dw,
+        db,
+        accumulate,
+        scratch,
+        CONV_COL_CAP,
+    )
+}
+
+/// [`conv_grad_w`] on the workers of `pool`: samples stay in order (the gradient sums over them), each
+/// GEMM's rows of dW are split. The same bits for any pool.
+#[allow(clippy::too_many_arguments)]
+pub fn conv_grad_w_par<T: Real>(
+    pool: &dyn WorkerPool,
+    g: &ConvGeom,
+    n: usize,
+    x: &[T],
+    dy: &[T],
+    dw: &mut [T],
+    db: Option<&mut [T]>,
+    accumulate: bool,
+    scratch: &mut [T],
+) {
+    grad_w_cap(pool, g, n, x, dy, dw, db, accumulate, scratch, CONV_COL_CAP)
 }
 
 #[allow(clippy::too_many_arguments)]
 fn grad_w_cap<T: Real>(
+    pool: &dyn WorkerPool,
     g: &ConvGeom,
     n: usize,
     x: &[T],
@@ -585,7 +701,8 @@ fn grad_w_cap<T: Real>(
         Path::Pointwise => {
             for (xs, ds) in xs.zip(ds) {
                 for gi in 0..g.groups {
-                    gemm(
+                    gemm_par(
+                        pool,
                         cout_g,
                         cin_g,
                         hw,
@@ -612,7 +729,8 @@ fn grad_w_cap<T: Real>(
                         let ncols = (oy1 - oy0) * g.ow;
                         unfold_block(g, xg, oy0, oy1 - oy0, pbuf, col);
                         // dW_g[cout_g × K] += dY_block[cout_g × ncols] · colᵀ[ncols × K]
-                        gemm(
+                        gemm_par(
+                            pool,
                             cout_g,
                             k,
                             ncols,
@@ -645,11 +763,38 @@ pub fn conv_grad_x<T: Real>(
     accumulate: bool,
     scratch: &mut [T],
 ) {
-    grad_x_cap(g, n, dy, w, dx, accumulate, scratch, CONV_COL_CAP)
+    grad_x_cap(
+        &SingleThread,
+        g,
+        n,
+        dy,
+        w,
+        dx,
+        accumulate,
+        scratch,
+        CONV_COL_CAP,
+    )
+}
+
+/// [`conv_grad_x`] on the workers of `pool` (samples split as in [`conv_fwd_par`]), the same bits for
+/// any pool.
+#[allow(clippy::too_many_arguments)]
+pub fn conv_grad_x_par<T: Real>(
+    pool: &dyn WorkerPool,
+    g: &ConvGeom,
+    n: usize,
+    dy: &[T],
+    w: &[T],
+    dx: &mut [T],
+    accumulate: bool,
+    scratch: &mut [T],
+) {
+    grad_x_cap(pool, g, n, dy, w, dx, accumulate, scratch, CONV_COL_CAP)
 }
 
 #[allow(clippy::too_many_arguments)]
 fn grad_x_cap<T: Real>(
+    pool: &dyn WorkerPool,
     g: &ConvGeom,
     n: usize,
     dy: &[T],
@@ -659,68 +804,100 @@ fn grad_x_cap<T: Real>(
     scratch: &mut [T],
     cap: usize,
 ) {
-    let (in_len, out_len, ohow, hw) = (g.in_len(), g.out_len(), g.oh * g.ow, g.h * g.w);
+    let (in_len, out_len) = (g.in_len(), g.out_len());
+    let per = scratch_len_cap(g, cap);
+    let work = n * out_len * g.k_g().max(1);
+    let tasks = sample_tasks(pool, n, per, scratch.len(), work);
+    let dx = &mut dx[..n * in_len];
+    if tasks == 1 {
+        let ds = dy[..n * out_len].chunks_exact(out_len);
+        for (ds, xs) in ds.zip(dx.chunks_exact_mut(in_len)) {
+            grad_x_sample(pool, g, ds, w, xs, accumulate, scratch, cap);
+        }
+        return;
+    }
+    let xsh = Shards::new(dx, tasks, |t| {
+        let r = chunk(n, tasks, 1, t);
+        r.start * in_len..r.end * in_len
+    });
+    let ssh = Shards::new(&mut scratch[..tasks * per], tasks, |t| {
+        t * per..(t + 1) * per
+    });
+    pool.run(tasks, &|t| {
+        let r = chunk(n, tasks, 1, t);
+        let (xs, sc) = (xsh.take(t), ssh.take(t));
+        let ds = dy[r.start * out_len..r.end * out_len].chunks_exact(out_len);
+        for (ds, xs) in ds.zip(xs.chunks_exact_mut(in_len)) {
+            grad_x_sample(&SingleThread, g, ds, w, xs, accumulate, sc, cap);
+        }
+    });
+}
+
+/// The input gradient of one sample.
+#[allow(clippy::too_many_arguments)]
+fn grad_x_sample<T: Real>(
+    pool: &dyn WorkerPool,
+    g: &ConvGeom,
+    ds: &[T],
+    w: &[T],
+    xs: &mut [T],
+    accumulate: bool,
+    scratch: &mut [T],
+    cap: usize,
+) {
+    let (ohow, hw) = (g.oh * g.ow, g.h * g.w);
     let (cin_g, cout_g, k) = (g.cin_g(), g.cout_g(), g.k_g());
     let path = g.path();
-    let dx = &mut dx[..n * in_len];
     if !accumulate && path != Path::Pointwise {
-        fill(dx, T::ZERO);
+        fill(xs, T::ZERO);
     }
-    let ds = dy[..n * out_len].chunks_exact(out_len);
-    let xs = dx.chunks_exact_mut(in_len);
     match path {
-        Path::Direct => {
-            for (ds, xs) in ds.zip(xs) {
-                direct_grad_x(g, ds, w, xs, scratch);
-            }
-        }
+        Path::Direct => direct_grad_x(g, ds, w, xs, scratch),
         Path::Pointwise => {
-            for (ds, xs) in ds.zip(xs) {
-                for gi in 0..g.groups {
-                    // dX_g[cin_g × hw] = W_gᵀ[cin_g × cout_g] · dY_g[cout_g × hw]
-                    gemm(
-                        cin_g,
-                        hw,
-                        cout_g,
-                        MatRef::row_major_t(&w[gi * cout_g * k..], k),
-                        MatRef::row_major(&ds[gi * cout_g * ohow..], ohow),
-                        &mut xs[gi * cin_g * hw..],
-                        hw,
-                        accumulate,
-                        scratch,
-                    );
-                }
+            for gi in 0..g.groups {
+                // dX_g[cin_g × hw] = W_gᵀ[cin_g × cout_g] · dY_g[cout_g × hw]
+                gemm_par(
+                    pool,
+                    cin_g,
+                    hw,
+                    cout_g,
+                    MatRef::row_major_t(&w[gi * cout_g * k..], k),
+                    MatRef::row_major(&ds[gi * cout_g * ohow..], ohow),
+                    &mut xs[gi * cin_g * hw..],
+                    hw,
+                    accumulate,
+                    scratch,
+                );
             }
         }
         Path::Im2col => {
             let rows = g.block_rows(cap);
             let (col, gs) = scratch.split_at_mut(k * rows * g.ow);
-            for (ds, xs) in ds.zip(xs) {
-                for gi in 0..g.groups {
-                    let wg = &w[gi * cout_g * k..(gi + 1) * cout_g * k];
-                    let dyg = &ds[gi * cout_g * ohow..(gi + 1) * cout_g * ohow];
-                    let dxg = &mut xs[gi * cin_g * hw..(gi + 1) * cin_g * hw];
-                    for oy0 in (0..g.oh).step_by(rows) {
-                        let oy1 = (oy0 + rows).min(g.oh);
-                        let ncols = (oy1 - oy0) * g.ow;
-                        // col[K × ncols] = W_gᵀ[K × cout_g] · dY_block[cout_g × ncols]
-                        gemm(
-                            k,
-                            ncols,
-                            cout_g,
-                            MatRef::row_major_t(wg, k),
-                            MatRef {
-                                data: &dyg[oy0 * g.ow..],
-                                rs: ohow,
-                                cs: 1,
-                            },
-                            &mut col[..k * ncols],
-                            ncols,
-                            false,
-                            gs,
-                        );
-                        col2im(g, col, oy0, oy1, dxg);
-                    }
+            for gi in 0..g.groups {
+                let wg = &w[gi * cout_g * k..(gi + 1) * cout_g * k];
+                let dyg = &ds[gi * cout_g * ohow..(gi + 1) * cout_g * ohow];
+                let dxg = &mut xs[gi * cin_g * hw..(gi + 1) * cin_g * hw];
+                for oy0 in (0..g.oh).step_by(rows) {
+                    let oy1 = (oy0 + rows).min(g.oh);
+                    let ncols = (oy1 - oy0) * g.ow;
+                    // col[K × ncols] = W_gᵀ[K × cout_g] · dY_block[cout_g × ncols]
+                    gemm_par(
+                        pool,
+                        k,
+                        ncols,
+                        cout_g,
+                        MatRef::row_major_t(wg, k),
+                        MatRef {
+                            data: &dyg[oy0 * g.ow..],
+                            rs: ohow,
+                            cs: 1,
+                        },
+                        &mut col[..k * ncols],
+                        ncols,
+                        false,
+                        gs,
+                    );
+                    col2im(g, col, oy0, oy1, dxg);
                 }
             }
         }
@@ -1022,7 +1199,7 @@ mod tests {
     ) -> Vec<T> {
         let mut y = vec![T::from_f32(f32::NAN); n * g.out_len()];
         let mut s = vec![T::ZERO; scratch_len_cap(g, cap)];
-        fwd_cap(g, n, x, w, b, &mut y, &mut s, cap);
+        fwd_cap(&SingleThread, g, n, x, w, b, &mut y, &mut s, cap);
         y
     }
 
@@ -1030,7 +1207,18 @@ mod tests {
         let mut dw = vec![T::from_f32(f32::NAN); g.weight_len()];
         let mut db = vec![T::from_f32(f32::NAN); g.cout];
         let mut s = vec![T::ZERO; scratch_len_cap(g, cap)];
-        grad_w_cap(g, n, x, dy, &mut dw, Some(&mut db), false, &mut s, cap);
+        grad_w_cap(
+            &SingleThread,
+            g,
+            n,
+            x,
+            dy,
+            &mut dw,
+            Some(&mut db),
+            false,
+            &mut s,
+            cap,
+        );
         (dw, db)
     }
 
@@ -1047,7 +1235,17 @@ mod tests {
             None => vec![T::from_f32(f32::NAN); n * g.in_len()],
         };
         let mut s = vec![T::ZERO; scratch_len_cap(g, cap)];
-        grad_x_cap(g, n, dy, w, &mut dx, pre.is_some(), &mut s, cap);
+        grad_x_cap(
+            &SingleThread,
+            g,
+            n,
+            dy,
+            w,
+            &mut dx,
+            pre.is_some(),
+            &mut s,
+            cap,
+        );
         dx
     }
 
@@ -1306,5 +1504,70 @@ mod tests {
         let (dw, db) = grad_w::<f32>(&g, 0, &[], &[], CONV_COL_CAP);
         assert!(dw.iter().chain(&db).all(|&v| v == 0.0));
         assert!(fwd::<f32>(&g, 0, &[], &[0.0; 108], None, CONV_COL_CAP).is_empty());
+    }
+
+    /// Every path and phase on 2, 3 and 4 workers equals one worker bit for bit: samples split when the
+    /// scratch has a copy per worker, GEMM rows split when it has one (and in the weight gradient).
+    #[test]
+    fn threads_give_identical_bits() {
+        use crate::kernels::par::testing::Scoped;
+        let mut rng = Rng::new(11);
+        let mut cases = cases();
+        cases.push((
+            geom(3, 19, 21, 5, (3, 3), (2, 2), (1, 1), 1),
+            5,
+            Path::Im2col,
+        ));
+        cases.push((
+            geom(8, 9, 10, 16, (1, 1), (1, 1), (0, 0), 1),
+            7,
+            Path::Pointwise,
+        ));
+        for (g, n0, _) in cases {
+            for n in [n0, 2 * n0 + 1] {
+                let d = data(&mut rng, &g, n);
+                let (x, w, b, r) = (to_f32(&d.x), to_f32(&d.w), to_f32(&d.b), to_f32(&d.r));
+                for cap in caps(&g) {
+                    let per = scratch_len_cap(&g, cap);
+                    let run = |pool: &dyn WorkerPool, len: usize| {
+                        let mut s = vec![0.0f32; len];
+                        let mut y = vec![f32::NAN; n * g.out_len()];
+                        fwd_cap(pool, &g, n, &x, &w, Some(&b), &mut y, &mut s, cap);
+                        let mut dw = vec![f32::NAN; g.weight_len()];
+                        let mut db = vec![f32::NAN; g.cout];
+                        grad_w_cap(
+                            pool,
+                            &g,
+                            n,
+                            &x,
+                            &r,
+                            &mut dw,
+                            Some(&mut db),
+                            false,
+                            &mut s,
+                            cap,
+                        );
+                        let mut dx = vec![f32::NAN; n * g.in_len()];
+                        grad_x_cap(pool, &g, n, &r, &w, &mut dx, false, &mut s, cap);
+                        let mut dxa = x.clone();
+                        grad_x_cap(pool, &g, n, &r, &w, &mut dxa, true, &mut s, cap);
+                        [y, dw, db, dx, dxa]
+                    };
+                    let want = run(&SingleThread, per);
+                    for threads in [2usize, 3, 4] {
+                        for len in [per, per * threads, per * threads + 7] {
+                            let got = run(&Scoped(threads), len);
+                            for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+                                let same = a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
+                                assert!(
+                                    same,
+                                    "{g:?} n={n} cap={cap} t={threads} len={len} output {i}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }

@@ -2,7 +2,11 @@
 //! a gradient with several consumers, scaling, and lane-split reductions used by the other ops.
 //!
 //! Slices of different lengths are processed over their common prefix (callers pass equal lengths).
+use core::ops::Range;
+
+use crate::kernels::par::{tasks_for, Shards};
 use crate::kernels::Real;
+use crate::pool::{chunk, WorkerPool};
 
 /// Number of independent accumulators in the reductions: breaks the add dependency chain (and lets
 /// LLVM vectorise, since float addition is never reassociated on its own) and shortens the rounding
@@ -109,11 +113,48 @@ pub(crate) fn combine<T: Real>(a: [T; LANES]) -> T {
     ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
 }
 
+/// Elements per task below which an element-wise op is not split (tiny in tests, so that they split).
+const PAR_MIN_ELEMS: usize = if cfg!(test) { 16 } else { 1 << 15 };
+
+/// Runs an element-wise op over the output `y` on the workers of `pool`: `y` is cut into contiguous
+/// pieces (64-byte multiples) and `f(range, piece)` called for each, `range` being the piece's place in
+/// `y` (to slice the inputs alike). Each element is computed alone, so the result is the same bits for
+/// any pool; short outputs run on the calling thread.
+pub fn par_map<T: Real>(
+    pool: &dyn WorkerPool,
+    y: &mut [T],
+    f: &(dyn Fn(Range<usize>, &mut [T]) + Sync),
+) {
+    let len = y.len();
+    let tasks = tasks_for(pool, len, PAR_MIN_ELEMS);
+    if tasks == 1 {
+        return f(0..len, y);
+    }
+    let sh = Shards::new(y, tasks, |t| chunk(len, tasks, 16, t));
+    pool.run(tasks, &|t| f(sh.range(t), sh.take(t)));
+}
+
 #[cfg(test)]
 #[allow(clippy::needless_range_loop)]
 mod tests {
     use super::*;
     use crate::ops::testutil::*;
+
+    #[test]
+    fn par_map_covers_every_element_once() {
+        use crate::kernels::par::testing::Scoped;
+        for len in [0usize, 5, 16, 17, 100, 1000] {
+            for t in [1usize, 2, 3, 4] {
+                let mut y = vec![0.0f32; len];
+                par_map(&Scoped(t), &mut y, &|r, y| {
+                    for (v, i) in y.iter_mut().zip(r) {
+                        *v += i as f32;
+                    }
+                });
+                assert!(y.iter().enumerate().all(|(i, &v)| v == i as f32));
+            }
+        }
+    }
 
     #[test]
     fn add_and_inplace_agree() {

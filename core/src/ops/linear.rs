@@ -1,6 +1,7 @@
 //! Fully connected layer, PyTorch layout: `W` is `[fout, fin]` row-major, `y = x·Wᵀ + b` for `x` of
 //! shape `[n, fin]`. All three phases are one GEMM each.
-use crate::kernels::{gemm, gemm_scratch_len, MatRef, Real};
+use crate::kernels::{gemm_par, gemm_scratch_len, gemm_scratch_len_threads, MatRef, Real};
+use crate::pool::{SingleThread, WorkerPool};
 
 /// Scratch elements the three phases need (the largest GEMM packing requirement).
 pub fn linear_scratch_len(n: usize, fin: usize, fout: usize) -> usize {
@@ -9,9 +10,34 @@ pub fn linear_scratch_len(n: usize, fin: usize, fout: usize) -> usize {
         .max(gemm_scratch_len(n, fin, fout))
 }
 
+/// Scratch elements the three phases need on `threads` workers (each packs its own A panels; see
+/// [`gemm_scratch_len_threads`]); [`linear_scratch_len`] for `threads ≤ 1`.
+pub fn linear_scratch_len_threads(n: usize, fin: usize, fout: usize, threads: usize) -> usize {
+    gemm_scratch_len_threads(n, fout, fin, threads)
+        .max(gemm_scratch_len_threads(fout, fin, n, threads))
+        .max(gemm_scratch_len_threads(n, fin, fout, threads))
+}
+
 /// `y[n, fout] = x[n, fin]·Wᵀ + b`.
 #[allow(clippy::too_many_arguments)]
 pub fn linear_fwd<T: Real>(
+    n: usize,
+    fin: usize,
+    fout: usize,
+    x: &[T],
+    w: &[T],
+    b: Option<&[T]>,
+    y: &mut [T],
+    scratch: &mut [T],
+) {
+    linear_fwd_par(&SingleThread, n, fin, fout, x, w, b, y, scratch)
+}
+
+/// [`linear_fwd`] on the workers of `pool`: the GEMM's output rows are split, so the result is the
+/// same bits for any pool.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_fwd_par<T: Real>(
+    pool: &dyn WorkerPool,
     n: usize,
     fin: usize,
     fout: usize,
@@ -28,7 +54,8 @@ pub fn linear_fwd<T: Real>(
             row.copy_from_slice(&b[..fout]);
         }
     }
-    gemm(
+    gemm_par(
+        pool,
         n,
         fout,
         fin,
@@ -54,13 +81,43 @@ pub fn linear_grad_w<T: Real>(
     accumulate: bool,
     scratch: &mut [T],
 ) {
+    linear_grad_w_par(
+        &SingleThread,
+        n,
+        fin,
+        fout,
+        x,
+        dy,
+        dw,
+        db,
+        accumulate,
+        scratch,
+    )
+}
+
+/// [`linear_grad_w`] on the workers of `pool` (rows of dW split; `db` summed on the calling thread in
+/// row order), the same bits for any pool.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_grad_w_par<T: Real>(
+    pool: &dyn WorkerPool,
+    n: usize,
+    fin: usize,
+    fout: usize,
+    x: &[T],
+    dy: &[T],
+    dw: &mut [T],
+    db: Option<&mut [T]>,
+    accumulate: bool,
+    scratch: &mut [T],
+) {
     if n == 0 {
         // Do not rely on the GEMM's k = 0 convention: the gradient of an empty batch is zero.
         if !accumulate {
             dw[..fout * fin].iter_mut().for_each(|v| *v = T::ZERO);
         }
     } else {
-        gemm(
+        gemm_par(
+            pool,
             fout,
             fin,
             n,
@@ -99,7 +156,24 @@ pub fn linear_grad_x<T: Real>(
     accumulate: bool,
     scratch: &mut [T],
 ) {
-    gemm(
+    linear_grad_x_par(&SingleThread, n, fin, fout, dy, w, dx, accumulate, scratch)
+}
+
+/// [`linear_grad_x`] on the workers of `pool` (rows of dX split), the same bits for any pool.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_grad_x_par<T: Real>(
+    pool: &dyn WorkerPool,
+    n: usize,
+    fin: usize,
+    fout: usize,
+    dy: &[T],
+    w: &[T],
+    dx: &mut [T],
+    accumulate: bool,
+    scratch: &mut [T],
+) {
+    gemm_par(
+        pool,
         n,
         fin,
         fout,
@@ -253,5 +327,53 @@ mod tests {
         assert_close("linear dw f32", &widen(&dw32), &dw, 2e-5, 1e-2);
         assert_close("linear db f32", &widen(&db32), &db, 2e-5, 1e-2);
         assert_close("linear dx f32", &widen(&dx32), &dx, 2e-5, 1e-2);
+    }
+
+    /// All three phases on 2, 3 and 4 workers equal one worker bit for bit (odd sizes: edge tiles in
+    /// both directions), with one worker's scratch and with the threaded scratch.
+    #[test]
+    fn threads_give_identical_bits() {
+        use crate::kernels::par::testing::Scoped;
+        let mut rng = Rng::new(5);
+        for (n, fin, fout) in [(1, 3, 2), (37, 29, 13), (130, 67, 101), (9, 300, 70)] {
+            let c = case(&mut rng, n, fin, fout);
+            let (x, w, b) = (to_f32(&c.x), to_f32(&c.w), to_f32(&c.b));
+            let dy = to_f32(&rand_vec(&mut rng, n * fout, -1.0, 1.0));
+            let run = |pool: &dyn WorkerPool, len: usize| {
+                let mut s = vec![0.0f32; len];
+                let mut y = vec![f32::NAN; n * fout];
+                linear_fwd_par(pool, n, fin, fout, &x, &w, Some(&b), &mut y, &mut s);
+                let mut dw = vec![f32::NAN; fout * fin];
+                let mut db = vec![f32::NAN; fout];
+                linear_grad_w_par(
+                    pool,
+                    n,
+                    fin,
+                    fout,
+                    &x,
+                    &dy,
+                    &mut dw,
+                    Some(&mut db),
+                    false,
+                    &mut s,
+                );
+                let mut dx = x.clone();
+                linear_grad_x_par(pool, n, fin, fout, &dy, &w, &mut dx, true, &mut s);
+                [y, dw, db, dx]
+            };
+            let base = linear_scratch_len(n, fin, fout);
+            let want = run(&SingleThread, base);
+            for t in [2usize, 3, 4] {
+                for len in [base, linear_scratch_len_threads(n, fin, fout, t)] {
+                    let got = run(&Scoped(t), len);
+                    for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+                        assert!(
+                            a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits()),
+                            "{n}x{fin}x{fout} t={t} len={len} output {i}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

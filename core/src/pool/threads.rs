@@ -239,7 +239,9 @@ mod tests {
                         hits[i].fetch_add(1, Ordering::Relaxed);
                     });
                 }
-                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == rounds as u64));
+                assert!(hits
+                    .iter()
+                    .all(|h| h.load(Ordering::Relaxed) == rounds as u64));
             }
         }
     }
