@@ -69,10 +69,7 @@ impl<'a, T> Shards<'a, T> {
     #[allow(clippy::mut_from_ref)]
     pub fn take(&self, i: usize) -> &'a mut [T] {
         assert!(i < self.parts, "Shards: no piece {i}");
-        assert!(
-            !self.taken[i].swap(true, Ordering::AcqRel),
-            "Shards: piece {i} taken twice"
-        );
+        assert!(!take_flag(&self.taken[i]), "Shards: piece {i} taken twice");
         let r = self.range(i);
         // SAFETY: `bounds` is increasing and inside the slice (checked in `new`), so pieces are disjoint
         // sub-slices of the exclusively borrowed slice (alive for 'a); `taken` makes each piece handed out
@@ -86,9 +83,28 @@ impl<'a, T> Shards<'a, T> {
     }
 }
 
+/// Sets `flag`, returning its old value: atomically where the target has compare-and-swap.
+#[cfg(target_has_atomic = "8")]
+fn take_flag(flag: &AtomicBool) -> bool {
+    flag.swap(true, Ordering::AcqRel)
+}
+
+/// Sets `flag`, returning its old value. Targets without compare-and-swap (Cortex-M0) never split work
+/// into more than one piece ([`tasks_for`]), so the one piece is only ever taken by one task; a pool
+/// running it twice in a row still panics here.
+#[cfg(not(target_has_atomic = "8"))]
+fn take_flag(flag: &AtomicBool) -> bool {
+    let was = flag.load(Ordering::Acquire);
+    flag.store(true, Ordering::Release);
+    was
+}
+
 /// Tasks to split `work` units into on `pool`: one per `min_per_task` units, at most the pool's
-/// threads and [`MAX_TASKS`], at least 1.
+/// threads and [`MAX_TASKS`], at least 1 (always 1 on targets without compare-and-swap).
 pub fn tasks_for(pool: &dyn WorkerPool, work: usize, min_per_task: usize) -> usize {
+    if cfg!(not(target_has_atomic = "8")) {
+        return 1;
+    }
     pool.threads()
         .min(MAX_TASKS)
         .min(work / min_per_task.max(1))
