@@ -1,6 +1,6 @@
 //! `cargo xtask web [--serve [--port N]] [--test] [--bench]`: the browser build of frugal.
 //!
-//! - (no flag): builds `frugal-wasm` for `wasm32-unknown-unknown` (release, opt-level "s" with 3 for
+//! - (no flag): builds `frugal-wasm` for `wasm32-unknown-unknown` (release, opt-level "s" with 2 for
 //!   `frugal-core`, LTO,
 //!   `+simd128`, a 128 KiB stack), runs `wasm-opt -Oz` and `wasm-bindgen --target web`, and copies the
 //!   demo into `web-demo/dist/`.
