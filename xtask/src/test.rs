@@ -189,21 +189,34 @@ fn table(rows: &[(&str, Outcome, Option<f64>)]) -> String {
 pub fn main(args: &[String]) -> Result<(), String> {
     let mut fast = false;
     let mut no_setup = false;
-    for a in args {
+    let mut only: Option<Vec<Leg>> = None;
+    let usage = "usage: cargo xtask test [--fast] [--no-setup] [--only LEG,LEG…]";
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
         match a.as_str() {
             "--fast" => fast = true,
             "--no-setup" => no_setup = true,
-            _ => {
-                return Err(format!(
-                    "unknown argument {a:?}; usage: cargo xtask test [--fast] [--no-setup]"
-                ))
+            "--only" => {
+                let names = it.next().ok_or(format!("--only needs legs; {usage}"))?;
+                let legs = names
+                    .split(',')
+                    .map(|n| {
+                        Leg::parse(n).ok_or_else(|| {
+                            let all: Vec<&str> = Leg::TEST.iter().map(|l| l.name()).collect();
+                            format!("unknown leg {n:?} (legs: {})", all.join(", "))
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                only = Some(legs);
             }
+            _ => return Err(format!("unknown argument {a:?}; {usage}")),
         }
     }
     let t0 = Instant::now();
     let legs: Vec<Leg> = Leg::TEST
         .into_iter()
         .filter(|l| !fast || l.fast())
+        .filter(|l| only.as_ref().is_none_or(|o| o.contains(l)))
         .collect();
     let mut rows = Vec::new();
 
