@@ -280,6 +280,9 @@ fn activations_moved_to_a_second_space_train_bit_identically() {
             let out = eo < loss;
             assert_eq!((a.space, b.space) == (SpaceId::HOST, DEVICE), out);
             assert_eq!((a.space, b.space) == (DEVICE, SpaceId::HOST), !out);
+            // The host arena holds no range of a value that waits on the device.
+            let t = p.program[eo as usize].moved().unwrap();
+            assert_eq!(p.region_at(t, eo).is_none(), out);
         }
         // Training through the device backend: bit for bit the plain plan's; every move through MoveOps.
         let got = train(p, Device::new(), |d| {

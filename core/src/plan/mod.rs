@@ -722,10 +722,12 @@ impl Plan {
         Some(segs[i.saturating_sub(1)].1)
     }
 
-    /// Arena byte range of tensor `t` at execution order `eo` (None if external).
+    /// Arena byte range of tensor `t` at execution order `eo` (None if external, or held in another
+    /// memory space there: only its backend can reach it).
     pub fn region_at(&self, t: TensorId, eo: Eo) -> Option<(usize, usize)> {
         let s = self.storage_at(t, eo)? as usize;
-        Some((self.offsets[s], self.graph.tensors[t as usize].bytes))
+        (self.lives[s].space == SpaceId::HOST)
+            .then(|| (self.offsets[s], self.graph.tensors[t as usize].bytes))
     }
 
     /// Arena byte range of a tensor with a single segment (persistent tensors; the first segment otherwise).
