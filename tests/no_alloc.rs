@@ -6,7 +6,7 @@ use frugal_core::exec::{Executor, Target};
 use frugal_core::graph::{Graph, GraphOptions};
 use frugal_core::kernels::int8::KernelFamily;
 use frugal_core::model::{Int8Update, LayerKind, LayerSpec, OptimizerSpec, Precision, Src};
-use frugal_core::plan::Plan;
+use frugal_core::plan::{Plan, SpaceId};
 use frugal_tests::counting::{allocations, run, Counting};
 
 #[global_allocator]
@@ -145,7 +145,7 @@ impl frugal_core::spill::Spill for Preallocated {
 /// Every plan kind the policies make — micro-batched, recomputing, fp16 storage, spilled — trains its
 /// very first step (nothing warmed up) and every later one without a heap allocation.
 fn every_plan_kind_steps_without_allocating() {
-    use frugal_core::policy::{half, recompute, swap, CostModel};
+    use frugal_core::policy::{half, recompute, spaces, swap, CostModel};
     let spec = workloads::all()
         .into_iter()
         .find(|w| w.id == "small_cnn")
@@ -167,6 +167,10 @@ fn every_plan_kind_steps_without_allocating() {
         (
             "spilled",
             swap::plan_swap(&g, 2, plain_bytes / 2).unwrap_or_else(|p| p),
+        ),
+        (
+            "moved (within the host arena)",
+            spaces::offload(&g, SpaceId::HOST, 64, |_, _| true),
         ),
     ];
     let x: Vec<f32> = (0..24 * 784).map(|i| (i % 13) as f32 / 13.0).collect();
@@ -202,6 +206,9 @@ fn every_plan_kind_steps_without_allocating() {
         assert_eq!(n, 0, "{what}: allocations during steps");
         if *what == "spilled" {
             assert!(!swaps.is_empty(), "the spilled plan swaps");
+        }
+        if what.starts_with("moved") {
+            assert!(spaces::move_volume(plan).0 > 0, "the moving plan moves");
         }
     }
 }

@@ -10,7 +10,7 @@
 //! | [`LayerOps`] | forward, recompute (a forward with [`Mode::Recompute`]), weight gradient (micro-batches after the first accumulate), input derivative |
 //! | [`LossOps`] | the fused loss and its derivative |
 //! | [`OptimOps`] | the optimizer update |
-//! | [`MoveOps`] | moves of bytes: spill out/in, fp16 pack/unpack |
+//! | [`MoveOps`] | moves of bytes: spill out/in, fp16 pack/unpack, moves between memory spaces |
 //! | [`Backend`] | the whole: its name, which placements it serves, per-plan preparation (placement check, state such as int8 rescale sites), per-step start, parameter initialisation |
 //!
 //! Every method borrows the host arena (`&mut [u8]`, the plan's aligned arena) and an instruction
@@ -42,7 +42,7 @@ pub use int8::CpuInt8;
 
 #[cfg(feature = "alloc")]
 use crate::{
-    plan::{Eo, Instr, Phase, Plan},
+    plan::{Eo, Instr, Phase, Plan, SpaceId},
     spill::Spill,
 };
 
@@ -177,6 +177,69 @@ pub trait MoveOps {
     }
     /// [`Phase::Pack`] (f32 → its IEEE-half copy) and [`Phase::Unpack`] (back).
     fn convert_half(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError>;
+    /// [`Phase::Move`]: copies `from.bytes` bytes of storage `from` into storage `to` (as many bytes),
+    /// either in the host arena or in a memory space the backend owns. The default moves within the host
+    /// arena and refuses any other space ([`ExecError::Space`]); a backend that owns a space overrides it.
+    fn move_between(
+        &mut self,
+        _cx: &Cx<'_>,
+        host: &mut [u8],
+        from: Region,
+        to: Region,
+    ) -> Result<(), ExecError> {
+        if from.space != SpaceId::HOST {
+            return Err(ExecError::Space(from.space.0));
+        }
+        if to.space != SpaceId::HOST {
+            return Err(ExecError::Space(to.space.0));
+        }
+        let bad = ExecError::BadPlan("a move outside the arena");
+        let end = from.offset.checked_add(from.bytes).ok_or(bad.clone())?;
+        if end > host.len() || to.end().is_none_or(|e| e > host.len()) {
+            return Err(bad);
+        }
+        host.copy_within(from.offset..end, to.offset);
+        Ok(())
+    }
+}
+
+/// Bytes of one storage in its memory space, as a [`Phase::Move`] hands them to
+/// [`MoveOps::move_between`].
+#[cfg(feature = "alloc")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Region {
+    /// The space ([`SpaceId::HOST`]: the host arena).
+    pub space: SpaceId,
+    /// Offset within the space.
+    pub offset: usize,
+    /// Length in bytes.
+    pub bytes: usize,
+}
+
+#[cfg(feature = "alloc")]
+impl Region {
+    /// One past its last byte (None on overflow).
+    pub fn end(&self) -> Option<usize> {
+        self.offset.checked_add(self.bytes)
+    }
+
+    /// The (from, to) regions of the move at `eo` of `plan` ([`Plan::move_storages`]): whole storages,
+    /// equally long.
+    pub fn of_move(plan: &Plan, eo: Eo) -> Result<(Region, Region), ExecError> {
+        let (from, to) = plan.move_storages(eo).ok_or(ExecError::BadPlan(
+            "a move of a tensor that holds no value before it",
+        ))?;
+        let region = |s: u32| {
+            let l = &plan.lives[s as usize];
+            Region {
+                space: l.space,
+                offset: plan.offsets[s as usize],
+                // Both segments of a group have the group's bytes.
+                bytes: l.bytes,
+            }
+        };
+        Ok((region(from), region(to)))
+    }
 }
 
 /// What a step starts with (see [`Backend::begin_step`]).
@@ -248,6 +311,10 @@ pub fn dispatch<B: Backend + ?Sized>(
         Phase::GradX => b.grad_x(cx, host),
         Phase::Apply => b.apply(cx, host),
         Phase::Pack | Phase::Unpack => b.convert_half(cx, host),
+        Phase::Move => {
+            let (from, to) = Region::of_move(cx.plan, cx.eo)?;
+            b.move_between(cx, host, from, to)
+        }
         Phase::SpillOut | Phase::SpillIn => {
             let spill = spill.ok_or(ExecError::BadPlan(
                 "a swap instruction needs a spill store (Executor::train_step_spilled)",

@@ -11,6 +11,8 @@ pub mod int8;
 mod nonfinite_tests;
 #[cfg(test)]
 mod record_tests;
+#[cfg(test)]
+mod space_tests;
 
 pub use crate::backend::arena::carve;
 use crate::backend::arena::f32s_ro;

@@ -1,19 +1,21 @@
 //! Every instruction goes through the backend: a recording decorator over the real backends sees each
-//! instruction the step loop runs — plain, micro-batched, recomputing, fp16-storage, spilled, adaptive and
-//! int8 plans — exactly once and in program order, and results are bit-identical to the undecorated run.
-//! An executor refuses, when it is created, a plan placed where its backend cannot run.
+//! instruction the step loop runs — plain, micro-batched, recomputing, fp16-storage, spilled, moving,
+//! adaptive and int8 plans — exactly once and in program order, and results are bit-identical to the
+//! undecorated run. An executor refuses, when it is created, a plan placed where its backend cannot run.
 use alloc::vec;
 use alloc::vec::Vec;
 
 use super::*;
 use crate::backend::{
-    Backend, CpuInt8, Cx, LayerOps, LossOps, LossOut, MoveOps, OptimOps, Placement, StepStart,
+    Backend, CpuInt8, Cx, LayerOps, LossOps, LossOut, MoveOps, OptimOps, Placement, Region,
+    StepStart,
 };
 use crate::budget::Budget;
 use crate::graph::Graph;
 use crate::model::{Int8Update, Precision};
 use crate::plan::tests::random_model;
-use crate::policy::{half, recompute, swap, CostModel};
+use crate::plan::SpaceId;
+use crate::policy::{half, recompute, spaces, swap, CostModel};
 use crate::spill::MemSpill;
 
 /// One call the backend saw: (plan identity, execution order, phase).
@@ -98,6 +100,16 @@ impl<B: Backend> MoveOps for Recorder<B> {
     fn convert_half(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError> {
         self.note(cx);
         self.inner.convert_half(cx, host)
+    }
+    fn move_between(
+        &mut self,
+        cx: &Cx<'_>,
+        host: &mut [u8],
+        from: Region,
+        to: Region,
+    ) -> Result<(), ExecError> {
+        self.note(cx);
+        self.inner.move_between(cx, host, from, to)
     }
 }
 
@@ -245,6 +257,18 @@ fn micro_batched_and_recomputing_plans_go_through_the_backend() {
 fn fp16_storage_pack_and_unpack_go_through_the_backend() {
     let p = half::f16_storage(&Graph::new(&cnn(), 8).unwrap());
     check(&p, 8, &[Phase::Pack, Phase::Unpack]);
+}
+
+#[test]
+fn moves_go_through_the_backend() {
+    // Within the host arena: the plan every backend runs with `MoveOps`' default.
+    let p = spaces::offload(
+        &Graph::new(&cnn(), 8).unwrap(),
+        SpaceId::HOST,
+        64,
+        |_, _| true,
+    );
+    check(&p, 8, &[Phase::Move]);
 }
 
 #[test]

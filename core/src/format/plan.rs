@@ -39,8 +39,11 @@
 //! have 0 in both.
 //!
 //! Phases are coded 0 F, 1 loss, 2 CG, 3 CD, 4 apply, 5 recompute, 6 swap-out, 7 swap-in, 8 pack to
-//! fp16, 9 unpack; a swap's or pack's `node` is the id of the tensor it moves (an in-arena,
-//! non-persistent tensor of the model; a pack's half copy is re-created in program order on decode).
+//! fp16, 9 unpack, 10 move between memory spaces; a swap's, pack's or move's `node` is the id of the
+//! tensor it moves (an in-arena, non-persistent tensor of the model; a pack's half copy is re-created in
+//! program order on decode). A move must have a value to move: a storage of its group that ends where the
+//! move begins the next ([`Plan::move_storages`]). Like packs before it, the move phase came without a
+//! version bump: no earlier file holds code 10, and an older decoder rejects it as an unknown phase.
 //!
 //! Decoding trusts nothing: every enum value, node index and micro-batch index is checked, the storage
 //! count must match the storages recomputed from the program, and the stored layout must be aligned, fit
@@ -196,6 +199,7 @@ fn phase_code(p: Phase) -> u8 {
         Phase::SpillIn => 7,
         Phase::Pack => 8,
         Phase::Unpack => 9,
+        Phase::Move => 10,
     }
 }
 
@@ -517,12 +521,13 @@ fn get_program(r: &mut Reader<'_>, mut graph: Graph, version: u16) -> Result<Pla
             7 => Phase::SpillIn,
             8 => Phase::Pack,
             9 => Phase::Unpack,
+            10 => Phase::Move,
             _ => return Err(bad("instruction phase", phase_at, "unknown phase")),
         };
         let ok = if phase == Phase::Loss {
             node == LOSS_NODE
-        } else if matches!(phase, Phase::SpillOut | Phase::SpillIn) {
-            // Swaps name a tensor: it must exist, be in the arena and not be persistent.
+        } else if matches!(phase, Phase::SpillOut | Phase::SpillIn | Phase::Move) {
+            // Swaps and moves name a tensor: it must exist, be in the arena and not be persistent.
             graph.tensors.get(node as usize).is_some_and(|t| {
                 t.bytes > 0 && t.kind != TensorKind::External && !t.kind.persistent()
             })
@@ -607,7 +612,7 @@ fn get_program(r: &mut Reader<'_>, mut graph: Graph, version: u16) -> Result<Pla
     check_layout(&lt.lives, &offsets, &spaces, arena_bytes, offsets_at)?;
     // The checked storages and the stored layout are the plan: no layout strategy runs on decode (a
     // micro:bit decodes this in a few KiB of heap).
-    Ok(Plan {
+    let plan = Plan {
         graph,
         micro_batches,
         program,
@@ -633,7 +638,19 @@ fn get_program(r: &mut Reader<'_>, mut graph: Graph, version: u16) -> Result<Pla
         arena_bytes,
         spaces,
         strategy,
-    })
+    };
+    // Every move reads a value of its group: the storage that ends where the move begins the next.
+    let moves = plan.program.iter().enumerate();
+    for (eo, _) in moves.filter(|(_, i)| i.phase == Phase::Move) {
+        if plan.move_storages(eo as crate::plan::Eo).is_none() {
+            return Err(bad(
+                "instruction node",
+                count_at,
+                "a move of a tensor that holds no value before it",
+            ));
+        }
+    }
+    Ok(plan)
 }
 
 /// Decodes a `FRGP` file into its model and plan.
@@ -970,7 +987,7 @@ mod tests {
         // Unknown phase and placement bytes.
         let b = encode_plan(&s, &plain());
         let i = first_instr(&b);
-        assert_eq!(field(&patched(&b, i + 2, 10)), "instruction phase");
+        assert_eq!(field(&patched(&b, i + 2, 11)), "instruction phase");
         // A pack naming a node index that is no activation tensor, an unpack without a pack.
         assert_eq!(field(&patched(&b, i + 2, 8)), "instruction node");
         assert_eq!(field(&patched(&b, i + 2, 9)), "instruction node");

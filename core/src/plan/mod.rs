@@ -55,6 +55,10 @@ pub enum Phase {
     /// fp16 storage: a fresh write of the group (f32) from its half copy, starting a new lifetime segment;
     /// the half copy's life ends here. `Instr::node` holds the *tensor id*.
     Unpack = 9,
+    /// A move between memory spaces ([`space`]): reads the group's current storage and writes its next
+    /// one, which may live in another space (its [`TensorLife::space`]). Both are live here: the old
+    /// segment ends at the move, the new one begins at it. `Instr::node` holds the *tensor id*.
+    Move = 10,
 }
 
 impl Phase {
@@ -71,6 +75,7 @@ impl Phase {
             Phase::SpillIn => "SI",
             Phase::Pack => "PK",
             Phase::Unpack => "UP",
+            Phase::Move => "MV",
         }
     }
 }
@@ -125,6 +130,23 @@ impl Instr {
     /// The f32 tensor a pack/unpack instruction converts (None for every other phase).
     pub fn packed(&self) -> Option<TensorId> {
         matches!(self.phase, Phase::Pack | Phase::Unpack).then_some(self.node as TensorId)
+    }
+
+    /// A move ([`Phase::Move`]) of tensor `t`'s storage group to its next storage (stored in `node`;
+    /// None when it does not fit in 16 bits).
+    pub fn move_of(t: TensorId) -> Option<Instr> {
+        let node = u16::try_from(t).ok().filter(|&n| n != LOSS_NODE)?;
+        Some(Instr {
+            node,
+            phase: Phase::Move,
+            mb: 0,
+            placement: Placement::Cpu,
+        })
+    }
+
+    /// The tensor a move instruction names (None for every other phase).
+    pub fn moved(&self) -> Option<TensorId> {
+        (self.phase == Phase::Move).then_some(self.node as TensorId)
     }
 }
 
@@ -196,8 +218,8 @@ pub fn touches(g: &Graph, ins: &Instr, out: &mut Vec<TensorId>) {
         out.extend(g.loss_scratch);
         return;
     }
-    if let Some(t) = ins.spilled() {
-        // Swaps carry a tensor id in `node`.
+    if let Some(t) = ins.spilled().or(ins.moved()) {
+        // Swaps and moves carry a tensor id in `node`.
         if (t as usize) < g.tensors.len() {
             out.push(t);
         }
@@ -270,7 +292,12 @@ pub fn touches(g: &Graph, ins: &Instr, out: &mut Vec<TensorId>) {
                 out.extend(p.state.iter().copied());
             }
         }
-        Phase::Loss | Phase::SpillOut | Phase::SpillIn | Phase::Pack | Phase::Unpack => {}
+        Phase::Loss
+        | Phase::SpillOut
+        | Phase::SpillIn
+        | Phase::Pack
+        | Phase::Unpack
+        | Phase::Move => {}
     }
 }
 
@@ -282,9 +309,10 @@ pub fn fresh_write(g: &Graph, ins: &Instr, t: TensorId, root: bool) -> bool {
     if kind == TensorKind::Scratch {
         return true;
     }
-    if ins.phase == Phase::SpillIn {
-        // A swap-in rewrites the whole group (whichever member it names) from the spill store.
-        return !kind.persistent() && ins.spilled() == Some(t);
+    if matches!(ins.phase, Phase::SpillIn | Phase::Move) {
+        // A swap-in rewrites the whole group (whichever member it names) from the spill store; a move
+        // from the group's previous storage ([`lifetimes`] keeps that one live through the move too).
+        return !kind.persistent() && ins.node as TensorId == t;
     }
     if let Some(x) = ins.packed() {
         // A pack writes the half copy; an unpack rewrites the whole group from it.
@@ -412,8 +440,9 @@ pub fn share_groups(g: &Graph, merge_in_place: bool) -> Vec<u32> {
 }
 
 /// Lifetime segments of every storage group over `program`: a group's value starts at a fresh write
-/// ([`fresh_write`]) and lives until its last touch before the next fresh write. Persistent tensors have
-/// one segment spanning the step.
+/// ([`fresh_write`]) and lives until its last touch before the next fresh write. A [`Phase::Move`] ends one
+/// segment and starts the next at the same instruction (both live there: the move copies one into the
+/// other). Persistent tensors have one segment spanning the step.
 pub fn lifetimes(g: &Graph, program: &[Instr], roots: &[u32]) -> Lifetimes {
     let nt = g.tensors.len();
     let end = program.len().saturating_sub(1) as Eo;
@@ -489,6 +518,19 @@ pub fn lifetimes(g: &Graph, program: &[Instr], roots: &[u32]) -> Lifetimes {
             }
             seen_groups.push(gid);
             let gi = gid as usize;
+            if fresh && ins.phase == Phase::Move {
+                // A move reads the current storage (its segment ends here) and writes the next one
+                // (which begins here): both are live at the move.
+                if let Some(s) = current[gi] {
+                    lives[s as usize].last = eo;
+                    seg_touches[s as usize].push(eo);
+                }
+                let s = new_seg(&mut lives, &mut seg_touches, gi, eo);
+                segments[gi].push((eo, s));
+                current[gi] = Some(s);
+                seg_touches[s as usize].push(eo);
+                continue;
+            }
             let sid = match current[gi] {
                 Some(s) if !fresh => s,
                 Some(s) if lives[s as usize].last == eo => s,
@@ -680,10 +722,12 @@ impl Plan {
         Some(segs[i.saturating_sub(1)].1)
     }
 
-    /// Arena byte range of tensor `t` at execution order `eo` (None if external).
+    /// Arena byte range of tensor `t` at execution order `eo` (None if external, or held in another
+    /// memory space there: only its backend can reach it).
     pub fn region_at(&self, t: TensorId, eo: Eo) -> Option<(usize, usize)> {
         let s = self.storage_at(t, eo)? as usize;
-        Some((self.offsets[s], self.graph.tensors[t as usize].bytes))
+        (self.lives[s].space == SpaceId::HOST)
+            .then(|| (self.offsets[s], self.graph.tensors[t as usize].bytes))
     }
 
     /// Arena byte range of a tensor with a single segment (persistent tensors; the first segment otherwise).
@@ -709,15 +753,30 @@ impl Plan {
             .flat_map(move |g| self.segments[g as usize].iter().map(|s| s.1))
     }
 
+    /// The storages a [`Phase::Move`] at `eo` reads and writes: (from, to) — the segment of its group
+    /// that ends at `eo` and the one that begins there. None when `eo` is no move, or the move has no
+    /// value to read (nothing wrote the group before it).
+    pub fn move_storages(&self, eo: Eo) -> Option<(u32, u32)> {
+        let t = self.program.get(eo as usize)?.moved()?;
+        let gid = self.group_of.get(t as usize).copied().flatten()? as usize;
+        let segs = &self.segments[gid];
+        let k = segs.iter().position(|&(start, _)| start == eo)?;
+        let from = segs[k.checked_sub(1)?].1;
+        (self.lives[from as usize].last == eo).then_some((from, segs[k].1))
+    }
+
     /// Number of execution orders in one step.
     pub fn n_eo(&self) -> u32 {
         self.program.len() as u32
     }
 
-    /// Bytes of the arena in use at each execution order: the highest end of any storage live there.
+    /// Bytes of the arena in use at each execution order: the highest end of any host storage live there.
     pub fn pool_profile(&self) -> Vec<usize> {
         let mut p = vec![0usize; self.program.len()];
         for (i, l) in self.lives.iter().enumerate() {
+            if l.space != SpaceId::HOST {
+                continue;
+            }
             let top = self.offsets[i] + l.bytes;
             for v in &mut p
                 [l.first as usize..=(l.last as usize).min(self.program.len().saturating_sub(1))]

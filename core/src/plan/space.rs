@@ -3,7 +3,9 @@
 //! The host arena (`&mut [u8]`, [`SpaceId::HOST`]) is one space; an accelerator's memory (a GPU buffer,
 //! DSP buffers) is another, owned by the backend that serves it and laid out by the same planner with
 //! that space's own lifetimes and alignment. Every storage ([`TensorLife`]) names its space; offsets are
-//! within it. [`Plan::arena_bytes`] is the host space's size, [`Plan::spaces`] the others'.
+//! within it. [`Plan::arena_bytes`] is the host space's size, [`Plan::spaces`] the others'. A value
+//! changes space through a planned [`Phase::Move`](super::Phase::Move), which ends one storage of its
+//! group and begins the next, in another space ([`crate::policy::spaces`] inserts them).
 //!
 //! # Budgets over several spaces
 //! A [`Budget`] bounds one space. The host space's budget is the one every host gives (the CLI's

@@ -19,7 +19,7 @@ fn slot(p: Phase) -> usize {
         Phase::Apply => 3,
         Phase::Loss => 4,
         // Swaps are not modelled (`instr_ns` prices them at 0); any slot will do.
-        Phase::SpillOut | Phase::SpillIn | Phase::Pack | Phase::Unpack => 3,
+        Phase::SpillOut | Phase::SpillIn | Phase::Pack | Phase::Unpack | Phase::Move => 3,
     }
 }
 
@@ -142,8 +142,8 @@ impl CostModel {
 
     /// Predicted nanoseconds of one instruction on `n` samples.
     pub fn instr_ns(&self, ins: &Instr, n: usize) -> f64 {
-        if ins.spilled().is_some() {
-            return 0.0; // moving bytes to the host's spill store is not modelled
+        if ins.spilled().is_some() || ins.moved().is_some() {
+            return 0.0; // moving bytes to the host's spill store or another space is not modelled
         }
         let row = if ins.phase == Phase::Loss {
             self.costs.last()

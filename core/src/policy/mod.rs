@@ -6,6 +6,7 @@ pub mod cost;
 pub mod half;
 #[cfg(test)]
 mod oracle_tests;
+pub mod spaces;
 pub mod swap;
 #[cfg(test)]
 mod tests;
@@ -281,10 +282,14 @@ fn discard_candidate(
     best.map(|(_, u, c)| (u, c))
 }
 
-/// Bytes live at each execution order (the lower bound's profile).
+/// Bytes of the host arena live at each execution order (the lower bound's profile).
 pub fn live_profile(p: &Plan) -> Vec<usize> {
     let mut d = vec![0i64; p.program.len() + 1];
-    for l in &p.lives {
+    for l in p
+        .lives
+        .iter()
+        .filter(|l| l.space == crate::plan::SpaceId::HOST)
+    {
         d[l.first as usize] += l.bytes as i64;
         d[(l.last as usize + 1).min(p.program.len())] -= l.bytes as i64;
     }
