@@ -1,4 +1,6 @@
-//! `cargo xtask miri`: the `frugal-core` tests that Miri can run in reasonable time — the binary
+//! `cargo xtask miri [--all]`: without `--all` (the leg of `cargo xtask test`), the tests over the core's
+//! `unsafe` that run in minutes (see `QUICK`); with `--all`, the `frugal-core` tests that Miri can run in
+//! reasonable time (about an hour here) — the binary
 //! decoders (model, plan, plan table: round trips, corrupt and random bytes), the planner's hand-checked
 //! cases, the executor (arena carving, one whole step through the backend, the switch's in-place moves),
 //! the thread pool's unsafe job hand-off (with real threads), the GEMM and int8 kernel
@@ -9,6 +11,19 @@
 //! failure-persistence files.
 use std::process::Command;
 
+/// The quick set `cargo xtask test` runs (minutes): the `unsafe` of the arena carving, the thread pool's
+/// job hand-off (real threads), the kernels' slice sharding, the switch's in-place moves and small GEMMs.
+const QUICK: &[&str] = &[
+    "backend::arena",
+    "pool::",
+    "kernels::par",
+    "exec::adapt::tests",
+    "kernels::gemm::tests::portable::k_zero",
+    "kernels::gemm::tests::portable::empty",
+    "plan::tests::lower_bound_counts",
+];
+
+/// Everything Miri can run in reasonable time (`cargo xtask miri --all`; about an hour on 2 cores).
 const FILTERS: &[&str] = &[
     "format::",
     // The planner's hand-checked cases (its random-DAG properties take too long under Miri).
@@ -41,7 +56,14 @@ const SKIP: &[&str] = &[
     "max_k_is_the_exact_bound",
 ];
 
-pub fn main(_args: &[String]) -> Result<(), String> {
+pub fn main(args: &[String]) -> Result<(), String> {
+    let all = args.iter().any(|a| a == "--all");
+    if let Some(a) = args.iter().find(|a| *a != "--all") {
+        return Err(format!(
+            "unknown argument {a:?}; usage: cargo xtask miri [--all]"
+        ));
+    }
+    let filters = if all { FILTERS } else { QUICK };
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
@@ -56,7 +78,7 @@ pub fn main(_args: &[String]) -> Result<(), String> {
             "--lib",
             "--",
         ])
-        .args(FILTERS)
+        .args(filters)
         .args(SKIP.iter().flat_map(|s| ["--skip", s]))
         .env("PROPTEST_CASES", "1")
         .env("MIRIFLAGS", "-Zmiri-disable-isolation")
