@@ -253,7 +253,13 @@ pub fn main(args: &[String]) -> Result<(), String> {
 
     for leg in Leg::TEST {
         if !legs.contains(&leg) {
-            rows.push((leg.name(), Outcome::Skipped("--fast".into()), None));
+            // Left out on purpose: by --fast, or not named by --only.
+            let why = if fast && !leg.fast() {
+                "--fast"
+            } else {
+                "not in --only"
+            };
+            rows.push((leg.name(), Outcome::Skipped(why.into()), None));
             continue;
         }
         if let Some(why) = status.blocks(leg) {
@@ -292,7 +298,9 @@ pub fn main(args: &[String]) -> Result<(), String> {
         .collect();
     let blocked: Vec<&str> = rows
         .iter()
-        .filter(|(_, o, _)| matches!(o, Outcome::Skipped(w) if w != "--fast"))
+        .filter(
+            |(_, o, _)| matches!(o, Outcome::Skipped(w) if w != "--fast" && w != "not in --only"),
+        )
         .map(|(n, _, _)| *n)
         .collect();
     println!("{}", table(&rows));
