@@ -310,7 +310,14 @@ impl SgemmKernel {
                 2 => Self::Avx2,
                 3 => Self::Avx512,
                 _ => {
-                    let best = Self::best();
+                    // FRUGAL_SGEMM=portable|avx2|avx512 forces a family (when available) for a whole
+                    // process: benchmarks measure an older CPU's kernel on a newer one.
+                    let forced = std::env::var("FRUGAL_SGEMM").ok().and_then(|v| {
+                        [Self::Portable, Self::Avx2, Self::Avx512]
+                            .into_iter()
+                            .find(|k| k.name().starts_with(v.as_str()) && k.is_available())
+                    });
+                    let best = forced.unwrap_or_else(Self::best);
                     // Races are benign: every thread computes the same answer.
                     let code = match best {
                         Self::Portable => 1,
