@@ -227,11 +227,11 @@ pub fn conv_scratch_len_threads(g: &ConvGeom, n: usize, threads: usize) -> usize
             .min(n.max(1))
 }
 
-/// Workers that take samples: as many as the pool has, there are samples, and scratch copies of `per`
-/// elements fit (1 when the conv needs no scratch per sample only if the pool has one worker).
 /// Multiply-adds below which a pass is not split across workers (tiny in tests, so that they split).
 const PAR_MIN_WORK: usize = if cfg!(test) { 16 } else { 1 << 17 };
 
+/// Workers that take samples: as many as the pool has, there are samples, and scratch copies of `per`
+/// elements fit (1 when the conv needs no scratch per sample only if the pool has one worker).
 fn sample_tasks(
     pool: &dyn WorkerPool,
     n: usize,
@@ -241,6 +241,51 @@ fn sample_tasks(
 ) -> usize {
     let fit = scratch_len.checked_div(per).unwrap_or(usize::MAX);
     tasks_for(pool, work, PAR_MIN_WORK).min(n).min(fit).max(1)
+}
+
+/// One sample's pass: `(pool, source sample, destination sample, scratch)`.
+type SampleFn<'a, T> = dyn Fn(&dyn WorkerPool, &[T], &mut [T], &mut [T]) + Sync + 'a;
+
+/// Runs `one(pool, src_sample, dst_sample, scratch)` for each of the `n` samples of `src` (`src_len`
+/// elements each) into `dst` (`dst_len` each). When the scratch holds a copy of `per` elements for
+/// several workers, the samples are split across them (each sample on one worker, given
+/// [`SingleThread`]); otherwise samples run in order, each with the whole pool. Samples are independent,
+/// so the bits do not depend on the split.
+#[allow(clippy::too_many_arguments)]
+fn by_samples<T: Real>(
+    pool: &dyn WorkerPool,
+    n: usize,
+    (src, src_len): (&[T], usize),
+    (dst, dst_len): (&mut [T], usize),
+    scratch: &mut [T],
+    per: usize,
+    work: usize,
+    one: &SampleFn<'_, T>,
+) {
+    let tasks = sample_tasks(pool, n, per, scratch.len(), work);
+    let dst = &mut dst[..n * dst_len];
+    if tasks == 1 {
+        let ss = src[..n * src_len].chunks_exact(src_len);
+        for (s, d) in ss.zip(dst.chunks_exact_mut(dst_len)) {
+            one(pool, s, d, scratch);
+        }
+        return;
+    }
+    let dsh = Shards::new(dst, tasks, |t| {
+        let r = chunk(n, tasks, 1, t);
+        r.start * dst_len..r.end * dst_len
+    });
+    let ssh = Shards::new(&mut scratch[..tasks * per], tasks, |t| {
+        t * per..(t + 1) * per
+    });
+    pool.run(tasks, &|t| {
+        let r = chunk(n, tasks, 1, t);
+        let (ds, sc) = (dsh.take(t), ssh.take(t));
+        let ss = src[r.start * src_len..r.end * src_len].chunks_exact(src_len);
+        for (s, d) in ss.zip(ds.chunks_exact_mut(dst_len)) {
+            one(&SingleThread, s, d, sc);
+        }
+    });
 }
 
 fn gemm3(m_out: usize, cols: usize, k: usize) -> usize {
@@ -514,30 +559,16 @@ fn fwd_cap<T: Real>(
     let (in_len, out_len) = (g.in_len(), g.out_len());
     let per = scratch_len_cap(g, cap);
     let work = n * out_len * g.k_g().max(1);
-    let tasks = sample_tasks(pool, n, per, scratch.len(), work);
-    if tasks == 1 {
-        let xs = x[..n * in_len].chunks_exact(in_len);
-        let ys = y[..n * out_len].chunks_exact_mut(out_len);
-        for (xs, ys) in xs.zip(ys) {
-            fwd_sample(pool, g, xs, w, b, ys, scratch, cap);
-        }
-        return;
-    }
-    let ysh = Shards::new(&mut y[..n * out_len], tasks, |t| {
-        let r = chunk(n, tasks, 1, t);
-        r.start * out_len..r.end * out_len
-    });
-    let ssh = Shards::new(&mut scratch[..tasks * per], tasks, |t| {
-        t * per..(t + 1) * per
-    });
-    pool.run(tasks, &|t| {
-        let r = chunk(n, tasks, 1, t);
-        let (ys, sc) = (ysh.take(t), ssh.take(t));
-        let xs = x[r.start * in_len..r.end * in_len].chunks_exact(in_len);
-        for (xs, ys) in xs.zip(ys.chunks_exact_mut(out_len)) {
-            fwd_sample(&SingleThread, g, xs, w, b, ys, sc, cap);
-        }
-    });
+    by_samples(
+        pool,
+        n,
+        (x, in_len),
+        (y, out_len),
+        scratch,
+        per,
+        work,
+        &|pool, xs, ys, sc| fwd_sample(pool, g, xs, w, b, ys, sc, cap),
+    );
 }
 
 /// The forward pass of one sample.
@@ -807,30 +838,16 @@ fn grad_x_cap<T: Real>(
     let (in_len, out_len) = (g.in_len(), g.out_len());
     let per = scratch_len_cap(g, cap);
     let work = n * out_len * g.k_g().max(1);
-    let tasks = sample_tasks(pool, n, per, scratch.len(), work);
-    let dx = &mut dx[..n * in_len];
-    if tasks == 1 {
-        let ds = dy[..n * out_len].chunks_exact(out_len);
-        for (ds, xs) in ds.zip(dx.chunks_exact_mut(in_len)) {
-            grad_x_sample(pool, g, ds, w, xs, accumulate, scratch, cap);
-        }
-        return;
-    }
-    let xsh = Shards::new(dx, tasks, |t| {
-        let r = chunk(n, tasks, 1, t);
-        r.start * in_len..r.end * in_len
-    });
-    let ssh = Shards::new(&mut scratch[..tasks * per], tasks, |t| {
-        t * per..(t + 1) * per
-    });
-    pool.run(tasks, &|t| {
-        let r = chunk(n, tasks, 1, t);
-        let (xs, sc) = (xsh.take(t), ssh.take(t));
-        let ds = dy[r.start * out_len..r.end * out_len].chunks_exact(out_len);
-        for (ds, xs) in ds.zip(xs.chunks_exact_mut(in_len)) {
-            grad_x_sample(&SingleThread, g, ds, w, xs, accumulate, sc, cap);
-        }
-    });
+    by_samples(
+        pool,
+        n,
+        (dy, out_len),
+        (dx, in_len),
+        scratch,
+        per,
+        work,
+        &|pool, ds, xs, sc| grad_x_sample(pool, g, ds, w, xs, accumulate, sc, cap),
+    );
 }
 
 /// The input gradient of one sample.
