@@ -1,7 +1,9 @@
-//! `cargo xtask fuzz [--time SECS] [--seeds] [TARGET …]`: every libFuzzer target in `fuzz/` (cargo-fuzz
-//! on nightly, debug assertions and overflow checks on), each for `--time` seconds (default 20), then a
-//! table a person can paste: runs, crashes, coverage (libFuzzer's `cov:` edges and `ft:` features),
-//! corpus size. Fails when a target crashes; the crashing input is under `fuzz/artifacts/<target>/`.
+//! `cargo xtask fuzz [--time SECS] [--seed N] [--seeds] [TARGET …]`: every libFuzzer target in `fuzz/`
+//! (cargo-fuzz on nightly, debug assertions and overflow checks on), each for `--time` seconds (default
+//! 20) from libFuzzer seed `N` (default 1, so a clean run starts the same way everywhere; 0 picks one at
+//! random), then a table a person can paste: runs, crashes, coverage (libFuzzer's `cov:` edges and `ft:`
+//! features), corpus size. Fails when a target crashes; the crashing input is under
+//! `fuzz/artifacts/<target>/`, and the log carries the panic and the input as hex, to replay from a log.
 //!
 //! Needs `rustup toolchain install nightly --profile minimal` and `cargo install cargo-fuzz`
 //! (0.13.2 checked). Each run reads the committed seeds (`fuzz/corpus/<target>/`, never written) and
@@ -111,9 +113,48 @@ pub fn parse_stats(log: &str) -> Stats {
     s
 }
 
+/// What a person needs from a crash when only the log survives (a CI machine's artifacts are gone): the
+/// panic message, and the crashing input as hex with the commands that replay it.
+fn crash_report(log: &str, fuzz_dir: &Path, target: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    let mut out = String::from("-- crash report --\n");
+    for (i, l) in lines.iter().enumerate() {
+        if l.contains("panicked at") || l.contains("ERROR: libFuzzer") {
+            out += l;
+            out.push('\n');
+            if let Some(next) = lines.get(i + 1) {
+                out += next;
+                out.push('\n');
+            }
+        }
+    }
+    let written = lines
+        .iter()
+        .find_map(|l| l.split("Test unit written to ").nth(1))
+        .map(|p| fuzz_dir.join(p.trim()));
+    match written.map(|p| (std::fs::read(&p), p)) {
+        Some((Ok(bytes), p)) if bytes.len() <= 16 * 1024 => {
+            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            out += &format!(
+                "input ({} bytes, {}):\n{hex}\nreplay: echo <hex> | xxd -r -p > crash.bin && \
+                 (cd fuzz && cargo +nightly fuzz run -a {target} ../crash.bin)\n",
+                bytes.len(),
+                p.display()
+            );
+        }
+        Some((Ok(bytes), p)) => {
+            out += &format!("input: {} ({} bytes)\n", p.display(), bytes.len());
+        }
+        _ => out += "input: not written (see the log above)\n",
+    }
+    out
+}
+
 /// Entry point: `args` after `fuzz`.
 pub fn main(args: &[String]) -> Result<(), String> {
     let mut secs = 20u64;
+    // A fixed seed: a clean run explores the same inputs first, so a CI failure reproduces.
+    let mut seed = 1u64;
     let mut chosen = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -123,6 +164,12 @@ pub fn main(args: &[String]) -> Result<(), String> {
                     .next()
                     .and_then(|v| v.parse().ok())
                     .ok_or("--time needs a number of seconds")?
+            }
+            "--seed" => {
+                seed = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or("--seed needs a number (0: a random seed each run)")?
             }
             "--seeds" => return write_seeds(&root().join("fuzz/corpus")),
             t if TARGETS.contains(&t) => chosen.push(t),
@@ -167,6 +214,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
             .arg(&seeds)
             .arg("--")
             .arg(format!("-max_total_time={secs}"))
+            .arg(format!("-seed={seed}"))
             .args([
                 "-print_final_stats=1",
                 "-rss_limit_mb=2048",
@@ -182,6 +230,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         if s.crashed {
             let tail: Vec<&str> = log.lines().rev().take(40).collect();
             eprintln!("{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+            eprintln!("{}", crash_report(&log, &fuzz_dir, t));
         }
         rows.push((t, s));
     }

@@ -2,6 +2,54 @@
 //! instruction touches at once never overlap; `carve` checks it again, so a corrupt plan is an error,
 //! never aliasing.
 use super::ExecError;
+use crate::graph::{TensorId, TensorKind};
+use crate::plan::{Eo, Plan};
+
+/// `(offset, bytes)` of the first `bytes` bytes of operand `t` at instruction `eo`: `(0, 0)` for no
+/// operand or an external one (the batch's inputs and targets, which live outside the arena). An arena
+/// tensor without a host storage at `eo`, or smaller than the instruction needs, is an error: a plan that
+/// decodes may still name the wrong tensor for an op, and a kernel never sees a short slice.
+pub fn operand(
+    plan: &Plan,
+    eo: Eo,
+    t: Option<TensorId>,
+    bytes: usize,
+) -> Result<(usize, usize), ExecError> {
+    let Some(t) = t else { return Ok((0, 0)) };
+    match plan.region_at(t, eo) {
+        Some((off, len)) if len >= bytes => Ok((off, bytes)),
+        Some(_) => Err(ExecError::BadPlan(
+            "an operand is smaller than its instruction needs",
+        )),
+        None if external(plan, t) => Ok((0, 0)),
+        None => Err(ExecError::BadPlan(
+            "an operand has no host storage at its instruction",
+        )),
+    }
+}
+
+/// `(offset, bytes)` of all of operand `t` at `eo` (as [`operand`], whatever its size).
+pub fn operand_whole(
+    plan: &Plan,
+    eo: Eo,
+    t: Option<TensorId>,
+) -> Result<(usize, usize), ExecError> {
+    let Some(t) = t else { return Ok((0, 0)) };
+    match plan.region_at(t, eo) {
+        Some(r) => Ok(r),
+        None if external(plan, t) => Ok((0, 0)),
+        None => Err(ExecError::BadPlan(
+            "an operand has no host storage at its instruction",
+        )),
+    }
+}
+
+fn external(plan: &Plan, t: TensorId) -> bool {
+    plan.graph
+        .tensors
+        .get(t as usize)
+        .is_some_and(|i| i.kind == TensorKind::External)
+}
 
 /// Splits `arena` into `K` disjoint mutable slices at `(offset, len)` byte ranges (in any order). A
 /// zero-length request yields an empty slice. Overlapping or out-of-range requests are errors.

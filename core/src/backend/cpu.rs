@@ -1,7 +1,7 @@
 //! The f32 CPU backend: every instruction of an f32 plan as slices of the host arena, run by the
 //! portable kernels in [`crate::ops`] (SIMD where the target has it), GEMM and convolution split across a
 //! host-provided [`WorkerPool`] when one is given.
-use super::arena::{carve, f32s, u32s};
+use super::arena::{self, carve, f32s, u32s};
 use super::{
     Backend, Cx, ExecError, LayerOps, LossOps, LossOut, Mode, MoveOps, OptimOps, Placement, Target,
 };
@@ -190,16 +190,18 @@ pub(crate) fn spill_region(plan: &Plan, eo: Eo) -> Result<(usize, usize), ExecEr
     Ok((off, len))
 }
 
-/// (offset, bytes) of the first `elems` elements of `t` at `eo`, or (0, 0) for none/external.
-fn reg(plan: &Plan, eo: Eo, t: Option<TensorId>, elems: usize) -> (usize, usize) {
-    match t.and_then(|t| plan.region_at(t, eo)) {
-        Some((off, bytes)) => (off, (elems * 4).min(bytes)),
-        None => (0, 0),
-    }
+/// (offset, bytes) of the first `elems` f32 elements of `t` at `eo` (see [`operand`](arena::operand)).
+fn reg(
+    plan: &Plan,
+    eo: Eo,
+    t: Option<TensorId>,
+    elems: usize,
+) -> Result<(usize, usize), ExecError> {
+    arena::operand(plan, eo, t, elems * 4)
 }
 
-fn whole(plan: &Plan, eo: Eo, t: Option<TensorId>) -> (usize, usize) {
-    t.and_then(|t| plan.region_at(t, eo)).unwrap_or((0, 0))
+fn whole(plan: &Plan, eo: Eo, t: Option<TensorId>) -> Result<(usize, usize), ExecError> {
+    arena::operand_whole(plan, eo, t)
 }
 
 fn same(plan: &Plan, eo: Eo, a: TensorId, b: TensorId) -> bool {
@@ -236,7 +238,7 @@ fn run_loss(
     let pred = g.pred();
     let mismatch = ExecError::BadBatch("target kind does not match the loss", 0);
     if !train {
-        let [p] = carve(a, [reg(plan, eo, Some(pred), n * per)])?;
+        let [p] = carve(a, [reg(plan, eo, Some(pred), n * per)?])?;
         let p = f32s(p)?;
         return match (g.loss, target) {
             (LossKind::SoftmaxCrossEntropy, Target::Classes(y)) => {
@@ -248,7 +250,7 @@ fn run_loss(
         };
     }
     let (result, d) = if same(plan, eo, pred, g.d_pred) {
-        let [p] = carve(a, [reg(plan, eo, Some(pred), n * per)])?;
+        let [p] = carve(a, [reg(plan, eo, Some(pred), n * per)?])?;
         let p = f32s(p)?;
         let r = match (g.loss, target) {
             (LossKind::SoftmaxCrossEntropy, Target::Classes(y)) => {
@@ -262,8 +264,8 @@ fn run_loss(
         let [p, d] = carve(
             a,
             [
-                reg(plan, eo, Some(pred), n * per),
-                reg(plan, eo, Some(g.d_pred), n * per),
+                reg(plan, eo, Some(pred), n * per)?,
+                reg(plan, eo, Some(g.d_pred), n * per)?,
             ],
         )?;
         let (p, d) = (f32s(p)?, f32s(d)?);
@@ -347,11 +349,11 @@ fn forward(
             let [xb, wb, bb, yb, sb] = carve(
                 a,
                 [
-                    reg(plan, eo, Some(xin), in_elems),
-                    whole(plan, eo, w),
-                    whole(plan, eo, b),
-                    reg(plan, eo, Some(node.out), out_elems),
-                    whole(plan, eo, s),
+                    reg(plan, eo, Some(xin), in_elems)?,
+                    whole(plan, eo, w)?,
+                    whole(plan, eo, b)?,
+                    reg(plan, eo, Some(node.out), out_elems)?,
+                    whole(plan, eo, s)?,
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
@@ -368,9 +370,9 @@ fn forward(
             let [xb, yb, ib] = carve(
                 a,
                 [
-                    reg(plan, eo, Some(xin), in_elems),
-                    reg(plan, eo, Some(node.out), out_elems),
-                    reg(plan, eo, node.saved.first().copied(), out_elems),
+                    reg(plan, eo, Some(xin), in_elems)?,
+                    reg(plan, eo, Some(node.out), out_elems)?,
+                    reg(plan, eo, node.saved.first().copied(), out_elems)?,
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
@@ -380,8 +382,8 @@ fn forward(
             let [xb, yb] = carve(
                 a,
                 [
-                    reg(plan, eo, Some(xin), in_elems),
-                    reg(plan, eo, Some(node.out), out_elems),
+                    reg(plan, eo, Some(xin), in_elems)?,
+                    reg(plan, eo, Some(node.out), out_elems)?,
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
@@ -391,8 +393,8 @@ fn forward(
             let [xb, yb] = carve(
                 a,
                 [
-                    reg(plan, eo, Some(xin), in_elems),
-                    reg(plan, eo, Some(node.out), out_elems),
+                    reg(plan, eo, Some(xin), in_elems)?,
+                    reg(plan, eo, Some(node.out), out_elems)?,
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
@@ -400,15 +402,15 @@ fn forward(
         }
         NodeOp::Act(act) => {
             if same(plan, eo, xin, node.out) {
-                let [yb] = carve(a, [reg(plan, eo, Some(node.out), out_elems)])?;
+                let [yb] = carve(a, [reg(plan, eo, Some(node.out), out_elems)?])?;
                 let act = *act;
                 ops::par_map(pool, f32s(yb)?, &|_, y| ops::act_fwd_inplace(act, y));
             } else {
                 let [xb, yb] = carve(
                     a,
                     [
-                        reg(plan, eo, Some(xin), in_elems),
-                        reg(plan, eo, Some(node.out), out_elems),
+                        reg(plan, eo, Some(xin), in_elems)?,
+                        reg(plan, eo, Some(node.out), out_elems)?,
                     ],
                 )?;
                 let x = input(plan, xin, xb, xext, in_elems)?;
@@ -421,7 +423,7 @@ fn forward(
             let p = if mode == Mode::Eval { 0.0 } else { *p };
             let per = node.out_dims.numel();
             if same(plan, eo, xin, node.out) {
-                let [yb] = carve(a, [reg(plan, eo, Some(node.out), out_elems)])?;
+                let [yb] = carve(a, [reg(plan, eo, Some(node.out), out_elems)?])?;
                 // One mask per sample, keyed by its index in the whole batch: micro-batching draws the
                 // same masks as the whole batch.
                 for (s, y) in f32s(yb)?.chunks_exact_mut(per).enumerate() {
@@ -431,8 +433,8 @@ fn forward(
                 let [xb, yb] = carve(
                     a,
                     [
-                        reg(plan, eo, Some(xin), in_elems),
-                        reg(plan, eo, Some(node.out), out_elems),
+                        reg(plan, eo, Some(xin), in_elems)?,
+                        reg(plan, eo, Some(node.out), out_elems)?,
                     ],
                 )?;
                 let x = input(plan, xin, xb, xext, in_elems)?;
@@ -458,8 +460,8 @@ fn forward(
                 let [yb, bb] = carve(
                     a,
                     [
-                        reg(plan, eo, Some(node.out), out_elems),
-                        reg(plan, eo, Some(bin), in_elems),
+                        reg(plan, eo, Some(node.out), out_elems)?,
+                        reg(plan, eo, Some(bin), in_elems)?,
                     ],
                 )?;
                 let bx = input(plan, bin, bb, xext, in_elems)?;
@@ -468,9 +470,9 @@ fn forward(
                 let [ab, bb, yb] = carve(
                     a,
                     [
-                        reg(plan, eo, Some(xin), in_elems),
-                        reg(plan, eo, Some(bin), in_elems),
-                        reg(plan, eo, Some(node.out), out_elems),
+                        reg(plan, eo, Some(xin), in_elems)?,
+                        reg(plan, eo, Some(bin), in_elems)?,
+                        reg(plan, eo, Some(node.out), out_elems)?,
                     ],
                 )?;
                 let ax = input(plan, xin, ab, xext, in_elems)?;
@@ -491,14 +493,14 @@ fn forward(
             let [xb, gb, bb, rmb, rvb, yb, mb, ib] = carve(
                 a,
                 [
-                    reg(plan, eo, Some(xin), in_elems),
-                    whole(plan, eo, w),
-                    whole(plan, eo, b),
-                    whole(plan, eo, node.stats.first().copied()),
-                    whole(plan, eo, node.stats.get(1).copied()),
-                    reg(plan, eo, Some(node.out), out_elems),
-                    whole(plan, eo, node.saved.first().copied()),
-                    whole(plan, eo, node.saved.get(1).copied()),
+                    reg(plan, eo, Some(xin), in_elems)?,
+                    whole(plan, eo, w)?,
+                    whole(plan, eo, b)?,
+                    whole(plan, eo, node.stats.first().copied())?,
+                    whole(plan, eo, node.stats.get(1).copied())?,
+                    reg(plan, eo, Some(node.out), out_elems)?,
+                    whole(plan, eo, node.saved.first().copied())?,
+                    whole(plan, eo, node.saved.get(1).copied())?,
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
@@ -574,11 +576,11 @@ fn grad_w(
             let [xb, dyb, dwb, dbb, sb] = carve(
                 a,
                 [
-                    reg(plan, eo, Some(xin), in_elems),
-                    reg(plan, eo, Some(dy), out_elems),
-                    whole(plan, eo, dw),
-                    whole(plan, eo, db),
-                    whole(plan, eo, s),
+                    reg(plan, eo, Some(xin), in_elems)?,
+                    reg(plan, eo, Some(dy), out_elems)?,
+                    whole(plan, eo, dw)?,
+                    whole(plan, eo, db)?,
+                    whole(plan, eo, s)?,
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
@@ -595,12 +597,12 @@ fn grad_w(
             let [xb, dyb, mb, ib, dgb, dbb] = carve(
                 a,
                 [
-                    reg(plan, eo, Some(xin), in_elems),
-                    reg(plan, eo, Some(dy), out_elems),
-                    whole(plan, eo, node.saved.first().copied()),
-                    whole(plan, eo, node.saved.get(1).copied()),
-                    whole(plan, eo, dw),
-                    whole(plan, eo, db),
+                    reg(plan, eo, Some(xin), in_elems)?,
+                    reg(plan, eo, Some(dy), out_elems)?,
+                    whole(plan, eo, node.saved.first().copied())?,
+                    whole(plan, eo, node.saved.get(1).copied())?,
+                    whole(plan, eo, dw)?,
+                    whole(plan, eo, db)?,
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
@@ -645,6 +647,12 @@ fn grad_x(
         Some(d) => (Some(d.0), d.1),
         None => (None, false),
     };
+    // Every layer but Add (whose inputs are optional one by one) writes its one input derivative.
+    let need_dx = || {
+        dx.map(Some).ok_or(ExecError::BadPlan(
+            "an input derivative of a layer whose input needs none",
+        ))
+    };
     let w = node.params.first().map(|p| p.value);
     let s = node.scratch[scratch_slot::GRAD_X];
     match &node.op {
@@ -652,10 +660,10 @@ fn grad_x(
             let [dyb, wb, dxb, sb] = carve(
                 a,
                 [
-                    reg(plan, eo, Some(dy), out_elems),
-                    whole(plan, eo, w),
-                    reg(plan, eo, dx, in_elems),
-                    whole(plan, eo, s),
+                    reg(plan, eo, Some(dy), out_elems)?,
+                    whole(plan, eo, w)?,
+                    reg(plan, eo, need_dx()?, in_elems)?,
+                    whole(plan, eo, s)?,
                 ],
             )?;
             let (dy, w, dx, s) = (f32s(dyb)?, f32s(wb)?, f32s(dxb)?, f32s(sb)?);
@@ -671,9 +679,9 @@ fn grad_x(
             let [dyb, ib, dxb] = carve(
                 a,
                 [
-                    reg(plan, eo, Some(dy), out_elems),
-                    reg(plan, eo, node.saved.first().copied(), out_elems),
-                    reg(plan, eo, dx, in_elems),
+                    reg(plan, eo, Some(dy), out_elems)?,
+                    reg(plan, eo, node.saved.first().copied(), out_elems)?,
+                    reg(plan, eo, need_dx()?, in_elems)?,
                 ],
             )?;
             ops::maxpool_grad_x(g, n, f32s(dyb)?, u32s(ib)?, f32s(dxb)?, acc);
@@ -682,8 +690,8 @@ fn grad_x(
             let [dyb, dxb] = carve(
                 a,
                 [
-                    reg(plan, eo, Some(dy), out_elems),
-                    reg(plan, eo, dx, in_elems),
+                    reg(plan, eo, Some(dy), out_elems)?,
+                    reg(plan, eo, need_dx()?, in_elems)?,
                 ],
             )?;
             ops::avgpool_grad_x(g, n, f32s(dyb)?, f32s(dxb)?, acc);
@@ -692,8 +700,8 @@ fn grad_x(
             let [dyb, dxb] = carve(
                 a,
                 [
-                    reg(plan, eo, Some(dy), out_elems),
-                    reg(plan, eo, dx, in_elems),
+                    reg(plan, eo, Some(dy), out_elems)?,
+                    reg(plan, eo, need_dx()?, in_elems)?,
                 ],
             )?;
             ops::global_avgpool_grad_x(n, *c, *hw, f32s(dyb)?, f32s(dxb)?, acc);
@@ -704,8 +712,8 @@ fn grad_x(
                 let [yb, db] = carve(
                     a,
                     [
-                        reg(plan, eo, Some(node.out), out_elems),
-                        reg(plan, eo, Some(dx), in_elems),
+                        reg(plan, eo, Some(node.out), out_elems)?,
+                        reg(plan, eo, Some(dx), in_elems)?,
                     ],
                 )?;
                 let (act, y) = (*act, &*f32s(yb)?);
@@ -716,9 +724,9 @@ fn grad_x(
                 let [yb, dyb, dxb] = carve(
                     a,
                     [
-                        reg(plan, eo, Some(node.out), out_elems),
-                        reg(plan, eo, Some(dy), out_elems),
-                        reg(plan, eo, Some(dx), in_elems),
+                        reg(plan, eo, Some(node.out), out_elems)?,
+                        reg(plan, eo, Some(dy), out_elems)?,
+                        reg(plan, eo, Some(dx), in_elems)?,
                     ],
                 )?;
                 let (act, y, dy) = (*act, &*f32s(yb)?, &*f32s(dyb)?);
@@ -732,7 +740,7 @@ fn grad_x(
             let seed = hash2(rs.seed, node.layer as u64);
             let per = node.out_dims.numel();
             if same(plan, eo, dy, dx) {
-                let [db] = carve(a, [reg(plan, eo, Some(dx), in_elems)])?;
+                let [db] = carve(a, [reg(plan, eo, Some(dx), in_elems)?])?;
                 for (s, d) in f32s(db)?.chunks_exact_mut(per).enumerate() {
                     ops::dropout_grad_inplace(*p, hash2(seed, (rs.start + s) as u64), d);
                 }
@@ -740,8 +748,8 @@ fn grad_x(
                 let [dyb, dxb] = carve(
                     a,
                     [
-                        reg(plan, eo, Some(dy), out_elems),
-                        reg(plan, eo, Some(dx), in_elems),
+                        reg(plan, eo, Some(dy), out_elems)?,
+                        reg(plan, eo, Some(dx), in_elems)?,
                     ],
                 )?;
                 for (s, (dy, dx)) in f32s(dyb)?
@@ -759,8 +767,8 @@ fn grad_x(
                 let [dyb, dxb] = carve(
                     a,
                     [
-                        reg(plan, eo, Some(dy), out_elems),
-                        reg(plan, eo, Some(dx), in_elems),
+                        reg(plan, eo, Some(dy), out_elems)?,
+                        reg(plan, eo, Some(dx), in_elems)?,
                     ],
                 )?;
                 ops::copy_or_acc(f32s(dyb)?, f32s(dxb)?, acc);
@@ -776,8 +784,8 @@ fn grad_x(
                 let [dyb, dbb] = carve(
                     a,
                     [
-                        reg(plan, eo, Some(dy), out_elems),
-                        reg(plan, eo, Some(dbt), in_elems),
+                        reg(plan, eo, Some(dy), out_elems)?,
+                        reg(plan, eo, Some(dbt), in_elems)?,
                     ],
                 )?;
                 ops::copy_or_acc(f32s(dyb)?, f32s(dbb)?, acc_b);
@@ -787,8 +795,8 @@ fn grad_x(
                     let [dyb, dab] = carve(
                         a,
                         [
-                            reg(plan, eo, Some(dy), out_elems),
-                            reg(plan, eo, Some(dat), in_elems),
+                            reg(plan, eo, Some(dy), out_elems)?,
+                            reg(plan, eo, Some(dat), in_elems)?,
                         ],
                     )?;
                     ops::copy_or_acc(f32s(dyb)?, f32s(dab)?, acc);
@@ -803,11 +811,11 @@ fn grad_x(
                 let [xb, db, mb, ib, gb] = carve(
                     a,
                     [
-                        reg(plan, eo, Some(xin), in_elems),
-                        reg(plan, eo, Some(dy), out_elems),
-                        whole(plan, eo, node.saved.first().copied()),
-                        whole(plan, eo, node.saved.get(1).copied()),
-                        whole(plan, eo, w),
+                        reg(plan, eo, Some(xin), in_elems)?,
+                        reg(plan, eo, Some(dy), out_elems)?,
+                        whole(plan, eo, node.saved.first().copied())?,
+                        whole(plan, eo, node.saved.get(1).copied())?,
+                        whole(plan, eo, w)?,
                     ],
                 )?;
                 ops::bn_grad_x_inplace(
@@ -824,12 +832,12 @@ fn grad_x(
                 let [xb, dyb, mb, ib, gb, dxb] = carve(
                     a,
                     [
-                        reg(plan, eo, Some(xin), in_elems),
-                        reg(plan, eo, Some(dy), out_elems),
-                        whole(plan, eo, node.saved.first().copied()),
-                        whole(plan, eo, node.saved.get(1).copied()),
-                        whole(plan, eo, w),
-                        reg(plan, eo, dx, in_elems),
+                        reg(plan, eo, Some(xin), in_elems)?,
+                        reg(plan, eo, Some(dy), out_elems)?,
+                        whole(plan, eo, node.saved.first().copied())?,
+                        whole(plan, eo, node.saved.get(1).copied())?,
+                        whole(plan, eo, w)?,
+                        reg(plan, eo, need_dx()?, in_elems)?,
                     ],
                 )?;
                 ops::bn_grad_x(
@@ -848,10 +856,10 @@ fn grad_x(
                 let [dyb, gb, rvb, dxb] = carve(
                     a,
                     [
-                        reg(plan, eo, Some(dy), out_elems),
-                        whole(plan, eo, w),
-                        whole(plan, eo, node.stats.get(1).copied()),
-                        reg(plan, eo, dx, in_elems),
+                        reg(plan, eo, Some(dy), out_elems)?,
+                        whole(plan, eo, w)?,
+                        whole(plan, eo, node.stats.get(1).copied())?,
+                        reg(plan, eo, need_dx()?, in_elems)?,
                     ],
                 )?;
                 ops::bn_grad_x_eval(
@@ -879,7 +887,7 @@ fn apply(plan: &Plan, eo: Eo, a: &mut [u8], node: &Node, ctx: StepCtx) -> Result
             [] => {
                 let [wb, gb] = carve(
                     a,
-                    [whole(plan, eo, Some(p.value)), whole(plan, eo, Some(g))],
+                    [whole(plan, eo, Some(p.value))?, whole(plan, eo, Some(g))?],
                 )?;
                 optim::apply(opt, ctx, f32s(wb)?, f32s(gb)?, &mut []);
             }
@@ -887,9 +895,9 @@ fn apply(plan: &Plan, eo: Eo, a: &mut [u8], node: &Node, ctx: StepCtx) -> Result
                 let [wb, gb, s0b] = carve(
                     a,
                     [
-                        whole(plan, eo, Some(p.value)),
-                        whole(plan, eo, Some(g)),
-                        whole(plan, eo, Some(*s0)),
+                        whole(plan, eo, Some(p.value))?,
+                        whole(plan, eo, Some(g))?,
+                        whole(plan, eo, Some(*s0))?,
                     ],
                 )?;
                 optim::apply(opt, ctx, f32s(wb)?, f32s(gb)?, &mut [f32s(s0b)?]);
@@ -898,10 +906,10 @@ fn apply(plan: &Plan, eo: Eo, a: &mut [u8], node: &Node, ctx: StepCtx) -> Result
                 let [wb, gb, s0b, s1b] = carve(
                     a,
                     [
-                        whole(plan, eo, Some(p.value)),
-                        whole(plan, eo, Some(g)),
-                        whole(plan, eo, Some(*s0)),
-                        whole(plan, eo, Some(*s1)),
+                        whole(plan, eo, Some(p.value))?,
+                        whole(plan, eo, Some(g))?,
+                        whole(plan, eo, Some(*s0))?,
+                        whole(plan, eo, Some(*s1))?,
                     ],
                 )?;
                 optim::apply(

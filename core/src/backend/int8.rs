@@ -301,21 +301,21 @@ impl<'p> CpuInt8<'p> {
         let per = g.pred_dims().numel();
         let pred = g.pred();
         let e = self.ex(pred);
-        let sb = reg(plan, eo, g.loss_scratch, 4 * per);
+        let sb = reg(plan, eo, g.loss_scratch, 4 * per)?;
         if !train {
-            let [pb, sb] = carve(a, [reg(plan, eo, Some(pred), n * per), sb])?;
+            let [pb, sb] = carve(a, [reg(plan, eo, Some(pred), n * per)?, sb])?;
             let (l, c) = quant::softmax_ce_eval(n, per, i8s(pb), e, y, i32s(sb)?);
             return Ok((l, c));
         }
         let (l, c, ed) = if same(plan, eo, pred, g.d_pred) {
-            let [pb, sb] = carve(a, [reg(plan, eo, Some(pred), n * per), sb])?;
+            let [pb, sb] = carve(a, [reg(plan, eo, Some(pred), n * per)?, sb])?;
             quant::softmax_ce(n, per, i8s(pb), e, y, norm, None, i32s(sb)?)
         } else {
             let [pb, db, sb] = carve(
                 a,
                 [
-                    reg(plan, eo, Some(pred), n * per),
-                    reg(plan, eo, Some(g.d_pred), n * per),
+                    reg(plan, eo, Some(pred), n * per)?,
+                    reg(plan, eo, Some(g.d_pred), n * per)?,
                     sb,
                 ],
             )?;
@@ -387,12 +387,12 @@ impl<'p> CpuInt8<'p> {
                         if ext {
                             (0, 0)
                         } else {
-                            reg(plan, eo, Some(xin), in_elems)
+                            reg(plan, eo, Some(xin), in_elems)?
                         },
-                        reg(plan, eo, Some(out), out_elems),
-                        whole(plan, eo, Some(w)),
-                        whole(plan, eo, b),
-                        whole(plan, eo, node.scratch[scratch_slot::FWD]),
+                        reg(plan, eo, Some(out), out_elems)?,
+                        whole(plan, eo, Some(w))?,
+                        whole(plan, eo, b)?,
+                        whole(plan, eo, node.scratch[scratch_slot::FWD])?,
                     ],
                 )?;
                 let [xq, wq, biasb, accb, gsb] =
@@ -464,9 +464,9 @@ impl<'p> CpuInt8<'p> {
                 let [xb, yb, ib] = carve(
                     a,
                     [
-                        reg(plan, eo, Some(xin), in_elems),
-                        reg(plan, eo, Some(out), out_elems),
-                        reg(plan, eo, node.saved.first().copied(), out_elems),
+                        reg(plan, eo, Some(xin), in_elems)?,
+                        reg(plan, eo, Some(out), out_elems)?,
+                        reg(plan, eo, node.saved.first().copied(), out_elems)?,
                     ],
                 )?;
                 q::maxpool_fwd(g, n, i8s(xb), i8s(yb), ib);
@@ -476,8 +476,8 @@ impl<'p> CpuInt8<'p> {
                 let [xb, yb] = carve(
                     a,
                     [
-                        reg(plan, eo, Some(xin), in_elems),
-                        reg(plan, eo, Some(out), out_elems),
+                        reg(plan, eo, Some(xin), in_elems)?,
+                        reg(plan, eo, Some(out), out_elems)?,
                     ],
                 )?;
                 q::avgpool_fwd(g, n, i8s(xb), i8s(yb));
@@ -487,8 +487,8 @@ impl<'p> CpuInt8<'p> {
                 let [xb, yb] = carve(
                     a,
                     [
-                        reg(plan, eo, Some(xin), in_elems),
-                        reg(plan, eo, Some(out), out_elems),
+                        reg(plan, eo, Some(xin), in_elems)?,
+                        reg(plan, eo, Some(out), out_elems)?,
                     ],
                 )?;
                 q::global_avgpool_fwd(n, *c, *hw, i8s(xb), i8s(yb));
@@ -496,14 +496,14 @@ impl<'p> CpuInt8<'p> {
             }
             NodeOp::Act(_) => {
                 if same(plan, eo, xin, out) {
-                    let [yb] = carve(a, [reg(plan, eo, Some(out), out_elems)])?;
+                    let [yb] = carve(a, [reg(plan, eo, Some(out), out_elems)?])?;
                     q::relu_inplace(i8s(yb));
                 } else {
                     let [xb, yb] = carve(
                         a,
                         [
-                            reg(plan, eo, Some(xin), in_elems),
-                            reg(plan, eo, Some(out), out_elems),
+                            reg(plan, eo, Some(xin), in_elems)?,
+                            reg(plan, eo, Some(out), out_elems)?,
                         ],
                     )?;
                     for (y, &x) in i8s(yb).iter_mut().zip(i8s(xb).iter()) {
@@ -524,8 +524,8 @@ impl<'p> CpuInt8<'p> {
                     let [yb, bb] = carve(
                         a,
                         [
-                            reg(plan, eo, Some(out), out_elems),
-                            reg(plan, eo, Some(bin), in_elems),
+                            reg(plan, eo, Some(out), out_elems)?,
+                            reg(plan, eo, Some(bin), in_elems)?,
                         ],
                     )?;
                     let (y, bv) = (i8s(yb), i8s(bb));
@@ -538,9 +538,9 @@ impl<'p> CpuInt8<'p> {
                     let [xb, bb, yb] = carve(
                         a,
                         [
-                            reg(plan, eo, Some(xin), in_elems),
-                            reg(plan, eo, Some(bin), in_elems),
-                            reg(plan, eo, Some(out), out_elems),
+                            reg(plan, eo, Some(xin), in_elems)?,
+                            reg(plan, eo, Some(bin), in_elems)?,
+                            reg(plan, eo, Some(out), out_elems)?,
                         ],
                     )?;
                     let (xv, bv) = (i8s(xb), i8s(bb));
@@ -590,12 +590,12 @@ impl<'p> CpuInt8<'p> {
                 if ext {
                     (0, 0)
                 } else {
-                    reg(plan, eo, Some(xin), in_elems)
+                    reg(plan, eo, Some(xin), in_elems)?
                 },
-                reg(plan, eo, Some(dy), out_elems),
-                whole(plan, eo, dw),
-                whole(plan, eo, db),
-                whole(plan, eo, node.scratch[scratch_slot::GRAD_W]),
+                reg(plan, eo, Some(dy), out_elems)?,
+                whole(plan, eo, dw)?,
+                whole(plan, eo, db)?,
+                whole(plan, eo, node.scratch[scratch_slot::GRAD_W])?,
             ],
         )?;
         let [xq, colsb, accb, gsb, dycb] =
@@ -813,10 +813,10 @@ impl<'p> CpuInt8<'p> {
                 let [dyb, wb, dxb, sb] = carve(
                     a,
                     [
-                        reg(plan, eo, Some(dy), out_elems),
-                        whole(plan, eo, Some(w)),
-                        reg(plan, eo, Some(dx), in_elems),
-                        whole(plan, eo, node.scratch[scratch_slot::GRAD_X]),
+                        reg(plan, eo, Some(dy), out_elems)?,
+                        whole(plan, eo, Some(w))?,
+                        reg(plan, eo, Some(dx), in_elems)?,
+                        whole(plan, eo, node.scratch[scratch_slot::GRAD_X])?,
                     ],
                 )?;
                 let [wq, dcolsb, accb, gsb, dycb] =
@@ -869,9 +869,9 @@ impl<'p> CpuInt8<'p> {
                 let [dyb, ib, dxb] = carve(
                     a,
                     [
-                        reg(plan, eo, Some(dy), out_elems),
-                        reg(plan, eo, node.saved.first().copied(), out_elems),
-                        reg(plan, eo, Some(dx), in_elems),
+                        reg(plan, eo, Some(dy), out_elems)?,
+                        reg(plan, eo, node.saved.first().copied(), out_elems)?,
+                        reg(plan, eo, Some(dx), in_elems)?,
                     ],
                 )?;
                 let e = q::prepare_acc(i8s(dxb), e_old, e_dy, acc);
@@ -884,8 +884,8 @@ impl<'p> CpuInt8<'p> {
                 let [dyb, dxb] = carve(
                     a,
                     [
-                        reg(plan, eo, Some(dy), out_elems),
-                        reg(plan, eo, Some(dx), in_elems),
+                        reg(plan, eo, Some(dy), out_elems)?,
+                        reg(plan, eo, Some(dx), in_elems)?,
                     ],
                 )?;
                 let e_new = e_dy - q::avg_grad_shift(g.kh * g.kw);
@@ -899,8 +899,8 @@ impl<'p> CpuInt8<'p> {
                 let [dyb, dxb] = carve(
                     a,
                     [
-                        reg(plan, eo, Some(dy), out_elems),
-                        reg(plan, eo, Some(dx), in_elems),
+                        reg(plan, eo, Some(dy), out_elems)?,
+                        reg(plan, eo, Some(dx), in_elems)?,
                     ],
                 )?;
                 let e_new = e_dy - q::avg_grad_shift(*hw);
@@ -914,8 +914,8 @@ impl<'p> CpuInt8<'p> {
                     let [yb, db] = carve(
                         a,
                         [
-                            reg(plan, eo, Some(node.out), out_elems),
-                            reg(plan, eo, Some(dx), in_elems),
+                            reg(plan, eo, Some(node.out), out_elems)?,
+                            reg(plan, eo, Some(dx), in_elems)?,
                         ],
                     )?;
                     q::relu_grad_inplace(i8s(yb), i8s(db));
@@ -925,9 +925,9 @@ impl<'p> CpuInt8<'p> {
                     let [yb, dyb, dxb] = carve(
                         a,
                         [
-                            reg(plan, eo, Some(node.out), out_elems),
-                            reg(plan, eo, Some(dy), out_elems),
-                            reg(plan, eo, Some(dx), in_elems),
+                            reg(plan, eo, Some(node.out), out_elems)?,
+                            reg(plan, eo, Some(dy), out_elems)?,
+                            reg(plan, eo, Some(dx), in_elems)?,
                         ],
                     )?;
                     let d = i8s(dxb);
@@ -982,8 +982,8 @@ impl<'p> CpuInt8<'p> {
         let [sb, db] = carve(
             a,
             [
-                reg(plan, eo, Some(src), elems),
-                reg(plan, eo, Some(dst), elems),
+                reg(plan, eo, Some(src), elems)?,
+                reg(plan, eo, Some(dst), elems)?,
             ],
         )?;
         let d = i8s(db);
@@ -1005,7 +1005,7 @@ impl<'p> CpuInt8<'p> {
                 Int8Update::Integer { update_bits } => {
                     let [wb, gb] = carve(
                         a,
-                        [whole(plan, eo, Some(p.value)), whole(plan, eo, Some(g))],
+                        [whole(plan, eo, Some(p.value))?, whole(plan, eo, Some(g))?],
                     )?;
                     let seed = hash2(self.seed, p.value as u64);
                     quant::integer_update(i8s(wb), i8s(gb), update_bits as u32, seed);
@@ -1036,7 +1036,7 @@ impl<'p> CpuInt8<'p> {
             [] => {
                 let [wb, gb] = carve(
                     a,
-                    [whole(plan, eo, Some(p.value)), whole(plan, eo, Some(g))],
+                    [whole(plan, eo, Some(p.value))?, whole(plan, eo, Some(g))?],
                 )?;
                 let (w, g8) = (f32s(wb)?, i8s(gb));
                 for (wc, gc) in w.chunks_mut(quant::CHUNK).zip(g8.chunks(quant::CHUNK)) {
@@ -1052,9 +1052,9 @@ impl<'p> CpuInt8<'p> {
                 let [wb, gb, s0b] = carve(
                     a,
                     [
-                        whole(plan, eo, Some(p.value)),
-                        whole(plan, eo, Some(g)),
-                        whole(plan, eo, Some(*s0)),
+                        whole(plan, eo, Some(p.value))?,
+                        whole(plan, eo, Some(g))?,
+                        whole(plan, eo, Some(*s0))?,
                     ],
                 )?;
                 let (w, g8, s0) = (f32s(wb)?, i8s(gb), f32s(s0b)?);
@@ -1075,10 +1075,10 @@ impl<'p> CpuInt8<'p> {
                 let [wb, gb, s0b, s1b] = carve(
                     a,
                     [
-                        whole(plan, eo, Some(p.value)),
-                        whole(plan, eo, Some(g)),
-                        whole(plan, eo, Some(*s0)),
-                        whole(plan, eo, Some(*s1)),
+                        whole(plan, eo, Some(p.value))?,
+                        whole(plan, eo, Some(g))?,
+                        whole(plan, eo, Some(*s0))?,
+                        whole(plan, eo, Some(*s1))?,
                     ],
                 )?;
                 let (w, g8, s0, s1) = (f32s(wb)?, i8s(gb), f32s(s0b)?, f32s(s1b)?);
@@ -1171,17 +1171,7 @@ fn canonical(g: &Graph, mut t: TensorId) -> TensorId {
     t
 }
 
-/// (offset, bytes) of the first `bytes` bytes of `t` at `eo`, or (0, 0).
-fn reg(plan: &Plan, eo: Eo, t: Option<TensorId>, bytes: usize) -> (usize, usize) {
-    match t.and_then(|t| plan.region_at(t, eo)) {
-        Some((off, len)) => (off, bytes.min(len)),
-        None => (0, 0),
-    }
-}
-
-fn whole(plan: &Plan, eo: Eo, t: Option<TensorId>) -> (usize, usize) {
-    t.and_then(|t| plan.region_at(t, eo)).unwrap_or((0, 0))
-}
+use super::arena::{operand as reg, operand_whole as whole};
 
 fn same(plan: &Plan, eo: Eo, a: TensorId, b: TensorId) -> bool {
     matches!((plan.region_at(a, eo), plan.region_at(b, eo)), (Some(x), Some(y)) if x.0 == y.0)

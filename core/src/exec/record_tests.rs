@@ -360,3 +360,49 @@ fn an_executor_refuses_a_plan_placed_where_its_backend_cannot_run() {
         Err(ExecError::Placement(Placement::Dsp))
     ));
 }
+
+/// A decoded plan may name, for an instruction, a tensor the op cannot use: the input derivative of the
+/// first layer (which has none), or a tensor smaller than the op needs. The step fails with
+/// `ExecError::BadPlan`; no kernel sees a short slice (found by `cargo xtask fuzz` on the `plan` target).
+#[test]
+fn an_instruction_on_a_missing_operand_is_an_error_not_a_panic() {
+    use crate::format::{decode_plan, encode_plan};
+    let run = |spec: &crate::model::ModelSpec, g: Graph| {
+        let mut p = Plan::new(g);
+        let first = p
+            .graph
+            .nodes
+            .iter()
+            .position(|n| n.d_in[0].is_none())
+            .unwrap();
+        let gx = p
+            .program
+            .iter()
+            .position(|i| i.phase == Phase::GradX && i.node as usize != first)
+            .expect("a derivative instruction");
+        p.program[gx].node = first as u16;
+        let p = Plan::from_program(p.graph, p.micro_batches, p.program, p.roots);
+        // Through the file format: the decoder accepts this program (its storages are consistent).
+        let (_, p) = decode_plan(&encode_plan(spec, &p)).expect("the plan decodes");
+        let mut arena = vec![0u8; p.needed_bytes()];
+        let n = p.batch();
+        let x = vec![0.5f32; n * p.graph.input_dims.numel()];
+        let y = vec![0u32; n];
+        let r = if p.graph.precision == Precision::F32 {
+            let mut ex = Executor::new(&p, &arena).unwrap();
+            ex.init_params(&mut arena, 1).unwrap();
+            ex.train_step(&mut arena, &x, Target::Classes(&y))
+                .map(|_| ())
+        } else {
+            let mut ex = int8::Int8Executor::new(&p, &arena).unwrap();
+            ex.init_params(&mut arena, 1).unwrap();
+            ex.train_step(&mut arena, &x, Target::Classes(&y))
+                .map(|_| ())
+        };
+        assert!(matches!(r, Err(ExecError::BadPlan(_))), "{r:?}");
+    };
+    run(&cnn(), Graph::new(&cnn(), 4).unwrap());
+    let spec = crate::quant::tests::tiny_spec();
+    let prec = Precision::Int8(Int8Update::FloatMaster);
+    run(&spec, Graph::with_precision(&spec, 8, prec).unwrap());
+}

@@ -42,6 +42,38 @@ proptest! {
         prop_assert!(e <= 1e-5, "relative difference {e:.2e}");
     }
 
+    /// Many micro-batches: recomputation searched on three micro-batches and repeated for the others
+    /// trains bit-identically to the plain plan with the same micro-batches, and a plan it reports as
+    /// fitting fits; with nothing to discard it is the plain micro-batched plan's program.
+    #[test]
+    fn recompute_over_many_micro_batches_is_bit_identical_and_fits(
+        choices in proptest::collection::vec((any::<u8>(), any::<u8>(), any::<bool>()), 1..8),
+        c0 in 1u32..3, hw in 2u32..6, b in 1usize..3, m in 4u16..9, opt in any::<u8>(),
+        frac in 0.0f64..1.0,
+    ) {
+        let mut spec = random_model(&choices, c0, hw, opt);
+        spec.layers.retain(|l| !matches!(l.kind, LayerKind::BatchNorm2d { .. }));
+        let Ok(g) = Graph::new(&spec, b) else { return Ok(()) };
+        let plain = micro_plan(&spec, b, m as usize).unwrap();
+        let cost = CostModel::estimate(&g);
+        let min = match recompute(&g, m, 0, &cost) { Ok(p) | Err(p) => p.needed_bytes() };
+        let top = plain.needed_bytes();
+        let budget = min + ((top - min.min(top)) as f64 * frac) as usize;
+        let p = match recompute(&g, m, budget, &cost) { Ok(p) => p, Err(_) => return Ok(()) };
+        prop_assert!(p.needed_bytes() <= budget);
+        prop_assert_eq!(p.micro_batches, m);
+        // Every micro-batch runs: its forward, loss and backward instructions, in order.
+        for k in 0..m {
+            prop_assert!(p.program.iter().any(|i| i.mb == k && i.phase == Phase::Loss));
+        }
+        let a = run_steps(&plain, 2);
+        let c = run_steps(&p, 2);
+        prop_assert_eq!(a.len(), c.len());
+        for (x, y) in a.iter().zip(&c) {
+            prop_assert_eq!(x.to_bits(), y.to_bits());
+        }
+    }
+
     /// Recomputation is bit-identical, and the plan fits the budget it was made for.
     #[test]
     fn recompute_is_bit_identical_and_fits(
