@@ -314,3 +314,68 @@ fn adaptation(from: f64) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// `cargo xtask bench planning [--reps R] [--batches B,B]`: how long `plan_for_budget` takes (Auto policy) for the example
+/// models at growing batches and budgets: 0 (nothing fits: the whole search runs), the smallest plan's
+/// budget, and the plain plan's half. The median of `R` runs (default 3) per cell; batches 32, 128 and
+/// 1024 unless `--batches` says otherwise.
+pub fn planning(args: &[String]) -> Result<(), String> {
+    let mut reps = 3usize;
+    let mut batches = vec![32usize, 128, 1024];
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let v = it.next().ok_or(format!("{a} needs a value"))?;
+        match a.as_str() {
+            "--reps" => reps = v.parse().map_err(|_| "--reps needs a number")?,
+            "--batches" => {
+                batches = v
+                    .split(',')
+                    .map(|b| b.parse().map_err(|_| format!("bad batch {b:?}")))
+                    .collect::<Result<_, _>>()?
+            }
+            _ => return Err("usage: cargo xtask bench planning [--reps R] [--batches B,B]".into()),
+        }
+    }
+    let reps = reps.max(1);
+    println!("`cargo xtask bench planning` — plan_for_budget (auto) wall time, median of {reps}\n");
+    println!("| model | batch | budget 0 | smallest plan | ms | at the smallest | ms | at ½ plain | ms |");
+    println!("|---|---:|---|---:|---:|---|---:|---|---:|");
+    for file in ["digits-mlp.toml", "digits-cnn.toml", "transfer.toml"] {
+        let spec = model(file)?;
+        for &batch in &batches {
+            let g = Graph::new(&spec, batch).map_err(|e| e.to_string())?;
+            let cost = CostModel::estimate(&g);
+            let plain = Plan::new(g).needed_bytes();
+            let time = |b: usize| {
+                let mut ms = Vec::with_capacity(reps);
+                let mut out = String::new();
+                for _ in 0..reps {
+                    let t = std::time::Instant::now();
+                    let r = policy::plan_for_budget(
+                        &spec,
+                        batch,
+                        Budget::new(b),
+                        PolicyKind::Auto,
+                        &cost,
+                    );
+                    ms.push(t.elapsed().as_secs_f64() * 1e3);
+                    out = match r {
+                        Ok(c) => format!("{} ×{}", c.policy.name(), c.plan.micro_batches),
+                        Err(_) => "refused".into(),
+                    };
+                }
+                ms.sort_by(f64::total_cmp);
+                (out, ms[ms.len() / 2])
+            };
+            let (r0, t0) = time(0);
+            let smallest = policy::min_budget(&spec, batch, &cost).map_err(|e| e.to_string())?;
+            let (r1, t1) = time(smallest);
+            let (r2, t2) = time(plain / 2);
+            println!(
+                "| {file} | {batch} | {r0} | {} | {t0:.1} | {r1} | {t1:.1} | {r2} | {t2:.1} |",
+                fmt_kib(smallest)
+            );
+        }
+    }
+    Ok(())
+}
