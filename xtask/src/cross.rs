@@ -66,10 +66,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER",
         "aarch64-linux-gnu-gcc".to_string(),
     )];
-    for (cpu, required) in [
-        ("max", "portable,neon,neon-dotprod"),
-        ("cortex-a53", "portable,neon"),
-    ] {
+    for (cpu, required) in crate::kernels::AARCH64 {
         let env = [
             linker[0].clone(),
             (
@@ -123,7 +120,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         "wasm32-wasip1 + simd128 (node WASI)",
         Some("wasm32-wasip1"),
         &env,
-        "portable,simd128",
+        crate::kernels::WASM,
         &[WASM_GEMM_FILTER],
     )?;
     report.push(format!(

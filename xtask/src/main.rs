@@ -33,6 +33,7 @@ mod cross;
 mod firmware;
 mod fuzz;
 mod int8;
+mod kernels;
 mod miri;
 mod setup;
 mod sgemm;

@@ -116,7 +116,11 @@ impl Leg {
                 "-D",
                 "warnings",
             ]),
-            Leg::Tests => cargo(&["test", "--workspace"]),
+            // Every kernel this CPU has must run its conformance suite (none may skip silently).
+            Leg::Tests => cargo_env(
+                &["test", "--workspace"],
+                &[("FRUGAL_REQUIRE_KERNELS", crate::kernels::native_required())],
+            ),
             Leg::NoStd => {
                 for target in [
                     "thumbv7em-none-eabihf",
@@ -151,10 +155,16 @@ impl Leg {
 }
 
 fn cargo(args: &[&str]) -> Result<(), String> {
+    cargo_env(args, &[])
+}
+
+fn cargo_env(args: &[&str], env: &[(&str, String)]) -> Result<(), String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    eprintln!("\n$ cargo {}", args.join(" "));
+    let shown: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+    eprintln!("\n$ {}cargo {}", shown.concat(), args.join(" "));
     let st = Command::new(&cargo)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .status()
         .map_err(|e| format!("cannot run cargo: {e}"))?;
     if st.success() {
@@ -304,6 +314,16 @@ pub fn main(args: &[String]) -> Result<(), String> {
         .map(|(n, _, _)| *n)
         .collect();
     println!("{}", table(&rows));
+    println!(
+        "Kernels (\"ran\": its conformance suite — on the boards, training — ran and was required to):{}",
+        crate::kernels::table(|l| {
+            match rows.iter().find(|(n, _, _)| *n == l.name()).map(|r| &r.1) {
+                Some(Outcome::Passed) => crate::kernels::LegResult::Passed,
+                Some(Outcome::Failed(_)) => crate::kernels::LegResult::Failed,
+                _ => crate::kernels::LegResult::NotRun,
+            }
+        })
+    );
     println!(
         "total {:.1} s{}",
         t0.elapsed().as_secs_f64(),
