@@ -10,9 +10,10 @@
 //! [`Executor`](exec::Executor) (one step loop) → [`Backend`](backend::Backend) (runs each instruction).
 //!
 //! Layers of the crate, bottom to top: `kernels` (slices in, slices out) → `ops` (one layer kind,
-//! forward and backward) → `graph`/`quant`/`plan` (what runs when, where each tensor lives) → `backend`
-//! (how an instruction runs) → `policy` (which plan for a budget) → `exec` (the step loop). The known
-//! exceptions (`graph` ↔ `quant`, `exec::adapt` → `policy`/`format`) are listed in `docs/design.md`.
+//! forward and backward) → `model`/`graph`/`quant`/`optim` → `plan` (what runs when, where each tensor
+//! lives) → `backend` (how an instruction runs) → `policy`/`format` (which plan for a budget; plans as
+//! files) → `exec` (the step loop). A test (`layering_tests.rs`) fails when a module imports one above
+//! it; the one allowed exception (`plan` → `backend::Placement`) is listed there and in `docs/design.md`.
 //!
 //! The crate is `#![no_std]`; `alloc` (default) enables the planner, `std` enables run-time SIMD
 //! detection on hosts.
@@ -51,3 +52,6 @@ pub mod policy;
 pub mod quant;
 
 pub use budget::{Budget, BudgetError};
+
+#[cfg(test)]
+mod layering_tests;
