@@ -85,6 +85,11 @@ pub fn table(leg: impl Fn(Leg) -> LegResult) -> String {
             _ => Cell::NotBuilt,
         }
     };
+    let gpu = match leg(Leg::Gpu) {
+        LegResult::Passed => "ran (this machine's adapter)",
+        LegResult::Failed => "**failed**",
+        LegResult::NotRun => "not run (gpu skipped)",
+    };
     let mut s = String::from("\n| kernel |");
     for (h, _) in &cols {
         s.push_str(&format!(" {h} |"));
@@ -111,6 +116,10 @@ pub fn table(leg: impl Fn(Leg) -> LegResult) -> String {
         }
         s.push('\n');
     }
+    s.push_str(&format!(
+        "| f32 wgpu tiled GEMM (WGSL) | {gpu} |{}\n",
+        " – |".repeat(cols.len() - 1)
+    ));
     s
 }
 

@@ -13,6 +13,7 @@
 //!   best peer's numbers measured on this machine kind.
 //! - `bench sgemm [--threads N] [--reps R]`: SGEMM GFLOPS (1024³ and the FC-FC-FC shapes) per kernel
 //!   family, with the measured clock and the share of the FMA peak.
+//! - `bench gpu [--reps R]`: the wgpu tiled SGEMM on this machine's adapter beside the CPU's SGEMM.
 //! - `bench budget`: the memory policies — Melon's headline, smallest budgets, Sage's orderings.
 //! - `bench planning [--reps R] [--batches B,B]`: how long planning for a budget takes, by model, batch and budget.
 //! - `bench swap [--scale S] [--lookahead L] [--budget-mib M] [--steps N] [--rounds R] [--keep-cache]`:
@@ -32,6 +33,7 @@ mod budget;
 mod cross;
 mod firmware;
 mod fuzz;
+mod gpu;
 mod int8;
 mod kernels;
 mod miri;
@@ -54,6 +56,7 @@ fn main() -> ExitCode {
             budget::main(&args[2..])
         }
         Some("bench") if args.get(1).map(String::as_str) == Some("swap") => swap::main(&args[2..]),
+        Some("bench") if args.get(1).map(String::as_str) == Some("gpu") => gpu::main(&args[2..]),
         Some("bench") if args.get(1).map(String::as_str) == Some("planning") => {
             budget::planning(&args[2..])
         }
@@ -72,7 +75,7 @@ fn main() -> ExitCode {
         Some("miri") => ready(&[Leg::Miri]).and_then(|()| miri::main(&args[1..])),
         Some("fuzz") => ready(&[Leg::Fuzz]).and_then(|()| fuzz::main(&args[1..])),
         _ => {
-            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|planning|swap|int8|sgemm … | cross | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit | miri | fuzz [--time SECS] [TARGET…]");
+            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|planning|swap|int8|sgemm|gpu … | cross | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit | miri | fuzz [--time SECS] [TARGET…]");
             Err("unknown task".into())
         }
     };

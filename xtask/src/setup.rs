@@ -222,6 +222,23 @@ pub const TOOLS: &[Tool] = &[
         legs: &[Leg::Web],
         note: "",
     },
+    // The wgpu kernels' tests need an adapter: without a GPU, Mesa's lavapipe (Vulkan on the CPU).
+    Tool {
+        name: "lavapipe (Vulkan on the CPU)",
+        probe: Probe::File("/usr/share/vulkan/icd.d/lvp_icd.x86_64.json"),
+        want: Want::Any,
+        install: Install::Apt(&["mesa-vulkan-drivers"]),
+        legs: &[Leg::Gpu],
+        note: "",
+    },
+    Tool {
+        name: "Vulkan loader",
+        probe: Probe::File("/usr/lib/x86_64-linux-gnu/libvulkan.so.1"),
+        want: Want::Any,
+        install: Install::Apt(&["libvulkan1"]),
+        legs: &[Leg::Gpu],
+        note: "",
+    },
     Tool {
         name: "wasm-opt",
         probe: Probe::Bins(&["wasm-opt"]),

@@ -19,6 +19,7 @@ pub enum Leg {
     Tests,
     NoStd,
     Memory,
+    Gpu,
     Cross,
     Web,
     FirmwareM4,
@@ -29,12 +30,13 @@ pub enum Leg {
 
 impl Leg {
     /// The legs of `cargo xtask test`, in order.
-    pub const TEST: [Leg; 11] = [
+    pub const TEST: [Leg; 12] = [
         Leg::Fmt,
         Leg::Clippy,
         Leg::Tests,
         Leg::NoStd,
         Leg::Memory,
+        Leg::Gpu,
         Leg::Cross,
         Leg::Web,
         Leg::FirmwareM4,
@@ -43,12 +45,13 @@ impl Leg {
         Leg::Fuzz,
     ];
     /// Every leg setup knows.
-    pub const ALL: [Leg; 11] = [
+    pub const ALL: [Leg; 12] = [
         Leg::Fmt,
         Leg::Clippy,
         Leg::Tests,
         Leg::NoStd,
         Leg::Memory,
+        Leg::Gpu,
         Leg::Cross,
         Leg::Web,
         Leg::FirmwareM4,
@@ -65,6 +68,7 @@ impl Leg {
             Leg::Tests => "tests",
             Leg::NoStd => "no-std",
             Leg::Memory => "memory",
+            Leg::Gpu => "gpu",
             Leg::Cross => "cross",
             Leg::Web => "web",
             Leg::FirmwareM4 => "firmware-m4",
@@ -82,6 +86,7 @@ impl Leg {
             Leg::Tests => "the workspace tests",
             Leg::NoStd => "frugal-core without std for Cortex-M4F, Cortex-M0 and wasm32",
             Leg::Memory => "the memory benchmark's targets",
+            Leg::Gpu => "the wgpu kernels on this machine's adapter (lavapipe without a GPU)",
             Leg::Cross => "int8 kernels natively, on aarch64 (qemu) and wasm32 (Node)",
             Leg::Web => "browser: frugal-wasm, the demo in Chromium, cross-target losses",
             Leg::FirmwareM4 => "firmware on netduinoplus2 (QEMU, Cortex-M4F), f32 and int8",
@@ -144,6 +149,17 @@ impl Leg {
                 "memory",
                 "--check",
             ]),
+            // The suite must find an adapter here: lavapipe is installed for this leg.
+            Leg::Gpu => cargo_env(
+                &["test", "-p", "frugal-wgpu"],
+                &[
+                    ("FRUGAL_REQUIRE_GPU", "1".into()),
+                    (
+                        "XDG_RUNTIME_DIR",
+                        std::env::temp_dir().display().to_string(),
+                    ),
+                ],
+            ),
             Leg::Cross => crate::cross::main(&[]),
             Leg::Web => crate::web::main(&s(&["--test"])),
             Leg::FirmwareM4 => crate::firmware::main(&s(&["--board", "netduinoplus2"])),
