@@ -6,6 +6,7 @@ pub mod cost;
 pub mod half;
 #[cfg(test)]
 mod oracle_tests;
+pub mod placement;
 pub mod spaces;
 pub mod swap;
 #[cfg(test)]
