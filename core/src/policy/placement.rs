@@ -67,7 +67,7 @@ impl Problem<'_> {
                 "no devices, or start/end is not a device",
             ));
         }
-        if self.cost.len() % d != 0 {
+        if !self.cost.len().is_multiple_of(d) {
             return Err(PlaceError::Shape("cost is not n × devices"));
         }
         let n = self.cost.len() / d;
@@ -122,8 +122,8 @@ pub fn place(p: &Problem<'_>) -> Result<(f64, Vec<usize>), PlaceError> {
     // best[i·d + x]: least time to finish 0..=i with i on x; from[i·d + x]: the device of i - 1 then.
     let mut best = vec![f64::INFINITY; n * d];
     let mut from = vec![0usize; n * d];
-    for x in 0..d {
-        best[x] = p.tr(0, p.start, x) + p.cost[x];
+    for (x, b) in best.iter_mut().enumerate().take(d) {
+        *b = p.tr(0, p.start, x) + p.cost[x];
     }
     for i in 1..n {
         for x in 0..d {
