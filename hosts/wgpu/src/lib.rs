@@ -3,7 +3,9 @@
 //! frugal's GPU kernels on [wgpu](https://wgpu.rs): Vulkan, Metal and DX12 natively, Mesa's lavapipe (a
 //! Vulkan driver on the CPU) on machines without a GPU. This is the first piece of the GPU backend
 //! (issue 12): the device, and the tiled f32 GEMM in workgroup memory that linear and convolution layers
-//! build on, checked against an f64 reference on every adapter the tests can open.
+//! build on, checked against an f64 reference on every adapter the tests can open; the element-wise
+//! layers (ReLU, ReLU6, sigmoid, tanh, forward and backward), the fused softmax cross-entropy and the SGD
+//! and Adam updates, checked against frugal-core's CPU ops.
 //!
 //! ```no_run
 //! let gpu = frugal_wgpu::Gpu::open().expect("a GPU adapter (or lavapipe)");
@@ -14,6 +16,8 @@ use std::fmt;
 use std::time::Instant;
 
 use wgpu::util::DeviceExt;
+
+mod elementwise;
 
 /// Why the GPU could not be used.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,6 +68,7 @@ pub struct Gpu {
     info: wgpu::AdapterInfo,
     sgemm: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
+    elementwise: elementwise::Pipelines,
 }
 
 /// GEMM operands resident on the GPU, for repeated products without transfers.
@@ -146,12 +151,14 @@ impl Gpu {
             compilation_options: Default::default(),
             cache: None,
         });
+        let elementwise = elementwise::Pipelines::new(&device);
         Ok(Gpu {
             device,
             queue,
             info,
             sgemm,
             layout,
+            elementwise,
         })
     }
 
@@ -284,7 +291,11 @@ impl Gpu {
 
     /// Reads C back.
     pub fn read_c(&self, g: &GemmBuffers) -> Result<Vec<f32>, GpuError> {
-        let len = g.m as usize * g.n as usize;
+        self.read(&g.c, g.m as usize * g.n as usize)
+    }
+
+    /// Reads the first `len` f32 of `buf` back (one copy to a mappable buffer, then a wait).
+    fn read(&self, buf: &wgpu::Buffer, len: usize) -> Result<Vec<f32>, GpuError> {
         if len == 0 {
             return Ok(Vec::new());
         }
@@ -299,7 +310,7 @@ impl Gpu {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("readback"),
             });
-        enc.copy_buffer_to_buffer(&g.c, 0, &staging, 0, (len * 4) as u64);
+        enc.copy_buffer_to_buffer(buf, 0, &staging, 0, (len * 4) as u64);
         self.queue.submit([enc.finish()]);
         let slice = staging.slice(..);
         let (tx, rx) = std::sync::mpsc::channel();

@@ -1,0 +1,306 @@
+//! Element-wise layers, the fused softmax cross-entropy and the optimizer updates on the GPU
+//! (`elementwise.wgsl`), one pipeline per entry point, created once with the [`Gpu`](crate::Gpu).
+use frugal_core::model::OptimizerSpec;
+use frugal_core::ops::Act;
+use wgpu::util::DeviceExt;
+
+use crate::{Gpu, GpuError};
+
+/// The uniform block of `elementwise.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct Params {
+    n: u32,
+    classes: u32,
+    kind: u32,
+    accumulate: u32,
+    lr: f32,
+    momentum: f32,
+    wd: f32,
+    beta2: f32,
+    eps: f32,
+    step_size: f32,
+    bc2_sqrt: f32,
+    pad: f32,
+}
+
+/// The entry points, in the order of [`Pipelines::all`].
+pub(crate) const ENTRIES: [&str; 5] = ["act_fwd", "act_grad", "softmax_ce", "sgd", "adam"];
+
+/// Invocations per workgroup (`@workgroup_size(64)`), and workgroups per dispatch row.
+const GROUP: u32 = 64;
+const ROW: u32 = 65535;
+
+pub(crate) struct Pipelines {
+    pub(crate) layout: wgpu::BindGroupLayout,
+    pub(crate) all: Vec<wgpu::ComputePipeline>,
+}
+
+impl Pipelines {
+    pub(crate) fn new(device: &wgpu::Device) -> Pipelines {
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("elementwise"),
+            source: wgpu::ShaderSource::Wgsl(include_str!("elementwise.wgsl").into()),
+        });
+        let entry = |binding, ty| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty,
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        };
+        let ro = wgpu::BufferBindingType::Storage { read_only: true };
+        let rw = wgpu::BufferBindingType::Storage { read_only: false };
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("elementwise"),
+            entries: &[
+                entry(0, wgpu::BufferBindingType::Uniform),
+                entry(1, ro),
+                entry(2, ro),
+                entry(3, rw),
+                entry(4, rw),
+            ],
+        });
+        let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("elementwise"),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let all = ENTRIES
+            .iter()
+            .map(|e| {
+                device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(e),
+                    layout: Some(&pl),
+                    module: &module,
+                    entry_point: Some(e),
+                    compilation_options: Default::default(),
+                    cache: None,
+                })
+            })
+            .collect();
+        Pipelines { layout, all }
+    }
+}
+
+fn act_code(a: Act) -> u32 {
+    match a {
+        Act::Relu => 0,
+        Act::Relu6 => 1,
+        Act::Sigmoid => 2,
+        Act::Tanh => 3,
+    }
+}
+
+impl Gpu {
+    /// Runs entry point `entry` over `invocations` with operands `a`, `b` (read) and `c`, `d` (read and
+    /// written, returned).
+    fn run_elementwise(
+        &self,
+        entry: usize,
+        params: Params,
+        invocations: usize,
+        ops: [&[f32]; 4],
+    ) -> Result<[Vec<f32>; 2], GpuError> {
+        let inv = u32::try_from(invocations)
+            .map_err(|_| GpuError::Shape(format!("{invocations} elements is too many")))?;
+        let limit = self.device.limits().max_storage_buffer_binding_size;
+        if ops.iter().any(|o| o.len() as u64 * 4 > limit) {
+            return Err(GpuError::Shape("an operand exceeds one GPU buffer".into()));
+        }
+        let uniform = self
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("params"),
+                contents: bytemuck::bytes_of(&params),
+                usage: wgpu::BufferUsages::UNIFORM,
+            });
+        let buf = |data: &[f32], usage| {
+            let one = [0f32];
+            let data = if data.is_empty() { &one[..] } else { data };
+            self.device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: None,
+                    contents: bytemuck::cast_slice(data),
+                    usage,
+                })
+        };
+        let rw = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC;
+        let bufs = [
+            buf(ops[0], wgpu::BufferUsages::STORAGE),
+            buf(ops[1], wgpu::BufferUsages::STORAGE),
+            buf(ops[2], rw),
+            buf(ops[3], rw),
+        ];
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: uniform.as_entire_binding(),
+        }];
+        for (i, b) in bufs.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: b.as_entire_binding(),
+            });
+        }
+        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(ENTRIES[entry]),
+            layout: &self.elementwise.layout,
+            entries: &entries,
+        });
+        let groups = inv.div_ceil(GROUP);
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(ENTRIES[entry]),
+                timestamp_writes: None,
+            });
+            pass.set_pipeline(&self.elementwise.all[entry]);
+            pass.set_bind_group(0, &group, &[]);
+            if groups > 0 {
+                pass.dispatch_workgroups(groups.min(ROW), groups.div_ceil(ROW), 1);
+            }
+        }
+        self.queue.submit([enc.finish()]);
+        let c = self.read(&bufs[2], ops[2].len())?;
+        let d = self.read(&bufs[3], ops[3].len())?;
+        Ok([c, d])
+    }
+
+    /// `y = act(x)`.
+    pub fn act_fwd(&self, act: Act, x: &[f32]) -> Result<Vec<f32>, GpuError> {
+        let p = Params {
+            n: x.len() as u32,
+            kind: act_code(act),
+            ..Default::default()
+        };
+        let y = vec![0f32; x.len()];
+        Ok(self.run_elementwise(0, p, x.len(), [x, &[], &y, &[]])?[0].clone())
+    }
+
+    /// `dx (+)= act'(y) · dy`, from the activation's output `y`; `dx` holds the old values when
+    /// `accumulate`.
+    pub fn act_grad(
+        &self,
+        act: Act,
+        y: &[f32],
+        dy: &[f32],
+        dx: &[f32],
+        accumulate: bool,
+    ) -> Result<Vec<f32>, GpuError> {
+        if dy.len() != y.len() || dx.len() != y.len() {
+            return Err(GpuError::Shape("y, dy and dx differ in length".into()));
+        }
+        let p = Params {
+            n: y.len() as u32,
+            kind: act_code(act),
+            accumulate: accumulate as u32,
+            ..Default::default()
+        };
+        Ok(self.run_elementwise(1, p, y.len(), [y, dy, dx, &[]])?[0].clone())
+    }
+
+    /// Softmax cross-entropy of `n` samples: `(mean loss, correct, dlogits)`, as `ops::softmax_ce`
+    /// (out-of-range labels ignored).
+    pub fn softmax_ce(
+        &self,
+        n: usize,
+        classes: usize,
+        logits: &[f32],
+        labels: &[u32],
+    ) -> Result<(f32, usize, Vec<f32>), GpuError> {
+        if classes == 0 || Some(logits.len()) != n.checked_mul(classes) || labels.len() != n {
+            return Err(GpuError::Shape(format!(
+                "{} logits and {} labels for {n} samples of {classes} classes",
+                logits.len(),
+                labels.len()
+            )));
+        }
+        let valid = labels.iter().filter(|&&l| (l as usize) < classes).count();
+        let p = Params {
+            n: n as u32,
+            classes: classes as u32,
+            kind: valid as u32,
+            ..Default::default()
+        };
+        let bits: Vec<f32> = labels.iter().map(|&l| f32::from_bits(l)).collect();
+        let dz = vec![0f32; logits.len()];
+        let per = vec![0f32; 2 * n];
+        let [dz, per] = self.run_elementwise(2, p, n, [logits, &bits, &dz, &per])?;
+        // The mean in f64 on the host (the CPU sums in f32 in sample order; the test's bound covers it).
+        let loss = per[..n].iter().map(|&l| l as f64).sum::<f64>() / valid.max(1) as f64;
+        let correct = per[n..].iter().filter(|&&c| c != 0.0).count();
+        Ok((loss as f32, correct, dz))
+    }
+
+    /// One optimizer step on `w` from gradient `g` with `state` (SGD's momentum buffer, empty without
+    /// momentum; Adam's m then v, `2·len` values); `t` is the 1-based step. Returns (w, state).
+    pub fn optim_step(
+        &self,
+        spec: &OptimizerSpec,
+        t: u32,
+        w: &[f32],
+        g: &[f32],
+        state: &[f32],
+    ) -> Result<(Vec<f32>, Vec<f32>), GpuError> {
+        if g.len() != w.len() {
+            return Err(GpuError::Shape("w and g differ in length".into()));
+        }
+        let n = w.len() as u32;
+        let (entry, p, need) = match *spec {
+            OptimizerSpec::Sgd {
+                lr,
+                momentum,
+                weight_decay,
+            } => (
+                3,
+                Params {
+                    n,
+                    lr,
+                    momentum,
+                    wd: weight_decay,
+                    ..Default::default()
+                },
+                if momentum != 0.0 { w.len() } else { 0 },
+            ),
+            OptimizerSpec::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } => {
+                // The bias corrections in f64, as PyTorch (and `optim::apply`) compute them.
+                let bc1 = 1.0 - (beta1 as f64).powi(t as i32);
+                let bc2 = 1.0 - (beta2 as f64).powi(t as i32);
+                (
+                    4,
+                    Params {
+                        n,
+                        lr,
+                        momentum: beta1,
+                        wd: weight_decay,
+                        beta2,
+                        eps,
+                        step_size: (lr as f64 / bc1) as f32,
+                        bc2_sqrt: bc2.sqrt() as f32,
+                        ..Default::default()
+                    },
+                    2 * w.len(),
+                )
+            }
+        };
+        if state.len() != need {
+            return Err(GpuError::Shape(format!(
+                "the optimizer state has {} values, not {need}",
+                state.len()
+            )));
+        }
+        let [w, s] = self.run_elementwise(entry, p, w.len(), [g, &[], w, state])?;
+        Ok((w, s))
+    }
+}

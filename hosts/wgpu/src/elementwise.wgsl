@@ -1,0 +1,156 @@
+// Element-wise layers, the fused softmax cross-entropy and the optimizer updates, with the formulas of
+// frugal-core's CPU ops (`ops::act`, `ops::loss`, `optim`). One invocation per element (per sample for
+// the loss). Bindings: the parameters, two read-only operands, two read-write ones.
+struct Params {
+    n: u32,        // elements (samples for the loss)
+    classes: u32,  // the loss's classes
+    kind: u32,     // activation: 0 relu, 1 relu6, 2 sigmoid, 3 tanh; loss: samples with a valid label
+    accumulate: u32,
+    lr: f32,
+    momentum: f32, // SGD momentum; Adam β1
+    wd: f32,
+    beta2: f32,
+    eps: f32,
+    step_size: f32, // Adam: lr / (1 − β1^t)
+    bc2_sqrt: f32,  // Adam: √(1 − β2^t)
+    _pad: f32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> a: array<f32>;
+@group(0) @binding(2) var<storage, read> b: array<f32>;
+@group(0) @binding(3) var<storage, read_write> c: array<f32>;
+@group(0) @binding(4) var<storage, read_write> d: array<f32>;
+
+fn index(gid: vec3<u32>) -> u32 {
+    return gid.y * 65535u * 64u + gid.x;
+}
+
+fn act(x: f32) -> f32 {
+    switch p.kind {
+        case 0u: { return select(x, 0.0, x < 0.0); }
+        case 1u: { return select(select(x, 0.0, x < 0.0), 6.0, x > 6.0); }
+        case 2u: { return 1.0 / (1.0 + exp(-x)); }
+        default: { return tanh(x); }
+    }
+}
+
+// The derivative from the output y, as the CPU computes it.
+fn act_d(y: f32) -> f32 {
+    switch p.kind {
+        case 0u: { return select(0.0, 1.0, y > 0.0); }
+        case 1u: { return select(0.0, 1.0, y > 0.0 && y < 6.0); }
+        case 2u: { return y * (1.0 - y); }
+        default: { return 1.0 - y * y; }
+    }
+}
+
+// c = act(a)
+@compute @workgroup_size(64)
+fn act_fwd(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = index(gid);
+    if (i < p.n) {
+        c[i] = act(a[i]);
+    }
+}
+
+// c (+)= act'(y = a) · dy (= b)
+@compute @workgroup_size(64)
+fn act_grad(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = index(gid);
+    if (i < p.n) {
+        // ReLU and ReLU6 select rather than multiply, so an infinite dy on a dead unit gives 0.
+        var g = act_d(a[i]) * b[i];
+        if (p.kind <= 1u) {
+            g = select(0.0, b[i], act_d(a[i]) > 0.0);
+        }
+        if (p.accumulate != 0u) {
+            c[i] = c[i] + g;
+        } else {
+            c[i] = g;
+        }
+    }
+}
+
+// Per sample s: logits a[s·C ..], label bits b[s]; c = dlogits = (softmax − onehot) / valid, d[s] = the
+// sample's loss (0 for an out-of-range label, whose gradient is 0), d[n + s] = 1 when its first argmax
+// is the label.
+@compute @workgroup_size(64)
+fn softmax_ce(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let s = index(gid);
+    if (s >= p.n) {
+        return;
+    }
+    let k = p.classes;
+    let base = s * k;
+    let label = bitcast<u32>(b[s]);
+    var mx = a[base];
+    var arg = 0u;
+    for (var j = 1u; j < k; j++) {
+        if (a[base + j] > mx) {
+            mx = a[base + j];
+            arg = j;
+        }
+    }
+    var sum = 0.0;
+    for (var j = 0u; j < k; j++) {
+        sum += exp(a[base + j] - mx);
+    }
+    if (label >= k) {
+        for (var j = 0u; j < k; j++) {
+            c[base + j] = 0.0;
+        }
+        d[s] = 0.0;
+        d[p.n + s] = 0.0;
+        return;
+    }
+    let inv = 1.0 / f32(max(p.kind, 1u));
+    for (var j = 0u; j < k; j++) {
+        let sm = exp(a[base + j] - mx) / sum;
+        c[base + j] = (sm - select(0.0, 1.0, j == label)) * inv;
+    }
+    d[s] = log(sum) - (a[base + label] - mx);
+    d[p.n + s] = select(0.0, 1.0, arg == label);
+}
+
+// SGD with momentum and weight decay (PyTorch): w = c, g = a, momentum buffer = d.
+@compute @workgroup_size(64)
+fn sgd(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = index(gid);
+    if (i < p.n) {
+        var g = a[i];
+        if (p.wd != 0.0) {
+            g = g + p.wd * c[i];
+        }
+        if (p.momentum != 0.0) {
+            d[i] = d[i] * p.momentum + g;
+            g = d[i];
+        }
+        c[i] = c[i] + (-p.lr) * g;
+    }
+}
+
+// Adam (PyTorch): w = c, g = a, the moments m = d[0..n], v = d[n..2n].
+@compute @workgroup_size(64)
+fn adam(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = index(gid);
+    if (i < p.n) {
+        var g = a[i];
+        if (p.wd != 0.0) {
+            g = g + p.wd * c[i];
+        }
+        let w1 = 1.0 - p.momentum;
+        let m = d[i];
+        var m2 = 0.0;
+        if (w1 < 0.5) {
+            m2 = m + w1 * (g - m);
+        } else {
+            m2 = g - (g - m) * (1.0 - w1);
+        }
+        let v2 = d[p.n + i] * p.beta2 + (1.0 - p.beta2) * g * g;
+        d[i] = m2;
+        d[p.n + i] = v2;
+        let denom = sqrt(v2) / p.bc2_sqrt + p.eps;
+        c[i] = c[i] + ((-p.step_size) * m2) / denom;
+    }
+}
