@@ -18,6 +18,7 @@ use std::time::Instant;
 use wgpu::util::DeviceExt;
 
 mod elementwise;
+mod linear;
 
 /// Why the GPU could not be used.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,6 +57,20 @@ struct Dims {
     n: u32,
     k: u32,
     accumulate: u32,
+    trans_a: u32,
+    trans_b: u32,
+    pad: [u32; 2],
+}
+
+/// How a GEMM reads its operands and writes its result.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GemmOpts {
+    /// A is stored transposed (k×m).
+    pub trans_a: bool,
+    /// B is stored transposed (n×k).
+    pub trans_b: bool,
+    /// C += A·B (C's old values are given) instead of C = A·B.
+    pub accumulate: bool,
 }
 
 /// Rows and columns of C one workgroup computes (`TS` in `sgemm.wgsl`).
@@ -184,6 +199,22 @@ impl Gpu {
         a: &[f32],
         b: &[f32],
     ) -> Result<GemmBuffers, GpuError> {
+        self.gemm_buffers_with(m, n, k, a, b, GemmOpts::default(), &[])
+    }
+
+    /// [`Gpu::gemm_buffers`] with transposed operands and, when accumulating, C's old values `c`
+    /// (m×n; ignored otherwise).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_buffers_with(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &[f32],
+        b: &[f32],
+        opts: GemmOpts,
+        c_old: &[f32],
+    ) -> Result<GemmBuffers, GpuError> {
         let dims = |v: usize, what: &str| {
             u32::try_from(v).map_err(|_| GpuError::Shape(format!("{what} = {v} is too large")))
         };
@@ -201,6 +232,12 @@ impl Gpu {
             )));
         }
         let c_len = len(m, n, "C")?;
+        if opts.accumulate && c_old.len() != c_len {
+            return Err(GpuError::Shape(format!(
+                "accumulating into C ({m}×{n}) needs its {c_len} old values, got {}",
+                c_old.len()
+            )));
+        }
         // wgpu refuses zero-sized bindings: an empty operand still gets one element.
         let init = |label, data: &[f32], usage| {
             let one = [0f32];
@@ -220,18 +257,25 @@ impl Gpu {
                     m: mu,
                     n: nu,
                     k: ku,
-                    accumulate: 0,
+                    accumulate: opts.accumulate as u32,
+                    trans_a: opts.trans_a as u32,
+                    trans_b: opts.trans_b as u32,
+                    pad: [0; 2],
                 }),
                 usage: wgpu::BufferUsages::UNIFORM,
             });
         let ab = init("A", a, wgpu::BufferUsages::STORAGE);
         let bb = init("B", b, wgpu::BufferUsages::STORAGE);
-        let c = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("C"),
-            size: (c_len.max(1) * 4) as u64,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
+        let c_init = if opts.accumulate {
+            c_old.to_vec()
+        } else {
+            vec![0f32; c_len]
+        };
+        let c = init(
+            "C",
+            &c_init,
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        );
         let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("sgemm"),
             layout: &self.layout,
@@ -346,7 +390,22 @@ impl Gpu {
         a: &[f32],
         b: &[f32],
     ) -> Result<Vec<f32>, GpuError> {
-        let g = self.gemm_buffers(m, n, k, a, b)?;
+        self.sgemm_with(m, n, k, a, b, GemmOpts::default(), &[])
+    }
+
+    /// C (+)= op(A)·op(B) (see [`GemmOpts`]); `c_old` is C's old values when accumulating.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sgemm_with(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &[f32],
+        b: &[f32],
+        opts: GemmOpts,
+        c_old: &[f32],
+    ) -> Result<Vec<f32>, GpuError> {
+        let g = self.gemm_buffers_with(m, n, k, a, b, opts, c_old)?;
         self.dispatch(&g, 1);
         self.read_c(&g)
     }

@@ -1,4 +1,5 @@
-// C (m×n) = A (m×k) · B (k×n), row-major f32, tiled in workgroup memory: each workgroup of 16×16
+// C (m×n) (+)= op(A) · op(B), op(A) m×k and op(B) k×n, row-major f32 (op = transpose when `trans_a` /
+// `trans_b`: A stored k×m, B stored n×k), tiled in workgroup memory: each workgroup of 16×16
 // invocations computes a 64×64 tile of C, each invocation a 4×4 block, stepping k by 16 with the A and B
 // tiles staged in workgroup memory (one load per element per tile instead of one per product).
 struct Dims {
@@ -6,6 +7,10 @@ struct Dims {
     n: u32,
     k: u32,
     accumulate: u32,
+    trans_a: u32,
+    trans_b: u32,
+    _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> dims: Dims;
@@ -34,14 +39,22 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             let ac = idx % TK;
             var v = 0.0;
             if (row0 + ar < dims.m && k0 + ac < dims.k) {
-                v = a[(row0 + ar) * dims.k + k0 + ac];
+                if (dims.trans_a != 0u) {
+                    v = a[(k0 + ac) * dims.m + row0 + ar];
+                } else {
+                    v = a[(row0 + ar) * dims.k + k0 + ac];
+                }
             }
             at[idx] = v;
             let br = idx / TS;
             let bc = idx % TS;
             var w = 0.0;
             if (k0 + br < dims.k && col0 + bc < dims.n) {
-                w = b[(k0 + br) * dims.n + col0 + bc];
+                if (dims.trans_b != 0u) {
+                    w = b[(col0 + bc) * dims.k + k0 + br];
+                } else {
+                    w = b[(k0 + br) * dims.n + col0 + bc];
+                }
             }
             bt[idx] = w;
         }

@@ -2,7 +2,7 @@
 //! adapter the suite says *skipped* (on stderr and in `cargo xtask test`'s kernel table); with
 //! `FRUGAL_REQUIRE_GPU=1` (set by `cargo xtask test` where setup installed lavapipe) a missing adapter
 //! fails it.
-use frugal_wgpu::{Gpu, GpuError};
+use frugal_wgpu::{GemmOpts, Gpu, GpuError};
 use proptest::prelude::*;
 
 fn gpu() -> Option<&'static Gpu> {
@@ -34,26 +34,64 @@ fn data(len: usize, seed: u64) -> Vec<f32> {
 /// any order is within γ_k·Σ|a·b| ≈ k·u·Σ|a·b| of the exact value (u = 2⁻²⁴, one rounding per fused
 /// multiply-add); a driver that does not fuse (lavapipe may split `fma`) rounds twice per term: 2·k·u.
 fn check(gpu: &Gpu, m: usize, n: usize, k: usize, seed: u64) -> Result<(), String> {
+    check_with(gpu, m, n, k, seed, GemmOpts::default())
+}
+
+/// [`check`] with transposed operands and accumulation into old values of C.
+fn check_with(
+    gpu: &Gpu,
+    m: usize,
+    n: usize,
+    k: usize,
+    seed: u64,
+    opts: GemmOpts,
+) -> Result<(), String> {
     let a = data(m * k, seed);
     let b = data(k * n, seed + 1);
-    let c = gpu.sgemm(m, n, k, &a, &b).map_err(|e| e.to_string())?;
+    let old = if opts.accumulate {
+        data(m * n, seed + 2)
+    } else {
+        Vec::new()
+    };
+    let c = gpu
+        .sgemm_with(m, n, k, &a, &b, opts, &old)
+        .map_err(|e| e.to_string())?;
     if c.len() != m * n {
         return Err(format!("C has {} elements, not {}", c.len(), m * n));
     }
+    let at = |i: usize, l: usize| {
+        if opts.trans_a {
+            a[l * m + i]
+        } else {
+            a[i * k + l]
+        }
+    };
+    let bt = |l: usize, j: usize| {
+        if opts.trans_b {
+            b[j * k + l]
+        } else {
+            b[l * n + j]
+        }
+    };
     let u = 2f64.powi(-24);
     for i in 0..m {
         for j in 0..n {
             let (mut exact, mut mag) = (0f64, 0f64);
             for l in 0..k {
-                let p = a[i * k + l] as f64 * b[l * n + j] as f64;
+                let p = at(i, l) as f64 * bt(l, j) as f64;
                 exact += p;
                 mag += p.abs();
             }
+            if opts.accumulate {
+                // One more rounding: adding the old value.
+                exact += old[i * n + j] as f64;
+                mag += old[i * n + j].abs() as f64;
+            }
             let got = c[i * n + j] as f64;
-            let bound = 2.0 * k as f64 * u * mag + 1e-30;
+            let bound = 2.0 * (k + 1) as f64 * u * mag + 1e-30;
             if (got - exact).abs() > bound {
                 return Err(format!(
-                    "{m}×{n}×{k}: C[{i},{j}] = {got}, exact {exact}, bound {bound:e}"
+                    "{m}×{n}×{k} {opts:?}: C[{i},{j}] = {got}, exact {exact}, bound {bound:e}"
                 ));
             }
         }
@@ -80,6 +118,29 @@ fn tile_edges_and_layer_shapes_match_the_f64_product() {
     }
 }
 
+/// The layouts a linear layer's backward pass needs: dX = dY·Wᵀ (B transposed), dW (+)= dYᵀ·X (A
+/// transposed, accumulated over micro-batches), and both at once.
+#[test]
+fn transposed_operands_and_accumulation_match_the_f64_product() {
+    let Some(g) = gpu() else { return };
+    for (ta, tb, acc) in [
+        (false, true, false),
+        (true, false, false),
+        (true, true, false),
+        (true, false, true),
+        (false, false, true),
+    ] {
+        let opts = GemmOpts {
+            trans_a: ta,
+            trans_b: tb,
+            accumulate: acc,
+        };
+        for &(m, n, k) in &[(1, 1, 1), (65, 33, 70), (10, 784, 32), (130, 97, 64)] {
+            check_with(g, m, n, k, (m + n + k) as u64, opts).unwrap();
+        }
+    }
+}
+
 #[test]
 fn operands_that_do_not_match_their_dimensions_are_errors() {
     let Some(g) = gpu() else { return };
@@ -89,6 +150,14 @@ fn operands_that_do_not_match_their_dimensions_are_errors() {
     ));
     assert!(matches!(
         g.sgemm(usize::MAX, 2, 2, &[], &[1.0; 4]),
+        Err(GpuError::Shape(_))
+    ));
+    let acc = GemmOpts {
+        accumulate: true,
+        ..Default::default()
+    };
+    assert!(matches!(
+        g.sgemm_with(2, 2, 2, &[1.0; 4], &[1.0; 4], acc, &[0.0; 3]),
         Err(GpuError::Shape(_))
     ));
 }

@@ -1,0 +1,92 @@
+//! The linear layer on the GPU against frugal-core's CPU `ops::linear` (forward, weight and bias
+//! gradients, input gradient, plain and accumulating), on every adapter the machine has.
+use frugal_core::ops;
+use frugal_wgpu::{Gpu, GpuError};
+
+fn gpu() -> Option<&'static Gpu> {
+    static GPU: std::sync::OnceLock<Result<Gpu, GpuError>> = std::sync::OnceLock::new();
+    match GPU.get_or_init(Gpu::open) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            let required = std::env::var("FRUGAL_REQUIRE_GPU").is_ok_and(|v| v == "1");
+            assert!(!required, "FRUGAL_REQUIRE_GPU=1 but: {e}");
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+fn data(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// Norm-wise: ‖gpu − cpu‖ ≤ 1e-5·‖cpu‖. Both sum the same k products in different orders (the CPU's
+/// blocked GEMM, the GPU's 16-wide tiles): each element is within 2·k·2⁻²⁴·Σ|products| of the exact
+/// value; for k ≤ 784 and values of one sign-mixed magnitude that is far below 1e-5 of the norm.
+fn close(what: &str, gpu: &[f32], cpu: &[f32]) {
+    assert_eq!(gpu.len(), cpu.len(), "{what}: lengths");
+    let diff: f64 = gpu
+        .iter()
+        .zip(cpu)
+        .map(|(&a, &b)| ((a - b) as f64).powi(2))
+        .sum::<f64>()
+        .sqrt();
+    let norm: f64 = cpu.iter().map(|&b| (b as f64).powi(2)).sum::<f64>().sqrt();
+    assert!(
+        diff <= 1e-5 * norm.max(1e-30),
+        "{what}: ‖Δ‖ = {diff:e}, ‖cpu‖ = {norm:e}"
+    );
+}
+
+#[test]
+fn linear_forward_and_gradients_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    for &(n, fin, fout) in &[(32, 784, 64), (7, 13, 10), (1, 1, 1), (65, 100, 3)] {
+        let x = data(n * fin, 1);
+        let w = data(fout * fin, 2);
+        let b = data(fout, 3);
+        let dy = data(n * fout, 4);
+        let mut scratch = vec![0f32; ops::linear_scratch_len(n, fin, fout)];
+
+        let mut y = vec![0f32; n * fout];
+        ops::linear_fwd(n, fin, fout, &x, &w, Some(&b), &mut y, &mut scratch);
+        close(
+            "y",
+            &g.linear_fwd(n, fin, fout, &x, &w, Some(&b)).unwrap(),
+            &y,
+        );
+
+        for acc in [false, true] {
+            let (old_w, old_b, old_x) = (data(fout * fin, 5), data(fout, 6), data(n * fin, 7));
+            let (mut dw, mut db, mut dx) = (old_w.clone(), old_b.clone(), old_x.clone());
+            ops::linear_grad_w(
+                n,
+                fin,
+                fout,
+                &x,
+                &dy,
+                &mut dw,
+                Some(&mut db),
+                acc,
+                &mut scratch,
+            );
+            ops::linear_grad_x(n, fin, fout, &dy, &w, &mut dx, acc, &mut scratch);
+            let old = acc.then_some((&old_w[..], &old_b[..]));
+            let (gdw, gdb) = g.linear_grad_w(n, fin, fout, &x, &dy, old, true).unwrap();
+            let gdx = g
+                .linear_grad_x(n, fin, fout, &dy, &w, acc.then_some(&old_x[..]))
+                .unwrap();
+            close(&format!("dW (accumulate {acc})"), &gdw, &dw);
+            close(&format!("db (accumulate {acc})"), &gdb, &db);
+            close(&format!("dx (accumulate {acc})"), &gdx, &dx);
+        }
+    }
+}
