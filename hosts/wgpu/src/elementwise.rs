@@ -37,10 +37,27 @@ pub(crate) struct Pipelines {
 }
 
 impl Pipelines {
+    /// The element-wise, loss and optimizer pipelines.
     pub(crate) fn new(device: &wgpu::Device) -> Pipelines {
+        Self::from_source(
+            device,
+            "elementwise",
+            include_str!("elementwise.wgsl"),
+            &ENTRIES,
+        )
+    }
+
+    /// One pipeline per entry point of `source`, whose bindings are a uniform block, two read-only
+    /// and two read-write storage buffers.
+    pub(crate) fn from_source(
+        device: &wgpu::Device,
+        label: &str,
+        source: &str,
+        entries: &[&str],
+    ) -> Pipelines {
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some("elementwise"),
-            source: wgpu::ShaderSource::Wgsl(include_str!("elementwise.wgsl").into()),
+            label: Some(label),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
         });
         let entry = |binding, ty| wgpu::BindGroupLayoutEntry {
             binding,
@@ -55,7 +72,7 @@ impl Pipelines {
         let ro = wgpu::BufferBindingType::Storage { read_only: true };
         let rw = wgpu::BufferBindingType::Storage { read_only: false };
         let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-            label: Some("elementwise"),
+            label: Some(label),
             entries: &[
                 entry(0, wgpu::BufferBindingType::Uniform),
                 entry(1, ro),
@@ -65,11 +82,11 @@ impl Pipelines {
             ],
         });
         let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-            label: Some("elementwise"),
+            label: Some(label),
             bind_group_layouts: &[Some(&layout)],
             immediate_size: 0,
         });
-        let all = ENTRIES
+        let all = entries
             .iter()
             .map(|e| {
                 device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
@@ -96,12 +113,29 @@ fn act_code(a: Act) -> u32 {
 }
 
 impl Gpu {
-    /// Runs entry point `entry` over `invocations` with operands `a`, `b` (read) and `c`, `d` (read and
-    /// written, returned).
     fn run_elementwise(
         &self,
         entry: usize,
         params: Params,
+        invocations: usize,
+        ops: [&[f32]; 4],
+    ) -> Result<[Vec<f32>; 2], GpuError> {
+        self.run_set(
+            &self.elementwise,
+            entry,
+            bytemuck::bytes_of(&params),
+            invocations,
+            ops,
+        )
+    }
+
+    /// Runs entry point `entry` of `set` over `invocations` (64 per workgroup) with the uniform block
+    /// `params` and operands `a`, `b` (read) and `c`, `d` (read and written, returned).
+    pub(crate) fn run_set(
+        &self,
+        set: &Pipelines,
+        entry: usize,
+        params: &[u8],
         invocations: usize,
         ops: [&[f32]; 4],
     ) -> Result<[Vec<f32>; 2], GpuError> {
@@ -115,7 +149,7 @@ impl Gpu {
             .device
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: Some("params"),
-                contents: bytemuck::bytes_of(&params),
+                contents: params,
                 usage: wgpu::BufferUsages::UNIFORM,
             });
         let buf = |data: &[f32], usage| {
@@ -146,8 +180,8 @@ impl Gpu {
             });
         }
         let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(ENTRIES[entry]),
-            layout: &self.elementwise.layout,
+            label: None,
+            layout: &set.layout,
             entries: &entries,
         });
         let groups = inv.div_ceil(GROUP);
@@ -156,10 +190,10 @@ impl Gpu {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some(ENTRIES[entry]),
+                label: None,
                 timestamp_writes: None,
             });
-            pass.set_pipeline(&self.elementwise.all[entry]);
+            pass.set_pipeline(&set.all[entry]);
             pass.set_bind_group(0, &group, &[]);
             if groups > 0 {
                 pass.dispatch_workgroups(groups.min(ROW), groups.div_ceil(ROW), 1);

@@ -5,7 +5,7 @@
 //! (issue 12): the device, and the tiled f32 GEMM in workgroup memory that linear and convolution layers
 //! build on, checked against an f64 reference on every adapter the tests can open; the element-wise
 //! layers (ReLU, ReLU6, sigmoid, tanh, forward and backward), the fused softmax cross-entropy and the SGD
-//! and Adam updates, checked against frugal-core's CPU ops.
+//! and Adam updates, the linear layer, max and average pooling, checked against frugal-core's CPU ops.
 //!
 //! ```no_run
 //! let gpu = frugal_wgpu::Gpu::open().expect("a GPU adapter (or lavapipe)");
@@ -19,6 +19,7 @@ use wgpu::util::DeviceExt;
 
 mod elementwise;
 mod linear;
+mod pool;
 
 /// Why the GPU could not be used.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,6 +85,7 @@ pub struct Gpu {
     sgemm: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
     elementwise: elementwise::Pipelines,
+    pool: elementwise::Pipelines,
 }
 
 /// GEMM operands resident on the GPU, for repeated products without transfers.
@@ -167,6 +169,7 @@ impl Gpu {
             cache: None,
         });
         let elementwise = elementwise::Pipelines::new(&device);
+        let pool = pool::pipelines(&device);
         Ok(Gpu {
             device,
             queue,
@@ -174,6 +177,7 @@ impl Gpu {
             sgemm,
             layout,
             elementwise,
+            pool,
         })
     }
 

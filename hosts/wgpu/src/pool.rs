@@ -1,0 +1,161 @@
+//! Max and average pooling on the GPU (`pool.wgsl`), forward and backward, bit for bit with the CPU's
+//! `ops::pool` (the same order of comparisons and additions).
+use frugal_core::ops::PoolGeom;
+
+use crate::elementwise::Pipelines;
+use crate::{Gpu, GpuError};
+
+pub(crate) const ENTRIES: [&str; 4] = ["max_fwd", "max_grad", "avg_fwd", "avg_grad"];
+
+pub(crate) fn pipelines(device: &wgpu::Device) -> Pipelines {
+    Pipelines::from_source(device, "pool", include_str!("pool.wgsl"), &ENTRIES)
+}
+
+/// The uniform block of `pool.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    planes: u32,
+    h: u32,
+    w: u32,
+    kh: u32,
+    kw: u32,
+    sh: u32,
+    sw: u32,
+    oh: u32,
+    ow: u32,
+    accumulate: u32,
+    pad: [u32; 2],
+}
+
+fn params(g: &PoolGeom, n: usize, accumulate: bool) -> Result<Params, GpuError> {
+    let u = |v: usize| u32::try_from(v).map_err(|_| GpuError::Shape(format!("{v} is too large")));
+    Ok(Params {
+        planes: u(n
+            .checked_mul(g.c)
+            .ok_or(GpuError::Shape("too many planes".into()))?)?,
+        h: u(g.h)?,
+        w: u(g.w)?,
+        kh: u(g.kh)?,
+        kw: u(g.kw)?,
+        sh: u(g.sh)?,
+        sw: u(g.sw)?,
+        oh: u(g.oh)?,
+        ow: u(g.ow)?,
+        accumulate: accumulate as u32,
+        pad: [0; 2],
+    })
+}
+
+fn lens(g: &PoolGeom, n: usize) -> (usize, usize) {
+    (n * g.c * g.h * g.w, n * g.c * g.oh * g.ow)
+}
+
+fn check(what: &str, got: usize, want: usize) -> Result<(), GpuError> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(GpuError::Shape(format!(
+            "{what} has {got} values, not {want}"
+        )))
+    }
+}
+
+impl Gpu {
+    /// Max pooling of `n` samples: `(y, argmax)` (plane-local indices of each window's first maximum).
+    pub fn maxpool_fwd(
+        &self,
+        g: &PoolGeom,
+        n: usize,
+        x: &[f32],
+    ) -> Result<(Vec<f32>, Vec<u32>), GpuError> {
+        let (xl, yl) = lens(g, n);
+        check("x", x.len(), xl)?;
+        let p = params(g, n, false)?;
+        let zeros = vec![0f32; yl];
+        let [y, arg] = self.run_set(
+            &self.pool,
+            0,
+            bytemuck::bytes_of(&p),
+            yl,
+            [x, &[], &zeros, &zeros],
+        )?;
+        Ok((y, arg.iter().map(|v| v.to_bits()).collect()))
+    }
+
+    /// Max pooling backward: `dx (+)= dy` at each window's argmax; `old` is dx's previous value when
+    /// accumulating.
+    pub fn maxpool_grad_x(
+        &self,
+        g: &PoolGeom,
+        n: usize,
+        dy: &[f32],
+        argmax: &[u32],
+        old: Option<&[f32]>,
+    ) -> Result<Vec<f32>, GpuError> {
+        let (xl, yl) = lens(g, n);
+        check("dy", dy.len(), yl)?;
+        check("argmax", argmax.len(), yl)?;
+        let bits: Vec<f32> = argmax.iter().map(|&i| f32::from_bits(i)).collect();
+        let dx = match old {
+            Some(o) => {
+                check("dx", o.len(), xl)?;
+                o.to_vec()
+            }
+            None => vec![0f32; xl],
+        };
+        let p = params(g, n, old.is_some())?;
+        let [dx, _] = self.run_set(
+            &self.pool,
+            1,
+            bytemuck::bytes_of(&p),
+            xl,
+            [dy, &bits, &dx, &[]],
+        )?;
+        Ok(dx)
+    }
+
+    /// Average pooling of `n` samples.
+    pub fn avgpool_fwd(&self, g: &PoolGeom, n: usize, x: &[f32]) -> Result<Vec<f32>, GpuError> {
+        let (xl, yl) = lens(g, n);
+        check("x", x.len(), xl)?;
+        let p = params(g, n, false)?;
+        let zeros = vec![0f32; yl];
+        let [y, _] = self.run_set(
+            &self.pool,
+            2,
+            bytemuck::bytes_of(&p),
+            yl,
+            [x, &[], &zeros, &[]],
+        )?;
+        Ok(y)
+    }
+
+    /// Average pooling backward: `dx (+)= dy/(kh·kw)` over each window.
+    pub fn avgpool_grad_x(
+        &self,
+        g: &PoolGeom,
+        n: usize,
+        dy: &[f32],
+        old: Option<&[f32]>,
+    ) -> Result<Vec<f32>, GpuError> {
+        let (xl, yl) = lens(g, n);
+        check("dy", dy.len(), yl)?;
+        let dx = match old {
+            Some(o) => {
+                check("dx", o.len(), xl)?;
+                o.to_vec()
+            }
+            None => vec![0f32; xl],
+        };
+        let p = params(g, n, old.is_some())?;
+        let [dx, _] = self.run_set(
+            &self.pool,
+            3,
+            bytemuck::bytes_of(&p),
+            xl,
+            [dy, &[], &dx, &[]],
+        )?;
+        Ok(dx)
+    }
+}

@@ -1,0 +1,146 @@
+// Pooling, forward and backward, with the CPU's (`ops::pool`) order of operations so that max and
+// average pooling match it bit for bit: windows scanned row by row, the first maximum kept (a NaN
+// always taken), sums in the CPU's order. The backward passes gather — each input element sums the
+// windows that cover it, in the order the CPU's scatter adds them — so no atomics are needed.
+struct Params {
+    planes: u32, // samples × channels
+    h: u32,
+    w: u32,
+    kh: u32,
+    kw: u32,
+    sh: u32,
+    sw: u32,
+    oh: u32,
+    ow: u32,
+    accumulate: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> a: array<f32>;
+@group(0) @binding(2) var<storage, read> b: array<f32>;
+@group(0) @binding(3) var<storage, read_write> c: array<f32>;
+@group(0) @binding(4) var<storage, read_write> d: array<f32>;
+
+fn index(gid: vec3<u32>) -> u32 {
+    return gid.y * 65535u * 64u + gid.x;
+}
+
+// x = a; y = c; argmax (plane-local, as u32 bits) = d.
+@compute @workgroup_size(64)
+fn max_fwd(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let o = index(gid);
+    let ohow = p.oh * p.ow;
+    if (o >= p.planes * ohow) {
+        return;
+    }
+    let plane = o / ohow;
+    let oy = (o % ohow) / p.ow;
+    let ox = o % p.ow;
+    let base = plane * p.h * p.w;
+    var best = 0.0;
+    var arg = 0u;
+    for (var i = 0u; i < p.kh; i++) {
+        for (var j = 0u; j < p.kw; j++) {
+            let at = (oy * p.sh + i) * p.w + ox * p.sw + j;
+            let v = a[base + at];
+            if ((i == 0u && j == 0u) || v > best || v != v) {
+                best = v;
+                arg = at;
+            }
+        }
+    }
+    c[o] = best;
+    d[o] = bitcast<f32>(arg);
+}
+
+// The windows (oy, ox) that cover input (y, x), visited as `visit` below: oy ascending, then the column
+// offset j ascending.
+// dy = a, argmax bits = b, dx = c.
+@compute @workgroup_size(64)
+fn max_grad(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let e = index(gid);
+    let hw = p.h * p.w;
+    if (e >= p.planes * hw) {
+        return;
+    }
+    let plane = e / hw;
+    let at = e % hw;
+    let y = at / p.w;
+    let x = at % p.w;
+    var acc = 0.0;
+    if (p.accumulate != 0u) {
+        acc = c[e];
+    }
+    // The CPU adds in output order (oy, ox ascending): the same here.
+    for (var oy = 0u; oy < p.oh; oy++) {
+        if (y < oy * p.sh || y >= oy * p.sh + p.kh) {
+            continue;
+        }
+        for (var ox = 0u; ox < p.ow; ox++) {
+            if (x < ox * p.sw || x >= ox * p.sw + p.kw) {
+                continue;
+            }
+            let o = plane * p.oh * p.ow + oy * p.ow + ox;
+            if (bitcast<u32>(b[o]) == at) {
+                acc = acc + a[o];
+            }
+        }
+    }
+    c[e] = acc;
+}
+
+// x = a; y = c.
+@compute @workgroup_size(64)
+fn avg_fwd(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let o = index(gid);
+    let ohow = p.oh * p.ow;
+    if (o >= p.planes * ohow) {
+        return;
+    }
+    let plane = o / ohow;
+    let oy = (o % ohow) / p.ow;
+    let ox = o % p.ow;
+    let base = plane * p.h * p.w;
+    var s = 0.0;
+    for (var i = 0u; i < p.kh; i++) {
+        for (var j = 0u; j < p.kw; j++) {
+            s = s + a[base + (oy * p.sh + i) * p.w + ox * p.sw + j];
+        }
+    }
+    c[o] = s / f32(p.kh * p.kw);
+}
+
+// dy = a; dx = c. The CPU adds dy/cnt window row by window row (oy), then by window column j.
+@compute @workgroup_size(64)
+fn avg_grad(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let e = index(gid);
+    let hw = p.h * p.w;
+    if (e >= p.planes * hw) {
+        return;
+    }
+    let plane = e / hw;
+    let y = (e % hw) / p.w;
+    let x = e % p.w;
+    let cnt = f32(p.kh * p.kw);
+    var acc = 0.0;
+    if (p.accumulate != 0u) {
+        acc = c[e];
+    }
+    for (var oy = 0u; oy < p.oh; oy++) {
+        if (y < oy * p.sh || y >= oy * p.sh + p.kh) {
+            continue;
+        }
+        for (var j = 0u; j < p.kw; j++) {
+            if (x < j || (x - j) % p.sw != 0u) {
+                continue;
+            }
+            let ox = (x - j) / p.sw;
+            if (ox < p.ow) {
+                acc = acc + a[plane * p.oh * p.ow + oy * p.ow + ox] / cnt;
+            }
+        }
+    }
+    c[e] = acc;
+}

@@ -1,0 +1,105 @@
+//! Max and average pooling on the GPU against frugal-core's CPU `ops::pool`, bit for bit: the kernels
+//! compare and add in the CPU's order. Overlapping windows (stride below the window) included, so the
+//! backward passes' gathers meet several windows per input element.
+use frugal_core::ops::{self, PoolGeom};
+use frugal_wgpu::{Gpu, GpuError};
+
+fn gpu() -> Option<&'static Gpu> {
+    static GPU: std::sync::OnceLock<Result<Gpu, GpuError>> = std::sync::OnceLock::new();
+    match GPU.get_or_init(Gpu::open) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            let required = std::env::var("FRUGAL_REQUIRE_GPU").is_ok_and(|v| v == "1");
+            assert!(!required, "FRUGAL_REQUIRE_GPU=1 but: {e}");
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+fn data(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            // Quarter steps: ties between window elements are common, so "the first maximum" matters.
+            ((s >> 40) % 16) as f32 / 4.0 - 2.0
+        })
+        .collect()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn pooling_forward_and_backward_match_the_cpu_bit_for_bit() {
+    let Some(gpu) = gpu() else { return };
+    // (channels, h, w, kh, kw, sh, sw): the usual 2×2/2, overlapping 3×3/1 and 3×2/2, one window.
+    for (c, h, w, kh, kw, sh, sw) in [
+        (3, 8, 8, 2, 2, 2, 2),
+        (2, 7, 9, 3, 3, 1, 1),
+        (4, 9, 7, 3, 2, 2, 2),
+        (1, 5, 5, 5, 5, 1, 1),
+    ] {
+        let g = PoolGeom::new(c, h, w, kh, kw, sh, sw).unwrap();
+        let n = 3;
+        let x = data(n * c * h * w, (h * w + kh) as u64);
+        let dy = data(n * c * g.oh * g.ow, 99);
+        let old = data(x.len(), 7);
+
+        let mut y = vec![0f32; dy.len()];
+        let mut arg = vec![0u32; dy.len()];
+        ops::maxpool_fwd(&g, n, &x, &mut y, &mut arg);
+        let (gy, garg) = gpu.maxpool_fwd(&g, n, &x).unwrap();
+        assert_eq!(bits(&gy), bits(&y), "max forward {g:?}");
+        assert_eq!(garg, arg, "argmax {g:?}");
+        for acc in [false, true] {
+            let mut dx = old.clone();
+            ops::maxpool_grad_x(&g, n, &dy, &arg, &mut dx, acc);
+            let gdx = gpu
+                .maxpool_grad_x(&g, n, &dy, &arg, acc.then_some(&old[..]))
+                .unwrap();
+            assert_eq!(
+                bits(&gdx),
+                bits(&dx),
+                "max backward {g:?}, accumulate {acc}"
+            );
+        }
+
+        ops::avgpool_fwd(&g, n, &x, &mut y);
+        assert_eq!(
+            bits(&gpu.avgpool_fwd(&g, n, &x).unwrap()),
+            bits(&y),
+            "avg forward {g:?}"
+        );
+        for acc in [false, true] {
+            let mut dx = old.clone();
+            ops::avgpool_grad_x(&g, n, &dy, &mut dx, acc);
+            let gdx = gpu
+                .avgpool_grad_x(&g, n, &dy, acc.then_some(&old[..]))
+                .unwrap();
+            assert_eq!(
+                bits(&gdx),
+                bits(&dx),
+                "avg backward {g:?}, accumulate {acc}"
+            );
+        }
+    }
+}
+
+#[test]
+fn pooling_operands_of_the_wrong_size_are_errors() {
+    let Some(gpu) = gpu() else { return };
+    let g = PoolGeom::new(1, 4, 4, 2, 2, 2, 2).unwrap();
+    assert!(matches!(
+        gpu.maxpool_fwd(&g, 1, &[0.0; 15]),
+        Err(GpuError::Shape(_))
+    ));
+    assert!(matches!(
+        gpu.avgpool_grad_x(&g, 1, &[0.0; 4], Some(&[0.0; 3])),
+        Err(GpuError::Shape(_))
+    ));
+}
