@@ -10,10 +10,11 @@
 //! [`Executor`](exec::Executor) (one step loop) → [`Backend`](backend::Backend) (runs each instruction).
 //!
 //! Layers of the crate, bottom to top: `kernels` (slices in, slices out) → `ops` (one layer kind,
-//! forward and backward) → `model`/`graph`/`quant`/`optim` → `plan` (what runs when, where each tensor
-//! lives) → `backend` (how an instruction runs) → `policy`/`format` (which plan for a budget; plans as
-//! files) → `exec` (the step loop). A test (`layering_tests.rs`) fails when a module imports one above
-//! it; the one allowed exception (`plan` → `backend::Placement`) is listed there and in `docs/design.md`.
+//! forward and backward) → `model`/`optim` → `graph` → `quant` → `plan` (what runs when, where each
+//! tensor lives) → `backend` (how an instruction runs) → `policy`/`format` (which plan for a budget;
+//! plans as files) → `exec` (the step loop). A test (`layering_tests.rs`) fails when a module imports
+//! one above it or two import each other; the one allowed exception (`plan` → `backend::Placement`) is
+//! listed there and in `docs/design.md`.
 //!
 //! The crate is `#![no_std]`; `alloc` (default) enables the planner, `std` enables run-time SIMD
 //! detection on hosts.

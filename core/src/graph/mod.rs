@@ -179,6 +179,8 @@ pub struct Param {
     pub state: Vec<TensorId>,
 }
 
+pub mod precision;
+
 /// Indices of the optional per-phase scratch tensors in [`Node::scratch`].
 pub mod scratch_slot {
     /// Forward.
@@ -502,7 +504,7 @@ impl<'a> Builder<'a> {
         elems: usize,
         share: Share,
     ) -> Result<TensorId, GraphError> {
-        let dtype = crate::quant::dtype_of(self.precision, kind);
+        let dtype = precision::dtype_of(self.precision, kind);
         self.tensor_typed(name, kind, elems, share, dtype)
     }
 
@@ -574,8 +576,8 @@ impl<'a> Builder<'a> {
             0,
             Share::External,
         )?;
-        let slots = crate::quant::state_slots(self.precision, &spec.optimizer);
-        crate::quant::check_supported(self.precision, spec)?;
+        let slots = precision::state_slots(self.precision, &spec.optimizer);
+        precision::check_supported(self.precision, spec)?;
 
         // Forward pass: resolve shapes, create outputs, parameters, saved tensors and scratch.
         let mut nodes: Vec<Node> = Vec::with_capacity(spec.layers.len());
@@ -997,7 +999,7 @@ impl<'a> Builder<'a> {
                 .first()
                 .is_some_and(|&t| self.tensors[t as usize].kind == TensorKind::External);
             let (fwd, gw, gx) = match &node.op {
-                _ if int8 => crate::quant::scratch_bytes(
+                _ if int8 => precision::scratch_bytes(
                     self.precision,
                     self.kernels,
                     self.grad_tile,

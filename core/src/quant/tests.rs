@@ -8,8 +8,11 @@ use super::*;
 use crate::exec::int8::Int8Executor;
 use crate::exec::Target;
 use crate::graph::Graph;
+use crate::graph::GraphError;
 use crate::kernels::int8::igemm_scratch_len;
-use crate::model::{Dims, LayerSpec, Src};
+use crate::model::{
+    Dims, Int8Update, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpec, Precision, Src,
+};
 use crate::plan::Plan;
 use crate::rng::Rng;
 
