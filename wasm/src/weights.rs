@@ -7,6 +7,7 @@ use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::error::WebError;
+use frugal_core::format::tensor::{f32_bytes, to_f32, Elem};
 
 /// One tensor: name, shape (row-major), values.
 pub type NamedTensor = (String, Vec<usize>, Vec<f32>);
@@ -16,26 +17,20 @@ pub fn parse(bytes: &[u8]) -> Result<Vec<NamedTensor>, WebError> {
     let st = SafeTensors::deserialize(bytes).map_err(|e| WebError::Weights(e.to_string()))?;
     let mut out = Vec::new();
     for (name, view) in st.tensors() {
-        let data = view.data();
-        let values: Vec<f32> = match view.dtype() {
-            Dtype::F32 => data
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            Dtype::F16 => data
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            Dtype::BF16 => data
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
+        let elem = match view.dtype() {
+            Dtype::F32 => Elem::F32,
+            Dtype::F16 => Elem::F16,
+            Dtype::BF16 => Elem::Bf16,
             other => {
                 return Err(WebError::Weights(alloc::format!(
                     "tensor \"{name}\" has element type {other:?}; only F32, F16 and BF16 are supported"
                 )))
             }
         };
+        // safetensors checked that the data holds shape × element size bytes.
+        let values = to_f32(elem, view.data()).ok_or_else(|| {
+            WebError::Weights(alloc::format!("tensor \"{name}\": a partial element"))
+        })?;
         out.push((name, view.shape().to_vec(), values));
     }
     Ok(out)
@@ -43,10 +38,7 @@ pub fn parse(bytes: &[u8]) -> Result<Vec<NamedTensor>, WebError> {
 
 /// Encodes tensors as F32 safetensors bytes.
 pub fn serialize(tensors: &[NamedTensor]) -> Result<Vec<u8>, WebError> {
-    let raw: Vec<Vec<u8>> = tensors
-        .iter()
-        .map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect())
-        .collect();
+    let raw: Vec<Vec<u8>> = tensors.iter().map(|(_, _, v)| f32_bytes(v)).collect();
     let mut views = Vec::with_capacity(tensors.len());
     for ((name, shape, _), bytes) in tensors.iter().zip(&raw) {
         let view = TensorView::new(Dtype::F32, shape.clone(), bytes)

@@ -9,6 +9,7 @@ use core::fmt;
 use crate::model::{Dims, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpec, Src};
 
 pub mod plan;
+pub mod tensor;
 pub use plan::{
     decode_plan, decode_plan_table, encode_plan, encode_plan_table, PlanEntry, PlanTable,
 };

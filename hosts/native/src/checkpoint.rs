@@ -12,6 +12,7 @@ use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::fsutil::write_atomic;
+use frugal_core::format::tensor::{f32_bytes, to_f32, Elem};
 
 /// One tensor: name, shape (row-major), values.
 pub type NamedTensor = (String, Vec<usize>, Vec<f32>);
@@ -101,20 +102,10 @@ pub fn parse_safetensors(bytes: &[u8], name: &str) -> Result<Vec<NamedTensor>, C
     views.sort_by_key(|(_, v)| (v.data().as_ptr() as usize, v.data().len()));
     let mut out = Vec::with_capacity(views.len());
     for (tensor, view) in views {
-        let data = view.data();
-        let values: Vec<f32> = match view.dtype() {
-            Dtype::F32 => data
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            Dtype::F16 => data
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            Dtype::BF16 => data
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
+        let elem = match view.dtype() {
+            Dtype::F32 => Elem::F32,
+            Dtype::F16 => Elem::F16,
+            Dtype::BF16 => Elem::Bf16,
             other => {
                 return Err(CheckpointError::UnsupportedDtype {
                     file: name.to_string(),
@@ -123,6 +114,12 @@ pub fn parse_safetensors(bytes: &[u8], name: &str) -> Result<Vec<NamedTensor>, C
                 })
             }
         };
+        // safetensors checked that the data holds shape × element size bytes.
+        let values = to_f32(elem, view.data()).ok_or_else(|| CheckpointError::BadTensor {
+            file: name.to_string(),
+            tensor: tensor.clone(),
+            reason: "a partial element".into(),
+        })?;
         out.push((tensor, view.shape().to_vec(), values));
     }
     Ok(out)
@@ -180,7 +177,7 @@ pub fn serialize_safetensors(
                 format!("shape {shape:?} does not match {} values", values.len()),
             ));
         }
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let bytes = f32_bytes(values);
         raw.push((tensor, shape, bytes));
     }
     let mut views = Vec::with_capacity(raw.len());
