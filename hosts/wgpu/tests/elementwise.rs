@@ -1,35 +1,12 @@
 //! The element-wise layers, the fused softmax cross-entropy and the optimizer updates on the GPU against
 //! frugal-core's CPU ops, on every adapter the machine has (lavapipe in CI). Without an adapter: *skipped*
 //! on stderr; with `FRUGAL_REQUIRE_GPU=1` a missing adapter fails.
+mod common;
+use common::{data, gpu};
 use frugal_core::model::OptimizerSpec;
 use frugal_core::ops::{self, Act};
 use frugal_core::optim::{self, StepCtx};
-use frugal_wgpu::{Gpu, GpuError};
-
-fn gpu() -> Option<&'static Gpu> {
-    static GPU: std::sync::OnceLock<Result<Gpu, GpuError>> = std::sync::OnceLock::new();
-    match GPU.get_or_init(Gpu::open) {
-        Ok(g) => Some(g),
-        Err(e) => {
-            let required = std::env::var("FRUGAL_REQUIRE_GPU").is_ok_and(|v| v == "1");
-            assert!(!required, "FRUGAL_REQUIRE_GPU=1 but: {e}");
-            eprintln!("skipped: {e}");
-            None
-        }
-    }
-}
-
-fn data(len: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
+use frugal_wgpu::GpuError;
 
 fn close(what: &str, got: &[f32], want: &[f32], tol: impl Fn(f32) -> f32) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");

@@ -1,32 +1,12 @@
 //! The linear layer on the GPU against frugal-core's CPU `ops::linear` (forward, weight and bias
 //! gradients, input gradient, plain and accumulating), on every adapter the machine has.
-use frugal_core::ops;
-use frugal_wgpu::{Gpu, GpuError};
-
-fn gpu() -> Option<&'static Gpu> {
-    static GPU: std::sync::OnceLock<Result<Gpu, GpuError>> = std::sync::OnceLock::new();
-    match GPU.get_or_init(Gpu::open) {
-        Ok(g) => Some(g),
-        Err(e) => {
-            let required = std::env::var("FRUGAL_REQUIRE_GPU").is_ok_and(|v| v == "1");
-            assert!(!required, "FRUGAL_REQUIRE_GPU=1 but: {e}");
-            eprintln!("skipped: {e}");
-            None
-        }
-    }
-}
+mod common;
+use common::gpu;
 
 fn data(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        })
-        .collect()
+    common::data(len, seed, 1.0)
 }
+use frugal_core::ops;
 
 /// Norm-wise: ‖gpu − cpu‖ ≤ 1e-5·‖cpu‖. Both sum the same k products in different orders (the CPU's
 /// blocked GEMM, the GPU's 16-wide tiles): each element is within 2·k·2⁻²⁴·Σ|products| of the exact

@@ -1,34 +1,10 @@
 //! Max and average pooling on the GPU against frugal-core's CPU `ops::pool`, bit for bit: the kernels
 //! compare and add in the CPU's order. Overlapping windows (stride below the window) included, so the
 //! backward passes' gathers meet several windows per input element.
+mod common;
+use common::{gpu, grid};
 use frugal_core::ops::{self, PoolGeom};
-use frugal_wgpu::{Gpu, GpuError};
-
-fn gpu() -> Option<&'static Gpu> {
-    static GPU: std::sync::OnceLock<Result<Gpu, GpuError>> = std::sync::OnceLock::new();
-    match GPU.get_or_init(Gpu::open) {
-        Ok(g) => Some(g),
-        Err(e) => {
-            let required = std::env::var("FRUGAL_REQUIRE_GPU").is_ok_and(|v| v == "1");
-            assert!(!required, "FRUGAL_REQUIRE_GPU=1 but: {e}");
-            eprintln!("skipped: {e}");
-            None
-        }
-    }
-}
-
-fn data(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            // Quarter steps: ties between window elements are common, so "the first maximum" matters.
-            ((s >> 40) % 16) as f32 / 4.0 - 2.0
-        })
-        .collect()
-}
+use frugal_wgpu::GpuError;
 
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
@@ -46,9 +22,9 @@ fn pooling_forward_and_backward_match_the_cpu_bit_for_bit() {
     ] {
         let g = PoolGeom::new(c, h, w, kh, kw, sh, sw).unwrap();
         let n = 3;
-        let x = data(n * c * h * w, (h * w + kh) as u64);
-        let dy = data(n * c * g.oh * g.ow, 99);
-        let old = data(x.len(), 7);
+        let x = grid(n * c * h * w, (h * w + kh) as u64);
+        let dy = grid(n * c * g.oh * g.ow, 99);
+        let old = grid(x.len(), 7);
 
         let mut y = vec![0f32; dy.len()];
         let mut arg = vec![0u32; dy.len()];

@@ -2,33 +2,14 @@
 //! adapter the suite says *skipped* (on stderr and in `cargo xtask test`'s kernel table); with
 //! `FRUGAL_REQUIRE_GPU=1` (set by `cargo xtask test` where setup installed lavapipe) a missing adapter
 //! fails it.
-use frugal_wgpu::{GemmOpts, Gpu, GpuError};
-use proptest::prelude::*;
-
-fn gpu() -> Option<&'static Gpu> {
-    static GPU: std::sync::OnceLock<Result<Gpu, GpuError>> = std::sync::OnceLock::new();
-    match GPU.get_or_init(Gpu::open) {
-        Ok(g) => Some(g),
-        Err(e) => {
-            let required = std::env::var("FRUGAL_REQUIRE_GPU").is_ok_and(|v| v == "1");
-            assert!(!required, "FRUGAL_REQUIRE_GPU=1 but: {e}");
-            eprintln!("skipped: {e}");
-            None
-        }
-    }
-}
+mod common;
+use common::gpu;
 
 fn data(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        })
-        .collect()
+    common::data(len, seed, 1.0)
 }
+use frugal_wgpu::{GemmOpts, Gpu, GpuError};
+use proptest::prelude::*;
 
 /// C against the f64 product: each element within 2·k·2⁻²⁴·Σ|a·b| (+1e-30). A sum of k f32 products in
 /// any order is within γ_k·Σ|a·b| ≈ k·u·Σ|a·b| of the exact value (u = 2⁻²⁴, one rounding per fused

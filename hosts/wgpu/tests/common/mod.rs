@@ -1,0 +1,42 @@
+//! What the GPU suites share: the adapter (opened once per test binary) and deterministic data.
+#![allow(dead_code)] // each suite uses a part
+
+use frugal_wgpu::{Gpu, GpuError};
+
+/// The machine's adapter, or None with *skipped* on stderr; with `FRUGAL_REQUIRE_GPU=1` (the `gpu` leg
+/// of `cargo xtask test`, where setup installed lavapipe) a missing adapter fails the test instead.
+pub fn gpu() -> Option<&'static Gpu> {
+    static GPU: std::sync::OnceLock<Result<Gpu, GpuError>> = std::sync::OnceLock::new();
+    match GPU.get_or_init(Gpu::open) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            let required = std::env::var("FRUGAL_REQUIRE_GPU").is_ok_and(|v| v == "1");
+            assert!(!required, "FRUGAL_REQUIRE_GPU=1 but: {e}");
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+/// `len` xorshift values from `seed`, as raw 24-bit fractions in [0, 1).
+fn unit(len: usize, seed: u64) -> impl Iterator<Item = f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len).map(move |_| {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s >> 40) as f32 / (1u64 << 24) as f32
+    })
+}
+
+/// `len` values in [-scale, scale).
+pub fn data(len: usize, seed: u64, scale: f32) -> Vec<f32> {
+    unit(len, seed).map(|u| (u * 2.0 - 1.0) * scale).collect()
+}
+
+/// `len` values on a grid of quarter steps in [-2, 2): ties are common.
+pub fn grid(len: usize, seed: u64) -> Vec<f32> {
+    unit(len, seed)
+        .map(|u| (u * 16.0).floor() / 4.0 - 2.0)
+        .collect()
+}
