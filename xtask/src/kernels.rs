@@ -117,7 +117,7 @@ pub fn table(leg: impl Fn(Leg) -> LegResult) -> String {
         s.push('\n');
     }
     s.push_str(&format!(
-        "| f32 wgpu tiled GEMM (WGSL) | {gpu} |{}\n",
+        "| f32 wgpu kernels (WGSL) | {gpu} |{}\n",
         " – |".repeat(cols.len() - 1)
     ));
     s
