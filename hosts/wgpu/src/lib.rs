@@ -5,7 +5,8 @@
 //! (issue 12): the device, and the tiled f32 GEMM in workgroup memory that linear and convolution layers
 //! build on, checked against an f64 reference on every adapter the tests can open; the element-wise
 //! layers (ReLU, ReLU6, sigmoid, tanh, forward and backward), the fused softmax cross-entropy and the SGD
-//! and Adam updates, the linear layer, max and average pooling, checked against frugal-core's CPU ops.
+//! and Adam updates, the linear layer, convolution (stride, padding, groups), max and average pooling,
+//! checked against frugal-core's CPU ops.
 //!
 //! ```no_run
 //! let gpu = frugal_wgpu::Gpu::open().expect("a GPU adapter (or lavapipe)");
@@ -17,6 +18,7 @@ use std::time::Instant;
 
 use wgpu::util::DeviceExt;
 
+mod conv;
 mod elementwise;
 mod linear;
 mod pool;
@@ -86,6 +88,7 @@ pub struct Gpu {
     layout: wgpu::BindGroupLayout,
     elementwise: elementwise::Pipelines,
     pool: elementwise::Pipelines,
+    conv: elementwise::Pipelines,
 }
 
 /// GEMM operands resident on the GPU, for repeated products without transfers.
@@ -170,6 +173,7 @@ impl Gpu {
         });
         let elementwise = elementwise::Pipelines::new(&device);
         let pool = pool::pipelines(&device);
+        let conv = conv::pipelines(&device);
         Ok(Gpu {
             device,
             queue,
@@ -178,6 +182,7 @@ impl Gpu {
             layout,
             elementwise,
             pool,
+            conv,
         })
     }
 
