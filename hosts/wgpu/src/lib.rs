@@ -6,7 +6,7 @@
 //! build on, checked against an f64 reference on every adapter the tests can open; the element-wise
 //! layers (ReLU, ReLU6, sigmoid, tanh, forward and backward), the fused softmax cross-entropy and the SGD
 //! and Adam updates, the linear layer, convolution (stride, padding, groups), max and average pooling,
-//! checked against frugal-core's CPU ops.
+//! BatchNorm in training mode, checked against frugal-core's CPU ops.
 //!
 //! ```no_run
 //! let gpu = frugal_wgpu::Gpu::open().expect("a GPU adapter (or lavapipe)");
@@ -18,8 +18,10 @@ use std::time::Instant;
 
 use wgpu::util::DeviceExt;
 
+mod bn;
 mod conv;
 mod elementwise;
+pub use bn::{BnForward, BnGrads};
 mod linear;
 mod pool;
 
@@ -89,6 +91,7 @@ pub struct Gpu {
     elementwise: elementwise::Pipelines,
     pool: elementwise::Pipelines,
     conv: elementwise::Pipelines,
+    bn: elementwise::Pipelines,
 }
 
 /// GEMM operands resident on the GPU, for repeated products without transfers.
@@ -174,6 +177,7 @@ impl Gpu {
         let elementwise = elementwise::Pipelines::new(&device);
         let pool = pool::pipelines(&device);
         let conv = conv::pipelines(&device);
+        let bn = bn::pipelines(&device);
         Ok(Gpu {
             device,
             queue,
@@ -183,6 +187,7 @@ impl Gpu {
             elementwise,
             pool,
             conv,
+            bn,
         })
     }
 

@@ -1,0 +1,165 @@
+//! BatchNorm in training mode on the GPU (`bn.wgsl`): forward (batch statistics, running statistics)
+//! and backward (γ, β and input gradients), with the CPU's `ops::bn` formulas.
+use crate::elementwise::Pipelines;
+use crate::{Gpu, GpuError};
+
+pub(crate) const ENTRIES: [&str; 5] = ["stats", "affine", "sums", "dparams", "dx"];
+
+pub(crate) fn pipelines(device: &wgpu::Device) -> Pipelines {
+    Pipelines::from_source(device, "bn", include_str!("bn.wgsl"), &ENTRIES)
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    n: u32,
+    c: u32,
+    hw: u32,
+    accumulate: u32,
+    momentum: f32,
+    eps: f32,
+    pad: [f32; 2],
+}
+
+/// What a training-mode forward produces.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BnForward {
+    /// The output.
+    pub y: Vec<f32>,
+    /// Batch mean per channel.
+    pub mean: Vec<f32>,
+    /// `1/√(var + eps)` per channel.
+    pub invstd: Vec<f32>,
+    /// The updated running mean.
+    pub run_mean: Vec<f32>,
+    /// The updated running variance (unbiased).
+    pub run_var: Vec<f32>,
+}
+
+/// The gradients of a training-mode BatchNorm.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BnGrads {
+    /// dL/dγ.
+    pub dgamma: Vec<f32>,
+    /// dL/dβ.
+    pub dbeta: Vec<f32>,
+    /// dL/dx.
+    pub dx: Vec<f32>,
+}
+
+fn params(
+    n: usize,
+    c: usize,
+    hw: usize,
+    acc: bool,
+    momentum: f32,
+    eps: f32,
+) -> Result<Params, GpuError> {
+    let u = |v: usize| u32::try_from(v).map_err(|_| GpuError::Shape(format!("{v} is too large")));
+    Ok(Params {
+        n: u(n)?,
+        c: u(c)?,
+        hw: u(hw)?,
+        accumulate: acc as u32,
+        momentum,
+        eps,
+        pad: [0.0; 2],
+    })
+}
+
+fn check(what: &str, got: usize, want: usize) -> Result<(), GpuError> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(GpuError::Shape(format!(
+            "{what} has {got} values, not {want}"
+        )))
+    }
+}
+
+impl Gpu {
+    /// Training-mode forward of `n` samples of `c` channels of `hw` positions.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bn_fwd_train(
+        &self,
+        (n, c, hw): (usize, usize, usize),
+        x: &[f32],
+        gamma: &[f32],
+        beta: &[f32],
+        run_mean: &[f32],
+        run_var: &[f32],
+        momentum: f32,
+        eps: f32,
+    ) -> Result<BnForward, GpuError> {
+        check("x", x.len(), n * c * hw)?;
+        for (what, v) in [
+            ("gamma", gamma),
+            ("beta", beta),
+            ("run_mean", run_mean),
+            ("run_var", run_var),
+        ] {
+            check(what, v.len(), c)?;
+        }
+        let p = params(n, c, hw, false, momentum, eps)?;
+        let mut s = vec![0f32; 8 * c];
+        s[2 * c..3 * c].copy_from_slice(gamma);
+        s[3 * c..4 * c].copy_from_slice(beta);
+        s[4 * c..5 * c].copy_from_slice(run_mean);
+        s[5 * c..6 * c].copy_from_slice(run_var);
+        let bytes = bytemuck::bytes_of(&p);
+        let [_, s] = self.run_set(&self.bn, 0, bytes, c, [x, &[], &[], &s])?;
+        let y = vec![0f32; x.len()];
+        let [y, _] = self.run_set(&self.bn, 1, bytes, x.len(), [x, &[], &y, &s])?;
+        Ok(BnForward {
+            y,
+            mean: s[..c].to_vec(),
+            invstd: s[c..2 * c].to_vec(),
+            run_mean: s[4 * c..5 * c].to_vec(),
+            run_var: s[5 * c..6 * c].to_vec(),
+        })
+    }
+
+    /// Training-mode backward from the forward's `mean` and `invstd`; `old` holds (dγ, dβ, dx) to add
+    /// to when accumulating.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bn_grad(
+        &self,
+        (n, c, hw): (usize, usize, usize),
+        x: &[f32],
+        dy: &[f32],
+        mean: &[f32],
+        invstd: &[f32],
+        gamma: &[f32],
+        old: Option<(&[f32], &[f32], &[f32])>,
+    ) -> Result<BnGrads, GpuError> {
+        check("x", x.len(), n * c * hw)?;
+        check("dy", dy.len(), n * c * hw)?;
+        for (what, v) in [("mean", mean), ("invstd", invstd), ("gamma", gamma)] {
+            check(what, v.len(), c)?;
+        }
+        let p = params(n, c, hw, old.is_some(), 0.0, 0.0)?;
+        let mut s = vec![0f32; 8 * c];
+        s[..c].copy_from_slice(mean);
+        s[c..2 * c].copy_from_slice(invstd);
+        s[2 * c..3 * c].copy_from_slice(gamma);
+        let bytes = bytemuck::bytes_of(&p);
+        let [_, s] = self.run_set(&self.bn, 2, bytes, c, [x, dy, &[], &s])?;
+        let (mut params_old, dx_old) = match old {
+            Some((dg, db, dx)) => {
+                check("dgamma", dg.len(), c)?;
+                check("dbeta", db.len(), c)?;
+                check("dx", dx.len(), x.len())?;
+                ([dg, db].concat(), dx.to_vec())
+            }
+            None => (vec![0f32; 2 * c], vec![0f32; x.len()]),
+        };
+        let [pg, _] = self.run_set(&self.bn, 3, bytes, c, [&[], &[], &params_old, &s])?;
+        params_old = pg;
+        let [dx, _] = self.run_set(&self.bn, 4, bytes, x.len(), [x, dy, &dx_old, &s])?;
+        Ok(BnGrads {
+            dgamma: params_old[..c].to_vec(),
+            dbeta: params_old[c..].to_vec(),
+            dx,
+        })
+    }
+}
