@@ -98,7 +98,7 @@ fn cpuinfo_mhz() -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-pub fn gflops(
+fn gflops(
     kern: SgemmKernel,
     pool: &ThreadPool,
     m: usize,

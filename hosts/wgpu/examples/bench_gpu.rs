@@ -1,0 +1,103 @@
+//! `cargo xtask bench gpu [--reps R]` runs this (`cargo run --release -p frugal-wgpu --example
+//! bench_gpu`; a separate binary, so that the memory benchmark's process does not carry wgpu): the
+//! tiled SGEMM on the adapter this machine has
+//! (lavapipe on a machine without a GPU), 1024³ and the digits MLP's shapes, in GFLOPS beside frugal's CPU
+//! SGEMM on the same machine in the same run (best of `R`, default 5). On lavapipe the "GPU" runs on the
+//! CPU's cores: the ratio is for information, not a GPU figure.
+use std::time::Instant;
+
+use frugal_core::kernels::gemm::{gemm_scratch_len_threads, sgemm_with_pool, SgemmKernel};
+use frugal_core::kernels::MatRef;
+use frugal_core::pool::ThreadPool;
+use frugal_wgpu::Gpu;
+
+/// GFLOPS of frugal's CPU SGEMM (`kern`, on `pool`'s `threads`) for one product of `a`·`b`.
+#[allow(clippy::too_many_arguments)]
+fn cpu_gflops(
+    kern: SgemmKernel,
+    pool: &ThreadPool,
+    threads: usize,
+    (m, n, k): (usize, usize, usize),
+    a: &[f32],
+    b: &[f32],
+) -> f64 {
+    let mut c = vec![0f32; m * n];
+    let mut s = vec![0f32; gemm_scratch_len_threads(m, n, k, threads)];
+    let t = Instant::now();
+    sgemm_with_pool(
+        kern,
+        pool,
+        m,
+        n,
+        k,
+        MatRef::row_major(a, k),
+        MatRef::row_major(b, n),
+        &mut c,
+        n,
+        false,
+        &mut s,
+    );
+    let secs = t.elapsed().as_secs_f64();
+    std::hint::black_box(&c);
+    2.0 * (m * n * k) as f64 / secs / 1e9
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Err(e) = run(&args) {
+        eprintln!("bench_gpu: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: &[String]) -> Result<(), String> {
+    let reps: usize = match args {
+        [f, v] if f == "--reps" => v.parse().map_err(|_| "--reps needs a number")?,
+        [] => 5,
+        _ => return Err("usage: cargo xtask bench gpu [--reps R]".into()),
+    };
+    let gpu = Gpu::open().map_err(|e| e.to_string())?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let pool =
+        ThreadPool::new(threads).map_err(|e| format!("cannot start {threads} threads: {e}"))?;
+    println!(
+        "`cargo xtask bench gpu` — adapter: {}{}; CPU: frugal's SGEMM ({}) on {threads} threads; best of {reps}\n",
+        gpu.adapter(),
+        if gpu.is_software() { " (software: runs on this CPU)" } else { "" },
+        SgemmKernel::selected().name()
+    );
+    println!("| m×n×k | GPU GFLOPS | CPU GFLOPS | GPU / CPU |");
+    println!("|---|---:|---:|---:|");
+    for (m, n, k) in [(1024, 1024, 1024), (32, 256, 784), (2048, 1024, 1024)] {
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0)
+            .collect();
+        let b: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 5 % 11) as f32 - 5.0) / 8.0)
+            .collect();
+        let bufs = gpu
+            .gemm_buffers(m, n, k, &a, &b)
+            .map_err(|e| e.to_string())?;
+        // Alternate GPU and CPU rounds so both see the same moments of the machine.
+        // One untimed product each first (pipeline, page faults).
+        let _ = cpu_gflops(SgemmKernel::selected(), &pool, threads, (m, n, k), &a, &b);
+        let (mut g_best, mut c_best) = (0f64, 0f64);
+        for _ in 0..reps {
+            let s = gpu.time_sgemm(&bufs, 4).map_err(|e| e.to_string())?;
+            g_best = g_best.max(Gpu::flops(&bufs) / s / 1e9);
+            c_best = c_best.max(cpu_gflops(
+                SgemmKernel::selected(),
+                &pool,
+                threads,
+                (m, n, k),
+                &a,
+                &b,
+            ));
+        }
+        println!(
+            "| {m}×{n}×{k} | {g_best:.1} | {c_best:.1} | {:.2} |",
+            g_best / c_best
+        );
+    }
+    Ok(())
+}
