@@ -25,7 +25,7 @@ pub(crate) struct Params {
 }
 
 /// The entry points, in the order of [`Pipelines::all`].
-pub(crate) const ENTRIES: [&str; 5] = ["act_fwd", "act_grad", "softmax_ce", "sgd", "adam"];
+pub(crate) const ENTRIES: [&str; 6] = ["act_fwd", "act_grad", "softmax_ce", "sgd", "adam", "mse"];
 
 /// Invocations per workgroup (`@workgroup_size(64)`), and workgroups per dispatch row.
 const GROUP: u32 = 64;
@@ -269,6 +269,24 @@ impl Gpu {
         let loss = per[..n].iter().map(|&l| l as f64).sum::<f64>() / valid.max(1) as f64;
         let correct = per[n..].iter().filter(|&&c| c != 0.0).count();
         Ok((loss as f32, correct, dz))
+    }
+
+    /// Mean squared error `mean((pred − target)²)` and `dpred = 2(pred − target)/len`, as `ops::mse`.
+    pub fn mse(&self, pred: &[f32], target: &[f32]) -> Result<(f32, Vec<f32>), GpuError> {
+        if pred.len() != target.len() {
+            return Err(GpuError::Shape("pred and target differ in length".into()));
+        }
+        if pred.is_empty() {
+            return Ok((0.0, Vec::new()));
+        }
+        let p = Params {
+            n: pred.len() as u32,
+            ..Default::default()
+        };
+        let zeros = vec![0f32; pred.len()];
+        let [d, sq] = self.run_elementwise(5, p, pred.len(), [pred, target, &zeros, &zeros])?;
+        let loss = sq.iter().map(|&v| v as f64).sum::<f64>() / pred.len() as f64;
+        Ok((loss as f32, d))
     }
 
     /// One optimizer step on `w` from gradient `g` with `state` (SGD's momentum buffer, empty without

@@ -154,3 +154,15 @@ fn adam(@builtin(global_invocation_id) gid: vec3<u32>) {
         c[i] = c[i] + ((-p.step_size) * m2) / denom;
     }
 }
+
+// Mean squared error over p.n elements: pred = a, target = b; dpred = c = 2·(pred − target)/n;
+// d[i] = (pred − target)², summed on the host.
+@compute @workgroup_size(64)
+fn mse(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = index(gid);
+    if (i < p.n) {
+        let e = a[i] - b[i];
+        c[i] = e * (2.0 / f32(p.n));
+        d[i] = e * e;
+    }
+}

@@ -5,7 +5,9 @@ use frugal_core::ops::PoolGeom;
 use crate::elementwise::Pipelines;
 use crate::{Gpu, GpuError};
 
-pub(crate) const ENTRIES: [&str; 4] = ["max_fwd", "max_grad", "avg_fwd", "avg_grad"];
+pub(crate) const ENTRIES: [&str; 6] = [
+    "max_fwd", "max_grad", "avg_fwd", "avg_grad", "gap_fwd", "gap_grad",
+];
 
 pub(crate) fn pipelines(device: &wgpu::Device) -> Pipelines {
     Pipelines::from_source(device, "pool", include_str!("pool.wgsl"), &ENTRIES)
@@ -158,4 +160,71 @@ impl Gpu {
         )?;
         Ok(dx)
     }
+
+    /// Global average pooling of `n` samples of `c` planes of `hw` values: one mean per plane.
+    pub fn global_avgpool_fwd(
+        &self,
+        n: usize,
+        c: usize,
+        hw: usize,
+        x: &[f32],
+    ) -> Result<Vec<f32>, GpuError> {
+        check("x", x.len(), n * c * hw)?;
+        let p = gap_params(n * c, hw, false)?;
+        let y = vec![0f32; n * c];
+        let [y, _] = self.run_set(
+            &self.pool,
+            4,
+            bytemuck::bytes_of(&p),
+            n * c,
+            [x, &[], &y, &[]],
+        )?;
+        Ok(y)
+    }
+
+    /// Global average pooling backward: `dx (+)= dy/hw` over each plane.
+    pub fn global_avgpool_grad_x(
+        &self,
+        n: usize,
+        c: usize,
+        hw: usize,
+        dy: &[f32],
+        old: Option<&[f32]>,
+    ) -> Result<Vec<f32>, GpuError> {
+        check("dy", dy.len(), n * c)?;
+        let dx = match old {
+            Some(o) => {
+                check("dx", o.len(), n * c * hw)?;
+                o.to_vec()
+            }
+            None => vec![0f32; n * c * hw],
+        };
+        let p = gap_params(n * c, hw, old.is_some())?;
+        let [dx, _] = self.run_set(
+            &self.pool,
+            5,
+            bytemuck::bytes_of(&p),
+            dx.len(),
+            [dy, &[], &dx, &[]],
+        )?;
+        Ok(dx)
+    }
+}
+
+/// Parameters for the global pools: planes of `hw` values (as h = hw, w = 1).
+fn gap_params(planes: usize, hw: usize, accumulate: bool) -> Result<Params, GpuError> {
+    let u = |v: usize| u32::try_from(v).map_err(|_| GpuError::Shape(format!("{v} is too large")));
+    Ok(Params {
+        planes: u(planes)?,
+        h: u(hw)?,
+        w: 1,
+        kh: 1,
+        kw: 1,
+        sh: 1,
+        sw: 1,
+        oh: 1,
+        ow: 1,
+        accumulate: accumulate as u32,
+        pad: [0; 2],
+    })
 }

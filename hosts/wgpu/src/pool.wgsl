@@ -144,3 +144,34 @@ fn avg_grad(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     c[e] = acc;
 }
+
+// Global average pooling over planes of h·w: x = a; y = c (one value per plane).
+@compute @workgroup_size(64)
+fn gap_fwd(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let plane = index(gid);
+    if (plane >= p.planes) {
+        return;
+    }
+    let hw = p.h * p.w;
+    var s = 0.0;
+    for (var i = 0u; i < hw; i++) {
+        s = s + a[plane * hw + i];
+    }
+    c[plane] = s / f32(hw);
+}
+
+// dy = a (one per plane); dx = c (+)= dy/(h·w).
+@compute @workgroup_size(64)
+fn gap_grad(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let e = index(gid);
+    let hw = p.h * p.w;
+    if (e >= p.planes * hw) {
+        return;
+    }
+    let v = a[e / hw] / f32(hw);
+    if (p.accumulate != 0u) {
+        c[e] = c[e] + v;
+    } else {
+        c[e] = v;
+    }
+}

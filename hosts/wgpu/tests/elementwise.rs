@@ -83,6 +83,22 @@ fn softmax_cross_entropy_matches_the_cpu() {
 }
 
 #[test]
+fn mean_squared_error_matches_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let pred = data(513, 21, 3.0);
+    let target = data(513, 22, 3.0);
+    let mut d = vec![0f32; pred.len()];
+    let loss = ops::mse(&pred, &target, &mut d);
+    let (gl, gd) = g.mse(&pred, &target).unwrap();
+    // The gradient: one subtraction and one product per element (2/len rounded once on both sides, but
+    // the CPU multiplies by 2/len too): 1 ULP. The loss: f32 dot product on the CPU, f64 sum of f32
+    // squares here: 1e-5 relative.
+    close("dpred", &gd, &d, |w| w.abs() * 2f32.powi(-23));
+    assert!((gl - loss).abs() <= 1e-5 * loss, "loss GPU {gl} CPU {loss}");
+    assert_eq!(g.mse(&[], &[]).unwrap(), (0.0, vec![]));
+}
+
+#[test]
 fn sgd_and_adam_steps_match_the_cpu() {
     let Some(g) = gpu() else { return };
     let len = 777;

@@ -66,6 +66,42 @@ fn pooling_forward_and_backward_match_the_cpu_bit_for_bit() {
     }
 }
 
+/// Global average pooling: the forward sums a plane in another order than the CPU's (which may keep
+/// several accumulators): within 2·hw·2⁻²⁴ of the plane's Σ|x|/hw; the backward is one division per
+/// element, bit for bit.
+#[test]
+fn global_average_pooling_matches_the_cpu() {
+    let Some(gpu) = gpu() else { return };
+    for (n, c, hw) in [(3, 4, 49), (1, 1, 1), (2, 8, 300)] {
+        let x = common::data(n * c * hw, 11, 2.0);
+        let mut y = vec![0f32; n * c];
+        ops::global_avgpool_fwd(n, c, hw, &x, &mut y);
+        let gy = gpu.global_avgpool_fwd(n, c, hw, &x).unwrap();
+        for (p, (&g, &w)) in gy.iter().zip(&y).enumerate() {
+            let mag: f32 = x[p * hw..(p + 1) * hw].iter().map(|v| v.abs()).sum::<f32>() / hw as f32;
+            let bound = 2.0 * hw as f32 * 2f32.powi(-24) * mag;
+            assert!(
+                (g - w).abs() <= bound,
+                "plane {p}: GPU {g}, CPU {w}, bound {bound}"
+            );
+        }
+        let dy = common::data(n * c, 12, 1.0);
+        let old = common::data(x.len(), 13, 1.0);
+        for acc in [false, true] {
+            let mut dx = old.clone();
+            ops::global_avgpool_grad_x(n, c, hw, &dy, &mut dx, acc);
+            let gdx = gpu
+                .global_avgpool_grad_x(n, c, hw, &dy, acc.then_some(&old[..]))
+                .unwrap();
+            assert_eq!(
+                bits(&gdx),
+                bits(&dx),
+                "global average backward, accumulate {acc}"
+            );
+        }
+    }
+}
+
 #[test]
 fn pooling_operands_of_the_wrong_size_are_errors() {
     let Some(gpu) = gpu() else { return };
