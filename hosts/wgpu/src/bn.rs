@@ -3,7 +3,9 @@
 use crate::elementwise::Pipelines;
 use crate::{Gpu, GpuError};
 
-pub(crate) const ENTRIES: [&str; 5] = ["stats", "affine", "sums", "dparams", "dx"];
+pub(crate) const ENTRIES: [&str; 7] = [
+    "stats", "affine", "sums", "dparams", "dx", "eval_fwd", "eval_dx",
+];
 
 pub(crate) fn pipelines(device: &wgpu::Device) -> Pipelines {
     Pipelines::from_source(device, "bn", include_str!("bn.wgsl"), &ENTRIES)
@@ -162,4 +164,83 @@ impl Gpu {
             dx,
         })
     }
+
+    /// Evaluation-mode forward from the running statistics.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bn_fwd_eval(
+        &self,
+        (n, c, hw): (usize, usize, usize),
+        x: &[f32],
+        gamma: &[f32],
+        beta: &[f32],
+        run_mean: &[f32],
+        run_var: &[f32],
+        eps: f32,
+    ) -> Result<Vec<f32>, GpuError> {
+        check("x", x.len(), n * c * hw)?;
+        let s = eval_stats(c, gamma, beta, run_mean, run_var)?;
+        let p = params(n, c, hw, false, 0.0, eps)?;
+        let y = vec![0f32; x.len()];
+        let [y, _] = self.run_set(
+            &self.bn,
+            5,
+            bytemuck::bytes_of(&p),
+            x.len(),
+            [x, &[], &y, &s],
+        )?;
+        Ok(y)
+    }
+
+    /// Evaluation-mode input gradient; `old` is dx's previous value when accumulating.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bn_grad_x_eval(
+        &self,
+        (n, c, hw): (usize, usize, usize),
+        dy: &[f32],
+        gamma: &[f32],
+        run_var: &[f32],
+        eps: f32,
+        old: Option<&[f32]>,
+    ) -> Result<Vec<f32>, GpuError> {
+        check("dy", dy.len(), n * c * hw)?;
+        let zeros = vec![0f32; c];
+        let s = eval_stats(c, gamma, &zeros, &zeros, run_var)?;
+        let dx = match old {
+            Some(o) => {
+                check("dx", o.len(), dy.len())?;
+                o.to_vec()
+            }
+            None => vec![0f32; dy.len()],
+        };
+        let p = params(n, c, hw, old.is_some(), 0.0, eps)?;
+        let [dx, _] = self.run_set(
+            &self.bn,
+            6,
+            bytemuck::bytes_of(&p),
+            dy.len(),
+            [dy, &[], &dx, &s],
+        )?;
+        Ok(dx)
+    }
+}
+
+/// The statistics buffer for evaluation mode: γ, β, running mean and variance in their rows.
+fn eval_stats(
+    c: usize,
+    gamma: &[f32],
+    beta: &[f32],
+    run_mean: &[f32],
+    run_var: &[f32],
+) -> Result<Vec<f32>, GpuError> {
+    let mut s = vec![0f32; 8 * c];
+    for (row, (what, v)) in [
+        (2, ("gamma", gamma)),
+        (3, ("beta", beta)),
+        (4, ("run_mean", run_mean)),
+        (5, ("run_var", run_var)),
+    ] {
+        check(what, v.len(), c)?;
+        s[row * c..(row + 1) * c].copy_from_slice(v);
+    }
+    Ok(s)
 }

@@ -149,3 +149,32 @@ fn dx(@builtin(global_invocation_id) gid: vec3<u32>) {
         c[e] = v;
     }
 }
+
+// Evaluation mode, from the running statistics: y = (x − running mean)·γ/√(running var + eps) + β.
+// x = a; S = d; y = c.
+@compute @workgroup_size(64)
+fn eval_fwd(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let e = index(gid);
+    if (e >= p.n * p.c * p.hw) {
+        return;
+    }
+    let ch = (e / p.hw) % p.c;
+    let k = d[2u * p.c + ch] / sqrt(d[5u * p.c + ch] + p.eps);
+    c[e] = (a[e] - d[4u * p.c + ch]) * k + d[3u * p.c + ch];
+}
+
+// Its input gradient: dx (+)= dy·γ/√(running var + eps). dy = a; S = d; dx = c.
+@compute @workgroup_size(64)
+fn eval_dx(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let e = index(gid);
+    if (e >= p.n * p.c * p.hw) {
+        return;
+    }
+    let ch = (e / p.hw) % p.c;
+    let k = d[2u * p.c + ch] / sqrt(d[5u * p.c + ch] + p.eps);
+    if (p.accumulate != 0u) {
+        c[e] = c[e] + k * a[e];
+    } else {
+        c[e] = k * a[e];
+    }
+}

@@ -25,7 +25,15 @@ pub(crate) struct Params {
 }
 
 /// The entry points, in the order of [`Pipelines::all`].
-pub(crate) const ENTRIES: [&str; 6] = ["act_fwd", "act_grad", "softmax_ce", "sgd", "adam", "mse"];
+pub(crate) const ENTRIES: [&str; 7] = [
+    "act_fwd",
+    "act_grad",
+    "softmax_ce",
+    "sgd",
+    "adam",
+    "mse",
+    "add",
+];
 
 /// Invocations per workgroup (`@workgroup_size(64)`), and workgroups per dispatch row.
 const GROUP: u32 = 64;
@@ -269,6 +277,19 @@ impl Gpu {
         let loss = per[..n].iter().map(|&l| l as f64).sum::<f64>() / valid.max(1) as f64;
         let correct = per[n..].iter().filter(|&&c| c != 0.0).count();
         Ok((loss as f32, correct, dz))
+    }
+
+    /// `y = a + b` (a residual connection; its backward hands dy to both inputs, a copy).
+    pub fn add(&self, a: &[f32], b: &[f32]) -> Result<Vec<f32>, GpuError> {
+        if a.len() != b.len() {
+            return Err(GpuError::Shape("the two inputs differ in length".into()));
+        }
+        let p = Params {
+            n: a.len() as u32,
+            ..Default::default()
+        };
+        let y = vec![0f32; a.len()];
+        Ok(self.run_elementwise(6, p, a.len(), [a, b, &y, &[]])?[0].clone())
     }
 
     /// Mean squared error `mean((pred − target)²)` and `dpred = 2(pred − target)/len`, as `ops::mse`.

@@ -166,3 +166,12 @@ fn mse(@builtin(global_invocation_id) gid: vec3<u32>) {
         d[i] = e * e;
     }
 }
+
+// Add (residual): c = a + b.
+@compute @workgroup_size(64)
+fn add(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = index(gid);
+    if (i < p.n) {
+        c[i] = a[i] + b[i];
+    }
+}

@@ -78,3 +78,40 @@ fn batchnorm_training_forward_and_backward_match_the_cpu() {
         }
     }
 }
+
+/// Evaluation mode: one affine map per channel from the running statistics, forward and input gradient.
+/// WGSL's sqrt is 2.5 ULP against the CPU's correctly rounded one, and γ/√v is rounded once more before
+/// the product on either side: 8 ULP of each value.
+#[test]
+fn batchnorm_evaluation_matches_the_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let (n, c, hw) = (3, 4, 10);
+    let x = data(n * c * hw, 1, 2.0);
+    let (gamma, beta, rm) = (data(c, 2, 1.0), data(c, 3, 1.0), data(c, 4, 0.5));
+    let rv: Vec<f32> = data(c, 5, 0.5).iter().map(|v| 1.0 + v).collect();
+    let eps = 1e-5;
+    let mut y = vec![0f32; x.len()];
+    ops::bn_fwd_eval(n, c, hw, &x, &gamma, &beta, &rm, &rv, eps, &mut y);
+    let gy = gpu
+        .bn_fwd_eval((n, c, hw), &x, &gamma, &beta, &rm, &rv, eps)
+        .unwrap();
+    let ulps = |got: &[f32], want: &[f32], what: &str| {
+        for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (g - w).abs() <= 8.0 * f32::EPSILON * w.abs().max(1.0),
+                "{what}[{i}]: GPU {g}, CPU {w}"
+            );
+        }
+    };
+    ulps(&gy, &y, "y");
+    let dy = data(x.len(), 6, 1.0);
+    let old = data(x.len(), 7, 1.0);
+    for acc in [false, true] {
+        let mut dx = old.clone();
+        ops::bn_grad_x_eval(n, c, hw, &dy, &gamma, &rv, eps, &mut dx, acc);
+        let gdx = gpu
+            .bn_grad_x_eval((n, c, hw), &dy, &gamma, &rv, eps, acc.then_some(&old[..]))
+            .unwrap();
+        ulps(&gdx, &dx, "dx");
+    }
+}

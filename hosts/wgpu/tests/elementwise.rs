@@ -83,6 +83,16 @@ fn softmax_cross_entropy_matches_the_cpu() {
 }
 
 #[test]
+fn add_matches_the_cpu_bit_for_bit() {
+    let Some(g) = gpu() else { return };
+    let (a, b) = (data(1001, 31, 4.0), data(1001, 32, 4.0));
+    let mut y = vec![0f32; a.len()];
+    ops::add_fwd(&a, &b, &mut y);
+    assert_eq!(g.add(&a, &b).unwrap(), y);
+    assert!(matches!(g.add(&a, &b[1..]), Err(GpuError::Shape(_))));
+}
+
+#[test]
 fn mean_squared_error_matches_the_cpu() {
     let Some(g) = gpu() else { return };
     let pred = data(513, 21, 3.0);
