@@ -25,7 +25,7 @@ pub(crate) struct Params {
 }
 
 /// The entry points, in the order of [`Pipelines::all`].
-pub(crate) const ENTRIES: [&str; 7] = [
+pub(crate) const ENTRIES: [&str; 8] = [
     "act_fwd",
     "act_grad",
     "softmax_ce",
@@ -33,6 +33,7 @@ pub(crate) const ENTRIES: [&str; 7] = [
     "adam",
     "mse",
     "add",
+    "dropout",
 ];
 
 /// Invocations per workgroup (`@workgroup_size(64)`), and workgroups per dispatch row.
@@ -290,6 +291,37 @@ impl Gpu {
         };
         let y = vec![0f32; a.len()];
         Ok(self.run_elementwise(6, p, a.len(), [a, b, &y, &[]])?[0].clone())
+    }
+
+    /// Dropout with probability `p` and the CPU's counter-based masks (`ops::dropout_fwd` with the same
+    /// `seed` keeps the same elements): `y = mask·x/(1−p)`; for the backward pass give dy as `x` and dx's
+    /// old values in `old` to accumulate (`ops::dropout_grad`).
+    pub fn dropout(
+        &self,
+        p: f32,
+        seed: u64,
+        x: &[f32],
+        old: Option<&[f32]>,
+    ) -> Result<Vec<f32>, GpuError> {
+        if !(0.0..1.0).contains(&p) {
+            return Err(GpuError::Shape(format!(
+                "dropout probability {p} is not in [0, 1)"
+            )));
+        }
+        let y = match old {
+            Some(o) if o.len() == x.len() => o.to_vec(),
+            Some(_) => return Err(GpuError::Shape("dx and dy differ in length".into())),
+            None => vec![0f32; x.len()],
+        };
+        let params = Params {
+            n: x.len() as u32,
+            classes: seed as u32,
+            kind: (seed >> 32) as u32,
+            accumulate: old.is_some() as u32,
+            lr: p,
+            ..Default::default()
+        };
+        Ok(self.run_elementwise(7, params, x.len(), [x, &[], &y, &[]])?[0].clone())
     }
 
     /// Mean squared error `mean((pred − target)²)` and `dpred = 2(pred − target)/len`, as `ops::mse`.

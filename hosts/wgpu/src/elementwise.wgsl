@@ -175,3 +175,69 @@ fn add(@builtin(global_invocation_id) gid: vec3<u32>) {
         c[i] = a[i] + b[i];
     }
 }
+
+// Dropout with the CPU's counter-based masks (`ops::dropout`, `rng::hash2`): element i is kept when the
+// top 24 bits of splitmix64-style hash(seed, i) / 2^24 ≥ p. WGSL has no 64-bit integers: the hash runs on
+// (low, high) pairs of u32 and equals the CPU's bit for bit. Seed = (p.classes, p.kind) as (low, high),
+// p = p.lr.
+fn add64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+    let lo = a.x + b.x;
+    return vec2<u32>(lo, a.y + b.y + select(0u, 1u, lo < a.x));
+}
+
+fn shr64(a: vec2<u32>, s: u32) -> vec2<u32> {
+    // 0 < s < 32.
+    return vec2<u32>((a.x >> s) | (a.y << (32u - s)), a.y >> s);
+}
+
+// The full 64-bit product of two u32.
+fn mul32(a: u32, b: u32) -> vec2<u32> {
+    let a0 = a & 0xffffu;
+    let a1 = a >> 16u;
+    let b0 = b & 0xffffu;
+    let b1 = b >> 16u;
+    let p00 = a0 * b0;
+    let p01 = a0 * b1;
+    let p10 = a1 * b0;
+    let p11 = a1 * b1;
+    let mid = (p00 >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu);
+    return vec2<u32>((mid << 16u) | (p00 & 0xffffu), p11 + (p01 >> 16u) + (p10 >> 16u) + (mid >> 16u));
+}
+
+// The low 64 bits of a·b.
+fn mul64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+    let lo = mul32(a.x, b.x);
+    return vec2<u32>(lo.x, lo.y + a.x * b.y + a.y * b.x);
+}
+
+fn mix64(z0: vec2<u32>) -> vec2<u32> {
+    var z = mul64(z0 ^ shr64(z0, 30u), vec2<u32>(0x1CE4E5B9u, 0xBF58476Du));
+    z = mul64(z ^ shr64(z, 27u), vec2<u32>(0x133111EBu, 0x94D049BBu));
+    return z ^ shr64(z, 31u);
+}
+
+fn keep(i: u32) -> bool {
+    let seed = vec2<u32>(p.classes, p.kind);
+    let h = mix64(seed ^ mix64(add64(vec2<u32>(i, 0u), vec2<u32>(0x7F4A7C15u, 0x9E3779B9u))));
+    return f32(h.y >> 8u) * (1.0 / 16777216.0) >= p.lr;
+}
+
+// Forward (x = a, y = c) and backward (dy = a, dx = c, (+)=): mask · value / (1 − p).
+@compute @workgroup_size(64)
+fn dropout(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = index(gid);
+    if (i < p.n) {
+        let s = 1.0 / (1.0 - p.lr);
+        var v = 0.0;
+        if (keep(i)) {
+            v = a[i] * s;
+        }
+        if (p.accumulate != 0u) {
+            if (keep(i)) {
+                c[i] = c[i] + v;
+            }
+        } else {
+            c[i] = v;
+        }
+    }
+}

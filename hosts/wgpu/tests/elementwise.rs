@@ -92,6 +92,37 @@ fn add_matches_the_cpu_bit_for_bit() {
     assert!(matches!(g.add(&a, &b[1..]), Err(GpuError::Shape(_))));
 }
 
+/// Dropout's masks are the CPU's bit for bit (the 64-bit hash emulated on u32 pairs), so outputs and
+/// gradients are equal, for several seeds (including ones with high bits set) and probabilities.
+#[test]
+fn dropout_matches_the_cpu_bit_for_bit() {
+    let Some(g) = gpu() else { return };
+    let x = data(5000, 41, 3.0);
+    let old = data(x.len(), 42, 1.0);
+    for (p, seed) in [
+        (0.5, 1u64),
+        (0.1, 0xDEAD_BEEF_0123_4567),
+        (0.9, u64::MAX),
+        (0.0, 7),
+    ] {
+        let mut y = vec![0f32; x.len()];
+        ops::dropout_fwd(p, seed, &x, &mut y);
+        let gy = g.dropout(p, seed, &x, None).unwrap();
+        assert_eq!(gy, y, "forward p {p} seed {seed:#x}");
+        let mut dx = old.clone();
+        ops::dropout_grad(p, seed, &x, &mut dx, true);
+        assert_eq!(
+            g.dropout(p, seed, &x, Some(&old)).unwrap(),
+            dx,
+            "backward p {p}"
+        );
+    }
+    assert!(matches!(
+        g.dropout(1.0, 1, &x, None),
+        Err(GpuError::Shape(_))
+    ));
+}
+
 #[test]
 fn mean_squared_error_matches_the_cpu() {
     let Some(g) = gpu() else { return };
