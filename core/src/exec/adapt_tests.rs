@@ -8,9 +8,9 @@ use core::ptr;
 
 use super::*;
 use crate::budget::Budget;
-use crate::format::plan::PlanTable;
 use crate::graph::Graph;
 use crate::model::{Dims, LayerKind, LayerSpec, ModelSpec, OptimizerSpec, Src};
+use crate::plan::table::PlanTable;
 use crate::plan::tests::random_model;
 use crate::policy::{recompute, CostModel};
 use crate::rng::Rng;

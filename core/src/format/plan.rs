@@ -77,32 +77,7 @@ pub const MAX_TABLE_ENTRIES: usize = 4096;
 /// Strategy name given to a decoded layout whose name is not one of [`strategies`].
 pub const STORED_STRATEGY: &str = "stored";
 
-/// Plans for a ladder of budgets, sorted by budget ascending.
-#[derive(Clone, Debug)]
-pub struct PlanTable {
-    /// Entries, budget ascending.
-    pub entries: Vec<PlanEntry>,
-}
-
-/// One rung of a [`PlanTable`].
-#[derive(Clone, Debug)]
-pub struct PlanEntry {
-    /// The budget (bytes) this plan was made for.
-    pub budget: usize,
-    /// The plan.
-    pub plan: Plan,
-}
-
-impl PlanTable {
-    /// The entry with the largest budget ≤ `budget` whose plan fits `budget` (as
-    /// [`Plan::needed_bytes`]); None when no entry fits.
-    pub fn for_budget(&self, budget: usize) -> Option<&PlanEntry> {
-        self.entries
-            .iter()
-            .filter(|e| e.budget <= budget && e.plan.needed_bytes() <= budget)
-            .max_by_key(|e| e.budget)
-    }
-}
+pub use crate::plan::table::{PlanEntry, PlanTable};
 
 fn put_u8(out: &mut Vec<u8>, v: u8) {
     out.push(v);
