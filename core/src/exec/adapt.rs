@@ -1,6 +1,6 @@
 //! Adapting to a budget change in the middle of a training step (Melon §4.4).
 //!
-//! A [`PlanTable`] from [`ladder`] holds plans of one graph for a ladder of budgets; they differ only in
+//! A [`PlanTable`] from [`ladder`](crate::policy::ladder::ladder) holds plans of one graph for a ladder of budgets; they differ only in
 //! the recomputations Melon's policy inserted, so the k-th non-recompute instruction of any two of them
 //! is the same logical instruction (node, phase, micro-batch). [`Executor::train_step_adaptive`] asks the
 //! host for the budget before every instruction:
@@ -43,7 +43,7 @@
 //! 5. **Fallback.** If no plan of the table that fits the budget lines up, the step restarts on the new
 //!    plan from its first instruction, keeping only the persistent tensors — allowed only while nothing
 //!    persistent has changed in this step (no optimizer update, no BatchNorm running-statistics update).
-//!    Later, a failed switch is `ExecError::BadPlan("cannot adapt here")`: for [`ladder`] plans the
+//!    Later, a failed switch is `ExecError::BadPlan("cannot adapt here")`: for [`ladder`](crate::policy::ladder::ladder) plans the
 //!    tests find 11 of 21,171 drops (plan pairs × positions), each a single 64-byte drop right after an
 //!    update whose regeneration needs more room than the old arena has (the contract below forbids
 //!    borrowing more).
@@ -67,7 +67,7 @@
 //! in bytes of P1's arena above P2's before the step continues. Recomputation is bit-exact, so the step's
 //! losses and weights are bit-identical to running it on either plan alone.
 //!
-//! Regeneration needs one micro-batch per step (as [`ladder`] plans have); with several, only moves
+//! Regeneration needs one micro-batch per step (as [`ladder`](crate::policy::ladder::ladder) plans have); with several, only moves
 //! are possible and a missing value falls back as in 5. A switch allocates its bookkeeping on the heap
 //! (the arena holds only tensors); steps without a switch allocate nothing.
 use alloc::string::String;
@@ -80,67 +80,10 @@ use super::{base_of, ExecError, Executor, InOrder, Observer, Steer, StepRun, Ste
 use crate::backend::{dispatch, Backend, Cx as InstrCx, Mode, Placement};
 use crate::budget::{Budget, BudgetError};
 use crate::graph::{Graph, NodeOp, TensorId, TensorKind};
-use crate::model::ModelSpec;
 use crate::plan::table::{PlanEntry, PlanTable};
 use crate::plan::{touches, Eo, Instr, Phase, Plan, TensorLife, ALIGN};
-use crate::policy::{recompute, CostModel, PlanError};
+use crate::policy::ladder::pick;
 use crate::sort::heap_sort_by_key;
-
-/// Plans `spec` at `batch` for each of `budgets` with Melon's progressive recomputation at one
-/// micro-batch ([`recompute`]), so any two entries can be lined up in the middle of a step. Budgets no
-/// plan fits are skipped; a budget whose plan is identical to a smaller budget's is merged into it (the
-/// smaller budget is kept). Entries are sorted by budget. Errors when no budget is feasible (`needed`:
-/// the smallest plan reached).
-pub fn ladder(
-    spec: &ModelSpec,
-    batch: usize,
-    budgets: &[usize],
-    cost: &CostModel,
-) -> Result<PlanTable, PlanError> {
-    let g = Graph::new(spec, batch)?;
-    let mut bs = budgets.to_vec();
-    bs.sort_unstable();
-    bs.dedup();
-    let mut entries: Vec<PlanEntry> = Vec::new();
-    let mut smallest = usize::MAX;
-    for &b in &bs {
-        match recompute(&g, 1, b, cost) {
-            Ok(plan) => {
-                if !entries.iter().any(|e| same_plan(&e.plan, &plan)) {
-                    entries.push(PlanEntry { budget: b, plan });
-                }
-            }
-            Err(p) => smallest = smallest.min(p.needed_bytes()),
-        }
-    }
-    if entries.is_empty() {
-        return Err(PlanError::Budget(BudgetError::TooSmall {
-            needed: smallest,
-            given: bs.last().copied().unwrap_or(0),
-        }));
-    }
-    Ok(PlanTable { entries })
-}
-
-/// The plan a step adapts to under `budget`: [`PlanTable::for_budget`], or, when the budget lies between
-/// an entry's plan size and the budget it was made for, the entry whose plan needs the most bytes that
-/// fit.
-pub fn pick(table: &PlanTable, budget: usize) -> Option<&PlanEntry> {
-    table.for_budget(budget).or_else(|| {
-        table
-            .entries
-            .iter()
-            .filter(|e| e.plan.needed_bytes() <= budget)
-            .max_by_key(|e| (e.plan.needed_bytes(), e.budget))
-    })
-}
-
-fn same_plan(a: &Plan, b: &Plan) -> bool {
-    a.arena_bytes == b.arena_bytes
-        && a.micro_batches == b.micro_batches
-        && a.program == b.program
-        && a.offsets == b.offsets
-}
 
 /// What budget adaptation did during one step.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -448,7 +391,7 @@ impl<'p, B: Backend> Executor<'p, B> {
     /// The *stop-restart* baseline of Melon §4.4, for comparison with [`Executor::train_step_adaptive`]:
     /// runs the current plan up to (not including) instruction `switch_eo`, then discards every
     /// intermediate and runs the whole step again on `next` (which must be a plan of the same graph,
-    /// e.g. another entry of a [`ladder`] table; it becomes the executor's plan).
+    /// e.g. another entry of a [`ladder`](crate::policy::ladder::ladder) table; it becomes the executor's plan).
     ///
     /// Restarting after an optimizer update or a BatchNorm running-statistics update would apply it
     /// twice; when the first `switch_eo` instructions contain one, the persistent tensors are

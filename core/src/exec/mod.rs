@@ -17,7 +17,8 @@ mod space_tests;
 pub use crate::backend::arena::carve;
 use crate::backend::arena::f32s_ro;
 pub use crate::backend::{ExecError, Target};
-pub use adapt::{ladder, pick, AdaptObserver, Adapted};
+pub use crate::policy::ladder::{ladder, pick};
+pub use adapt::{AdaptObserver, Adapted};
 
 use crate::backend::cpu_tensor_mut as tensor_mut;
 use crate::backend::{dispatch, Backend, CpuBackend, Cx, Mode, StepStart};

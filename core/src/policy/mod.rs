@@ -4,6 +4,7 @@
 //! plan under a [`CostModel`], or reports the smallest budget any plan needs.
 pub mod cost;
 pub mod half;
+pub mod ladder;
 #[cfg(test)]
 mod oracle_tests;
 pub mod placement;
@@ -162,7 +163,7 @@ fn arena_budget(budget: usize) -> usize {
 ///
 /// Micro-batches repeat: with more than [`TEMPLATE_MICRO_BATCHES`] of them, the search runs on that many
 /// (the first, a middle and the last micro-batch) and the middle one's program — its recomputations
-/// included — is repeated for the others ([`unroll`]). The greedy would discard the same tensors in
+/// included — is repeated for the others (`unroll`). The greedy would discard the same tensors in
 /// every middle micro-batch, one iteration each, over a program `m` times longer: at batch 128 in
 /// micro-batches of one that took 47 s, cubic in `m`.
 #[allow(clippy::result_large_err)] // the Err plan is the best effort, returned by value on purpose
