@@ -17,7 +17,7 @@ const QUICK: &[&str] = &[
     "backend::arena",
     "pool::",
     "kernels::par",
-    "exec::adapt::tests",
+    "exec::permute::tests",
     "kernels::gemm::tests::portable::k_zero",
     "kernels::gemm::tests::portable::empty",
     "plan::tests::lower_bound_counts",
@@ -36,7 +36,7 @@ const FILTERS: &[&str] = &[
     // in-place permutations.
     "backend::arena",
     "pool::",
-    "exec::adapt::tests",
+    "exec::permute::tests",
     // One whole training step through the backend, and a refused placement.
     "exec::record_tests::every_instruction_of_a_plain_plan",
     "exec::record_tests::an_executor_refuses",

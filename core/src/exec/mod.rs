@@ -9,6 +9,7 @@ mod adapt_tests;
 pub mod int8;
 #[cfg(test)]
 mod nonfinite_tests;
+mod permute;
 #[cfg(test)]
 mod record_tests;
 #[cfg(test)]
