@@ -313,9 +313,17 @@ impl SgemmKernel {
                     // FRUGAL_SGEMM=portable|avx2|avx512 forces a family (when available) for a whole
                     // process: benchmarks measure an older CPU's kernel on a newer one.
                     let forced = std::env::var("FRUGAL_SGEMM").ok().and_then(|v| {
-                        [Self::Portable, Self::Avx2, Self::Avx512]
+                        let k = [Self::Portable, Self::Avx2, Self::Avx512]
                             .into_iter()
-                            .find(|k| k.name().starts_with(v.as_str()) && k.is_available())
+                            .find(|k| k.name().starts_with(v.as_str()) && k.is_available());
+                        if k.is_none() {
+                            // Said, not silent: the run would otherwise measure another kernel.
+                            std::eprintln!(
+                                "FRUGAL_SGEMM={v}: no such kernel available on this CPU; using {}",
+                                Self::best().name()
+                            );
+                        }
+                        k
                     });
                     let best = forced.unwrap_or_else(Self::best);
                     // Races are benign: every thread computes the same answer.

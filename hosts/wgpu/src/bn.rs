@@ -1,7 +1,7 @@
 //! BatchNorm in training mode on the GPU (`bn.wgsl`): forward (batch statistics, running statistics)
 //! and backward (γ, β and input gradients), with the CPU's `ops::bn` formulas.
 use crate::elementwise::Pipelines;
-use crate::{Gpu, GpuError};
+use crate::{check_len, start_values, u32_of, Gpu, GpuError};
 
 pub(crate) const ENTRIES: [&str; 7] = [
     "stats", "affine", "sums", "dparams", "dx", "eval_fwd", "eval_dx",
@@ -57,7 +57,7 @@ fn params(
     momentum: f32,
     eps: f32,
 ) -> Result<Params, GpuError> {
-    let u = |v: usize| u32::try_from(v).map_err(|_| GpuError::Shape(format!("{v} is too large")));
+    let u = u32_of;
     Ok(Params {
         n: u(n)?,
         c: u(c)?,
@@ -67,16 +67,6 @@ fn params(
         eps,
         pad: [0.0; 2],
     })
-}
-
-fn check(what: &str, got: usize, want: usize) -> Result<(), GpuError> {
-    if got == want {
-        Ok(())
-    } else {
-        Err(GpuError::Shape(format!(
-            "{what} has {got} values, not {want}"
-        )))
-    }
 }
 
 impl Gpu {
@@ -93,14 +83,14 @@ impl Gpu {
         momentum: f32,
         eps: f32,
     ) -> Result<BnForward, GpuError> {
-        check("x", x.len(), n * c * hw)?;
+        check_len("x", x.len(), n * c * hw)?;
         for (what, v) in [
             ("gamma", gamma),
             ("beta", beta),
             ("run_mean", run_mean),
             ("run_var", run_var),
         ] {
-            check(what, v.len(), c)?;
+            check_len(what, v.len(), c)?;
         }
         let p = params(n, c, hw, false, momentum, eps)?;
         let mut s = vec![0f32; 8 * c];
@@ -134,10 +124,10 @@ impl Gpu {
         gamma: &[f32],
         old: Option<(&[f32], &[f32], &[f32])>,
     ) -> Result<BnGrads, GpuError> {
-        check("x", x.len(), n * c * hw)?;
-        check("dy", dy.len(), n * c * hw)?;
+        check_len("x", x.len(), n * c * hw)?;
+        check_len("dy", dy.len(), n * c * hw)?;
         for (what, v) in [("mean", mean), ("invstd", invstd), ("gamma", gamma)] {
-            check(what, v.len(), c)?;
+            check_len(what, v.len(), c)?;
         }
         let p = params(n, c, hw, old.is_some(), 0.0, 0.0)?;
         let mut s = vec![0f32; 8 * c];
@@ -148,9 +138,9 @@ impl Gpu {
         let [_, s] = self.run_set(&self.bn, 2, bytes, c, [x, dy, &[], &s])?;
         let (mut params_old, dx_old) = match old {
             Some((dg, db, dx)) => {
-                check("dgamma", dg.len(), c)?;
-                check("dbeta", db.len(), c)?;
-                check("dx", dx.len(), x.len())?;
+                check_len("dgamma", dg.len(), c)?;
+                check_len("dbeta", db.len(), c)?;
+                check_len("dx", dx.len(), x.len())?;
                 ([dg, db].concat(), dx.to_vec())
             }
             None => (vec![0f32; 2 * c], vec![0f32; x.len()]),
@@ -177,7 +167,7 @@ impl Gpu {
         run_var: &[f32],
         eps: f32,
     ) -> Result<Vec<f32>, GpuError> {
-        check("x", x.len(), n * c * hw)?;
+        check_len("x", x.len(), n * c * hw)?;
         let s = eval_stats(c, gamma, beta, run_mean, run_var)?;
         let p = params(n, c, hw, false, 0.0, eps)?;
         let y = vec![0f32; x.len()];
@@ -202,16 +192,10 @@ impl Gpu {
         eps: f32,
         old: Option<&[f32]>,
     ) -> Result<Vec<f32>, GpuError> {
-        check("dy", dy.len(), n * c * hw)?;
+        check_len("dy", dy.len(), n * c * hw)?;
         let zeros = vec![0f32; c];
         let s = eval_stats(c, gamma, &zeros, &zeros, run_var)?;
-        let dx = match old {
-            Some(o) => {
-                check("dx", o.len(), dy.len())?;
-                o.to_vec()
-            }
-            None => vec![0f32; dy.len()],
-        };
+        let dx = start_values("dx", old, dy.len())?;
         let p = params(n, c, hw, old.is_some(), 0.0, eps)?;
         let [dx, _] = self.run_set(
             &self.bn,
@@ -239,7 +223,7 @@ fn eval_stats(
         (4, ("run_mean", run_mean)),
         (5, ("run_var", run_var)),
     ] {
-        check(what, v.len(), c)?;
+        check_len(what, v.len(), c)?;
         s[row * c..(row + 1) * c].copy_from_slice(v);
     }
     Ok(s)

@@ -8,7 +8,7 @@
 use frugal_core::ops::ConvGeom;
 
 use crate::elementwise::Pipelines;
-use crate::{GemmOpts, Gpu, GpuError};
+use crate::{check_len, start_values, u32_of, GemmOpts, Gpu, GpuError};
 
 pub(crate) const ENTRIES: [&str; 2] = ["im2col", "col2im"];
 
@@ -42,7 +42,7 @@ fn dims(g: &ConvGeom) -> (usize, usize, usize, usize) {
 }
 
 fn params(g: &ConvGeom, group: usize, accumulate: bool) -> Result<Params, GpuError> {
-    let u = |v: usize| u32::try_from(v).map_err(|_| GpuError::Shape(format!("{v} is too large")));
+    let u = u32_of;
     Ok(Params {
         cin_g: u(g.cin / g.groups)?,
         h: u(g.h)?,
@@ -59,16 +59,6 @@ fn params(g: &ConvGeom, group: usize, accumulate: bool) -> Result<Params, GpuErr
         accumulate: accumulate as u32,
         pad: [0; 3],
     })
-}
-
-fn check(what: &str, got: usize, want: usize) -> Result<(), GpuError> {
-    if got == want {
-        Ok(())
-    } else {
-        Err(GpuError::Shape(format!(
-            "{what} has {got} values, not {want}"
-        )))
-    }
 }
 
 impl Gpu {
@@ -97,10 +87,10 @@ impl Gpu {
         b: Option<&[f32]>,
     ) -> Result<Vec<f32>, GpuError> {
         let (_, cout_g, kg, pp) = dims(g);
-        check("x", x.len(), n * g.in_len())?;
-        check("w", w.len(), g.weight_len())?;
+        check_len("x", x.len(), n * g.in_len())?;
+        check_len("w", w.len(), g.weight_len())?;
         if let Some(b) = b {
-            check("b", b.len(), g.cout)?;
+            check_len("b", b.len(), g.cout)?;
         }
         let mut y = vec![0f32; n * g.out_len()];
         for s in 0..n {
@@ -137,12 +127,12 @@ impl Gpu {
         with_bias: bool,
     ) -> Result<(Vec<f32>, Vec<f32>), GpuError> {
         let (_, cout_g, kg, pp) = dims(g);
-        check("x", x.len(), n * g.in_len())?;
-        check("dy", dy.len(), n * g.out_len())?;
+        check_len("x", x.len(), n * g.in_len())?;
+        check_len("dy", dy.len(), n * g.out_len())?;
         let (mut dw, mut db) = match old {
             Some((w, b)) => {
-                check("dW", w.len(), g.weight_len())?;
-                check("db", b.len(), g.cout)?;
+                check_len("dW", w.len(), g.weight_len())?;
+                check_len("db", b.len(), g.cout)?;
                 (w.to_vec(), b.to_vec())
             }
             None => (vec![0f32; g.weight_len()], vec![0f32; g.cout]),
@@ -191,15 +181,9 @@ impl Gpu {
         old: Option<&[f32]>,
     ) -> Result<Vec<f32>, GpuError> {
         let (cin_g, cout_g, kg, pp) = dims(g);
-        check("dy", dy.len(), n * g.out_len())?;
-        check("w", w.len(), g.weight_len())?;
-        let mut dx = match old {
-            Some(o) => {
-                check("dx", o.len(), n * g.in_len())?;
-                o.to_vec()
-            }
-            None => vec![0f32; n * g.in_len()],
-        };
+        check_len("dy", dy.len(), n * g.out_len())?;
+        check_len("w", w.len(), g.weight_len())?;
+        let mut dx = start_values("dx", old, n * g.in_len())?;
         let ta = GemmOpts {
             trans_a: true,
             ..Default::default()

@@ -4,7 +4,7 @@ use frugal_core::model::OptimizerSpec;
 use frugal_core::ops::Act;
 use wgpu::util::DeviceExt;
 
-use crate::{Gpu, GpuError};
+use crate::{start_values, Gpu, GpuError};
 
 /// The uniform block of `elementwise.wgsl`.
 #[repr(C)]
@@ -56,14 +56,15 @@ impl Pipelines {
         )
     }
 
-    /// One pipeline per entry point of `source`, whose bindings are a uniform block, two read-only
-    /// and two read-write storage buffers.
+    /// One pipeline per entry point of `source` (after `prelude.wgsl`: a uniform block, two read-only
+    /// and two read-write storage buffers).
     pub(crate) fn from_source(
         device: &wgpu::Device,
         label: &str,
         source: &str,
         entries: &[&str],
     ) -> Pipelines {
+        let source = format!("{}\n{source}", include_str!("prelude.wgsl"));
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(label),
             source: wgpu::ShaderSource::Wgsl(source.into()),
@@ -222,7 +223,8 @@ impl Gpu {
             ..Default::default()
         };
         let y = vec![0f32; x.len()];
-        Ok(self.run_elementwise(0, p, x.len(), [x, &[], &y, &[]])?[0].clone())
+        let [out, _] = self.run_elementwise(0, p, x.len(), [x, &[], &y, &[]])?;
+        Ok(out)
     }
 
     /// `dx (+)= act'(y) · dy`, from the activation's output `y`; `dx` holds the old values when
@@ -244,7 +246,8 @@ impl Gpu {
             accumulate: accumulate as u32,
             ..Default::default()
         };
-        Ok(self.run_elementwise(1, p, y.len(), [y, dy, dx, &[]])?[0].clone())
+        let [out, _] = self.run_elementwise(1, p, y.len(), [y, dy, dx, &[]])?;
+        Ok(out)
     }
 
     /// Softmax cross-entropy of `n` samples: `(mean loss, correct, dlogits)`, as `ops::softmax_ce`
@@ -290,7 +293,8 @@ impl Gpu {
             ..Default::default()
         };
         let y = vec![0f32; a.len()];
-        Ok(self.run_elementwise(6, p, a.len(), [a, b, &y, &[]])?[0].clone())
+        let [out, _] = self.run_elementwise(6, p, a.len(), [a, b, &y, &[]])?;
+        Ok(out)
     }
 
     /// Dropout with probability `p` and the CPU's counter-based masks (`ops::dropout_fwd` with the same
@@ -308,11 +312,7 @@ impl Gpu {
                 "dropout probability {p} is not in [0, 1)"
             )));
         }
-        let y = match old {
-            Some(o) if o.len() == x.len() => o.to_vec(),
-            Some(_) => return Err(GpuError::Shape("dx and dy differ in length".into())),
-            None => vec![0f32; x.len()],
-        };
+        let y = start_values("dx", old, x.len())?;
         let params = Params {
             n: x.len() as u32,
             classes: seed as u32,
@@ -321,7 +321,8 @@ impl Gpu {
             lr: p,
             ..Default::default()
         };
-        Ok(self.run_elementwise(7, params, x.len(), [x, &[], &y, &[]])?[0].clone())
+        let [out, _] = self.run_elementwise(7, params, x.len(), [x, &[], &y, &[]])?;
+        Ok(out)
     }
 
     /// Mean squared error `mean((pred − target)²)` and `dpred = 2(pred − target)/len`, as `ops::mse`.

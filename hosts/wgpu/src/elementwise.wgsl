@@ -16,15 +16,7 @@ struct Params {
     _pad: f32,
 }
 
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> a: array<f32>;
-@group(0) @binding(2) var<storage, read> b: array<f32>;
-@group(0) @binding(3) var<storage, read_write> c: array<f32>;
-@group(0) @binding(4) var<storage, read_write> d: array<f32>;
-
-fn index(gid: vec3<u32>) -> u32 {
-    return gid.y * 65535u * 64u + gid.x;
-}
+// Bindings `p`, `a`, `b`, `c`, `d` and `index`: see `prelude.wgsl`.
 
 fn act(x: f32) -> f32 {
     switch p.kind {

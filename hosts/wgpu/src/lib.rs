@@ -54,6 +54,37 @@ impl fmt::Display for GpuError {
 
 impl std::error::Error for GpuError {}
 
+/// `v` as a shader's u32 parameter.
+pub(crate) fn u32_of(v: usize) -> Result<u32, GpuError> {
+    u32::try_from(v).map_err(|_| GpuError::Shape(format!("{v} is too large")))
+}
+
+/// An operand's length, checked.
+pub(crate) fn check_len(what: &str, got: usize, want: usize) -> Result<(), GpuError> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(GpuError::Shape(format!(
+            "{what} has {got} values, not {want}"
+        )))
+    }
+}
+
+/// The starting values of an output of `len` values: its `old` values when accumulating, else zeros.
+pub(crate) fn start_values(
+    what: &str,
+    old: Option<&[f32]>,
+    len: usize,
+) -> Result<Vec<f32>, GpuError> {
+    match old {
+        Some(o) => {
+            check_len(what, o.len(), len)?;
+            Ok(o.to_vec())
+        }
+        None => Ok(vec![0f32; len]),
+    }
+}
+
 /// The uniform block of `sgemm.wgsl`.
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]

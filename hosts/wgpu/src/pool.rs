@@ -3,7 +3,7 @@
 use frugal_core::ops::PoolGeom;
 
 use crate::elementwise::Pipelines;
-use crate::{Gpu, GpuError};
+use crate::{check_len, start_values, u32_of, Gpu, GpuError};
 
 pub(crate) const ENTRIES: [&str; 6] = [
     "max_fwd", "max_grad", "avg_fwd", "avg_grad", "gap_fwd", "gap_grad",
@@ -31,7 +31,7 @@ struct Params {
 }
 
 fn params(g: &PoolGeom, n: usize, accumulate: bool) -> Result<Params, GpuError> {
-    let u = |v: usize| u32::try_from(v).map_err(|_| GpuError::Shape(format!("{v} is too large")));
+    let u = u32_of;
     Ok(Params {
         planes: u(n
             .checked_mul(g.c)
@@ -53,16 +53,6 @@ fn lens(g: &PoolGeom, n: usize) -> (usize, usize) {
     (n * g.c * g.h * g.w, n * g.c * g.oh * g.ow)
 }
 
-fn check(what: &str, got: usize, want: usize) -> Result<(), GpuError> {
-    if got == want {
-        Ok(())
-    } else {
-        Err(GpuError::Shape(format!(
-            "{what} has {got} values, not {want}"
-        )))
-    }
-}
-
 impl Gpu {
     /// Max pooling of `n` samples: `(y, argmax)` (plane-local indices of each window's first maximum).
     pub fn maxpool_fwd(
@@ -72,7 +62,7 @@ impl Gpu {
         x: &[f32],
     ) -> Result<(Vec<f32>, Vec<u32>), GpuError> {
         let (xl, yl) = lens(g, n);
-        check("x", x.len(), xl)?;
+        check_len("x", x.len(), xl)?;
         let p = params(g, n, false)?;
         let zeros = vec![0f32; yl];
         let [y, arg] = self.run_set(
@@ -96,16 +86,10 @@ impl Gpu {
         old: Option<&[f32]>,
     ) -> Result<Vec<f32>, GpuError> {
         let (xl, yl) = lens(g, n);
-        check("dy", dy.len(), yl)?;
-        check("argmax", argmax.len(), yl)?;
+        check_len("dy", dy.len(), yl)?;
+        check_len("argmax", argmax.len(), yl)?;
         let bits: Vec<f32> = argmax.iter().map(|&i| f32::from_bits(i)).collect();
-        let dx = match old {
-            Some(o) => {
-                check("dx", o.len(), xl)?;
-                o.to_vec()
-            }
-            None => vec![0f32; xl],
-        };
+        let dx = start_values("dx", old, xl)?;
         let p = params(g, n, old.is_some())?;
         let [dx, _] = self.run_set(
             &self.pool,
@@ -120,7 +104,7 @@ impl Gpu {
     /// Average pooling of `n` samples.
     pub fn avgpool_fwd(&self, g: &PoolGeom, n: usize, x: &[f32]) -> Result<Vec<f32>, GpuError> {
         let (xl, yl) = lens(g, n);
-        check("x", x.len(), xl)?;
+        check_len("x", x.len(), xl)?;
         let p = params(g, n, false)?;
         let zeros = vec![0f32; yl];
         let [y, _] = self.run_set(
@@ -142,14 +126,8 @@ impl Gpu {
         old: Option<&[f32]>,
     ) -> Result<Vec<f32>, GpuError> {
         let (xl, yl) = lens(g, n);
-        check("dy", dy.len(), yl)?;
-        let dx = match old {
-            Some(o) => {
-                check("dx", o.len(), xl)?;
-                o.to_vec()
-            }
-            None => vec![0f32; xl],
-        };
+        check_len("dy", dy.len(), yl)?;
+        let dx = start_values("dx", old, xl)?;
         let p = params(g, n, old.is_some())?;
         let [dx, _] = self.run_set(
             &self.pool,
@@ -169,7 +147,7 @@ impl Gpu {
         hw: usize,
         x: &[f32],
     ) -> Result<Vec<f32>, GpuError> {
-        check("x", x.len(), n * c * hw)?;
+        check_len("x", x.len(), n * c * hw)?;
         let p = gap_params(n * c, hw, false)?;
         let y = vec![0f32; n * c];
         let [y, _] = self.run_set(
@@ -191,14 +169,8 @@ impl Gpu {
         dy: &[f32],
         old: Option<&[f32]>,
     ) -> Result<Vec<f32>, GpuError> {
-        check("dy", dy.len(), n * c)?;
-        let dx = match old {
-            Some(o) => {
-                check("dx", o.len(), n * c * hw)?;
-                o.to_vec()
-            }
-            None => vec![0f32; n * c * hw],
-        };
+        check_len("dy", dy.len(), n * c)?;
+        let dx = start_values("dx", old, n * c * hw)?;
         let p = gap_params(n * c, hw, old.is_some())?;
         let [dx, _] = self.run_set(
             &self.pool,
@@ -213,7 +185,7 @@ impl Gpu {
 
 /// Parameters for the global pools: planes of `hw` values (as h = hw, w = 1).
 fn gap_params(planes: usize, hw: usize, accumulate: bool) -> Result<Params, GpuError> {
-    let u = |v: usize| u32::try_from(v).map_err(|_| GpuError::Shape(format!("{v} is too large")));
+    let u = u32_of;
     Ok(Params {
         planes: u(planes)?,
         h: u(hw)?,

@@ -8,18 +8,7 @@ use frugal_core::ops;
 /// same terms in another order and the same formulas; what differs is WGSL's sqrt (2.5 ULP against the
 /// CPU's correctly rounded one) and reassociation in a few products — a handful of ULP.
 fn close(what: &str, gpu: &[f32], cpu: &[f32]) {
-    assert_eq!(gpu.len(), cpu.len(), "{what}: lengths");
-    let d: f64 = gpu
-        .iter()
-        .zip(cpu)
-        .map(|(&a, &b)| ((a - b) as f64).powi(2))
-        .sum::<f64>()
-        .sqrt();
-    let n: f64 = cpu.iter().map(|&b| (b as f64).powi(2)).sum::<f64>().sqrt();
-    assert!(
-        d <= 1e-5 * n.max(1e-30),
-        "{what}: ‖Δ‖ = {d:e}, ‖cpu‖ = {n:e}"
-    );
+    common::close_norm(what, gpu, cpu, 1e-5);
 }
 
 #[test]

@@ -13,18 +13,7 @@ fn data(len: usize, seed: u64) -> Vec<f32> {
 /// positions and samples for the weight gradient) in different orders; each element is within
 /// 2·k·2⁻²⁴·Σ|products| of the exact value, far below 1e-5 of the norm for these sizes (k ≤ 400).
 fn close(what: &str, gpu: &[f32], cpu: &[f32]) {
-    assert_eq!(gpu.len(), cpu.len(), "{what}: lengths");
-    let d: f64 = gpu
-        .iter()
-        .zip(cpu)
-        .map(|(&a, &b)| ((a - b) as f64).powi(2))
-        .sum::<f64>()
-        .sqrt();
-    let n: f64 = cpu.iter().map(|&b| (b as f64).powi(2)).sum::<f64>().sqrt();
-    assert!(
-        d <= 1e-5 * n.max(1e-30),
-        "{what}: ‖Δ‖ = {d:e}, ‖cpu‖ = {n:e}"
-    );
+    common::close_norm(what, gpu, cpu, 1e-5);
 }
 
 #[test]

@@ -12,18 +12,7 @@ use frugal_core::ops;
 /// blocked GEMM, the GPU's 16-wide tiles): each element is within 2·k·2⁻²⁴·Σ|products| of the exact
 /// value; for k ≤ 784 and values of one sign-mixed magnitude that is far below 1e-5 of the norm.
 fn close(what: &str, gpu: &[f32], cpu: &[f32]) {
-    assert_eq!(gpu.len(), cpu.len(), "{what}: lengths");
-    let diff: f64 = gpu
-        .iter()
-        .zip(cpu)
-        .map(|(&a, &b)| ((a - b) as f64).powi(2))
-        .sum::<f64>()
-        .sqrt();
-    let norm: f64 = cpu.iter().map(|&b| (b as f64).powi(2)).sum::<f64>().sqrt();
-    assert!(
-        diff <= 1e-5 * norm.max(1e-30),
-        "{what}: ‖Δ‖ = {diff:e}, ‖cpu‖ = {norm:e}"
-    );
+    common::close_norm(what, gpu, cpu, 1e-5);
 }
 
 #[test]

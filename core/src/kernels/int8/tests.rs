@@ -472,7 +472,13 @@ macro_rules! conformance {
                     Some(k)
                 } else {
                     assert!(!required(k), "{} is required here (FRUGAL_REQUIRE_KERNELS) but not available", k.name());
-                    std::eprintln!("skipping: {:?} not available here", k);
+                    // Straight to stderr, past the test harness's capture, once per suite: a skip shows
+                    // in every `cargo test` run, not only with --nocapture.
+                    static SAID: std::sync::Once = std::sync::Once::new();
+                    SAID.call_once(|| {
+                        use std::io::Write;
+                        let _ = writeln!(std::io::stderr(), "skipped: {:?} kernel suite (not available here)", k);
+                    });
                     None
                 }
             }

@@ -12,7 +12,13 @@ pub fn gpu() -> Option<&'static Gpu> {
         Err(e) => {
             let required = std::env::var("FRUGAL_REQUIRE_GPU").is_ok_and(|v| v == "1");
             assert!(!required, "FRUGAL_REQUIRE_GPU=1 but: {e}");
-            eprintln!("skipped: {e}");
+            // Straight to stderr, past the harness's capture, once per suite: the skip shows in every
+            // `cargo test` run.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                use std::io::Write;
+                let _ = writeln!(std::io::stderr(), "skipped: the wgpu suites: {e}");
+            });
             None
         }
     }
@@ -39,4 +45,16 @@ pub fn grid(len: usize, seed: u64) -> Vec<f32> {
     unit(len, seed)
         .map(|u| (u * 16.0).floor() / 4.0 - 2.0)
         .collect()
+}
+
+/// Norm-wise closeness: ‖gpu − cpu‖₂ ≤ `rel`·‖cpu‖₂ (each suite says why its `rel` holds).
+pub fn close_norm(what: &str, gpu: &[f32], cpu: &[f32], rel: f64) {
+    assert_eq!(gpu.len(), cpu.len(), "{what}: lengths");
+    let norm = |v: &mut dyn Iterator<Item = f64>| v.map(|x| x * x).sum::<f64>().sqrt();
+    let d = norm(&mut gpu.iter().zip(cpu).map(|(&a, &b)| (a - b) as f64));
+    let n = norm(&mut cpu.iter().map(|&b| b as f64));
+    assert!(
+        d <= rel * n.max(1e-30),
+        "{what}: ‖Δ‖ = {d:e}, ‖cpu‖ = {n:e}"
+    );
 }
