@@ -31,6 +31,9 @@ pub enum ExecError {
     Space(u8),
     /// A named tensor does not exist or has another size.
     Tensor(&'static str),
+    /// The backend cannot run this plan (a layer it has no kernel for, a tensor larger than it can
+    /// address); said when the executor is created, never mid-step.
+    Unsupported(&'static str),
     /// The host's spill store failed a swap. A failed swap-out rejects the step before any update (all
     /// swap-outs precede the first update); a failed swap-in aborts the step mid-backward.
     Spill(SpillError),
@@ -49,6 +52,7 @@ impl fmt::Display for ExecError {
             ExecError::Placement(p) => write!(f, "no backend for placement {p:?}"),
             ExecError::Space(s) => write!(f, "no backend owns memory space {s} of the plan"),
             ExecError::Tensor(what) => write!(f, "tensor access: {what}"),
+            ExecError::Unsupported(what) => write!(f, "this backend cannot run the plan: {what}"),
             ExecError::Spill(e) => write!(f, "{e}"),
         }
     }

@@ -273,6 +273,15 @@ pub trait Backend: LayerOps + LossOps + OptimOps + MoveOps {
     fn begin_step(&mut self, _plan: &Plan, _step: &StepStart<'_>) -> Result<(), ExecError> {
         Ok(())
     }
+    /// Called after the last instruction of every step, evaluation and prediction. A backend that
+    /// defers its work (a GPU recording the whole step into one submission) runs it here; one that also
+    /// defers its loss (reading it back once per step) returns zeros from [`LossOps::loss`] and the
+    /// step's totals here, which replace them. A training step whose totals are not finite is rejected
+    /// ([`ExecError::NonFinite`]); such a backend must then leave the weights unchanged (the GPU's
+    /// optimizer kernels skip their update when the step's loss is not finite).
+    fn end_step(&mut self, _plan: &Plan) -> Result<Option<LossOut>, ExecError> {
+        Ok(None)
+    }
     /// Initialises every parameter like PyTorch's defaults and zeroes optimizer state and running
     /// statistics (f32 layout; integer backends override).
     fn init_params(&mut self, plan: &Plan, host: &mut [u8], seed: u64) -> Result<(), ExecError> {

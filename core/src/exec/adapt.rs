@@ -150,10 +150,18 @@ fn runnable(p: &Plan) -> Result<(), ExecError> {
                 | Phase::Recompute
         )
     });
-    if ok {
-        Ok(())
-    } else {
-        Err(ExecError::BadPlan("adaptive steps do not run swap plans"))
+    if !ok {
+        return Err(ExecError::BadPlan("adaptive steps do not run swap plans"));
+    }
+    // A switch moves bytes within the host arena: a storage in another memory space would be left
+    // behind (or copied as host bytes that are not its own).
+    match p
+        .lives
+        .iter()
+        .find(|l| l.space != crate::plan::SpaceId::HOST)
+    {
+        Some(l) => Err(ExecError::Space(l.space.0)),
+        None => Ok(()),
     }
 }
 
@@ -368,7 +376,7 @@ impl<'p, B: Backend> Executor<'p, B> {
         };
         self.run_loop(whole, &mut run, 0, None, &mut steer, obs)?;
         let mut ad = steer.ad;
-        let stats = self.finish_train(&run);
+        let stats = self.finish_train(&mut run)?;
         // Lazy switch: after the step only persistent tensors are live.
         if let Some(b) = steer.budget {
             let plan = self.plan;
@@ -450,7 +458,7 @@ impl<'p, B: Backend> Executor<'p, B> {
         run.loss = 0.0;
         run.correct = 0;
         self.run_loop(whole, &mut run, 0, None, &mut InOrder, obs)?;
-        Ok(self.finish_train(&run))
+        self.finish_train(&mut run)
     }
 }
 

@@ -442,13 +442,33 @@ impl<'p, B: Backend> Executor<'p, B> {
         Ok(())
     }
 
-    pub(crate) fn finish_train(&mut self, run: &StepRun<'_, '_, '_>) -> StepStats {
+    /// Ends a run: the backend's [`Backend::end_step`] (a backend that defers its loss, like a GPU
+    /// reading back once per step, gives the totals here; they replace what its loss instructions
+    /// returned), and a non-finite training loss rejected.
+    pub(crate) fn finish(&mut self, run: &mut StepRun<'_, '_, '_>) -> Result<(), ExecError> {
+        if let Some(t) = self.backend.end_step(self.plan)? {
+            run.loss = t.sum;
+            run.mean = t.mean;
+            run.correct = t.correct;
+            if run.mode == Mode::Train && !(t.sum.is_finite() && t.mean.is_finite()) {
+                return Err(ExecError::NonFinite("the loss"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends a training step ([`Executor::finish`]) and counts it.
+    pub(crate) fn finish_train(
+        &mut self,
+        run: &mut StepRun<'_, '_, '_>,
+    ) -> Result<StepStats, ExecError> {
+        self.finish(run)?;
         self.steps += 1;
-        StepStats {
+        Ok(StepStats {
             loss: (run.loss / run.n as f64) as f32,
             correct: run.correct,
             samples: run.n,
-        }
+        })
     }
 
     /// One training step (forward, loss, backward, update) on `n = x.len() / sample_size` samples.
@@ -474,7 +494,7 @@ impl<'p, B: Backend> Executor<'p, B> {
         let a = self.arena(arena)?;
         let mut run = self.start(x, Some(target), n, Mode::Train, None)?;
         self.run_loop(a, &mut run, 0, None, &mut InOrder, obs)?;
-        Ok(self.finish_train(&run))
+        self.finish_train(&mut run)
     }
 
     /// [`Executor::train_step`] for plans with swap instructions ([`Phase::SpillOut`], [`Phase::SpillIn`],
@@ -505,7 +525,7 @@ impl<'p, B: Backend> Executor<'p, B> {
         let a = self.arena(arena)?;
         let mut run = self.start(x, Some(target), n, Mode::Train, Some(spill))?;
         self.run_loop(a, &mut run, 0, None, &mut InOrder, obs)?;
-        Ok(self.finish_train(&run))
+        self.finish_train(&mut run)
     }
 
     /// Forward pass in evaluation mode (BatchNorm uses running statistics, no dropout) and the loss
@@ -522,6 +542,7 @@ impl<'p, B: Backend> Executor<'p, B> {
         let mut run = self.start(x, Some(target), n, Mode::Eval, None)?;
         let mut steer = ForwardOnly { loss_eo: None };
         self.run_loop(a, &mut run, 0, None, &mut steer, &mut ())?;
+        self.finish(&mut run)?;
         Ok(StepStats {
             loss: run.mean,
             correct: run.correct,
@@ -538,13 +559,24 @@ impl<'p, B: Backend> Executor<'p, B> {
         let mut run = self.start(x, None, n, Mode::Eval, None)?;
         let mut steer = ForwardOnly { loss_eo: None };
         self.run_loop(a, &mut run, 0, None, &mut steer, &mut ())?;
+        self.finish(&mut run)?;
         let loss_eo = steer
             .loss_eo
             .ok_or(ExecError::BadPlan("the plan has no loss instruction"))?;
         let pred = plan.graph.pred();
         let len = n * plan.graph.pred_dims().numel();
-        match plan.region_at(pred, loss_eo as Eo) {
-            Some((off, _)) => f32s_ro(&a[off..off + 4 * len]),
+        match plan.storage_at(pred, loss_eo as Eo) {
+            Some(s) if plan.lives[s as usize].space != crate::plan::SpaceId::HOST => {
+                // The backend that owns the space reads it (e.g. the GPU backend's `read`).
+                Err(ExecError::Space(plan.lives[s as usize].space.0))
+            }
+            Some(s) => {
+                let off = plan.offsets[s as usize];
+                let bytes = a
+                    .get(off..off.saturating_add(4 * len))
+                    .ok_or(ExecError::BadPlan("the prediction is outside the arena"))?;
+                f32s_ro(bytes)
+            }
             None => Err(ExecError::BadPlan("the prediction is not in the arena")),
         }
     }

@@ -27,6 +27,7 @@ struct Recorder<B> {
     inner: B,
     log: Vec<Call>,
     steps_begun: usize,
+    steps_ended: usize,
 }
 
 impl<B> Recorder<B> {
@@ -35,6 +36,7 @@ impl<B> Recorder<B> {
             inner,
             log: Vec::with_capacity(1 << 16),
             steps_begun: 0,
+            steps_ended: 0,
         }
     }
     fn note(&mut self, cx: &Cx<'_>) {
@@ -127,6 +129,10 @@ impl<B: Backend> Backend for Recorder<B> {
         self.steps_begun += 1;
         self.inner.begin_step(plan, step)
     }
+    fn end_step(&mut self, plan: &Plan) -> Result<Option<LossOut>, ExecError> {
+        self.steps_ended += 1;
+        self.inner.end_step(plan)
+    }
     fn init_params(&mut self, plan: &Plan, host: &mut [u8], seed: u64) -> Result<(), ExecError> {
         self.inner.init_params(plan, host, seed)
     }
@@ -189,6 +195,8 @@ fn recorded(p: &Plan, n: usize, spill: Option<&mut dyn Spill>) -> (Vec<u32>, Vec
         out.extend(ex.read(&mut arena, t).unwrap().iter().map(|v| v.to_bits()));
     }
     assert_eq!(ex.backend().steps_begun, 2);
+    // Every step that began was ended (a deferring backend runs its work there).
+    assert_eq!(ex.backend().steps_ended, 2);
     (out, ex.backend().log.clone())
 }
 

@@ -159,6 +159,9 @@ impl Backend for Device {
     fn begin_step(&mut self, plan: &Plan, step: &StepStart<'_>) -> Result<(), ExecError> {
         self.cpu.begin_step(plan, step)
     }
+    fn end_step(&mut self, plan: &Plan) -> Result<Option<crate::backend::LossOut>, ExecError> {
+        self.cpu.end_step(plan)
+    }
     fn init_params(&mut self, plan: &Plan, host: &mut [u8], seed: u64) -> Result<(), ExecError> {
         self.cpu.init_params(plan, host, seed)
     }

@@ -18,6 +18,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use super::swap::gaps;
+use crate::backend::Placement;
 use crate::graph::{Graph, TensorId};
 use crate::plan::{share_groups, Eo, Instr, Phase, Plan, SpaceId};
 use crate::sort::heap_sort_by_key;
@@ -79,6 +80,18 @@ pub fn offload(
     p
 }
 
+/// `plan` run wholly by one accelerator: every instruction placed on `placement`, every storage in
+/// `space` at `align` (a GPU's storage-binding alignment), laid out there with the plan's own lifetimes.
+/// The host arena is then empty; the model input and the targets reach the backend per step (through
+/// [`Backend::begin_step`](crate::backend::Backend::begin_step) and the loss), outside the space.
+pub fn on_device(mut plan: Plan, space: SpaceId, align: usize, placement: Placement) -> Plan {
+    for i in &mut plan.program {
+        i.placement = placement;
+    }
+    plan.place_spaces(|_, _| space, |_| align);
+    plan
+}
+
 /// Moves in one step of `plan` and the bytes they copy.
 pub fn move_volume(plan: &Plan) -> (usize, usize) {
     (0..plan.n_eo())
@@ -86,4 +99,34 @@ pub fn move_volume(plan: &Plan) -> (usize, usize) {
         .fold((0, 0), |(n, b), (from, _)| {
             (n + 1, b + plan.lives[from as usize].bytes)
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::tests::random_model;
+
+    #[test]
+    fn on_device_moves_every_storage_and_instruction() {
+        let spec = random_model(
+            &[(0, 2, true), (3, 0, true), (4, 0, true), (7, 0, true)],
+            2,
+            8,
+            1,
+        );
+        let g = Graph::new(&spec, 4).unwrap();
+        let host = Plan::new(g);
+        let dev = on_device(host.clone(), SpaceId(1), 256, Placement::Gpu);
+        assert_eq!(dev.arena_bytes, 0, "nothing is left in the host arena");
+        assert!(dev.program.iter().all(|i| i.placement == Placement::Gpu));
+        assert!(dev.lives.iter().all(|l| l.space == SpaceId(1)));
+        let sp = dev.spaces.iter().find(|s| s.space == SpaceId(1)).unwrap();
+        assert_eq!(sp.align, 256);
+        assert!(dev.offsets.iter().all(|o| o % 256 == 0));
+        // The same lifetimes laid out at a coarser alignment: at least the host plan's lower bound,
+        // at most each storage rounded up to 256 bytes.
+        assert!(sp.bytes >= sp.lower_bound && sp.lower_bound >= host.lower_bound);
+        let rounded: usize = host.lives.iter().map(|l| l.bytes.div_ceil(256) * 256).sum();
+        assert!(sp.bytes <= rounded);
+    }
 }
