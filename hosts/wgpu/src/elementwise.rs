@@ -10,22 +10,70 @@ use crate::{start_values, Gpu, GpuError};
 #[repr(C)]
 #[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
 pub(crate) struct Params {
-    n: u32,
-    classes: u32,
-    kind: u32,
-    accumulate: u32,
-    lr: f32,
-    momentum: f32,
-    wd: f32,
-    beta2: f32,
-    eps: f32,
-    step_size: f32,
-    bc2_sqrt: f32,
-    pad: f32,
+    pub(crate) n: u32,
+    pub(crate) classes: u32,
+    pub(crate) kind: u32,
+    pub(crate) accumulate: u32,
+    pub(crate) lr: f32,
+    pub(crate) momentum: f32,
+    pub(crate) wd: f32,
+    pub(crate) beta2: f32,
+    pub(crate) eps: f32,
+    pub(crate) step_size: f32,
+    pub(crate) bc2_sqrt: f32,
+    pub(crate) pad: f32,
+}
+
+/// The optimizer kernel (an [`ENTRIES`] index) and its parameters for step `t` (1-based) over `n`
+/// values, and the state values each parameter value has (SGD's momentum buffer, Adam's m and v).
+pub(crate) fn optim_params(spec: &OptimizerSpec, t: u32, n: u32) -> (usize, Params, usize) {
+    match *spec {
+        OptimizerSpec::Sgd {
+            lr,
+            momentum,
+            weight_decay,
+        } => (
+            entry::SGD,
+            Params {
+                n,
+                lr,
+                momentum,
+                wd: weight_decay,
+                ..Default::default()
+            },
+            (momentum != 0.0) as usize,
+        ),
+        OptimizerSpec::Adam {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } => {
+            // The bias corrections in f64, as PyTorch (and `optim::apply`) compute them.
+            let bc1 = 1.0 - (beta1 as f64).powi(t as i32);
+            let bc2 = 1.0 - (beta2 as f64).powi(t as i32);
+            (
+                entry::ADAM,
+                Params {
+                    n,
+                    lr,
+                    momentum: beta1,
+                    wd: weight_decay,
+                    beta2,
+                    eps,
+                    step_size: (lr as f64 / bc1) as f32,
+                    bc2_sqrt: bc2.sqrt() as f32,
+                    ..Default::default()
+                },
+                2,
+            )
+        }
+    }
 }
 
 /// The entry points, in the order of [`Pipelines::all`].
-pub(crate) const ENTRIES: [&str; 8] = [
+pub(crate) const ENTRIES: [&str; 12] = [
     "act_fwd",
     "act_grad",
     "softmax_ce",
@@ -34,11 +82,37 @@ pub(crate) const ENTRIES: [&str; 8] = [
     "mse",
     "add",
     "dropout",
+    "bias_rows",
+    "col_sum",
+    "copy",
+    "guard",
 ];
+
+/// Indices into [`ENTRIES`] (and [`Pipelines::all`]).
+pub(crate) mod entry {
+    pub const ACT_FWD: usize = 0;
+    pub const ACT_GRAD: usize = 1;
+    pub const SOFTMAX_CE: usize = 2;
+    pub const SGD: usize = 3;
+    pub const ADAM: usize = 4;
+    pub const MSE: usize = 5;
+    pub const ADD: usize = 6;
+    pub const BIAS_ROWS: usize = 8;
+    pub const COL_SUM: usize = 9;
+    pub const COPY: usize = 10;
+    pub const GUARD: usize = 11;
+}
 
 /// Invocations per workgroup (`@workgroup_size(64)`), and workgroups per dispatch row.
 const GROUP: u32 = 64;
 const ROW: u32 = 65535;
+
+/// The workgroups of a dispatch of `invocations` (64 each, rows of at most 65,535; see `index` in
+/// `prelude.wgsl`).
+pub(crate) fn workgroups(invocations: u32) -> (u32, u32) {
+    let groups = invocations.div_ceil(GROUP);
+    (groups.min(ROW), groups.div_ceil(ROW))
+}
 
 pub(crate) struct Pipelines {
     pub(crate) layout: wgpu::BindGroupLayout,
@@ -56,8 +130,8 @@ impl Pipelines {
         )
     }
 
-    /// One pipeline per entry point of `source` (after `prelude.wgsl`: a uniform block, two read-only
-    /// and two read-write storage buffers).
+    /// One pipeline per entry point of `source` (after `prelude.wgsl`: a uniform block and five storage
+    /// buffers).
     pub(crate) fn from_source(
         device: &wgpu::Device,
         label: &str,
@@ -79,16 +153,16 @@ impl Pipelines {
             },
             count: None,
         };
-        let ro = wgpu::BufferBindingType::Storage { read_only: true };
         let rw = wgpu::BufferBindingType::Storage { read_only: false };
         let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
             label: Some(label),
             entries: &[
                 entry(0, wgpu::BufferBindingType::Uniform),
-                entry(1, ro),
-                entry(2, ro),
+                entry(1, rw),
+                entry(2, rw),
                 entry(3, rw),
                 entry(4, rw),
+                entry(5, rw),
             ],
         });
         let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
@@ -149,6 +223,20 @@ impl Gpu {
         invocations: usize,
         ops: [&[f32]; 4],
     ) -> Result<[Vec<f32>; 2], GpuError> {
+        let [a, b, c, d] = ops;
+        let [c, d, _] = self.run_set5(set, entry, params, invocations, [a, b, c, d, &[]])?;
+        Ok([c, d])
+    }
+
+    /// [`Gpu::run_set`] with the fifth operand `e` (read and written, returned third).
+    pub(crate) fn run_set5(
+        &self,
+        set: &Pipelines,
+        entry: usize,
+        params: &[u8],
+        invocations: usize,
+        ops: [&[f32]; 5],
+    ) -> Result<[Vec<f32>; 3], GpuError> {
         let inv = u32::try_from(invocations)
             .map_err(|_| GpuError::Shape(format!("{invocations} elements is too many")))?;
         let limit = self.device.limits().max_storage_buffer_binding_size;
@@ -178,6 +266,7 @@ impl Gpu {
             buf(ops[1], wgpu::BufferUsages::STORAGE),
             buf(ops[2], rw),
             buf(ops[3], rw),
+            buf(ops[4], rw),
         ];
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
@@ -194,7 +283,7 @@ impl Gpu {
             layout: &set.layout,
             entries: &entries,
         });
-        let groups = inv.div_ceil(GROUP);
+        let (gx, gy) = workgroups(inv);
         let mut enc = self
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
@@ -205,14 +294,15 @@ impl Gpu {
             });
             pass.set_pipeline(&set.all[entry]);
             pass.set_bind_group(0, &group, &[]);
-            if groups > 0 {
-                pass.dispatch_workgroups(groups.min(ROW), groups.div_ceil(ROW), 1);
+            if gx > 0 {
+                pass.dispatch_workgroups(gx, gy, 1);
             }
         }
         self.queue.submit([enc.finish()]);
         let c = self.read(&bufs[2], ops[2].len())?;
         let d = self.read(&bufs[3], ops[3].len())?;
-        Ok([c, d])
+        let e = self.read(&bufs[4], ops[4].len())?;
+        Ok([c, d, e])
     }
 
     /// `y = act(x)`.
@@ -335,6 +425,7 @@ impl Gpu {
         }
         let p = Params {
             n: pred.len() as u32,
+            lr: 2.0 / pred.len() as f32,
             ..Default::default()
         };
         let zeros = vec![0f32; pred.len()];
@@ -356,57 +447,28 @@ impl Gpu {
         if g.len() != w.len() {
             return Err(GpuError::Shape("w and g differ in length".into()));
         }
-        let n = w.len() as u32;
-        let (entry, p, need) = match *spec {
-            OptimizerSpec::Sgd {
-                lr,
-                momentum,
-                weight_decay,
-            } => (
-                3,
-                Params {
-                    n,
-                    lr,
-                    momentum,
-                    wd: weight_decay,
-                    ..Default::default()
-                },
-                if momentum != 0.0 { w.len() } else { 0 },
-            ),
-            OptimizerSpec::Adam {
-                lr,
-                beta1,
-                beta2,
-                eps,
-                weight_decay,
-            } => {
-                // The bias corrections in f64, as PyTorch (and `optim::apply`) compute them.
-                let bc1 = 1.0 - (beta1 as f64).powi(t as i32);
-                let bc2 = 1.0 - (beta2 as f64).powi(t as i32);
-                (
-                    4,
-                    Params {
-                        n,
-                        lr,
-                        momentum: beta1,
-                        wd: weight_decay,
-                        beta2,
-                        eps,
-                        step_size: (lr as f64 / bc1) as f32,
-                        bc2_sqrt: bc2.sqrt() as f32,
-                        ..Default::default()
-                    },
-                    2 * w.len(),
-                )
-            }
-        };
+        let (entry, p, per) = optim_params(spec, t, w.len() as u32);
+        let need = per * w.len();
         if state.len() != need {
             return Err(GpuError::Shape(format!(
                 "the optimizer state has {} values, not {need}",
                 state.len()
             )));
         }
-        let [w, s] = self.run_elementwise(entry, p, w.len(), [g, &[], w, state])?;
+        // Adam's m and v are two operands (d and e); the guard word (b) is 0: nothing rejected.
+        let (m, v) = if entry == entry::ADAM {
+            state.split_at(w.len())
+        } else {
+            (state, &[][..])
+        };
+        let [w, mut s, v] = self.run_set5(
+            &self.elementwise,
+            entry,
+            bytemuck::bytes_of(&p),
+            w.len(),
+            [g, &[], w, m, v],
+        )?;
+        s.extend_from_slice(&v);
         Ok((w, s))
     }
 }

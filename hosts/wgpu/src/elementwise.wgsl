@@ -97,19 +97,28 @@ fn softmax_ce(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let inv = 1.0 / f32(max(p.kind, 1u));
+    // Read before the gradient is written: the GPU backend may run this in place (dlogits = logits).
+    let zl = a[base + label];
     for (var j = 0u; j < k; j++) {
         let sm = exp(a[base + j] - mx) / sum;
         c[base + j] = (sm - select(0.0, 1.0, j == label)) * inv;
     }
-    d[s] = log(sum) - (a[base + label] - mx);
+    d[s] = log(sum) - (zl - mx);
     d[p.n + s] = select(0.0, 1.0, arg == label);
 }
 
-// SGD with momentum and weight decay (PyTorch): w = c, g = a, momentum buffer = d.
+// The step's guard word (`b[0]`, written by `guard`): non-zero when the step's loss is not finite, and
+// the optimizer then leaves weights and state as they were (the CPU rejects such a step before any
+// update; the GPU learns the loss only when the step's one submission has run).
+fn rejected() -> bool {
+    return bitcast<u32>(b[0]) != 0u;
+}
+
+// SGD with momentum and weight decay (PyTorch): w = c, g = a, momentum buffer = d, guard = b.
 @compute @workgroup_size(64)
 fn sgd(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = index(gid);
-    if (i < p.n) {
+    if (i < p.n && !rejected()) {
         var g = a[i];
         if (p.wd != 0.0) {
             g = g + p.wd * c[i];
@@ -122,11 +131,11 @@ fn sgd(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
 }
 
-// Adam (PyTorch): w = c, g = a, the moments m = d[0..n], v = d[n..2n].
+// Adam (PyTorch): w = c, g = a, the moments m = d, v = e, guard = b.
 @compute @workgroup_size(64)
 fn adam(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = index(gid);
-    if (i < p.n) {
+    if (i < p.n && !rejected()) {
         var g = a[i];
         if (p.wd != 0.0) {
             g = g + p.wd * c[i];
@@ -139,23 +148,23 @@ fn adam(@builtin(global_invocation_id) gid: vec3<u32>) {
         } else {
             m2 = g - (g - m) * (1.0 - w1);
         }
-        let v2 = d[p.n + i] * p.beta2 + (1.0 - p.beta2) * g * g;
+        let v2 = e[i] * p.beta2 + (1.0 - p.beta2) * g * g;
         d[i] = m2;
-        d[p.n + i] = v2;
+        e[i] = v2;
         let denom = sqrt(v2) / p.bc2_sqrt + p.eps;
         c[i] = c[i] + ((-p.step_size) * m2) / denom;
     }
 }
 
-// Mean squared error over p.n elements: pred = a, target = b; dpred = c = 2·(pred − target)/n;
-// d[i] = (pred − target)², summed on the host.
+// Mean squared error over p.n elements: pred = a, target = b; dpred = c = (pred − target)·p.lr (the
+// host's 2/elements of the batch); d[i] = (pred − target)², summed on the host.
 @compute @workgroup_size(64)
 fn mse(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = index(gid);
     if (i < p.n) {
-        let e = a[i] - b[i];
-        c[i] = e * (2.0 / f32(p.n));
-        d[i] = e * e;
+        let r = a[i] - b[i];
+        c[i] = r * p.lr;
+        d[i] = r * r;
     }
 }
 
@@ -232,4 +241,72 @@ fn dropout(@builtin(global_invocation_id) gid: vec3<u32>) {
             c[i] = v;
         }
     }
+}
+
+// A linear layer's bias in every row: c[i] = a[i mod p.classes] (the product then accumulates onto it,
+// as the CPU does).
+@compute @workgroup_size(64)
+fn bias_rows(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = index(gid);
+    if (i < p.n) {
+        c[i] = a[i % p.classes];
+    }
+}
+
+// Column sums of a (p.kind rows × p.n columns), in row order: c[j] (+)= Σ_r a[r·n + j] (a linear
+// layer's bias gradient).
+@compute @workgroup_size(64)
+fn col_sum(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let j = index(gid);
+    if (j < p.n) {
+        var s = 0.0;
+        for (var r = 0u; r < p.kind; r++) {
+            s += a[r * p.n + j];
+        }
+        if (p.accumulate != 0u) {
+            c[j] = c[j] + s;
+        } else {
+            c[j] = s;
+        }
+    }
+}
+
+// c (+)= a (a view's or a residual's derivative handed on).
+@compute @workgroup_size(64)
+fn copy(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = index(gid);
+    if (i < p.n) {
+        if (p.accumulate != 0u) {
+            c[i] = c[i] + a[i];
+        } else {
+            c[i] = a[i];
+        }
+    }
+}
+
+fn finite(v: f32) -> bool {
+    return (bitcast<u32>(v) & 0x7f800000u) != 0x7f800000u;
+}
+
+// The step's guard (one invocation): c[0] = 1 (as bits) when any of the step's loss values is not
+// finite, else 0. The values are in a: p.kind slots of p.classes floats, the first p.n of each slot
+// used (fewer in the last when the batch is partial: p.accumulate holds the values of the last slot).
+@compute @workgroup_size(1)
+fn guard(@builtin(global_invocation_id) gid: vec3<u32>) {
+    if (gid.x != 0u) {
+        return;
+    }
+    var bad = 0u;
+    for (var k = 0u; k < p.kind; k++) {
+        var used = p.n;
+        if (k + 1u == p.kind) {
+            used = p.accumulate;
+        }
+        for (var i = 0u; i < used; i++) {
+            if (!finite(a[k * p.classes + i])) {
+                bad = 1u;
+            }
+        }
+    }
+    c[0] = bitcast<f32>(bad);
 }

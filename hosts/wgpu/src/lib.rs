@@ -18,9 +18,11 @@ use std::time::Instant;
 
 use wgpu::util::DeviceExt;
 
+mod backend;
 mod bn;
 mod conv;
 mod elementwise;
+pub use backend::{gpu_plan, GpuBackend, GpuBytes, GPU_ALIGN, GPU_SPACE};
 pub use bn::{BnForward, BnGrads};
 mod linear;
 mod pool;
@@ -187,8 +189,8 @@ impl Gpu {
                     },
                     count: None,
                 },
-                storage(1, true),
-                storage(2, true),
+                storage(1, false),
+                storage(2, false),
                 storage(3, false),
             ],
         });
@@ -385,6 +387,16 @@ impl Gpu {
 
     /// Reads the first `len` f32 of `buf` back (one copy to a mappable buffer, then a wait).
     fn read(&self, buf: &wgpu::Buffer, len: usize) -> Result<Vec<f32>, GpuError> {
+        self.read_range(buf, 0, len)
+    }
+
+    /// Reads `len` f32 of `buf` from byte `offset` (a multiple of 4) back.
+    pub(crate) fn read_range(
+        &self,
+        buf: &wgpu::Buffer,
+        offset: u64,
+        len: usize,
+    ) -> Result<Vec<f32>, GpuError> {
         if len == 0 {
             return Ok(Vec::new());
         }
@@ -399,7 +411,7 @@ impl Gpu {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("readback"),
             });
-        enc.copy_buffer_to_buffer(buf, 0, &staging, 0, (len * 4) as u64);
+        enc.copy_buffer_to_buffer(buf, offset, &staging, 0, (len * 4) as u64);
         self.queue.submit([enc.finish()]);
         let slice = staging.slice(..);
         let (tx, rx) = std::sync::mpsc::channel();

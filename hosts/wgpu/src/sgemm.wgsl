@@ -14,8 +14,10 @@ struct Dims {
 }
 
 @group(0) @binding(0) var<uniform> dims: Dims;
-@group(0) @binding(1) var<storage, read> a: array<f32>;
-@group(0) @binding(2) var<storage, read> b: array<f32>;
+// A and B are read_write only so that the GPU backend may bind ranges of one buffer to all three (wgpu
+// refuses one buffer bound both read-only and read-write in a dispatch); the kernel never writes them.
+@group(0) @binding(1) var<storage, read_write> a: array<f32>;
+@group(0) @binding(2) var<storage, read_write> b: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c: array<f32>;
 
 const TS: u32 = 64u;

@@ -58,3 +58,9 @@ pub fn close_norm(what: &str, gpu: &[f32], cpu: &[f32], rel: f64) {
         "{what}: ‖Δ‖ = {d:e}, ‖cpu‖ = {n:e}"
     );
 }
+
+/// A GPU backend on its own device, or None (skipped, as [`gpu`]).
+pub fn backend() -> Option<frugal_wgpu::GpuBackend> {
+    gpu()?;
+    Some(frugal_wgpu::GpuBackend::open().expect("a second device on the adapter that opened"))
+}

@@ -1,0 +1,1113 @@
+//! The GPU backend: whole training steps of a plan in one GPU buffer laid out by the planner.
+//!
+//! [`gpu_plan`] puts every instruction of a plan on [`Placement::Gpu`] and every storage in
+//! [`GPU_SPACE`] at [`GPU_ALIGN`] bytes (the largest storage-binding alignment WebGPU allows): the
+//! space's layout *is* the GPU buffer's layout, so the planner's peak is the GPU memory the tensors use,
+//! known before the first step. [`GpuBackend`] then runs the plan through frugal-core's executor:
+//!
+//! - [`Backend::prepare`] (once per plan) creates everything a step needs — the space's buffer, an I/O
+//!   buffer (the batch's inputs and targets per micro-batch, the per-sample losses, the step's guard
+//!   word), one uniform slot per kernel dispatch of the program, and one bind group per dispatch binding
+//!   ranges of those buffers — and refuses, with [`ExecError::Unsupported`], a plan with a layer it has
+//!   no kernel for.
+//! - A step records every instruction's dispatches into one compute pass and submits it once, in
+//!   [`Backend::end_step`], where the losses (and nothing else) are read back. No buffer, bind group or
+//!   pipeline is created during a step (`tests/backend.rs` counts them with wgpu's own counters).
+//! - The loss is known only after the submission, so a step whose loss is not finite cannot be refused
+//!   before its updates the way the CPU does; instead a `guard` kernel, dispatched before the first
+//!   update, writes whether any loss value is not finite, and the SGD/Adam kernels then leave weights and
+//!   state unchanged. The executor reports [`ExecError::NonFinite`] as for the CPU.
+//!
+//! Layers: Linear (the tiled GEMM), ReLU/ReLU6/sigmoid/tanh, views (Flatten/Reshape), Add; fused
+//! softmax cross-entropy and MSE; SGD (momentum, weight decay) and Adam. Micro-batched and recomputing
+//! plans run (each micro-batch's inputs, targets and losses have their own slots). Convolution, pooling,
+//! BatchNorm and Dropout have their kernels in this crate (checked against the CPU in `tests/`) but not
+//! yet their place in the step; a plan with one is refused when the executor is created.
+use std::num::NonZeroU64;
+
+use frugal_core::backend::{
+    Backend, Cx, ExecError, LayerOps, LossOps, LossOut, MoveOps, OptimOps, Placement, StepStart,
+    Target,
+};
+use frugal_core::graph::{Node, NodeOp, TensorId, TensorKind};
+use frugal_core::model::LossKind;
+use frugal_core::ops::Act;
+use frugal_core::plan::{Eo, Phase, Plan, SpaceId, LOSS_NODE};
+
+use crate::elementwise::{entry, optim_params, workgroups, Params};
+use crate::{Dims, Gpu, GpuError, TILE};
+
+/// The memory space of a GPU plan.
+pub const GPU_SPACE: SpaceId = SpaceId(1);
+/// Alignment of every storage in it: WebGPU's largest `minStorageBufferOffsetAlignment` (and
+/// `minUniformBufferOffsetAlignment`), so a storage can be bound on any adapter.
+pub const GPU_ALIGN: usize = 256;
+/// Bytes of one uniform slot (one per dispatch).
+const SLOT: usize = 256;
+
+/// `plan` run wholly on the GPU: every instruction placed there, every storage in [`GPU_SPACE`].
+pub fn gpu_plan(plan: Plan) -> Plan {
+    frugal_core::policy::spaces::on_device(plan, GPU_SPACE, GPU_ALIGN, Placement::Gpu)
+}
+
+/// An operand of a dispatch, before it is a buffer range.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Opnd {
+    /// A tensor of the plan (the model input: the micro-batch's input slot).
+    T(TensorId),
+    /// The instruction's micro-batch of targets.
+    Y,
+    /// The instruction's micro-batch's loss values.
+    L,
+    /// Every micro-batch's loss values.
+    LAll,
+    /// The step's guard word.
+    Guard,
+    /// Nothing (an unused binding).
+    Nil,
+}
+
+#[derive(Clone, Copy)]
+enum Kernel {
+    Gemm(Dims),
+    Ew(usize, Params),
+}
+
+#[derive(Clone, Copy)]
+struct Step {
+    kernel: Kernel,
+    ops: [Opnd; 5],
+    /// Workgroups (x, y).
+    groups: (u32, u32),
+}
+
+/// The dispatches of one instruction (at most 4; no allocation).
+struct Steps {
+    len: usize,
+    all: [Option<Step>; 4],
+}
+
+impl Steps {
+    fn new() -> Self {
+        Steps {
+            len: 0,
+            all: [None; 4],
+        }
+    }
+    fn push(&mut self, s: Step) -> Result<(), ExecError> {
+        let slot = self.all.get_mut(self.len).ok_or(ExecError::BadPlan(
+            "too many GPU dispatches for one instruction",
+        ))?;
+        *slot = Some(s);
+        self.len += 1;
+        Ok(())
+    }
+    fn iter(&self) -> impl Iterator<Item = &Step> {
+        self.all[..self.len].iter().flatten()
+    }
+}
+
+fn u32_of(v: usize) -> Result<u32, ExecError> {
+    u32::try_from(v).map_err(|_| ExecError::Unsupported("a dimension beyond 2^32 on the GPU"))
+}
+
+fn ew(entry: usize, p: Params, invocations: usize, ops: [Opnd; 5]) -> Result<Step, ExecError> {
+    Ok(Step {
+        kernel: Kernel::Ew(entry, p),
+        ops,
+        groups: workgroups(u32_of(invocations)?),
+    })
+}
+
+/// C (+)= op(A)·op(B) with C m×n.
+#[allow(clippy::too_many_arguments)]
+fn gemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    trans_a: bool,
+    trans_b: bool,
+    accumulate: bool,
+    a: Opnd,
+    b: Opnd,
+    c: Opnd,
+) -> Result<Step, ExecError> {
+    let (m, n, k) = (u32_of(m)?, u32_of(n)?, u32_of(k)?);
+    Ok(Step {
+        kernel: Kernel::Gemm(Dims {
+            m,
+            n,
+            k,
+            accumulate: accumulate as u32,
+            trans_a: trans_a as u32,
+            trans_b: trans_b as u32,
+            pad: [0; 2],
+        }),
+        ops: [a, b, c, Opnd::Nil, Opnd::Nil],
+        groups: (n.div_ceil(TILE), m.div_ceil(TILE)),
+    })
+}
+
+fn act_code(a: Act) -> u32 {
+    match a {
+        Act::Relu => 0,
+        Act::Relu6 => 1,
+        Act::Sigmoid => 2,
+        Act::Tanh => 3,
+    }
+}
+
+/// Why a layer cannot run on the GPU backend yet.
+fn unsupported(op: &NodeOp) -> Option<&'static str> {
+    match op {
+        NodeOp::Linear { .. } | NodeOp::Act(_) | NodeOp::View | NodeOp::Add => None,
+        NodeOp::Conv(_) => Some("a convolution (its GPU kernels are not yet in the GPU step)"),
+        NodeOp::MaxPool(_) | NodeOp::AvgPool(_) | NodeOp::GlobalAvgPool { .. } => {
+            Some("a pooling layer (its GPU kernels are not yet in the GPU step)")
+        }
+        NodeOp::BatchNorm { .. } => Some("BatchNorm (its GPU kernels are not yet in the GPU step)"),
+        NodeOp::Dropout { .. } => Some("Dropout (its GPU kernel is not yet in the GPU step)"),
+    }
+}
+
+/// What an instruction needs to know of its run (the step loop's [`Cx`] without the borrowed batch).
+#[derive(Clone, Copy)]
+struct Run {
+    eo: Eo,
+    n: usize,
+    mb: u16,
+    t: u32,
+    /// Samples the loss's derivative is normalised by (the whole batch).
+    norm: usize,
+}
+
+fn node_of(plan: &Plan, node: u16) -> Result<&Node, ExecError> {
+    if node == LOSS_NODE {
+        return Err(ExecError::BadPlan("loss instruction in the wrong place"));
+    }
+    plan.graph
+        .nodes
+        .get(node as usize)
+        .ok_or(ExecError::BadPlan("node index out of range"))
+}
+
+fn same(plan: &Plan, eo: Eo, a: TensorId, b: TensorId) -> bool {
+    matches!((plan.storage_at(a, eo), plan.storage_at(b, eo)), (Some(x), Some(y)) if x == y)
+}
+
+fn is_ext(plan: &Plan, t: TensorId) -> bool {
+    plan.graph
+        .tensors
+        .get(t as usize)
+        .is_some_and(|x| x.kind == TensorKind::External)
+}
+
+/// The dispatches of instruction `r.eo` (not the guard). The same operands for every run of it; the
+/// parameters and workgroups follow the run's samples.
+fn steps_of(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
+    let mut out = Steps::new();
+    let ins = plan
+        .program
+        .get(r.eo as usize)
+        .ok_or(ExecError::BadPlan("execution order out of range"))?;
+    let n = r.n;
+    let nil = Opnd::Nil;
+    use Opnd::T;
+    if ins.phase == Phase::Loss {
+        let g = &plan.graph;
+        let outs = g.pred_dims().numel();
+        let (pred, dp) = (T(g.pred()), T(g.d_pred));
+        let step = match g.loss {
+            LossKind::SoftmaxCrossEntropy => ew(
+                entry::SOFTMAX_CE,
+                Params {
+                    n: u32_of(n)?,
+                    classes: u32_of(outs)?,
+                    // The derivative's divisor: the whole batch (micro-batches sum to its gradient).
+                    kind: u32_of(r.norm)?,
+                    ..Default::default()
+                },
+                n,
+                [pred, Opnd::Y, dp, Opnd::L, nil],
+            )?,
+            LossKind::Mse => ew(
+                entry::MSE,
+                Params {
+                    n: u32_of(n * outs)?,
+                    lr: (2.0 / (r.norm * outs) as f64) as f32,
+                    ..Default::default()
+                },
+                n * outs,
+                [pred, Opnd::Y, dp, Opnd::L, nil],
+            )?,
+        };
+        out.push(step)?;
+        return Ok(out);
+    }
+    let node = node_of(plan, ins.node)?;
+    if let Some(why) = unsupported(&node.op) {
+        return Err(ExecError::Unsupported(why));
+    }
+    let xin = node.inputs[0];
+    let in_elems = n * node.in_dims[0].numel();
+    let out_elems = n * node.out_dims.numel();
+    let w = node.params.first().map(|p| p.value);
+    let b = node.params.get(1).map(|p| p.value);
+    let d_in = |k: usize| node.d_in.get(k).copied().flatten();
+    let need = |what| ExecError::BadPlan(what);
+    match (ins.phase, &node.op) {
+        (Phase::Forward | Phase::Recompute, NodeOp::Linear { fin, fout }) => {
+            let w = T(w.ok_or(need("a linear layer without weights"))?);
+            if let Some(b) = b {
+                // As the CPU: the bias in every row first, the product accumulated onto it.
+                let p = Params {
+                    n: u32_of(out_elems)?,
+                    classes: u32_of(*fout)?,
+                    ..Default::default()
+                };
+                out.push(ew(
+                    entry::BIAS_ROWS,
+                    p,
+                    out_elems,
+                    [T(b), nil, T(node.out), nil, nil],
+                )?)?;
+            }
+            out.push(gemm(
+                n,
+                *fout,
+                *fin,
+                false,
+                true,
+                b.is_some(),
+                T(xin),
+                w,
+                T(node.out),
+            )?)?;
+        }
+        (Phase::Forward | Phase::Recompute, NodeOp::Act(a)) => {
+            let p = Params {
+                n: u32_of(out_elems)?,
+                kind: act_code(*a),
+                ..Default::default()
+            };
+            out.push(ew(
+                entry::ACT_FWD,
+                p,
+                out_elems,
+                [T(xin), nil, T(node.out), nil, nil],
+            )?)?;
+        }
+        (Phase::Forward | Phase::Recompute, NodeOp::View) => {
+            if !is_ext(plan, node.out) && !same(plan, r.eo, xin, node.out) {
+                return Err(ExecError::BadPlan("a view is not merged with its input"));
+            }
+        }
+        (Phase::Forward | Phase::Recompute, NodeOp::Add) => {
+            let p = Params {
+                n: u32_of(out_elems)?,
+                ..Default::default()
+            };
+            out.push(ew(
+                entry::ADD,
+                p,
+                out_elems,
+                [T(xin), T(node.inputs[1]), T(node.out), nil, nil],
+            )?)?;
+        }
+        (Phase::GradW, NodeOp::Linear { fin, fout }) => {
+            let dy = T(node
+                .d_out
+                .ok_or(need("gradient without an output derivative"))?);
+            let acc = r.mb > 0;
+            if let Some(dw) = node.params.first().and_then(|p| p.grad) {
+                out.push(gemm(*fout, *fin, n, true, false, acc, dy, T(xin), T(dw))?)?;
+            }
+            if let Some(db) = node.params.get(1).and_then(|p| p.grad) {
+                let p = Params {
+                    n: u32_of(*fout)?,
+                    kind: u32_of(n)?,
+                    accumulate: acc as u32,
+                    ..Default::default()
+                };
+                out.push(ew(entry::COL_SUM, p, *fout, [dy, nil, T(db), nil, nil])?)?;
+            }
+        }
+        (Phase::GradW, _) => {
+            return Err(ExecError::BadPlan(
+                "gradient phase on a layer without parameters",
+            ))
+        }
+        (Phase::GradX, op) => {
+            let dy = node
+                .d_out
+                .ok_or(need("derivative without an output derivative"))?;
+            let copy = |from: TensorId, to: TensorId, acc: bool| {
+                let p = Params {
+                    n: u32_of(in_elems)?,
+                    accumulate: acc as u32,
+                    ..Default::default()
+                };
+                ew(entry::COPY, p, in_elems, [T(from), nil, T(to), nil, nil])
+            };
+            match op {
+                NodeOp::Linear { fin, fout } => {
+                    let (dx, acc) = d_in(0).ok_or(need(
+                        "an input derivative of a layer whose input needs none",
+                    ))?;
+                    let w = T(w.ok_or(need("a linear layer without weights"))?);
+                    out.push(gemm(n, *fin, *fout, false, false, acc, T(dy), w, T(dx))?)?;
+                }
+                NodeOp::Act(a) => {
+                    let (dx, acc) =
+                        d_in(0).ok_or(need("activation derivative without a target"))?;
+                    let p = Params {
+                        n: u32_of(in_elems)?,
+                        kind: act_code(*a),
+                        // In place (dx = dy) the CPU overwrites; the kernel reads dy before writing.
+                        accumulate: (acc && !same(plan, r.eo, dy, dx)) as u32,
+                        ..Default::default()
+                    };
+                    out.push(ew(
+                        entry::ACT_GRAD,
+                        p,
+                        in_elems,
+                        [T(node.out), T(dy), T(dx), nil, nil],
+                    )?)?;
+                }
+                NodeOp::View => {
+                    let (dx, acc) = d_in(0).ok_or(need("view derivative without a target"))?;
+                    if !same(plan, r.eo, dy, dx) {
+                        out.push(copy(dy, dx, acc)?)?;
+                    }
+                }
+                NodeOp::Add => {
+                    if let Some((db, acc)) = d_in(1) {
+                        out.push(copy(dy, db, acc)?)?;
+                    }
+                    if let Some((da, acc)) = d_in(0) {
+                        if !same(plan, r.eo, dy, da) {
+                            out.push(copy(dy, da, acc)?)?;
+                        }
+                    }
+                }
+                _ => return Err(ExecError::Unsupported("a layer without GPU kernels")),
+            }
+        }
+        (Phase::Apply, _) => {
+            for p in &node.params {
+                let Some(g) = p.grad else { continue };
+                let len = plan
+                    .graph
+                    .tensors
+                    .get(p.value as usize)
+                    .ok_or(need("a parameter outside the graph"))?
+                    .bytes
+                    / 4;
+                let (kernel, params, states) =
+                    optim_params(&plan.graph.optimizer, r.t, u32_of(len)?);
+                if p.state.len() != states {
+                    return Err(need("optimizer state slots differ from the optimizer's"));
+                }
+                let st = |k: usize| p.state.get(k).map_or(nil, |&s| T(s));
+                out.push(ew(
+                    kernel,
+                    params,
+                    len,
+                    [T(g), Opnd::Guard, T(p.value), st(0), st(1)],
+                )?)?;
+            }
+        }
+        _ => {
+            return Err(ExecError::Unsupported(
+                "an instruction kind the GPU backend does not run (swaps, fp16 storage, moves)",
+            ))
+        }
+    }
+    Ok(out)
+}
+
+/// Byte offsets of the I/O buffer's sections (each a multiple of [`GPU_ALIGN`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct IoLayout {
+    /// Micro-batches.
+    mbs: usize,
+    /// Samples per micro-batch.
+    mb: usize,
+    x_slot: usize,
+    y_slot: usize,
+    l_slot: usize,
+    /// Start of the inputs, targets, losses; the guard word; the unused-binding filler; the end.
+    x: usize,
+    y: usize,
+    l: usize,
+    guard: usize,
+    nil: usize,
+    bytes: usize,
+}
+
+fn round(v: usize) -> usize {
+    v.max(1).div_ceil(GPU_ALIGN) * GPU_ALIGN
+}
+
+impl IoLayout {
+    fn of(plan: &Plan) -> IoLayout {
+        let g = &plan.graph;
+        let (mbs, mb) = (plan.micro_batches.max(1) as usize, g.batch);
+        let per = g.input_dims.numel();
+        let outs = g.pred_dims().numel();
+        let x_slot = round(mb * per * 4);
+        let y_slot = round(mb * outs * 4);
+        // Cross-entropy: each sample's loss, then whether it was right; MSE: each squared error.
+        let l_slot = round(mb * outs.max(2) * 4);
+        let x = 0;
+        let y = x + mbs * x_slot;
+        let l = y + mbs * y_slot;
+        let guard = l + mbs * l_slot;
+        let nil = guard + GPU_ALIGN;
+        IoLayout {
+            mbs,
+            mb,
+            x_slot,
+            y_slot,
+            l_slot,
+            x,
+            y,
+            l,
+            guard,
+            nil,
+            bytes: nil + GPU_ALIGN,
+        }
+    }
+}
+
+/// What a prepared plan holds on the GPU.
+struct Prepared {
+    mem: wgpu::Buffer,
+    io: wgpu::Buffer,
+    io_layout: IoLayout,
+    params: wgpu::Buffer,
+    readback: wgpu::Buffer,
+    /// One bind group per dispatch, in program order; the guard's is last.
+    groups: Vec<wgpu::BindGroup>,
+    /// The first dispatch of each instruction, and how many it has.
+    first: Vec<(u32, u8)>,
+    /// The uniform slots' contents for this step (uploaded once, at its end).
+    staging: Vec<u8>,
+    /// The executing step: its encoder and pass.
+    encoder: Option<wgpu::CommandEncoder>,
+    pass: Option<wgpu::ComputePass<'static>>,
+    /// Samples of the step (0: no step), whether the guard ran, samples of each micro-batch's loss.
+    samples: usize,
+    guarded: bool,
+    loss_n: Vec<usize>,
+    /// Loss values a sample leaves in its slot: its loss (cross-entropy, whose slot then holds whether
+    /// each sample was right), or its squared errors (MSE).
+    loss_per_sample: usize,
+    /// The loss kind.
+    kind: LossKind,
+}
+
+/// Bytes a [`GpuBackend`] allocates on the GPU for a plan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuBytes {
+    /// The plan's GPU space (its tensors): the planner's layout.
+    pub space: u64,
+    /// Inputs and targets of every micro-batch, per-sample losses, the guard word (256-byte slots).
+    pub io: u64,
+    /// One 256-byte uniform slot per dispatch of the program, plus the guard's.
+    pub params: u64,
+    /// The losses' readback copy.
+    pub readback: u64,
+}
+
+impl GpuBytes {
+    /// All of it.
+    pub fn total(&self) -> u64 {
+        self.space + self.io + self.params + self.readback
+    }
+}
+
+/// frugal's GPU backend over wgpu (see the [module](self) docs).
+pub struct GpuBackend {
+    gpu: Gpu,
+    prep: Option<Prepared>,
+    bytes: GpuBytes,
+}
+
+fn gpu_err(e: GpuError) -> ExecError {
+    // ExecError carries static text; the adapter's own words go to stderr once.
+    eprintln!("frugal-wgpu: {e}");
+    ExecError::Unsupported("the GPU failed (see the message above)")
+}
+
+impl GpuBackend {
+    /// The backend on `gpu`.
+    pub fn new(gpu: Gpu) -> GpuBackend {
+        GpuBackend {
+            gpu,
+            prep: None,
+            bytes: GpuBytes::default(),
+        }
+    }
+
+    /// Opens the first adapter (see [`Gpu::open`]).
+    pub fn open() -> Result<GpuBackend, GpuError> {
+        Gpu::open().map(GpuBackend::new)
+    }
+
+    /// The GPU.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// GPU bytes allocated for the prepared plan.
+    pub fn bytes(&self) -> GpuBytes {
+        self.bytes
+    }
+
+    /// wgpu's own counts of live objects (buffers, bind groups, pipelines) and buffer memory.
+    pub fn counters(&self) -> wgpu::InternalCounters {
+        self.gpu.device.get_internal_counters()
+    }
+
+    fn prepared(&mut self) -> Result<&mut Prepared, ExecError> {
+        self.prep
+            .as_mut()
+            .ok_or(ExecError::BadPlan("the GPU backend has no prepared plan"))
+    }
+
+    /// A persistent tensor's values (weights, BatchNorm statistics) read back from the GPU.
+    pub fn read(&self, plan: &Plan, t: TensorId) -> Result<Vec<f32>, ExecError> {
+        let prep = self
+            .prep
+            .as_ref()
+            .ok_or(ExecError::BadPlan("the GPU backend has no prepared plan"))?;
+        let (off, _) = range_of(plan, t, 0)?;
+        let len = tensor_bytes(plan, t)?;
+        self.gpu
+            .read_range(&prep.mem, off as u64, len / 4)
+            .map_err(gpu_err)
+    }
+
+    /// Overwrites a persistent tensor on the GPU (loading weights); `data` must have its exact length.
+    pub fn write(&mut self, plan: &Plan, t: TensorId, data: &[f32]) -> Result<(), ExecError> {
+        let (off, _) = range_of(plan, t, 0)?;
+        if data.len() * 4 != tensor_bytes(plan, t)? {
+            return Err(ExecError::Tensor("length differs from the planned tensor"));
+        }
+        let prep = self.prepared()?;
+        let mem = prep.mem.clone();
+        self.gpu
+            .queue
+            .write_buffer(&mem, off as u64, bytemuck::cast_slice(data));
+        Ok(())
+    }
+
+    /// Records instruction `r.eo`'s dispatches into the step's pass.
+    fn record(&mut self, plan: &Plan, r: Run) -> Result<(), ExecError> {
+        let steps = steps_of(plan, r)?;
+        let gpu = &self.gpu;
+        let prep = self
+            .prep
+            .as_mut()
+            .ok_or(ExecError::BadPlan("the GPU backend has no prepared plan"))?;
+        let &(first, count) = prep
+            .first
+            .get(r.eo as usize)
+            .ok_or(ExecError::BadPlan("execution order out of range"))?;
+        if count as usize != steps.len {
+            return Err(ExecError::BadPlan(
+                "the instruction differs from its prepared form",
+            ));
+        }
+        let pass = prep
+            .pass
+            .as_mut()
+            .ok_or(ExecError::BadPlan("an instruction outside a step"))?;
+        for (i, st) in steps.iter().enumerate() {
+            let slot = first as usize + i;
+            write_params(&mut prep.staging, slot, &st.kernel);
+            pass.set_pipeline(pipeline(gpu, &st.kernel));
+            pass.set_bind_group(0, &prep.groups[slot], &[]);
+            if st.groups.0 > 0 && st.groups.1 > 0 {
+                pass.dispatch_workgroups(st.groups.0, st.groups.1, 1);
+            }
+        }
+        Ok(())
+    }
+
+    /// Before the first update of a step: the guard over the losses so far.
+    fn guard(&mut self) -> Result<(), ExecError> {
+        let gpu = &self.gpu;
+        let prep = self
+            .prep
+            .as_mut()
+            .ok_or(ExecError::BadPlan("the GPU backend has no prepared plan"))?;
+        if prep.guarded {
+            return Ok(());
+        }
+        prep.guarded = true;
+        let io = prep.io_layout;
+        let per_slot = io.l_slot / 4;
+        let ran = prep.loss_n.iter().take_while(|&&n| n > 0).count();
+        let last = ran.checked_sub(1).map_or(0, |k| prep.loss_n[k]);
+        let vals = |n: usize| n * prep.loss_per_sample;
+        let p = Params {
+            n: u32_of(vals(io.mb))?,
+            classes: u32_of(per_slot)?,
+            kind: u32_of(ran)?,
+            accumulate: u32_of(vals(last))?,
+            ..Default::default()
+        };
+        let slot = prep.groups.len() - 1;
+        let kernel = Kernel::Ew(entry::GUARD, p);
+        write_params(&mut prep.staging, slot, &kernel);
+        let pass = prep
+            .pass
+            .as_mut()
+            .ok_or(ExecError::BadPlan("an update outside a step"))?;
+        pass.set_pipeline(pipeline(gpu, &kernel));
+        pass.set_bind_group(0, &prep.groups[slot], &[]);
+        pass.dispatch_workgroups(1, 1, 1);
+        Ok(())
+    }
+}
+
+/// (offset, bytes) in the GPU space of tensor `t`'s storage at `eo`.
+fn range_of(plan: &Plan, t: TensorId, eo: Eo) -> Result<(usize, usize), ExecError> {
+    let s = plan
+        .storage_at(t, eo)
+        .ok_or(ExecError::Tensor("tensor is not in the GPU's memory"))? as usize;
+    let life = plan
+        .lives
+        .get(s)
+        .ok_or(ExecError::BadPlan("storage index out of range"))?;
+    if life.space != GPU_SPACE {
+        return Err(ExecError::Space(life.space.0));
+    }
+    let off = *plan
+        .offsets
+        .get(s)
+        .ok_or(ExecError::BadPlan("storage index out of range"))?;
+    Ok((off, life.bytes))
+}
+
+/// Bytes of tensor `t` itself (its storage may be larger: a storage holds the largest tensor sharing it).
+fn tensor_bytes(plan: &Plan, t: TensorId) -> Result<usize, ExecError> {
+    plan.graph
+        .tensors
+        .get(t as usize)
+        .map(|x| x.bytes)
+        .ok_or(ExecError::Tensor("no such tensor"))
+}
+
+fn write_params(staging: &mut [u8], slot: usize, k: &Kernel) {
+    let bytes: &[u8] = match k {
+        Kernel::Gemm(d) => bytemuck::bytes_of(d),
+        Kernel::Ew(_, p) => bytemuck::bytes_of(p),
+    };
+    staging[slot * SLOT..slot * SLOT + bytes.len()].copy_from_slice(bytes);
+}
+
+fn pipeline<'g>(gpu: &'g Gpu, k: &Kernel) -> &'g wgpu::ComputePipeline {
+    match k {
+        Kernel::Gemm(_) => &gpu.sgemm,
+        Kernel::Ew(e, _) => &gpu.elementwise.all[*e],
+    }
+}
+
+/// The checks `prepare` makes before creating anything.
+fn check(plan: &Plan) -> Result<(), ExecError> {
+    if let Some(i) = plan.program.iter().find(|i| i.placement != Placement::Gpu) {
+        return Err(ExecError::Placement(i.placement));
+    }
+    if let Some(l) = plan.lives.iter().find(|l| l.space != GPU_SPACE) {
+        return Err(ExecError::Space(l.space.0));
+    }
+    if plan.graph.precision != frugal_core::model::Precision::F32 {
+        return Err(ExecError::Unsupported(
+            "integer or fp16 precision (the GPU backend trains in f32)",
+        ));
+    }
+    for n in &plan.graph.nodes {
+        if let Some(why) = unsupported(&n.op) {
+            return Err(ExecError::Unsupported(why));
+        }
+    }
+    let last_loss = plan.program.iter().rposition(|i| i.phase == Phase::Loss);
+    let first_apply = plan.program.iter().position(|i| i.phase == Phase::Apply);
+    if let (Some(l), Some(a)) = (last_loss, first_apply) {
+        if a < l {
+            return Err(ExecError::Unsupported(
+                "an update before the step's last loss (the GPU guards updates by the whole step's loss)",
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl Backend for GpuBackend {
+    fn name(&self) -> &'static str {
+        "gpu (wgpu)"
+    }
+
+    fn serves(&self, p: Placement) -> bool {
+        p == Placement::Gpu
+    }
+
+    fn prepare(&mut self, plan: &Plan) -> Result<(), ExecError> {
+        check(plan)?;
+        self.prep = None;
+        let dev = &self.gpu.device;
+        let limits = dev.limits();
+        let io_layout = IoLayout::of(plan);
+        let mem_bytes = (plan.space_bytes(GPU_SPACE).max(4) as u64).div_ceil(4) * 4;
+        if mem_bytes > limits.max_buffer_size {
+            return Err(ExecError::Unsupported(
+                "the plan's GPU space exceeds the adapter's largest buffer",
+            ));
+        }
+        // Every instruction's dispatches with the operands they bind (the batch's first samples stand
+        // for any run: operands do not depend on the sample count).
+        let mut ops: Vec<(bool, [Opnd; 5], u16)> = Vec::new();
+        let mut first = Vec::with_capacity(plan.program.len());
+        for (eo, ins) in plan.program.iter().enumerate() {
+            let r = Run {
+                eo: eo as Eo,
+                n: plan.graph.batch,
+                mb: ins.mb,
+                t: 1,
+                norm: plan.batch(),
+            };
+            let st = steps_of(plan, r)?;
+            first.push((u32_of(ops.len())?, st.len as u8));
+            for s in st.iter() {
+                ops.push((matches!(s.kernel, Kernel::Gemm(_)), s.ops, ins.mb));
+            }
+        }
+        // The guard: every loss value in, the guard word out.
+        ops.push((
+            false,
+            [Opnd::LAll, Opnd::Nil, Opnd::Guard, Opnd::Nil, Opnd::Nil],
+            0,
+        ));
+        let usage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC;
+        let buffer = |label, size: u64, usage| {
+            dev.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size,
+                usage,
+                mapped_at_creation: false,
+            })
+        };
+        let mem = buffer("frugal space", mem_bytes, usage);
+        let io = buffer("frugal io", io_layout.bytes as u64, usage);
+        let params_bytes = (ops.len() * SLOT) as u64;
+        let params = buffer(
+            "frugal params",
+            params_bytes,
+            wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        );
+        let readback_bytes = (io_layout.nil - io_layout.l) as u64;
+        let readback = buffer(
+            "frugal losses",
+            readback_bytes,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        );
+        let max_bind = limits.max_storage_buffer_binding_size;
+        let mut groups = Vec::with_capacity(ops.len());
+        // The instruction of each dispatch (the guard's: any; it binds no tensor).
+        let mut eo_of = Vec::with_capacity(ops.len());
+        for (eo, &(_, n)) in first.iter().enumerate() {
+            eo_of.extend(std::iter::repeat_n(eo, n as usize));
+        }
+        eo_of.push(0);
+        for (slot, (is_gemm, operands, mb)) in ops.iter().enumerate() {
+            let eo = eo_of[slot] as Eo;
+            let mut bound: Vec<(&wgpu::Buffer, u64, u64)> = Vec::with_capacity(5);
+            let used = if *is_gemm { 3 } else { 5 };
+            for o in &operands[..used] {
+                let mbu = *mb as usize;
+                let (buf, off, size) = match *o {
+                    Opnd::T(t) if is_ext(plan, t) => {
+                        (&io, io_layout.x + mbu * io_layout.x_slot, io_layout.x_slot)
+                    }
+                    Opnd::T(t) => {
+                        let (off, bytes) = range_of(plan, t, eo)?;
+                        (&mem, off, bytes.max(4).div_ceil(4) * 4)
+                    }
+                    Opnd::Y => (&io, io_layout.y + mbu * io_layout.y_slot, io_layout.y_slot),
+                    Opnd::L => (&io, io_layout.l + mbu * io_layout.l_slot, io_layout.l_slot),
+                    Opnd::LAll => (&io, io_layout.l, io_layout.mbs * io_layout.l_slot),
+                    Opnd::Guard => (&io, io_layout.guard, GPU_ALIGN),
+                    Opnd::Nil => (&io, io_layout.nil, GPU_ALIGN),
+                };
+                if off % GPU_ALIGN != 0 {
+                    return Err(ExecError::BadPlan(
+                        "a GPU storage below the binding alignment",
+                    ));
+                }
+                if size as u64 > max_bind {
+                    return Err(ExecError::Unsupported(
+                        "a tensor larger than the adapter's largest storage binding",
+                    ));
+                }
+                if (off + size) as u64 > buf.size() {
+                    return Err(ExecError::BadPlan("a tensor outside the GPU space"));
+                }
+                bound.push((buf, off as u64, size as u64));
+            }
+            let uniform_size = if *is_gemm {
+                std::mem::size_of::<Dims>()
+            } else {
+                std::mem::size_of::<Params>()
+            } as u64;
+            let mut entries = Vec::with_capacity(6);
+            entries.push(wgpu::BindGroupEntry {
+                binding: 0,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &params,
+                    offset: (slot * SLOT) as u64,
+                    size: NonZeroU64::new(uniform_size),
+                }),
+            });
+            for (i, &(buf, off, size)) in bound.iter().enumerate() {
+                entries.push(wgpu::BindGroupEntry {
+                    binding: i as u32 + 1,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: buf,
+                        offset: off,
+                        size: NonZeroU64::new(size),
+                    }),
+                });
+            }
+            let layout = if *is_gemm {
+                &self.gpu.layout
+            } else {
+                &self.gpu.elementwise.layout
+            };
+            groups.push(dev.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout,
+                entries: &entries,
+            }));
+        }
+        let g = &plan.graph;
+        let (loss_per_sample, kind) = match g.loss {
+            LossKind::SoftmaxCrossEntropy => (1, g.loss),
+            LossKind::Mse => (g.pred_dims().numel(), g.loss),
+        };
+        self.bytes = GpuBytes {
+            space: mem_bytes,
+            io: io_layout.bytes as u64,
+            params: params_bytes,
+            readback: readback_bytes,
+        };
+        self.prep = Some(Prepared {
+            mem,
+            io,
+            io_layout,
+            params,
+            readback,
+            groups,
+            first,
+            staging: vec![0u8; ops.len() * SLOT],
+            encoder: None,
+            pass: None,
+            samples: 0,
+            guarded: false,
+            loss_n: vec![0; io_layout.mbs],
+            loss_per_sample,
+            kind,
+        });
+        Ok(())
+    }
+
+    fn begin_step(&mut self, plan: &Plan, step: &StepStart<'_>) -> Result<(), ExecError> {
+        let gpu = &self.gpu;
+        let prep = self
+            .prep
+            .as_mut()
+            .ok_or(ExecError::BadPlan("the GPU backend has no prepared plan"))?;
+        // A step that failed midway left its pass open: discard it.
+        prep.pass = None;
+        prep.encoder = None;
+        let per = plan.graph.input_dims.numel();
+        let io = prep.io_layout;
+        let n = step.x.len() / per.max(1);
+        if n > io.mbs * io.mb {
+            return Err(ExecError::BadBatch(
+                "more samples than the planned batch",
+                n,
+            ));
+        }
+        for (k, chunk) in step.x.chunks(io.mb * per).enumerate() {
+            gpu.queue.write_buffer(
+                &prep.io,
+                (io.x + k * io.x_slot) as u64,
+                bytemuck::cast_slice(chunk),
+            );
+        }
+        prep.samples = n;
+        prep.guarded = false;
+        prep.loss_n.fill(0);
+        let mut enc = gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("step"),
+            });
+        let pass = enc
+            .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("step"),
+                timestamp_writes: None,
+            })
+            .forget_lifetime();
+        prep.encoder = Some(enc);
+        prep.pass = Some(pass);
+        Ok(())
+    }
+
+    fn end_step(&mut self, _plan: &Plan) -> Result<Option<LossOut>, ExecError> {
+        let gpu = &self.gpu;
+        let prep = self
+            .prep
+            .as_mut()
+            .ok_or(ExecError::BadPlan("the GPU backend has no prepared plan"))?;
+        prep.pass = None; // ends the pass
+        let Some(mut enc) = prep.encoder.take() else {
+            return Ok(None);
+        };
+        let io = prep.io_layout;
+        let ran = prep.loss_n.iter().take_while(|&&n| n > 0).count();
+        let read = (io.nil - io.l) as u64;
+        if ran > 0 {
+            enc.copy_buffer_to_buffer(&prep.io, io.l as u64, &prep.readback, 0, read);
+        }
+        gpu.queue.write_buffer(&prep.params, 0, &prep.staging);
+        gpu.queue.submit([enc.finish()]);
+        if ran == 0 {
+            return Ok(None);
+        }
+        let slice = prep.readback.slice(..read);
+        slice.map_async(wgpu::MapMode::Read, |_| {});
+        gpu.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| gpu_err(GpuError::Readback(e.to_string())))?;
+        let view = slice
+            .get_mapped_range()
+            .map_err(|e| gpu_err(GpuError::Readback(e.to_string())))?;
+        let vals: &[f32] = bytemuck::cast_slice(&view);
+        let slot = io.l_slot / 4;
+        let mut out = LossOut::default();
+        for (k, &n) in prep.loss_n[..ran].iter().enumerate() {
+            let s = &vals[k * slot..(k + 1) * slot];
+            // Per micro-batch as the CPU: its mean in f32 (sample order), the sum in f64.
+            let (mean, correct) = match prep.kind {
+                LossKind::SoftmaxCrossEntropy => {
+                    let sum: f32 = s[..n].iter().sum();
+                    (
+                        sum / n as f32,
+                        s[n..2 * n].iter().filter(|&&c| c != 0.0).count(),
+                    )
+                }
+                LossKind::Mse => {
+                    let m = n * prep.loss_per_sample;
+                    let sum: f32 = s[..m].iter().sum();
+                    (sum / m as f32, 0)
+                }
+            };
+            out.sum += mean as f64 * n as f64;
+            out.mean = mean;
+            out.correct += correct;
+        }
+        drop(view);
+        prep.readback.unmap();
+        Ok(Some(out))
+    }
+
+    fn init_params(&mut self, plan: &Plan, _host: &mut [u8], seed: u64) -> Result<(), ExecError> {
+        // The CPU's initialisation (PyTorch's defaults, the same values for a seed) into a host copy
+        // laid out as the GPU space, uploaded whole.
+        let mut host_plan = plan.clone();
+        for l in &mut host_plan.lives {
+            l.space = SpaceId::HOST;
+        }
+        host_plan.spaces.clear();
+        host_plan.arena_bytes = plan.space_bytes(GPU_SPACE);
+        let mut shadow = vec![0u8; host_plan.arena_bytes.max(4).div_ceil(4) * 4];
+        frugal_core::backend::CpuBackend::new().init_params(&host_plan, &mut shadow, seed)?;
+        let prep = self.prepared()?;
+        let mem = prep.mem.clone();
+        self.gpu.queue.write_buffer(&mem, 0, &shadow);
+        Ok(())
+    }
+}
+
+impl LayerOps for GpuBackend {
+    fn forward(&mut self, cx: &Cx<'_>, _host: &mut [u8]) -> Result<(), ExecError> {
+        self.record(cx.plan, run_of(cx, 0))
+    }
+    fn grad_w(&mut self, cx: &Cx<'_>, _host: &mut [u8]) -> Result<(), ExecError> {
+        self.record(cx.plan, run_of(cx, 0))
+    }
+    fn grad_x(&mut self, cx: &Cx<'_>, _host: &mut [u8]) -> Result<(), ExecError> {
+        self.record(cx.plan, run_of(cx, 0))
+    }
+}
+
+fn run_of(cx: &Cx<'_>, norm: usize) -> Run {
+    Run {
+        eo: cx.eo,
+        n: cx.n,
+        mb: cx.ins.mb,
+        t: cx.t,
+        norm,
+    }
+}
+
+impl LossOps for GpuBackend {
+    fn loss(
+        &mut self,
+        cx: &Cx<'_>,
+        _host: &mut [u8],
+        target: Target<'_>,
+        norm: usize,
+    ) -> Result<LossOut, ExecError> {
+        let gpu = &self.gpu;
+        let prep = self
+            .prep
+            .as_mut()
+            .ok_or(ExecError::BadPlan("the GPU backend has no prepared plan"))?;
+        let io = prep.io_layout;
+        let mb = cx.ins.mb as usize;
+        if mb >= io.mbs {
+            return Err(ExecError::BadPlan("a micro-batch beyond the plan's"));
+        }
+        let bytes: &[u8] = match target {
+            Target::Classes(y) => bytemuck::cast_slice(y),
+            Target::Values(v) => bytemuck::cast_slice(v),
+        };
+        gpu.queue
+            .write_buffer(&prep.io, (io.y + mb * io.y_slot) as u64, bytes);
+        prep.loss_n[mb] = cx.n;
+        // In evaluation the derivative is written too, into its own planned storage, and never read.
+        self.record(cx.plan, run_of(cx, norm))?;
+        // The values are read back when the step's one submission has run (`end_step`).
+        Ok(LossOut::default())
+    }
+}
+
+impl OptimOps for GpuBackend {
+    fn apply(&mut self, cx: &Cx<'_>, _host: &mut [u8]) -> Result<(), ExecError> {
+        self.guard()?;
+        self.record(cx.plan, run_of(cx, 0))
+    }
+}
+
+impl MoveOps for GpuBackend {
+    fn convert_half(&mut self, _cx: &Cx<'_>, _host: &mut [u8]) -> Result<(), ExecError> {
+        Err(ExecError::Unsupported("fp16 storage on the GPU backend"))
+    }
+}

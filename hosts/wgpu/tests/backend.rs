@@ -1,0 +1,384 @@
+//! The GPU backend runs whole steps of a plan through frugal-core's executor, in one GPU buffer laid out
+//! by the planner: training on it matches training on the CPU backend (the same plans, data and
+//! initial weights), a non-finite loss is refused with the weights unchanged, a plan with a layer it has
+//! no kernel for is refused when the executor is created, and a step creates no GPU object.
+mod common;
+
+use frugal_core::backend::ExecError;
+use frugal_core::exec::{Executor, Target};
+use frugal_core::graph::Graph;
+use frugal_core::model::{Dims, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpec, Src};
+use frugal_core::plan::{Plan, PlanShape};
+use frugal_wgpu::{gpu_plan, GpuBackend, GPU_SPACE};
+
+fn layer(name: &str, kind: LayerKind, inputs: &[Src]) -> LayerSpec {
+    LayerSpec {
+        name: name.into(),
+        kind,
+        inputs: inputs.to_vec(),
+        trainable: true,
+    }
+}
+
+/// Flatten of the input (a view of the host's batch), linear + ReLU, a residual block (linear, Add),
+/// sigmoid, linear to `outs`: every layer kind the GPU step runs.
+fn mlp(loss: LossKind, optimizer: OptimizerSpec, outs: u32) -> ModelSpec {
+    use LayerKind as K;
+    use Src::{Input, Layer};
+    ModelSpec {
+        input: Dims { c: 1, h: 4, w: 5 },
+        layers: vec![
+            layer("flat", K::Flatten, &[Input]),
+            layer(
+                "fc1",
+                K::Linear {
+                    out: 24,
+                    bias: true,
+                },
+                &[Layer(0)],
+            ),
+            layer("relu1", K::Relu, &[Layer(1)]),
+            layer(
+                "fc2",
+                K::Linear {
+                    out: 24,
+                    bias: false,
+                },
+                &[Layer(2)],
+            ),
+            layer("res", K::Add, &[Layer(3), Layer(2)]),
+            layer("sig", K::Sigmoid, &[Layer(4)]),
+            layer(
+                "fc3",
+                K::Linear {
+                    out: outs,
+                    bias: true,
+                },
+                &[Layer(5)],
+            ),
+            layer("tanh", K::Tanh, &[Layer(6)]),
+            layer(
+                "out",
+                K::Linear {
+                    out: outs,
+                    bias: true,
+                },
+                &[Layer(7)],
+            ),
+        ],
+        loss,
+        optimizer,
+        seed: 7,
+    }
+}
+
+const SGD: OptimizerSpec = OptimizerSpec::Sgd {
+    lr: 0.1,
+    momentum: 0.9,
+    weight_decay: 1e-3,
+};
+const ADAM: OptimizerSpec = OptimizerSpec::Adam {
+    lr: 0.01,
+    beta1: 0.9,
+    beta2: 0.999,
+    eps: 1e-8,
+    weight_decay: 0.0,
+};
+
+fn plan(spec: &ModelSpec, mb: usize, micro_batches: u16) -> Plan {
+    let g = Graph::new(spec, mb).unwrap();
+    Plan::shaped(
+        g,
+        PlanShape {
+            micro_batches,
+            ..Default::default()
+        },
+    )
+}
+
+/// Inputs, class labels and regression targets for `n` samples.
+fn batch(spec: &ModelSpec, n: usize, seed: u64, outs: usize) -> (Vec<f32>, Vec<u32>, Vec<f32>) {
+    let per = spec.input.c as usize * spec.input.h as usize * spec.input.w as usize;
+    let x = common::data(n * per, seed, 1.0);
+    let y = (0..n)
+        .map(|i| ((i * 7 + seed as usize) % outs) as u32)
+        .collect();
+    let t = common::data(n * outs, seed + 1, 0.5);
+    (x, y, t)
+}
+
+/// What training measured: the loss of every step and every persistent tensor at the end.
+struct Trained {
+    losses: Vec<f32>,
+    correct: Vec<usize>,
+    state: Vec<Vec<f32>>,
+    eval: (f32, usize),
+}
+
+fn target<'a>(loss: LossKind, y: &'a [u32], t: &'a [f32]) -> Target<'a> {
+    match loss {
+        LossKind::SoftmaxCrossEntropy => Target::Classes(y),
+        LossKind::Mse => Target::Values(t),
+    }
+}
+
+/// `steps` steps on the CPU backend; batch sizes from `sizes` in turn (a partial batch among them).
+fn on_cpu(p: &Plan, spec: &ModelSpec, sizes: &[usize], steps: usize, outs: usize) -> Trained {
+    let mut arena = vec![0u8; p.needed_bytes()];
+    let mut ex = Executor::new(p, &arena).unwrap();
+    ex.init_params(&mut arena, 3).unwrap();
+    let (mut losses, mut correct) = (Vec::new(), Vec::new());
+    for s in 0..steps {
+        let n = sizes[s % sizes.len()];
+        let (x, y, t) = batch(spec, n, s as u64, outs);
+        let st = ex
+            .train_step(&mut arena, &x, target(spec.loss, &y, &t))
+            .unwrap();
+        losses.push(st.loss);
+        correct.push(st.correct);
+    }
+    let mb = p.graph.batch;
+    let (x, y, t) = batch(spec, mb, 99, outs);
+    let ev = ex
+        .evaluate(&mut arena, &x, target(spec.loss, &y, &t))
+        .unwrap();
+    let state = ex
+        .state_tensors()
+        .map(|(_, _, t)| ex.read(&mut arena, t).unwrap().to_vec())
+        .collect();
+    Trained {
+        losses,
+        correct,
+        state,
+        eval: (ev.loss, ev.correct),
+    }
+}
+
+fn on_gpu(
+    p: &Plan,
+    spec: &ModelSpec,
+    sizes: &[usize],
+    steps: usize,
+    outs: usize,
+) -> Option<Trained> {
+    let backend = common::backend()?;
+    let gp = gpu_plan(p.clone());
+    let mut arena = vec![0u8; gp.needed_bytes()];
+    let mut ex = Executor::with_backend(&gp, &arena, backend).unwrap();
+    ex.init_params(&mut arena, 3).unwrap();
+    let (mut losses, mut correct) = (Vec::new(), Vec::new());
+    for s in 0..steps {
+        let n = sizes[s % sizes.len()];
+        let (x, y, t) = batch(spec, n, s as u64, outs);
+        let st = ex
+            .train_step(&mut arena, &x, target(spec.loss, &y, &t))
+            .unwrap();
+        losses.push(st.loss);
+        correct.push(st.correct);
+    }
+    let mb = gp.graph.batch;
+    let (x, y, t) = batch(spec, mb, 99, outs);
+    let ev = ex
+        .evaluate(&mut arena, &x, target(spec.loss, &y, &t))
+        .unwrap();
+    let state = ex
+        .state_tensors()
+        .map(|(_, _, t)| ex.backend().read(&gp, t).unwrap())
+        .collect();
+    Some(Trained {
+        losses,
+        correct,
+        state,
+        eval: (ev.loss, ev.correct),
+    })
+}
+
+/// GPU and CPU training agree. Why 1e-5: both compute in f32 with the same formulas; the GEMM tiles sum
+/// k in the same order but the CPU's kernels may fuse differently (FMA vs multiply-add), and WGSL's
+/// exp/log/tanh are not correctly rounded (a few ULP), so per-step differences are a few ULP of the
+/// values (~1e-7 relative), compounding over a handful of steps to well under 1e-5 norm-wise.
+fn agree(gpu: &Trained, cpu: &Trained, what: &str) {
+    common::close_norm(&format!("{what}: losses"), &gpu.losses, &cpu.losses, 1e-5);
+    assert_eq!(gpu.correct, cpu.correct, "{what}: correct counts");
+    for (k, (g, c)) in gpu.state.iter().zip(&cpu.state).enumerate() {
+        common::close_norm(&format!("{what}: state tensor {k}"), g, c, 1e-5);
+    }
+    common::close_norm(
+        &format!("{what}: eval loss"),
+        &[gpu.eval.0],
+        &[cpu.eval.0],
+        1e-5,
+    );
+    assert_eq!(gpu.eval.1, cpu.eval.1, "{what}: eval correct");
+}
+
+#[test]
+fn an_mlp_trains_on_the_gpu_as_on_the_cpu() {
+    let spec = mlp(LossKind::SoftmaxCrossEntropy, SGD, 5);
+    let p = plan(&spec, 16, 1);
+    let cpu = on_cpu(&p, &spec, &[16], 6, 5);
+    let Some(gpu) = on_gpu(&p, &spec, &[16], 6, 5) else {
+        return;
+    };
+    agree(&gpu, &cpu, "plain plan, cross-entropy, SGD");
+    assert!(cpu.losses.last() < cpu.losses.first(), "the loss falls");
+}
+
+#[test]
+fn micro_batches_and_partial_batches_match_the_cpu() {
+    // 3 micro-batches of 8: the derivative normalised by the whole batch, weight gradients
+    // accumulated; then a partial batch of 13 (one micro-batch short, one partial) and one of 5.
+    for (loss, opt, outs) in [
+        (LossKind::SoftmaxCrossEntropy, ADAM, 4),
+        (LossKind::Mse, SGD, 3),
+    ] {
+        let spec = mlp(loss, opt, outs);
+        let p = plan(&spec, 8, 3);
+        let sizes = [24, 13, 5];
+        let cpu = on_cpu(&p, &spec, &sizes, 6, outs as usize);
+        let Some(gpu) = on_gpu(&p, &spec, &sizes, 6, outs as usize) else {
+            return;
+        };
+        agree(&gpu, &cpu, &format!("3 micro-batches, {loss:?}"));
+    }
+}
+
+#[test]
+fn a_non_finite_loss_is_refused_and_the_weights_stay() {
+    let Some(backend) = common::backend() else {
+        return;
+    };
+    let huge = OptimizerSpec::Sgd {
+        lr: 1e30,
+        momentum: 0.0,
+        weight_decay: 0.0,
+    };
+    let spec = mlp(LossKind::Mse, huge, 3);
+    let gp = gpu_plan(plan(&spec, 8, 1));
+    let mut arena = vec![0u8; gp.needed_bytes()];
+    let mut ex = Executor::with_backend(&gp, &arena, backend).unwrap();
+    ex.init_params(&mut arena, 3).unwrap();
+    let (x, _, t) = batch(&spec, 8, 1, 3);
+    let tensors: Vec<_> = ex.state_tensors().map(|(_, _, t)| t).collect();
+    let read = |ex: &Executor<'_, GpuBackend>| -> Vec<Vec<u32>> {
+        tensors
+            .iter()
+            .map(|&t| {
+                let v = ex.backend().read(&gp, t).unwrap();
+                v.iter().map(|v| v.to_bits()).collect()
+            })
+            .collect()
+    };
+    let mut refused = None;
+    for step in 0..6 {
+        let before = read(&ex);
+        match ex.train_step(&mut arena, &x, Target::Values(&t)) {
+            Ok(_) => {}
+            Err(e) => {
+                assert_eq!(e, ExecError::NonFinite("the loss"));
+                assert_eq!(
+                    read(&ex),
+                    before,
+                    "weights and state unchanged by the refused step"
+                );
+                refused = Some(step);
+                break;
+            }
+        }
+    }
+    let step = refused.expect("an lr of 1e30 drives the loss to infinity within 6 steps");
+    assert_eq!(ex.steps() as usize, step, "a refused step is not counted");
+}
+
+#[test]
+fn a_plan_with_a_layer_without_gpu_kernels_is_refused_at_creation() {
+    let Some(backend) = common::backend() else {
+        return;
+    };
+    let mut spec = mlp(LossKind::SoftmaxCrossEntropy, SGD, 5);
+    spec.layers[2].kind = LayerKind::Dropout { p: 0.5 };
+    let gp = gpu_plan(plan(&spec, 4, 1));
+    let arena = vec![0u8; gp.needed_bytes()];
+    match Executor::with_backend(&gp, &arena, backend) {
+        Err(ExecError::Unsupported(why)) => assert!(why.contains("Dropout"), "{why}"),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("a Dropout plan was accepted"),
+    }
+    // A plan left on the CPU is refused by placement.
+    let Some(backend) = common::backend() else {
+        return;
+    };
+    let cpu_plan = plan(&mlp(LossKind::SoftmaxCrossEntropy, SGD, 5), 4, 1);
+    let arena = vec![0u8; cpu_plan.needed_bytes()];
+    assert!(matches!(
+        Executor::with_backend(&cpu_plan, &arena, backend),
+        Err(ExecError::Placement(_))
+    ));
+}
+
+#[test]
+fn steps_create_no_gpu_objects_and_the_gpu_holds_the_planned_bytes() {
+    let Some(backend) = common::backend() else {
+        return;
+    };
+    let spec = mlp(LossKind::SoftmaxCrossEntropy, ADAM, 5);
+    let gp = gpu_plan(plan(&spec, 16, 2));
+    let before = backend.counters().hal;
+    let mut arena = vec![0u8; gp.needed_bytes()];
+    let mut ex = Executor::with_backend(&gp, &arena, backend).unwrap();
+    let prepared = ex.backend().counters().hal;
+    let bytes = ex.backend().bytes();
+    // The tensors' buffer is the planner's GPU space, nothing more.
+    assert_eq!(
+        bytes.space as usize,
+        gp.space_bytes(GPU_SPACE).div_ceil(4) * 4
+    );
+    assert!(gp.space_bytes(GPU_SPACE) > 0 && gp.arena_bytes == 0);
+    // What wgpu allocated when the plan was prepared (nothing else runs in between): at least the
+    // buffers' sizes; drivers may round each allocation up (to their alignment or pages), so at most
+    // 64 KiB over for each of the 4 buffers.
+    let allocated = prepared.buffer_memory.read() - before.buffer_memory.read();
+    assert!(
+        allocated >= bytes.total() as isize && allocated <= bytes.total() as isize + 4 * 65536,
+        "GPU buffer memory {allocated} for {bytes:?}"
+    );
+    assert_eq!(
+        prepared.buffers.read() - before.buffers.read(),
+        4,
+        "four buffers"
+    );
+    ex.init_params(&mut arena, 3).unwrap();
+    let (x, y, _) = batch(&spec, 32, 1, 5);
+    ex.train_step(&mut arena, &x, Target::Classes(&y)).unwrap();
+    let after_first = ex.backend().counters().hal;
+    for _ in 0..5 {
+        ex.train_step(&mut arena, &x, Target::Classes(&y)).unwrap();
+        ex.evaluate(&mut arena, &x[..16 * 20], Target::Classes(&y[..16]))
+            .unwrap();
+    }
+    let later = ex.backend().counters().hal;
+    let same =
+        |what: &str, a: isize, b: isize| assert_eq!(a, b, "{what} after the first step vs later");
+    same("buffers", after_first.buffers.read(), later.buffers.read());
+    same(
+        "bind groups",
+        after_first.bind_groups.read(),
+        later.bind_groups.read(),
+    );
+    same(
+        "compute pipelines",
+        after_first.compute_pipelines.read(),
+        later.compute_pipelines.read(),
+    );
+    same(
+        "pipeline layouts",
+        after_first.pipeline_layouts.read(),
+        later.pipeline_layouts.read(),
+    );
+    same(
+        "buffer memory",
+        after_first.buffer_memory.read(),
+        later.buffer_memory.read(),
+    );
+    assert!(after_first.bind_groups.read() > 0, "wgpu's counters are on");
+}
