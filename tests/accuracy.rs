@@ -31,6 +31,7 @@ fn held_out_accuracy_with(
         policy: frugal_core::policy::PolicyKind::Auto,
         approx,
         threads: 1,
+        device: Default::default(),
     };
     let rep = train::train(&m, &tr, &te, &opts, m.train.weights.as_ref()).unwrap();
     assert!(
@@ -130,6 +131,7 @@ fn a_batch_larger_than_the_budget_trains_to_the_same_accuracy_band() {
         policy: frugal_core::policy::PolicyKind::Auto,
         approx: Default::default(),
         threads: 1,
+        device: Default::default(),
     };
     let rep = train::train(&m, &tr, &te, &opts, None).unwrap();
     assert!(rep.arena_bytes + 63 <= budget);

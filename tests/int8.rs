@@ -27,6 +27,7 @@ fn run(example: &str, precision: Precision, epochs: u32) -> train::Int8Report {
         policy: frugal_core::policy::PolicyKind::Plain,
         approx: Default::default(),
         threads: 1,
+        device: Default::default(),
     };
     train::train_int8(
         &m,

@@ -41,6 +41,7 @@ fn opts(m: &ModelFile, epochs: Option<u32>) -> TrainOptions {
         policy: frugal_core::policy::PolicyKind::Plain,
         approx: Default::default(),
         threads: 1,
+        device: Default::default(),
     }
 }
 

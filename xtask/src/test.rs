@@ -150,16 +150,31 @@ impl Leg {
                 "--check",
             ]),
             // The suite must find an adapter here: lavapipe is installed for this leg.
-            Leg::Gpu => cargo_env(
-                &["test", "-p", "frugal-wgpu"],
-                &[
+            // Then `frugal train --device gpu` as a user runs it (the CLI built with `--features gpu`).
+            Leg::Gpu => {
+                let env = [
                     ("FRUGAL_REQUIRE_GPU", "1".into()),
                     (
                         "XDG_RUNTIME_DIR",
                         std::env::temp_dir().display().to_string(),
                     ),
-                ],
-            ),
+                ];
+                cargo_env(&["test", "-p", "frugal-wgpu"], &env)?;
+                cargo_env(
+                    &[
+                        "test",
+                        "-p",
+                        "frugal-cli",
+                        "--features",
+                        "gpu",
+                        "--test",
+                        "cli",
+                        "--",
+                        "gpu",
+                    ],
+                    &env,
+                )
+            }
             Leg::Cross => crate::cross::main(&[]),
             Leg::Web => crate::web::main(&s(&["--test"])),
             Leg::FirmwareM4 => crate::firmware::main(&s(&["--board", "netduinoplus2"])),

@@ -42,6 +42,7 @@ pub use int8::CpuInt8;
 
 #[cfg(feature = "alloc")]
 use crate::{
+    graph::TensorId,
     plan::{Eo, Instr, Phase, Plan, SpaceId},
     spill::Spill,
 };
@@ -281,6 +282,25 @@ pub trait Backend: LayerOps + LossOps + OptimOps + MoveOps {
     /// optimizer kernels skip their update when the step's loss is not finite).
     fn end_step(&mut self, _plan: &Plan) -> Result<Option<LossOut>, ExecError> {
         Ok(None)
+    }
+    /// Reads persistent tensor `t` of `plan`, held in a memory space this backend owns, into `out` (its
+    /// exact length). Backends without a space of their own refuse.
+    fn read_tensor(
+        &mut self,
+        _plan: &Plan,
+        _t: TensorId,
+        _out: &mut [f32],
+    ) -> Result<(), ExecError> {
+        Err(ExecError::Tensor(
+            "the tensor is in a memory space this backend does not own",
+        ))
+    }
+    /// Overwrites persistent tensor `t` of `plan` in a memory space this backend owns (loading weights);
+    /// `data` has its exact length.
+    fn write_tensor(&mut self, _plan: &Plan, _t: TensorId, _data: &[f32]) -> Result<(), ExecError> {
+        Err(ExecError::Tensor(
+            "the tensor is in a memory space this backend does not own",
+        ))
     }
     /// Initialises every parameter like PyTorch's defaults and zeroes optimizer state and running
     /// statistics (f32 layout; integer backends override).

@@ -264,16 +264,63 @@ impl<'p, B: Backend> Executor<'p, B> {
         })
     }
 
-    /// Reads a persistent f32 tensor.
+    /// Reads a persistent f32 tensor in the host arena (see [`Executor::read_vec`] for any space).
     pub fn read<'a>(&self, arena: &'a mut [u8], t: TensorId) -> Result<&'a [f32], ExecError> {
         let plan = self.plan;
         let a = self.arena(arena)?;
         tensor_mut(plan, a, t).map(|s| &*s)
     }
 
-    /// Overwrites a persistent f32 tensor (loading weights); `data` must have its exact length.
+    /// The memory space persistent tensor `t` lives in.
+    fn space_of(&self, t: TensorId) -> Option<crate::plan::SpaceId> {
+        let s = self.plan.storage_at(t, 0)?;
+        self.plan.lives.get(s as usize).map(|l| l.space)
+    }
+
+    /// A copy of a persistent f32 tensor, wherever it lives: the host arena, or a memory space of the
+    /// backend (read back through [`Backend::read_tensor`], e.g. from the GPU).
+    pub fn read_vec(
+        &mut self,
+        arena: &mut [u8],
+        t: TensorId,
+    ) -> Result<alloc::vec::Vec<f32>, ExecError> {
+        match self.space_of(t) {
+            Some(s) if s != crate::plan::SpaceId::HOST => {
+                let plan = self.plan;
+                let len = plan
+                    .graph
+                    .tensors
+                    .get(t as usize)
+                    .ok_or(ExecError::Tensor("no such tensor"))?
+                    .bytes
+                    / 4;
+                let mut out = alloc::vec![0f32; len];
+                self.backend.read_tensor(plan, t, &mut out)?;
+                Ok(out)
+            }
+            _ => self.read(arena, t).map(|v| v.to_vec()),
+        }
+    }
+
+    /// Overwrites a persistent f32 tensor (loading weights); `data` must have its exact length. A tensor
+    /// in a backend's own memory space is written through [`Backend::write_tensor`].
     pub fn write(&mut self, arena: &mut [u8], t: TensorId, data: &[f32]) -> Result<(), ExecError> {
         let plan = self.plan;
+        if self
+            .space_of(t)
+            .is_some_and(|s| s != crate::plan::SpaceId::HOST)
+        {
+            let want = plan
+                .graph
+                .tensors
+                .get(t as usize)
+                .ok_or(ExecError::Tensor("no such tensor"))?
+                .bytes;
+            if data.len() * 4 != want {
+                return Err(ExecError::Tensor("length differs from the planned tensor"));
+            }
+            return self.backend.write_tensor(plan, t, data);
+        }
         let a = self.arena(arena)?;
         let dst = tensor_mut(plan, a, t)?;
         if dst.len() != data.len() {

@@ -133,6 +133,22 @@ impl<B: Backend> Backend for Recorder<B> {
         self.steps_ended += 1;
         self.inner.end_step(plan)
     }
+    fn read_tensor(
+        &mut self,
+        plan: &Plan,
+        t: crate::graph::TensorId,
+        out: &mut [f32],
+    ) -> Result<(), ExecError> {
+        self.inner.read_tensor(plan, t, out)
+    }
+    fn write_tensor(
+        &mut self,
+        plan: &Plan,
+        t: crate::graph::TensorId,
+        data: &[f32],
+    ) -> Result<(), ExecError> {
+        self.inner.write_tensor(plan, t, data)
+    }
     fn init_params(&mut self, plan: &Plan, host: &mut [u8], seed: u64) -> Result<(), ExecError> {
         self.inner.init_params(plan, host, seed)
     }

@@ -93,6 +93,10 @@ enum Cmd {
         /// bit, for any count.
         #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
         threads: Option<u16>,
+        /// Where f32 steps run: cpu, or gpu (wgpu: Vulkan/Metal/DX12, Mesa's lavapipe without a GPU;
+        /// needs a build with `--features gpu`). On the GPU the budget bounds the plan's GPU memory.
+        #[arg(long = "device", default_value = "cpu", value_parser = parse_device)]
+        on: train::Device,
     },
     /// Print the plan of one training step: every tensor, its lifetime and offset; or, with --budgets,
     /// a table of plans for a ladder of budgets.
@@ -197,6 +201,7 @@ fn run(cli: Cli) -> Res {
             rescale_every_step,
             batch_split,
             threads,
+            on,
         } => {
             let mf = load_model(&model)?;
             // fp16 storage is an opt-in approximation of the f32 plan (compute stays f32).
@@ -231,6 +236,9 @@ fn run(cli: Cli) -> Res {
                 test_set.len()
             );
             if precision != frugal_core::model::Precision::F32 {
+                if on == train::Device::Gpu {
+                    return Err("--device gpu trains in f32 (int8 runs on the CPU backend)".into());
+                }
                 return train_int8_cli(
                     &mf,
                     &model,
@@ -279,10 +287,12 @@ fn run(cli: Cli) -> Res {
                 chosen.predicted_ms
             );
             let threads = threads.map_or_else(ThreadPool::available, usize::from);
-            println!(
-                "cpu: {threads} thread{}",
-                if threads == 1 { "" } else { "s" }
-            );
+            if on == train::Device::Cpu {
+                println!(
+                    "cpu: {threads} thread{}",
+                    if threads == 1 { "" } else { "s" }
+                );
+            }
             let opts = TrainOptions {
                 batch,
                 epochs,
@@ -293,6 +303,7 @@ fn run(cli: Cli) -> Res {
                 policy,
                 approx,
                 threads,
+                device: on,
             };
             let w = weights.or(mf.train.weights.clone());
             let rep = train::train(&mf, &train_set, &test_set, &opts, w.as_ref())?;
@@ -539,6 +550,7 @@ fn train_int8_cli(
         policy: PolicyKind::Plain,
         approx: Approximations::default(),
         threads: 1,
+        device: Default::default(),
     };
     let rescale = if every_step {
         Rescale::EveryStep
@@ -600,4 +612,12 @@ fn train_int8_cli(
     }
     println!("arena used: {}", human_bytes(r.arena_bytes));
     Ok(())
+}
+
+fn parse_device(s: &str) -> Result<train::Device, String> {
+    match s {
+        "cpu" => Ok(train::Device::Cpu),
+        "gpu" => Ok(train::Device::Gpu),
+        _ => Err(format!("unknown device {s:?}: cpu or gpu")),
+    }
 }

@@ -42,6 +42,19 @@ pub struct TrainOptions {
     pub approx: Approximations,
     /// CPU threads for the f32 backend (1 = the calling thread only; results are identical for any count).
     pub threads: usize,
+    /// Where the f32 steps run.
+    pub device: Device,
+}
+
+/// Where f32 training runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Device {
+    /// frugal's CPU backend (over `threads` threads).
+    #[default]
+    Cpu,
+    /// The GPU backend (wgpu: Vulkan, Metal, DX12; Mesa's lavapipe without a GPU). Needs the `gpu`
+    /// feature; the budget then bounds the plan's GPU memory.
+    Gpu,
 }
 
 /// What a run produced.
@@ -262,6 +275,7 @@ pub fn train(
         None,
         opts.approx,
     )?;
+    let how = (chosen.policy, chosen.recomputes);
     let plan = chosen.plan;
     let outputs = plan.graph.pred_dims().numel();
     if train.classes as usize > outputs {
@@ -270,14 +284,82 @@ pub fn train(
             train.classes
         )));
     }
+    match opts.device {
+        Device::Cpu => {
+            let mut arena = alloc_zeroed::<u8>(plan.needed_bytes(), "the arena")?;
+            let pool = ThreadPool::new(opts.threads).map_err(|e| {
+                TrainError::Mismatch(format!("cannot start {} CPU threads: {e}", opts.threads))
+            })?;
+            let ex = Executor::with_backend(&plan, &arena, CpuBackend::with_pool(&pool))?;
+            run(ex, &mut arena, how, model, (train, test), opts, weights)
+        }
+        Device::Gpu => train_gpu(plan, how, model, (train, test), opts, weights),
+    }
+}
+
+#[cfg(feature = "gpu")]
+fn train_gpu(
+    plan: Plan,
+    how: (PolicyKind, usize),
+    model: &ModelFile,
+    data: (&Dataset, &Dataset),
+    opts: &TrainOptions,
+    weights: Option<&PathBuf>,
+) -> Result<TrainReport, TrainError> {
+    use frugal_wgpu::{gpu_plan, GpuBackend, GPU_SPACE};
+    let plan = gpu_plan(plan);
+    // The budget bounds the GPU memory the plan lays out (its tensors at 256-byte alignment).
+    let needed = plan.space_bytes(GPU_SPACE);
+    if needed > opts.budget.bytes {
+        return Err(TrainError::Budget(BudgetError::TooSmall {
+            needed,
+            given: opts.budget.bytes,
+        }));
+    }
+    let backend = GpuBackend::open().map_err(|e| TrainError::Mismatch(e.to_string()))?;
+    if !opts.quiet {
+        println!(
+            "gpu: {} — the plan's GPU memory {} bytes",
+            backend.gpu().adapter(),
+            needed
+        );
+    }
     let mut arena = alloc_zeroed::<u8>(plan.needed_bytes(), "the arena")?;
-    let pool = ThreadPool::new(opts.threads).map_err(|e| {
-        TrainError::Mismatch(format!("cannot start {} CPU threads: {e}", opts.threads))
-    })?;
-    let mut ex = Executor::with_backend(&plan, &arena, CpuBackend::with_pool(&pool))?;
-    ex.init_params(&mut arena, spec.seed)?;
+    let ex = Executor::with_backend(&plan, &arena, backend)?;
+    run(ex, &mut arena, how, model, data, opts, weights)
+}
+
+#[cfg(not(feature = "gpu"))]
+fn train_gpu(
+    _: Plan,
+    _: (PolicyKind, usize),
+    _: &ModelFile,
+    _: (&Dataset, &Dataset),
+    _: &TrainOptions,
+    _: Option<&PathBuf>,
+) -> Result<TrainReport, TrainError> {
+    Err(TrainError::Mismatch(
+        "this frugal was built without the GPU backend: build it with `--features gpu` \
+         (cargo run --release -p frugal-cli --features gpu -- train … --device gpu)"
+            .into(),
+    ))
+}
+
+/// The training loop on any backend.
+fn run<B: Backend>(
+    mut ex: Executor<'_, B>,
+    arena: &mut [u8],
+    (policy, recomputes): (PolicyKind, usize),
+    model: &ModelFile,
+    (train, test): (&Dataset, &Dataset),
+    opts: &TrainOptions,
+    weights: Option<&PathBuf>,
+) -> Result<TrainReport, TrainError> {
+    let spec = &model.spec;
+    let plan = ex.plan();
+    ex.init_params(arena, spec.seed)?;
     if let Some(w) = weights {
-        let n = load_weights(&mut ex, &mut arena, w)?;
+        let n = load_weights(&mut ex, arena, w)?;
         if !opts.quiet {
             println!("loaded {n} tensors from {}", w.display());
         }
@@ -296,7 +378,7 @@ pub fn train(
         for chunk in order.chunks(opts.batch) {
             let n = chunk.len();
             train.batch(chunk, &mut xbuf, &mut ybuf);
-            let s = ex.train_step(&mut arena, &xbuf[..n * per], Target::Classes(&ybuf[..n]))?;
+            let s = ex.train_step(arena, &xbuf[..n * per], Target::Classes(&ybuf[..n]))?;
             loss_sum += s.loss as f64 * n as f64;
             correct += s.correct;
             seen += n;
@@ -307,7 +389,7 @@ pub fn train(
                 );
             }
         }
-        let (test_acc, _) = evaluate(&mut ex, &mut arena, test)?;
+        let (test_acc, _) = evaluate(&mut ex, arena, test)?;
         let p = EpochPoint {
             epoch: epoch + 1,
             train_loss: (loss_sum / seen.max(1) as f64) as f32,
@@ -319,21 +401,27 @@ pub fn train(
         }
         curves.push(p);
     }
-    let (test_accuracy, _) = evaluate(&mut ex, &mut arena, test)?;
+    let (test_accuracy, _) = evaluate(&mut ex, arena, test)?;
     let mut tensors = Vec::new();
     for (name, shape, t) in ex.state_tensors().collect::<Vec<_>>() {
-        tensors.push((name, shape, ex.read(&mut arena, t)?.to_vec()));
+        // Read back from wherever it lives (the GPU's memory for a GPU plan).
+        tensors.push((name, shape, ex.read_vec(arena, t)?));
     }
     Ok(TrainReport {
         epochs: curves,
         test_accuracy,
         test_samples: test.len(),
-        arena_bytes: plan.arena_bytes,
-        lower_bound: plan.lower_bound,
+        // The memory the tensors need where they run (a GPU plan's host arena is empty).
+        arena_bytes: plan
+            .arena_bytes
+            .max(plan.spaces.iter().map(|s| s.bytes).sum()),
+        lower_bound: plan
+            .lower_bound
+            .max(plan.spaces.iter().map(|s| s.lower_bound).sum()),
         tensors,
-        policy: chosen.policy,
+        policy,
         micro_batch: plan.graph.batch,
-        recomputes: chosen.recomputes,
+        recomputes,
     })
 }
 

@@ -169,3 +169,62 @@ fn a_model_too_big_for_the_device_fails_with_a_typed_error_not_an_abort() {
         "{text}"
     );
 }
+
+/// `--device gpu` trains the digits MLP on the GPU backend (lavapipe without a GPU) to the CPU's
+/// held-out accuracy ± 0.5 point, and the checkpoint holds the weights read back from the GPU. Runs in
+/// the `gpu` leg of `cargo xtask test` (built with `--features gpu`, an adapter required there).
+#[cfg(feature = "gpu")]
+#[test]
+fn train_on_the_gpu_reaches_the_cpus_accuracy() {
+    let dir = std::env::temp_dir().join(format!("frugal-gpu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let accuracy = |device: &str| {
+        let ck = dir.join(format!("{device}.safetensors"));
+        let (ok, out) = frugal(&[
+            "train",
+            "examples/digits-mlp.toml",
+            "--budget",
+            "2MiB",
+            "--epochs",
+            "5",
+            "--device",
+            device,
+            "--save",
+            ck.to_str().unwrap(),
+        ]);
+        assert!(ok, "{out}");
+        assert!(std::fs::metadata(&ck).unwrap().len() > 1000, "{out}");
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("held-out accuracy: "))
+            .unwrap_or_else(|| panic!("no accuracy in {out}"));
+        let pct: f32 = line["held-out accuracy: ".len()..]
+            .split('%')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        (pct, out)
+    };
+    let (cpu, _) = accuracy("cpu");
+    let (gpu, out) = accuracy("gpu");
+    assert!(out.contains("gpu: "), "names the adapter: {out}");
+    assert!((gpu - cpu).abs() <= 0.5, "GPU {gpu}% vs CPU {cpu}%");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Without the `gpu` feature, `--device gpu` says how to get it instead of training on the CPU.
+#[cfg(not(feature = "gpu"))]
+#[test]
+fn device_gpu_without_the_feature_says_how_to_build_it() {
+    let (ok, out) = frugal(&[
+        "train",
+        "examples/digits-mlp.toml",
+        "--epochs",
+        "1",
+        "--device",
+        "gpu",
+    ]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("--features gpu"), "{out}");
+}

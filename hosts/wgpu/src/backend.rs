@@ -1027,6 +1027,19 @@ impl Backend for GpuBackend {
         Ok(Some(out))
     }
 
+    fn read_tensor(&mut self, plan: &Plan, t: TensorId, out: &mut [f32]) -> Result<(), ExecError> {
+        let v = self.read(plan, t)?;
+        if v.len() != out.len() {
+            return Err(ExecError::Tensor("length differs from the planned tensor"));
+        }
+        out.copy_from_slice(&v);
+        Ok(())
+    }
+
+    fn write_tensor(&mut self, plan: &Plan, t: TensorId, data: &[f32]) -> Result<(), ExecError> {
+        self.write(plan, t, data)
+    }
+
     fn init_params(&mut self, plan: &Plan, _host: &mut [u8], seed: u64) -> Result<(), ExecError> {
         // The CPU's initialisation (PyTorch's defaults, the same values for a seed) into a host copy
         // laid out as the GPU space, uploaded whole.
