@@ -4,12 +4,95 @@
 //! (lavapipe on a machine without a GPU), 1024³ and the digits MLP's shapes, in GFLOPS beside frugal's CPU
 //! SGEMM on the same machine in the same run (best of `R`, default 5). On lavapipe the "GPU" runs on the
 //! CPU's cores: the ratio is for information, not a GPU figure.
+//!
+//! Then whole training steps: the digits MLP (8×8 → 128 → 64 → 10, Adam) at batch 32 and 128 on the GPU
+//! backend (one submission per step, the loss read back) beside the CPU backend on the same threads,
+//! alternating, median ms/step of each round's 20 steps, best round of `R`.
 use std::time::Instant;
 
+use frugal_core::backend::{Backend, CpuBackend};
+use frugal_core::exec::{Executor, Target};
+use frugal_core::graph::Graph;
 use frugal_core::kernels::gemm::{gemm_scratch_len_threads, sgemm_with_pool, SgemmKernel};
 use frugal_core::kernels::MatRef;
+use frugal_core::model::{Dims, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpec, Src};
+use frugal_core::plan::Plan;
 use frugal_core::pool::ThreadPool;
-use frugal_wgpu::Gpu;
+use frugal_wgpu::{gpu_plan, Gpu, GpuBackend};
+
+/// The digits MLP (examples/digits-mlp.toml's layers).
+fn digits_mlp() -> ModelSpec {
+    let l = |name: &str, kind, from: Src| LayerSpec {
+        name: name.into(),
+        kind,
+        inputs: vec![from],
+        trainable: true,
+    };
+    use LayerKind as K;
+    use Src::{Input, Layer};
+    ModelSpec {
+        input: Dims { c: 1, h: 8, w: 8 },
+        layers: vec![
+            l("flat", K::Flatten, Input),
+            l(
+                "fc1",
+                K::Linear {
+                    out: 128,
+                    bias: true,
+                },
+                Layer(0),
+            ),
+            l("relu1", K::Relu, Layer(1)),
+            l(
+                "fc2",
+                K::Linear {
+                    out: 64,
+                    bias: true,
+                },
+                Layer(2),
+            ),
+            l("relu2", K::Relu, Layer(3)),
+            l(
+                "fc3",
+                K::Linear {
+                    out: 10,
+                    bias: true,
+                },
+                Layer(4),
+            ),
+        ],
+        loss: LossKind::SoftmaxCrossEntropy,
+        optimizer: OptimizerSpec::Adam {
+            lr: 0.003,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        },
+        seed: 1,
+    }
+}
+
+/// Median ms/step of `steps` steps on `ex` (after one untimed step).
+fn ms_per_step<B: Backend>(
+    ex: &mut Executor<'_, B>,
+    arena: &mut [u8],
+    x: &[f32],
+    y: &[u32],
+    steps: usize,
+) -> Result<f64, String> {
+    let mut t = Vec::with_capacity(steps);
+    for i in 0..=steps {
+        let s = Instant::now();
+        ex.train_step(arena, x, Target::Classes(y))
+            .map_err(|e| e.to_string())?;
+        if i > 0 {
+            t.push(s.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    t.sort_by(f64::total_cmp);
+    Ok(t[t.len() / 2])
+}
 
 /// GFLOPS of frugal's CPU SGEMM (`kern`, on `pool`'s `threads`) for one product of `a`·`b`.
 #[allow(clippy::too_many_arguments)]
@@ -100,6 +183,32 @@ fn run(args: &[String]) -> Result<(), String> {
         }
         println!(
             "| {m}×{n}×{k} | {g_best:.1} | {c_best:.1} | {:.2} |",
+            g_best / c_best
+        );
+    }
+    println!("\n| training step (digits MLP, Adam) | batch | GPU backend ms/step | CPU backend ms/step ({threads} threads) | GPU / CPU |");
+    println!("|---|---:|---:|---:|---:|");
+    let spec = digits_mlp();
+    for batch in [32usize, 128] {
+        let plan = Plan::new(Graph::new(&spec, batch).map_err(|e| e.to_string())?);
+        let gp = gpu_plan(plan.clone());
+        let mut arena = vec![0u8; plan.needed_bytes()];
+        let mut garena = vec![0u8; gp.needed_bytes()];
+        let mut cpu = Executor::with_backend(&plan, &arena, CpuBackend::with_pool(&pool))
+            .map_err(|e| e.to_string())?;
+        let backend = GpuBackend::open().map_err(|e| e.to_string())?;
+        let mut gex = Executor::with_backend(&gp, &garena, backend).map_err(|e| e.to_string())?;
+        cpu.init_params(&mut arena, 1).map_err(|e| e.to_string())?;
+        gex.init_params(&mut garena, 1).map_err(|e| e.to_string())?;
+        let x: Vec<f32> = (0..batch * 64).map(|i| (i % 17) as f32 / 16.0).collect();
+        let y: Vec<u32> = (0..batch).map(|i| (i % 10) as u32).collect();
+        let (mut g_best, mut c_best) = (f64::MAX, f64::MAX);
+        for _ in 0..reps {
+            g_best = g_best.min(ms_per_step(&mut gex, &mut garena, &x, &y, 20)?);
+            c_best = c_best.min(ms_per_step(&mut cpu, &mut arena, &x, &y, 20)?);
+        }
+        println!(
+            "| digits MLP | {batch} | {g_best:.3} | {c_best:.3} | {:.1} |",
             g_best / c_best
         );
     }
