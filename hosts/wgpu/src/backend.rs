@@ -18,11 +18,12 @@
 //!   update, writes whether any loss value is not finite, and the SGD/Adam kernels then leave weights and
 //!   state unchanged. The executor reports [`ExecError::NonFinite`] as for the CPU.
 //!
-//! Layers: Linear (the tiled GEMM), ReLU/ReLU6/sigmoid/tanh, views (Flatten/Reshape), Add; fused
+//! Layers: Linear (the tiled GEMM), ReLU/ReLU6/sigmoid/tanh, views (Flatten/Reshape), Add, Dropout (the
+//! CPU's counter-based masks, bit for bit); fused
 //! softmax cross-entropy and MSE; SGD (momentum, weight decay) and Adam. Micro-batched and recomputing
-//! plans run (each micro-batch's inputs, targets and losses have their own slots). Convolution, pooling,
-//! BatchNorm and Dropout have their kernels in this crate (checked against the CPU in `tests/`) but not
-//! yet their place in the step; a plan with one is refused when the executor is created.
+//! plans run (each micro-batch's inputs, targets and losses have their own slots). Convolution, pooling
+//! and BatchNorm have their kernels in this crate (checked against the CPU in `tests/`) but not yet their
+//! place in the step; a plan with one is refused when the executor is created.
 use std::num::NonZeroU64;
 
 use frugal_core::backend::{
@@ -160,13 +161,16 @@ fn act_code(a: Act) -> u32 {
 /// Why a layer cannot run on the GPU backend yet.
 fn unsupported(op: &NodeOp) -> Option<&'static str> {
     match op {
-        NodeOp::Linear { .. } | NodeOp::Act(_) | NodeOp::View | NodeOp::Add => None,
+        NodeOp::Linear { .. }
+        | NodeOp::Act(_)
+        | NodeOp::View
+        | NodeOp::Add
+        | NodeOp::Dropout { .. } => None,
         NodeOp::Conv(_) => Some("a convolution (its GPU kernels are not yet in the GPU step)"),
         NodeOp::MaxPool(_) | NodeOp::AvgPool(_) | NodeOp::GlobalAvgPool { .. } => {
             Some("a pooling layer (its GPU kernels are not yet in the GPU step)")
         }
         NodeOp::BatchNorm { .. } => Some("BatchNorm (its GPU kernels are not yet in the GPU step)"),
-        NodeOp::Dropout { .. } => Some("Dropout (its GPU kernel is not yet in the GPU step)"),
     }
 }
 
@@ -179,6 +183,10 @@ struct Run {
     t: u32,
     /// Samples the loss's derivative is normalised by (the whole batch).
     norm: usize,
+    /// The step's seed, the batch index of the run's first sample, train/eval/recompute (dropout).
+    seed: u64,
+    start: usize,
+    eval: bool,
 }
 
 fn node_of(plan: &Plan, node: u16) -> Result<&Node, ExecError> {
@@ -302,6 +310,15 @@ fn steps_of(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
                 return Err(ExecError::BadPlan("a view is not merged with its input"));
             }
         }
+        (Phase::Forward | Phase::Recompute, NodeOp::Dropout { p }) => {
+            let params = dropout_params(node, *p, r, out_elems, false)?;
+            out.push(ew(
+                entry::DROPOUT_ROWS,
+                params,
+                out_elems,
+                [T(xin), nil, T(node.out), nil, nil],
+            )?)?;
+        }
         (Phase::Forward | Phase::Recompute, NodeOp::Add) => {
             let p = Params {
                 n: u32_of(out_elems)?,
@@ -372,6 +389,18 @@ fn steps_of(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
                         p,
                         in_elems,
                         [T(node.out), T(dy), T(dx), nil, nil],
+                    )?)?;
+                }
+                NodeOp::Dropout { p } => {
+                    let (dx, acc) = d_in(0).ok_or(need("dropout derivative without a target"))?;
+                    // In place (dx = dy) the CPU overwrites.
+                    let acc = acc && !same(plan, r.eo, dy, dx);
+                    let params = dropout_params(node, *p, r, in_elems, acc)?;
+                    out.push(ew(
+                        entry::DROPOUT_ROWS,
+                        params,
+                        in_elems,
+                        [T(dy), nil, T(dx), nil, nil],
                     )?)?;
                 }
                 NodeOp::View => {
@@ -778,6 +807,9 @@ impl Backend for GpuBackend {
                 mb: ins.mb,
                 t: 1,
                 norm: plan.batch(),
+                seed: 0,
+                start: 0,
+                eval: false,
             };
             let st = steps_of(plan, r)?;
             first.push((u32_of(ops.len())?, st.len as u8));
@@ -1077,7 +1109,32 @@ fn run_of(cx: &Cx<'_>, norm: usize) -> Run {
         mb: cx.ins.mb,
         t: cx.t,
         norm,
+        seed: cx.seed,
+        start: cx.start,
+        eval: cx.mode == frugal_core::backend::Mode::Eval,
     }
+}
+
+/// Dropout's kernel parameters for `elems` values of the run (see `dropout_rows` in the shader).
+fn dropout_params(
+    node: &Node,
+    p: f32,
+    r: Run,
+    elems: usize,
+    accumulate: bool,
+) -> Result<Params, ExecError> {
+    // The CPU's seeds: the layer's from the step's, each sample's from the layer's and its batch index.
+    let seed = frugal_core::rng::hash2(r.seed, node.layer as u64);
+    Ok(Params {
+        n: u32_of(elems)?,
+        classes: seed as u32,
+        kind: (seed >> 32) as u32,
+        accumulate: accumulate as u32,
+        lr: if r.eval { 0.0 } else { p },
+        beta2: f32::from_bits(u32_of(node.out_dims.numel())?),
+        eps: f32::from_bits(u32_of(r.start)?),
+        ..Default::default()
+    })
 }
 
 impl LossOps for GpuBackend {

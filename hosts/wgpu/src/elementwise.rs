@@ -73,7 +73,7 @@ pub(crate) fn optim_params(spec: &OptimizerSpec, t: u32, n: u32) -> (usize, Para
 }
 
 /// The entry points, in the order of [`Pipelines::all`].
-pub(crate) const ENTRIES: [&str; 12] = [
+pub(crate) const ENTRIES: [&str; 13] = [
     "act_fwd",
     "act_grad",
     "softmax_ce",
@@ -86,6 +86,7 @@ pub(crate) const ENTRIES: [&str; 12] = [
     "col_sum",
     "copy",
     "guard",
+    "dropout_rows",
 ];
 
 /// Indices into [`ENTRIES`] (and [`Pipelines::all`]).
@@ -101,6 +102,7 @@ pub(crate) mod entry {
     pub const COL_SUM: usize = 9;
     pub const COPY: usize = 10;
     pub const GUARD: usize = 11;
+    pub const DROPOUT_ROWS: usize = 12;
 }
 
 /// Invocations per workgroup (`@workgroup_size(64)`), and workgroups per dispatch row.

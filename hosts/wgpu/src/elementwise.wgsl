@@ -310,3 +310,37 @@ fn guard(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     c[0] = bitcast<f32>(bad);
 }
+
+// frugal-core's `rng::hash2(seed, i)` on (low, high) u32 pairs.
+fn hash2v(seed: vec2<u32>, i: u32) -> vec2<u32> {
+    return mix64(seed ^ mix64(add64(vec2<u32>(i, 0u), vec2<u32>(0x7F4A7C15u, 0x9E3779B9u))));
+}
+
+// Dropout as the GPU step runs it: rows of `per` values, one sample each; sample s of the micro-batch has
+// the CPU's mask seed hash2(layer seed, start + s) (its index in the whole batch, so micro-batching draws
+// the whole batch's masks), element j is kept when hash2(that, j) >> 40 / 2^24 ≥ p. Layer seed =
+// (p.classes, p.kind), p = p.lr, per = bits of p.beta2, start = bits of p.eps. Forward: x = a, y = c;
+// backward: dy = a, dx = c, (+)= when p.accumulate.
+@compute @workgroup_size(64)
+fn dropout_rows(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = index(gid);
+    if (i < p.n) {
+        let per = bitcast<u32>(p.beta2);
+        let start = bitcast<u32>(p.eps);
+        let sample = hash2v(vec2<u32>(p.classes, p.kind), start + i / per);
+        let h = hash2v(sample, i % per);
+        let kept = f32(h.y >> 8u) * (1.0 / 16777216.0) >= p.lr;
+        let s = 1.0 / (1.0 - p.lr);
+        var v = 0.0;
+        if (kept) {
+            v = a[i] * s;
+        }
+        if (p.accumulate != 0u) {
+            if (kept) {
+                c[i] = c[i] + v;
+            }
+        } else {
+            c[i] = v;
+        }
+    }
+}

@@ -1,12 +1,12 @@
 //! # frugal-wgpu
 //!
-//! frugal's GPU kernels on [wgpu](https://wgpu.rs): Vulkan, Metal and DX12 natively, Mesa's lavapipe (a
-//! Vulkan driver on the CPU) on machines without a GPU. This is the first piece of the GPU backend
-//! (issue 12): the device, and the tiled f32 GEMM in workgroup memory that linear and convolution layers
-//! build on, checked against an f64 reference on every adapter the tests can open; the element-wise
-//! layers (ReLU, ReLU6, sigmoid, tanh, forward and backward), the fused softmax cross-entropy and the SGD
-//! and Adam updates, the linear layer, convolution (stride, padding, groups), max and average pooling,
-//! BatchNorm in training mode, checked against frugal-core's CPU ops.
+//! frugal's GPU backend on [wgpu](https://wgpu.rs): Vulkan, Metal and DX12 natively, Mesa's lavapipe (a
+//! Vulkan driver on the CPU) on machines without a GPU. [`GpuBackend`] runs whole training steps of a
+//! plan in one GPU buffer laid out by the planner ([`gpu_plan`]; see the `backend` module). [`Gpu`] holds
+//! the device and the WGSL kernels — the tiled f32 GEMM in workgroup memory that linear and convolution
+//! layers build on, the element-wise layers, the fused losses, SGD and Adam, pooling, convolution,
+//! BatchNorm, Dropout — each also callable on its own (operands moved through the host) and checked
+//! against frugal-core's CPU ops on every adapter the tests can open.
 //!
 //! ```no_run
 //! let gpu = frugal_wgpu::Gpu::open().expect("a GPU adapter (or lavapipe)");

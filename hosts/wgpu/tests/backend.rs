@@ -225,6 +225,22 @@ fn an_mlp_trains_on_the_gpu_as_on_the_cpu() {
 }
 
 #[test]
+fn dropout_trains_on_the_gpu_as_on_the_cpu() {
+    // The CPU's counter-based masks, keyed by each sample's index in the whole batch: 3 micro-batches
+    // and a partial batch draw the same masks as the CPU. A wrong mask changes a unit's output wholesale
+    // (0 vs x/(1−p)), far beyond the 1e-5 bound.
+    let mut spec = mlp(LossKind::SoftmaxCrossEntropy, SGD, 5);
+    spec.layers[7].kind = LayerKind::Dropout { p: 0.3 };
+    let p = plan(&spec, 8, 3);
+    let sizes = [24, 13];
+    let cpu = on_cpu(&p, &spec, &sizes, 4, 5);
+    let Some(gpu) = on_gpu(&p, &spec, &sizes, 4, 5) else {
+        return;
+    };
+    agree(&gpu, &cpu, "dropout, 3 micro-batches");
+}
+
+#[test]
 fn micro_batches_and_partial_batches_match_the_cpu() {
     // 3 micro-batches of 8: the derivative normalised by the whole batch, weight gradients
     // accumulated; then a partial batch of 13 (one micro-batch short, one partial) and one of 5.
@@ -296,13 +312,16 @@ fn a_plan_with_a_layer_without_gpu_kernels_is_refused_at_creation() {
         return;
     };
     let mut spec = mlp(LossKind::SoftmaxCrossEntropy, SGD, 5);
-    spec.layers[2].kind = LayerKind::Dropout { p: 0.5 };
+    spec.layers[2].kind = LayerKind::BatchNorm2d {
+        eps: 1e-5,
+        momentum: 0.1,
+    };
     let gp = gpu_plan(plan(&spec, 4, 1));
     let arena = vec![0u8; gp.needed_bytes()];
     match Executor::with_backend(&gp, &arena, backend) {
-        Err(ExecError::Unsupported(why)) => assert!(why.contains("Dropout"), "{why}"),
+        Err(ExecError::Unsupported(why)) => assert!(why.contains("BatchNorm"), "{why}"),
         Err(e) => panic!("wrong error: {e}"),
-        Ok(_) => panic!("a Dropout plan was accepted"),
+        Ok(_) => panic!("a BatchNorm plan was accepted"),
     }
     // A plan left on the CPU is refused by placement.
     let Some(backend) = common::backend() else {
