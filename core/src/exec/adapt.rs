@@ -68,8 +68,17 @@
 //! losses and weights are bit-identical to running it on either plan alone.
 //!
 //! Regeneration needs one micro-batch per step (as [`ladder`](crate::policy::ladder::ladder) plans have); with several, only moves
-//! are possible and a missing value falls back as in 5. A switch allocates its bookkeeping on the heap
-//! (the arena holds only tensors); steps without a switch allocate nothing.
+//! are possible and a missing value falls back as in 5.
+//!
+//! # No allocation
+//!
+//! A switch keeps its bookkeeping outside the arena (the arena holds only tensors), in an
+//! `AdaptScratch` sized once for the table and the executor's plan ([`Executor::prepare_adaptive`], or
+//! the first adaptive step on a table). Planning a switch, ordering its moves
+//! (`permute::MoveBufs`), its regeneration plan and program, and the lazy switch after
+//! the step only clear and push within the capacities proven there; a push beyond them is refused
+//! (`BadPlan` with the scratch's own reason), never reallocated. So an adaptive step, switches and all, allocates
+//! nothing on the heap (`tests/no_alloc.rs`). The stop-restart baseline still allocates.
 use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
