@@ -1,12 +1,16 @@
 //! A training step allocates nothing: a counting global allocator sees zero allocations while the
 //! executor trains, evaluates and predicts (after planning, which may allocate).
 use frugal_cli::workloads;
+use frugal_core::budget::Budget;
 use frugal_core::exec::int8::Int8Executor;
-use frugal_core::exec::{Executor, Target};
+use frugal_core::exec::{Adapted, Executor, Target};
 use frugal_core::graph::{Graph, GraphOptions};
 use frugal_core::kernels::int8::KernelFamily;
-use frugal_core::model::{Int8Update, LayerKind, LayerSpec, OptimizerSpec, Precision, Src};
-use frugal_core::plan::{Plan, SpaceId};
+use frugal_core::model::{
+    Dims, Int8Update, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpec, Precision, Src,
+};
+use frugal_core::plan::table::{PlanEntry, PlanTable};
+use frugal_core::plan::{Phase, Plan, SpaceId};
 use frugal_tests::counting::{allocations, run, Counting};
 
 #[global_allocator]
@@ -29,6 +33,14 @@ fn main() {
         (
             "threaded_steps_allocate_nothing",
             threaded_steps_allocate_nothing,
+        ),
+        (
+            "adaptive_steps_switch_plans_without_allocating",
+            adaptive_steps_switch_plans_without_allocating,
+        ),
+        (
+            "micro_batched_adaptive_steps_switch_without_allocating",
+            micro_batched_adaptive_steps_switch_without_allocating,
         ),
     ]);
 }
@@ -366,4 +378,279 @@ fn threaded_steps_allocate_nothing() {
             );
         }
     }
+}
+
+/// Where one adaptive step's host reports budgets (`big`, `mid`, `small`: what the table's largest,
+/// middle and smallest plans need). Decided from the plan in force and its next instruction only, so
+/// the schedule itself allocates nothing.
+#[derive(Clone, Copy)]
+enum Drops<'e> {
+    /// Budgets `(eo, bytes)`, in order: each before instruction `eo` of the plan then in force.
+    At(&'e [(usize, usize)]),
+    /// Down to `mid` in the middle of the forward pass, then down to `small` inside a recompute chain.
+    ForwardThenInRecompute,
+    /// Up to `big` mid-step: the plan in force still fits, so the switch is lazy, after the step.
+    Rise,
+    /// Down to `mid`, then to `small`, each before an instruction of the second micro-batch (inside the
+    /// micro-batch loop), then back up to `big` near the end (a lazy switch).
+    InMicroBatch,
+}
+
+/// Runs one adaptive step with the drops of `how`; the step must succeed.
+fn adaptive_step<'p>(
+    ex: &mut Executor<'p>,
+    arena: &mut [u8],
+    x: &[f32],
+    y: &[u32],
+    table: &'p PlanTable,
+    (big, mid, small): (usize, usize, usize),
+    how: Drops<'_>,
+) -> Adapted {
+    let mut stage = 0u8;
+    let mut budget_at = |eo: usize, p: &Plan| {
+        let ins = p.program[eo];
+        let in_recompute =
+            eo > 0 && ins.phase == Phase::Recompute && p.program[eo - 1].phase == Phase::Recompute;
+        let b = match (how, stage) {
+            (Drops::At(at), s) if at.get(s as usize).is_some_and(|a| a.0 == eo) => {
+                Some(at[s as usize].1)
+            }
+            (Drops::ForwardThenInRecompute, 0) if eo == p.program.len() / 5 => Some(mid),
+            (Drops::ForwardThenInRecompute, 1) if in_recompute => Some(small),
+            (Drops::Rise, 0) if eo == p.program.len() / 3 => Some(big),
+            (Drops::InMicroBatch, 0 | 1) if ins.mb == 1 && ins.phase != Phase::Recompute => {
+                Some(if stage == 0 { mid } else { small })
+            }
+            (Drops::InMicroBatch, 2) if eo + 3 == p.program.len() => Some(big),
+            _ => None,
+        };
+        stage += u8::from(b.is_some());
+        b.map(Budget::new)
+    };
+    let (_, ad) = ex
+        .train_step_adaptive(arena, x, Target::Classes(y), table, &mut budget_at, &mut ())
+        .unwrap();
+    ad
+}
+
+/// An adaptive step switches plans mid-step (before its first instruction, in the forward pass, inside
+/// chains of recomputations, with regeneration) and lazily after the step — and none of it allocates,
+/// from the very first step, once the executor has sized its switches' scratch for the table.
+fn adaptive_steps_switch_plans_without_allocating() {
+    use frugal_core::policy::ladder::ladder;
+    use frugal_core::policy::{recompute, CostModel};
+    let spec = bn_residual_cnn(2);
+    let batch = 16;
+    let g = Graph::new(&spec, batch).unwrap();
+    let cost = CostModel::estimate(&g);
+    let plain = Plan::new(g.clone()).needed_bytes();
+    let (Ok(least) | Err(least)) = recompute(&g, 1, 0, &cost);
+    let least = least.needed_bytes();
+    let mut budgets: Vec<usize> = (0..=8).map(|k| least + (plain - least) * k / 8).collect();
+    budgets.push(plain / 2);
+    let table = ladder(&spec, batch, &budgets, &cost).unwrap();
+    assert!(table.entries.len() >= 3, "a ladder of at least three plans");
+    let need = |i: usize| table.entries[i].plan.needed_bytes();
+    let levels = (
+        need(table.entries.len() - 1),
+        need(table.entries.len() / 2),
+        need(0),
+    );
+    assert!(
+        table.entries[0]
+            .plan
+            .program
+            .iter()
+            .any(|i| i.phase == Phase::Recompute),
+        "the smallest plan recomputes"
+    );
+    let x: Vec<f32> = (0..batch * 64).map(|i| (i % 13) as f32 / 13.0).collect();
+    let y: Vec<u32> = (0..batch as u32).map(|i| i % 3).collect();
+    let mut arena = vec![0u8; levels.0];
+    let start = &table.entries.last().unwrap().plan;
+    let mid = &table.entries[table.entries.len() / 2].plan;
+    // A step that starts on the largest plan, switches to the middle one before its first instruction
+    // and drops to the smallest one inside the middle plan's recomputations, regenerating values (found
+    // by trying, before anything is counted; the switch depends on the plans and the position only).
+    let trial = |events: &[(usize, usize)], arena: &mut [u8]| {
+        let mut ex = Executor::new(start, arena).unwrap();
+        ex.init_params(arena, 1).unwrap();
+        ex.prepare_adaptive(&table);
+        adaptive_step(&mut ex, arena, &x, &y, &table, levels, Drops::At(events))
+    };
+    let recomputing = (1..mid.program.len()).filter(|&r| mid.program[r].phase == Phase::Recompute);
+    let regen = recomputing
+        .chain(1..mid.program.len())
+        .map(|r| [(0, levels.1), (r, levels.2)])
+        .find(|ev| {
+            let ad = trial(ev, &mut arena);
+            ad.switches == 2 && ad.recomputed > 0
+        })
+        .expect("a drop that regenerates");
+    let steps = [
+        Drops::At(&regen),
+        Drops::Rise,
+        Drops::ForwardThenInRecompute,
+        Drops::Rise,
+        Drops::At(&regen),
+    ];
+
+    // The counter sees a switch's allocations: without the scratch sized up front, the first adaptive
+    // step sizes it (and allocates).
+    let mut cold = Executor::new(start, &arena).unwrap();
+    cold.init_params(&mut arena, 1).unwrap();
+    let (_, n) =
+        allocations(|| adaptive_step(&mut cold, &mut arena, &x, &y, &table, levels, steps[0]));
+    assert!(n > 0, "sizing the scratch in the first step allocates");
+
+    let mut ex = Executor::new(start, &arena).unwrap();
+    ex.init_params(&mut arena, 1).unwrap();
+    ex.prepare_adaptive(&table);
+    let mut ads = [Adapted::default(); 5];
+    // The very first step counts: nothing is warmed up.
+    let ((), n) = allocations(|| {
+        for (ad, how) in ads.iter_mut().zip(steps) {
+            *ad = adaptive_step(&mut ex, &mut arena, &x, &y, &table, levels, how);
+        }
+    });
+    assert_eq!(n, 0, "heap allocations during adaptive steps: {ads:?}");
+    // The switches did happen: before the first instruction, mid-step inside recomputations (with
+    // regeneration) and lazily after the step.
+    for i in [0, 4] {
+        assert!(ads[i].switches == 2 && ads[i].recomputed > 0, "{ads:?}");
+    }
+    assert!(ads[1].switched_after && ads[3].switched_after, "{ads:?}");
+    assert!(ads[2].switches >= 2, "{ads:?}");
+    assert!(
+        std::ptr::eq(ex.plan(), &table.entries[0].plan),
+        "ends on the smallest plan"
+    );
+}
+
+/// conv-bn-relu, `blocks` residual blocks (depthwise conv-bn-relu, pointwise conv-bn, add, relu),
+/// global average pool, flatten and a linear layer, on 1×8×8 with 4 channels: deep enough for a ladder
+/// of recomputing plans, with BatchNorm (a restart after its first forward would update its running
+/// statistics twice, so switches must line up).
+fn bn_residual_cnn(blocks: u32) -> ModelSpec {
+    let layer = |kind: LayerKind, from: u32| LayerSpec {
+        name: String::new(),
+        kind,
+        inputs: vec![Src::Layer(from)],
+        trainable: true,
+    };
+    let conv = |out: u32, k: u32, groups: u32| LayerKind::Conv2d {
+        out,
+        kernel: [k, k],
+        stride: [1, 1],
+        padding: [k / 2, k / 2],
+        groups,
+        bias: false,
+    };
+    let bn = LayerKind::BatchNorm2d {
+        eps: 1e-5,
+        momentum: 0.1,
+    };
+    let mut layers = vec![LayerSpec {
+        inputs: vec![Src::Input],
+        ..layer(conv(4, 3, 1), 0)
+    }];
+    layers.push(layer(bn.clone(), 0));
+    layers.push(layer(LayerKind::Relu, 1));
+    for _ in 0..blocks {
+        let x = layers.len() as u32 - 1;
+        layers.push(layer(conv(4, 3, 4), x));
+        layers.push(layer(bn.clone(), x + 1));
+        layers.push(layer(LayerKind::Relu, x + 2));
+        layers.push(layer(conv(4, 1, 1), x + 3));
+        layers.push(layer(bn.clone(), x + 4));
+        layers.push(LayerSpec {
+            inputs: vec![Src::Layer(x), Src::Layer(x + 5)],
+            ..layer(LayerKind::Add, x)
+        });
+        layers.push(layer(LayerKind::Relu, x + 6));
+    }
+    let x = layers.len() as u32 - 1;
+    layers.push(layer(LayerKind::GlobalAvgPool, x));
+    layers.push(layer(LayerKind::Flatten, x + 1));
+    layers.push(layer(LayerKind::Linear { out: 3, bias: true }, x + 2));
+    for (i, l) in layers.iter_mut().enumerate() {
+        l.name = format!("l{i}");
+    }
+    ModelSpec {
+        input: Dims::new(1, 8, 8),
+        layers,
+        loss: LossKind::SoftmaxCrossEntropy,
+        optimizer: OptimizerSpec::Adam {
+            lr: 1e-2,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        },
+        seed: 5,
+    }
+}
+
+/// The same inside the micro-batch loop: plans of two micro-batches at three budgets, budget drops at
+/// instructions of the second micro-batch (moves, or a restart on the smaller plan) and a rise near the
+/// end (a lazy switch), from the very first step, allocate nothing.
+fn micro_batched_adaptive_steps_switch_without_allocating() {
+    use frugal_core::policy::{recompute, CostModel};
+    let spec = workloads::all()
+        .into_iter()
+        .find(|w| w.id == "small_cnn")
+        .unwrap()
+        .spec;
+    let g = Graph::new(&spec, 4).unwrap();
+    let cost = CostModel::estimate(&g);
+    let (Ok(big) | Err(big)) = recompute(&g, 2, usize::MAX, &cost);
+    let (Ok(least) | Err(least)) = recompute(&g, 2, 0, &cost);
+    let (lo, hi) = (least.needed_bytes(), big.needed_bytes());
+    let mut entries: Vec<PlanEntry> = Vec::new();
+    for budget in [lo, (lo + hi) / 2, hi] {
+        let (Ok(plan) | Err(plan)) = recompute(&g, 2, budget, &cost);
+        if entries
+            .last()
+            .is_none_or(|e| e.plan.needed_bytes() < plan.needed_bytes())
+        {
+            entries.push(PlanEntry { budget, plan });
+        }
+    }
+    let table = PlanTable { entries };
+    assert!(
+        table.entries.len() >= 2,
+        "plans of two micro-batches at two budgets at least"
+    );
+    let need = |i: usize| table.entries[i].plan.needed_bytes();
+    let k = table.entries.len();
+    let levels = (need(k - 1), need(k / 2), need(0));
+    let n = table.entries[0].plan.batch();
+    let x: Vec<f32> = (0..n * 784).map(|i| (i % 7) as f32 / 7.0).collect();
+    let y: Vec<u32> = (0..n as u32).map(|i| i % 10).collect();
+    let mut arena = vec![0u8; levels.0];
+    let mut ex = Executor::new(&table.entries[k - 1].plan, &arena).unwrap();
+    ex.init_params(&mut arena, 1).unwrap();
+    ex.prepare_adaptive(&table);
+    let mut ads = [Adapted::default(); 3];
+    let ((), allocs) = allocations(|| {
+        for ad in ads.iter_mut() {
+            *ad = adaptive_step(
+                &mut ex,
+                &mut arena,
+                &x,
+                &y,
+                &table,
+                levels,
+                Drops::InMicroBatch,
+            );
+        }
+    });
+    assert_eq!(
+        allocs, 0,
+        "heap allocations during micro-batched adaptive steps: {ads:?}"
+    );
+    assert!(
+        ads.iter().all(|a| a.switches >= 1 && a.switched_after),
+        "{ads:?}"
+    );
 }

@@ -68,21 +68,30 @@
 //! losses and weights are bit-identical to running it on either plan alone.
 //!
 //! Regeneration needs one micro-batch per step (as [`ladder`](crate::policy::ladder::ladder) plans have); with several, only moves
-//! are possible and a missing value falls back as in 5. A switch allocates its bookkeeping on the heap
-//! (the arena holds only tensors); steps without a switch allocate nothing.
+//! are possible and a missing value falls back as in 5.
+//!
+//! # No allocation
+//!
+//! A switch keeps its bookkeeping outside the arena (the arena holds only tensors), in an
+//! `AdaptScratch` sized once for the table and the executor's plan ([`Executor::prepare_adaptive`], or
+//! the first adaptive step on a table). Planning a switch, ordering its moves
+//! (`permute::MoveBufs`), its regeneration plan and program, and the lazy switch after
+//! the step only clear and push within the capacities proven there; a push beyond them is refused
+//! (`BadPlan` with the scratch's own reason), never reallocated. So an adaptive step, switches and all, allocates
+//! nothing on the heap (`tests/no_alloc.rs`). The stop-restart baseline still allocates.
 use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
 use core::cmp::Reverse;
 use core::ptr;
 
-use super::permute::{find_free, order_moves, run_copies};
+use super::permute::{find_free, order_moves_into, push, refill, run_copies, Full, MoveBufs};
 use super::{base_of, ExecError, Executor, InOrder, Observer, Steer, StepRun, StepStats, Target};
 use crate::backend::{dispatch, Backend, Cx as InstrCx, Mode, Placement};
 use crate::budget::{Budget, BudgetError};
 use crate::graph::{Graph, NodeOp, TensorId, TensorKind};
-use crate::plan::table::{PlanEntry, PlanTable};
-use crate::plan::{touches, Eo, Instr, Phase, Plan, TensorLife};
+use crate::plan::table::PlanTable;
+use crate::plan::{touches, Instr, Phase, Plan, TensorLife};
 use crate::policy::ladder::pick;
 use crate::sort::heap_sort_by_key;
 
@@ -165,11 +174,22 @@ fn runnable(p: &Plan) -> Result<(), ExecError> {
     }
 }
 
+/// A switch that cannot be planned: `BadPlan("cannot adapt here")`, or the scratch's own error.
+fn cannot_adapt(e: NoSwitch) -> ExecError {
+    ExecError::BadPlan(if e.0 == SCRATCH {
+        SCRATCH
+    } else {
+        "cannot adapt here"
+    })
+}
+
 /// The adaptive step's steering: before every instruction, asks the host for the budget and switches
 /// plans when it says so (see the [module](self) docs).
-struct Adapt<'p, 'f, F> {
+struct Adapt<'p, 'f, 's, F> {
     table: &'p PlanTable,
     budget_at: &'f mut F,
+    /// Every switch plans in it (sized for the table: no allocation).
+    scratch: &'s mut AdaptScratch<'p>,
     /// The caller's arena length (no plan larger than it).
     cap: usize,
     budget: Option<usize>,
@@ -178,7 +198,9 @@ struct Adapt<'p, 'f, F> {
     ad: Adapted,
 }
 
-impl<'p, B: Backend, F: FnMut(usize, &Plan) -> Option<Budget>> Steer<'p, B> for Adapt<'p, '_, F> {
+impl<'p, B: Backend, F: FnMut(usize, &Plan) -> Option<Budget>> Steer<'p, B>
+    for Adapt<'p, '_, '_, F>
+{
     fn before(
         &mut self,
         ex: &mut Executor<'p, B>,
@@ -215,41 +237,58 @@ impl<'p, B: Backend, F: FnMut(usize, &Plan) -> Option<Budget>> Steer<'p, B> for 
                     }
                 };
                 let hi = whole.len();
+                let sc = &mut *self.scratch;
                 if eo == 0 {
                     // Nothing in flight: only the persistent tensors move.
                     runnable(next)?;
-                    let sw = plan_switch(plan, 0, next, Some(0), hi)
-                        .map_err(|_| ExecError::BadPlan("cannot adapt here"))?;
-                    ex.apply_switch(whole, &sw, next, run, &mut self.ad, obs)?;
+                    let pl = sc
+                        .plan_switch(plan, 0, next, Some(0), hi)
+                        .map_err(cannot_adapt)?;
+                    ex.apply_switch(whole, sc.switch_ref(&pl), next, run, &mut self.ad, obs)?;
                 } else {
                     // The table's plan for the budget, else any smaller one that lines up.
-                    let mut fits: Vec<&'p PlanEntry> = table
-                        .entries
-                        .iter()
-                        .filter(|e| e.plan.needed_bytes() <= b.bytes.min(cap))
-                        .filter(|e| runnable(&e.plan).is_ok())
-                        .collect();
+                    sc.fits.clear();
+                    for (i, e) in table.entries.iter().enumerate() {
+                        if e.plan.needed_bytes() <= b.bytes.min(cap) && runnable(&e.plan).is_ok() {
+                            push(&mut sc.fits, i).map_err(|_| ExecError::BadPlan(SCRATCH))?;
+                        }
+                    }
                     // The table's order breaks ties (a unique key: the heapsort is not stable).
-                    let pos = |e: &PlanEntry| table.entries.iter().position(|x| ptr::eq(x, e));
-                    heap_sort_by_key(&mut fits, |e| {
-                        (Reverse((ptr::eq(&e.plan, next), e.budget)), pos(e))
+                    heap_sort_by_key(&mut sc.fits, |&i| {
+                        let e = &table.entries[i];
+                        (Reverse((ptr::eq(&e.plan, next), e.budget)), i)
                     });
-                    let found = fits.iter().find_map(|e| {
-                        plan_switch(plan, eo, &e.plan, None, hi)
-                            .ok()
-                            .map(|sw| (sw, &e.plan))
-                    });
+                    let mut found = None;
+                    for k in 0..sc.fits.len() {
+                        let to = &table.entries[sc.fits[k]].plan;
+                        match sc.plan_switch(plan, eo, to, None, hi) {
+                            Ok(pl) => {
+                                found = Some((pl, to));
+                                break;
+                            }
+                            Err(NoSwitch(SCRATCH)) => return Err(ExecError::BadPlan(SCRATCH)),
+                            Err(_) => {}
+                        }
+                    }
                     match found {
-                        Some((sw, to)) => {
-                            ex.apply_switch(whole, &sw, to, run, &mut self.ad, obs)?;
-                            eo = sw.e2;
+                        Some((pl, to)) => {
+                            ex.apply_switch(whole, sc.switch_ref(&pl), to, run, &mut self.ad, obs)?;
+                            eo = pl.e2;
                         }
                         None if !self.mutated => {
                             // Restart on the new plan, keeping only the persistent tensors.
                             runnable(next)?;
-                            let sw = plan_switch(plan, eo, next, Some(0), hi)
-                                .map_err(|_| ExecError::BadPlan("cannot adapt here"))?;
-                            ex.apply_switch(whole, &sw, next, run, &mut self.ad, obs)?;
+                            let pl = sc
+                                .plan_switch(plan, eo, next, Some(0), hi)
+                                .map_err(cannot_adapt)?;
+                            ex.apply_switch(
+                                whole,
+                                sc.switch_ref(&pl),
+                                next,
+                                run,
+                                &mut self.ad,
+                                obs,
+                            )?;
                             self.ad.restarted = true;
                             eo = 0;
                             run.loss = 0.0;
@@ -296,7 +335,7 @@ impl<'p, B: Backend> Executor<'p, B> {
     fn apply_switch(
         &mut self,
         whole: &mut [u8],
-        sw: &SwitchPlan,
+        sw: SwitchRef<'_>,
         next: &'p Plan,
         run: &StepRun<'_, '_, '_>,
         ad: &mut Adapted,
@@ -304,10 +343,10 @@ impl<'p, B: Backend> Executor<'p, B> {
     ) -> Result<(), ExecError> {
         let from = self.plan;
         obs.switching(from, next, whole);
-        run_copies(whole, &sw.copies, &mut ad.bytes_moved, &mut |a| {
+        run_copies(whole, sw.copies, &mut ad.bytes_moved, &mut |a| {
             obs.switching(from, next, a)
         })?;
-        if let Some(synth) = &sw.synth {
+        if let Some(synth) = sw.synth {
             if whole.len() < synth.arena_bytes {
                 return Err(ExecError::BadPlan("a switch regenerates outside the arena"));
             }
@@ -335,7 +374,7 @@ impl<'p, B: Backend> Executor<'p, B> {
                 obs.switching(from, next, whole);
             }
         }
-        run_copies(whole, &sw.copies_after, &mut ad.bytes_moved, &mut |a| {
+        run_copies(whole, sw.copies_after, &mut ad.bytes_moved, &mut |a| {
             obs.switching(from, next, a)
         })?;
         ad.above |= sw.above;
@@ -363,12 +402,49 @@ impl<'p, B: Backend> Executor<'p, B> {
         budget_at: &mut impl FnMut(usize, &Plan) -> Option<Budget>,
         obs: &mut impl AdaptObserver,
     ) -> Result<(StepStats, Adapted), ExecError> {
+        // The switches' scratch: sized once for the table ([`Executor::prepare_adaptive`]), else here.
+        let mut scratch = match self.adapt.take() {
+            Some(sc) if sc.covers(table, self.plan) => sc,
+            _ => AdaptScratch::new(table, self.plan),
+        };
+        let r = self.adaptive_step(arena, x, target, table, budget_at, obs, &mut scratch);
+        self.adapt = Some(scratch);
+        r
+    }
+
+    /// Sizes the scratch every plan switch of [`Executor::train_step_adaptive`] on `table` works in,
+    /// for switches between the table's plans and from the executor's current plan. Afterwards an
+    /// adaptive step on `table` — its switches mid-step, restarts and the lazy switch after it
+    /// included — allocates nothing on the heap, from the very first one. Without it, the first
+    /// adaptive step on a table (or from a plan outside it) sizes the scratch itself.
+    pub fn prepare_adaptive(&mut self, table: &'p PlanTable) {
+        if !self
+            .adapt
+            .as_ref()
+            .is_some_and(|sc| sc.covers(table, self.plan))
+        {
+            self.adapt = Some(AdaptScratch::new(table, self.plan));
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn adaptive_step(
+        &mut self,
+        arena: &mut [u8],
+        x: &[f32],
+        target: Target<'_>,
+        table: &'p PlanTable,
+        budget_at: &mut impl FnMut(usize, &Plan) -> Option<Budget>,
+        obs: &mut impl AdaptObserver,
+        scratch: &mut AdaptScratch<'p>,
+    ) -> Result<(StepStats, Adapted), ExecError> {
         let (base, mut run) = self.adaptive_start(arena, x, target)?;
         let cap = arena.len();
         let whole = &mut arena[base..];
         let mut steer = Adapt {
             table,
             budget_at,
+            scratch,
             cap,
             budget: None,
             mutated: false,
@@ -376,6 +452,7 @@ impl<'p, B: Backend> Executor<'p, B> {
         };
         self.run_loop(whole, &mut run, 0, None, &mut steer, obs)?;
         let mut ad = steer.ad;
+        let scratch = steer.scratch;
         let stats = self.finish_train(&mut run)?;
         // Lazy switch: after the step only persistent tensors are live.
         if let Some(b) = steer.budget {
@@ -383,15 +460,26 @@ impl<'p, B: Backend> Executor<'p, B> {
             if let Some(e) = pick(table, b.min(cap)) {
                 if !ptr::eq(&e.plan, plan) && runnable(&e.plan).is_ok() {
                     let hi = whole.len();
-                    if let Ok(sw) = plan_switch(
+                    match scratch.plan_switch(
                         plan,
                         plan.program.len(),
                         &e.plan,
                         Some(e.plan.program.len()),
                         hi,
                     ) {
-                        self.apply_switch(whole, &sw, &e.plan, &run, &mut ad, obs)?;
-                        ad.switched_after = true;
+                        Ok(pl) => {
+                            self.apply_switch(
+                                whole,
+                                scratch.switch_ref(&pl),
+                                &e.plan,
+                                &run,
+                                &mut ad,
+                                obs,
+                            )?;
+                            ad.switched_after = true;
+                        }
+                        Err(NoSwitch(SCRATCH)) => return Err(ExecError::BadPlan(SCRATCH)),
+                        Err(_) => {}
                     }
                 }
             }
@@ -454,7 +542,7 @@ impl<'p, B: Backend> Executor<'p, B> {
             }
         }
         let mut ad = Adapted::default();
-        self.apply_switch(whole, &sw, next, &run, &mut ad, obs)?;
+        self.apply_switch(whole, sw.as_ref(), next, &run, &mut ad, obs)?;
         run.loss = 0.0;
         run.correct = 0;
         self.run_loop(whole, &mut run, 0, None, &mut InOrder, obs)?;
@@ -465,14 +553,43 @@ impl<'p, B: Backend> Executor<'p, B> {
 // ---------------------------------------------------------------------------------------------------
 // Planning a switch (pure: nothing is copied until the whole switch is known to work).
 
-/// A planned switch: copies `(src, dst, len)` in order, then the regeneration program run on `synth`
-/// (a plan whose every group has one storage where the switch keeps it), then P2 continues at `e2`.
+/// A planned switch, owned (tests and the stop-restart baseline): copies `(src, dst, len)` in order,
+/// then the regeneration program run on `synth` (a plan whose every group has one storage where the
+/// switch keeps it), then the copies after it.
 pub(super) struct SwitchPlan {
     pub(super) copies: Vec<(usize, usize, usize)>,
     pub(super) synth: Option<Plan>,
     pub(super) copies_after: Vec<(usize, usize, usize)>,
-    pub(super) e2: usize,
     pub(super) above: bool,
+}
+
+impl SwitchPlan {
+    fn as_ref(&self) -> SwitchRef<'_> {
+        SwitchRef {
+            copies: &self.copies,
+            synth: self.synth.as_ref(),
+            copies_after: &self.copies_after,
+            above: self.above,
+        }
+    }
+}
+
+/// A planned switch as [`Executor::apply_switch`] carries it out (borrowed from an [`AdaptScratch`] or
+/// a [`SwitchPlan`]).
+struct SwitchRef<'a> {
+    copies: &'a [(usize, usize, usize)],
+    synth: Option<&'a Plan>,
+    copies_after: &'a [(usize, usize, usize)],
+    above: bool,
+}
+
+/// What [`AdaptScratch::plan_switch`] planned; the copies and the regeneration plan are in the scratch.
+#[derive(Clone, Copy, Debug)]
+struct Planned {
+    /// The index of the plan whose regeneration plan ([`AdaptScratch::synths`]) runs, if any.
+    synth: Option<usize>,
+    e2: usize,
+    above: bool,
 }
 
 /// Why a switch cannot be planned (the caller falls back).
@@ -567,7 +684,7 @@ fn group_persistent(p: &Plan, gid: usize) -> bool {
 }
 
 /// The storage of group `gid` that holds a value across the boundary before instruction `e`.
-fn held(p: &Plan, gid: usize, e: usize) -> Option<u32> {
+fn held_storage(p: &Plan, gid: usize, e: usize) -> Option<u32> {
     if group_persistent(p, gid) {
         return p.segments[gid].first().map(|s| s.1);
     }
@@ -603,9 +720,418 @@ enum Loc {
     Temp,
 }
 
-/// Plans the switch from `p1` (next instruction `e1`) to `p2`. `e2 = Some(e)`: keep only the persistent
-/// tensors and continue `p2` at `e` (a restart, or a switch between steps). `None`: line the programs
-/// up and keep every value (see the module docs). `hi`: bytes of the aligned arena.
+/// A switch's buffers would outgrow the capacity they were sized with (or a plan of the switch is not
+/// one the scratch was sized for): refused with this typed reason, never reallocated.
+pub(super) const SCRATCH: &str = "a switch outgrew the scratch sized for its plans";
+
+impl From<Full> for NoSwitch {
+    fn from(_: Full) -> Self {
+        NoSwitch(SCRATCH)
+    }
+}
+
+/// Copies `src` into `dst` only within `dst`'s capacity (never reallocates).
+fn copy_into<T: Copy>(dst: &mut Vec<T>, src: &[T]) -> Result<(), Full> {
+    if src.len() > dst.capacity() {
+        return Err(Full);
+    }
+    dst.clear();
+    dst.extend_from_slice(src);
+    Ok(())
+}
+
+/// The working memory of every switch an adaptive step can make, sized once for a [`PlanTable`] and
+/// the plan an executor starts from ([`Executor::prepare_adaptive`]): planning a switch, ordering its
+/// moves, running its regeneration and the lazy switch after the step then allocate nothing. Every
+/// buffer is a `Vec` made with its capacity here and only cleared and pushed within it afterwards
+/// ([`push`], [`refill`], [`copy_into`]); a push past it is refused ([`SCRATCH`]), never reallocated.
+///
+/// With `ng` groups, `nn` nodes and `T` tensors touched by one instruction (each the maximum over the
+/// plans; `T` is measured by running [`touches`] and [`written`] for every node and phase of every
+/// plan's graph, which is all they depend on), the bounds, and why they hold:
+/// * per group (`dest`, `want`, `src`, `cur`, `moved`, `loc`, `regen`, `from_root`, `start`, `span`,
+///   `val`, `at`): exactly `ng` entries;
+/// * `missing`, `parked`, `items`, `placed`, `order`, `busy`: at most one entry per group (`missing` and
+///   `parked` push a group only when it is not in them yet; the others filter the groups), so `ng`;
+/// * `before`, `after`: a copy per group (`before` gets the moved or parked groups among the items, then
+///   the moved groups that are not items), so `ng`;
+/// * `req[h]`: distinct values of group `h`, each P2's value or a forward writing `h`, so
+///   `|WriterIndex::f[h]| + 1`;
+/// * `sched`, `next_sched`: `nn`; the regeneration program: a recomputation per scheduled node, `nn`;
+/// * the regeneration plan: a storage per item (`ng`), one segment per group;
+/// * `buf`, `reads`, `wr`: `T`;
+/// * the move buffers and the copies: [`MoveBufs`] for `ng` moves within the largest arena (every
+///   source and destination of a switch lies within the larger of its two plans' arenas).
+pub(crate) struct AdaptScratch<'p> {
+    /// The table the scratch was sized for.
+    table: Option<&'p PlanTable>,
+    /// The plans it was sized for: the table's, in order, then the others.
+    plans: Vec<&'p Plan>,
+    /// Per plan: which nodes write each of its groups.
+    writers: Vec<WriterIndex>,
+    /// Per plan: the regeneration plan of a switch to it (a copy of its graph; storages reused).
+    synths: Vec<Plan>,
+    /// The table's entries a drop may switch to (their indices).
+    fits: Vec<usize>,
+    held: Held,
+    regen: Regen,
+}
+
+/// What P1 and P2 hold across the switch ([`AdaptScratch::plan_switch`]).
+struct Held {
+    buf: Vec<TensorId>,
+    dest: Vec<Option<(usize, usize)>>,
+    want: Vec<Option<Vid>>,
+    src: Vec<Option<(usize, Option<Vid>)>>,
+    cur: Vec<Option<Vid>>,
+    moved: Vec<bool>,
+    missing: Vec<usize>,
+    /// Copies of `moved`, `cur` and `missing` for one limit.
+    moved_l: Vec<bool>,
+    cur_l: Vec<Option<Vid>>,
+    missing_l: Vec<usize>,
+}
+
+/// The regeneration's buffers ([`regenerate`]) and the switch's copies.
+struct Regen {
+    reads: Vec<TensorId>,
+    wr: Vec<TensorId>,
+    cur: Vec<Option<Vid>>,
+    loc: Vec<Loc>,
+    req: Vec<Vec<Vid>>,
+    regen: Vec<bool>,
+    from_root: Vec<bool>,
+    parked: Vec<usize>,
+    sched: Vec<bool>,
+    next_sched: Vec<bool>,
+    start: Vec<Option<Vid>>,
+    span: Vec<(usize, usize)>,
+    val: Vec<Option<Vid>>,
+    items: Vec<(usize, usize, usize, usize)>,
+    placed: Vec<(usize, usize, usize, usize)>,
+    at: Vec<usize>,
+    order: Vec<usize>,
+    busy: Vec<(usize, usize)>,
+    before: Vec<(usize, usize, usize)>,
+    after: Vec<(usize, usize, usize)>,
+    moves: MoveBufs,
+    copies: Vec<(usize, usize, usize)>,
+    copies_after: Vec<(usize, usize, usize)>,
+}
+
+impl<'p> AdaptScratch<'p> {
+    /// Scratch for switches between the table's plans, from them or from `current` (an executor's
+    /// plan; it need not be in the table). Allocates.
+    pub(crate) fn new(table: &'p PlanTable, current: &'p Plan) -> Self {
+        let mut plans: Vec<&'p Plan> = table.entries.iter().map(|e| &e.plan).collect();
+        if !plans.iter().any(|p| ptr::eq(*p, current)) {
+            plans.push(current);
+        }
+        Self::with_plans(Some(table), plans)
+    }
+
+    /// Whether the scratch was sized for `table` and for switching from `current`.
+    pub(crate) fn covers(&self, table: &PlanTable, current: &Plan) -> bool {
+        self.table.is_some_and(|t| ptr::eq(t, table)) && self.index(current).is_some()
+    }
+
+    fn with_plans(table: Option<&'p PlanTable>, plans: Vec<&'p Plan>) -> Self {
+        let ng = plans.iter().map(|p| p.segments.len()).max().unwrap_or(0);
+        let nn = plans.iter().map(|p| p.graph.nodes.len()).max().unwrap_or(0);
+        let arena = plans.iter().map(|p| p.arena_bytes).max().unwrap_or(0);
+        // T: the most tensors one instruction touches or writes, over every node and phase a switch asks
+        // about (touches and written depend on the graph, the node and the phase only).
+        let mut t_max = 0usize;
+        let mut buf = Vec::new();
+        let phases = [
+            Phase::Forward,
+            Phase::Recompute,
+            Phase::Loss,
+            Phase::GradW,
+            Phase::GradX,
+            Phase::Apply,
+        ];
+        for p in &plans {
+            for node in 0..p.graph.nodes.len() {
+                for phase in phases {
+                    let ins = Instr {
+                        node: node as u16,
+                        phase,
+                        mb: 0,
+                        placement: Placement::Cpu,
+                    };
+                    touches(&p.graph, &ins, &mut buf);
+                    t_max = t_max.max(buf.len());
+                    written(&p.graph, &ins, &mut buf);
+                    t_max = t_max.max(buf.len());
+                }
+            }
+        }
+        let writers: Vec<WriterIndex> = plans.iter().map(|p| WriterIndex::new(p)).collect();
+        let req_cap = 1 + writers
+            .iter()
+            .flat_map(|w| w.f.iter().map(|f| f.len()))
+            .max()
+            .unwrap_or(0);
+        let synths = plans
+            .iter()
+            .map(|p| Plan {
+                graph: p.graph.clone(),
+                micro_batches: 1,
+                touches: Vec::with_capacity(ng),
+                program: Vec::with_capacity(nn),
+                roots: p.roots.clone(),
+                lives: Vec::with_capacity(ng),
+                group_of: p.group_of.clone(),
+                segments: (0..p.segments.len())
+                    .map(|_| Vec::with_capacity(1))
+                    .collect(),
+                offsets: Vec::with_capacity(ng),
+                arena_bytes: 0,
+                spaces: Vec::new(),
+                lower_bound: 0,
+                strategy: "adapt",
+            })
+            .collect();
+        let copies = MoveBufs::copies_cap(ng, arena);
+        AdaptScratch {
+            table,
+            fits: Vec::with_capacity(table.map_or(0, |t| t.entries.len())),
+            writers,
+            synths,
+            held: Held {
+                buf: Vec::with_capacity(t_max),
+                dest: Vec::with_capacity(ng),
+                want: Vec::with_capacity(ng),
+                src: Vec::with_capacity(ng),
+                cur: Vec::with_capacity(ng),
+                moved: Vec::with_capacity(ng),
+                missing: Vec::with_capacity(ng),
+                moved_l: Vec::with_capacity(ng),
+                cur_l: Vec::with_capacity(ng),
+                missing_l: Vec::with_capacity(ng),
+            },
+            regen: Regen {
+                reads: Vec::with_capacity(t_max),
+                wr: Vec::with_capacity(t_max),
+                cur: Vec::with_capacity(ng),
+                loc: Vec::with_capacity(ng),
+                req: (0..ng).map(|_| Vec::with_capacity(req_cap)).collect(),
+                regen: Vec::with_capacity(ng),
+                from_root: Vec::with_capacity(ng),
+                parked: Vec::with_capacity(ng),
+                sched: Vec::with_capacity(nn),
+                next_sched: Vec::with_capacity(nn),
+                start: Vec::with_capacity(ng),
+                span: Vec::with_capacity(ng),
+                val: Vec::with_capacity(ng),
+                items: Vec::with_capacity(ng),
+                placed: Vec::with_capacity(ng),
+                at: Vec::with_capacity(ng),
+                order: Vec::with_capacity(ng),
+                busy: Vec::with_capacity(ng),
+                before: Vec::with_capacity(ng),
+                after: Vec::with_capacity(ng),
+                moves: MoveBufs::new(ng, arena),
+                copies: Vec::with_capacity(copies),
+                copies_after: Vec::with_capacity(copies),
+            },
+            plans,
+        }
+    }
+
+    fn index(&self, p: &Plan) -> Option<usize> {
+        self.plans.iter().position(|q| ptr::eq(*q, p))
+    }
+
+    /// The planned switch's copies and regeneration, borrowed from the scratch.
+    fn switch_ref(&self, pl: &Planned) -> SwitchRef<'_> {
+        SwitchRef {
+            copies: &self.regen.copies,
+            synth: pl.synth.map(|i| &self.synths[i]),
+            copies_after: &self.regen.copies_after,
+            above: pl.above,
+        }
+    }
+
+    /// Plans the switch from `p1` (next instruction `e1`) to `p2` in the scratch (both must be plans it
+    /// was sized for). `e2 = Some(e)`: keep only the persistent tensors and continue `p2` at `e` (a
+    /// restart, or a switch between steps). `None`: line the programs up and keep every value (see the
+    /// module docs). `hi`: bytes of the aligned arena. Allocates nothing.
+    fn plan_switch(
+        &mut self,
+        p1: &Plan,
+        e1: usize,
+        p2: &Plan,
+        e2: Option<usize>,
+        hi: usize,
+    ) -> Result<Planned, NoSwitch> {
+        let (Some(_), Some(i2)) = (self.index(p1), self.index(p2)) else {
+            return Err(NoSwitch(SCRATCH));
+        };
+        let ng = p2.segments.len();
+        if p1.group_of != p2.group_of
+            || p1.segments.len() != ng
+            || p1.graph.tensors.len() != p2.graph.tensors.len()
+            || p1.graph.nodes.len() != p2.graph.nodes.len()
+            || p1.graph.batch != p2.graph.batch
+        {
+            return Err(NoSwitch("the plans are not of one graph"));
+        }
+        if group_persistent_mismatch(p1, p2) {
+            return Err(NoSwitch("persistent groups differ"));
+        }
+        let only_persistent = e2.is_some();
+        let e2 = match e2 {
+            Some(e) => e,
+            None => align(p1, e1, p2)?,
+        };
+        let AdaptScratch {
+            writers,
+            synths,
+            held,
+            regen: rg,
+            ..
+        } = self;
+        let Held {
+            buf,
+            dest,
+            want,
+            src,
+            cur,
+            moved,
+            missing,
+            moved_l,
+            cur_l,
+            missing_l,
+        } = held;
+        let bytes_of = |p: &Plan, s: u32| p.lives[s as usize].bytes;
+        // 2. What P2 holds across e2 and what P1 holds across e1.
+        refill(dest, ng, None)?;
+        refill(want, ng, None)?;
+        refill(src, ng, None)?;
+        for gid in 0..ng {
+            if only_persistent && !group_persistent(p2, gid) {
+                continue;
+            }
+            let Some(s2) = held_storage(p2, gid, e2) else {
+                continue;
+            };
+            dest[gid] = Some((p2.offsets[s2 as usize], bytes_of(p2, s2)));
+            if !group_persistent(p2, gid) {
+                want[gid] = last_writer(p2, s2, gid as u32, e2, buf);
+            }
+        }
+        for gid in 0..ng {
+            let Some(s1) = held_storage(p1, gid, e1) else {
+                continue;
+            };
+            let v = if group_persistent(p1, gid) {
+                None
+            } else {
+                last_writer(p1, s1, gid as u32, e1, buf)
+            };
+            if bytes_of(p1, s1) != dest[gid].map_or(bytes_of(p1, s1), |d| d.1) {
+                return Err(NoSwitch("a group has another size"));
+            }
+            src[gid] = Some((p1.offsets[s1 as usize], v));
+        }
+        // Moves into P2's storages, and what each location holds after them.
+        let fw = &writers[i2];
+        refill(cur, ng, None)?;
+        refill(moved, ng, false)?;
+        missing.clear();
+        for gid in 0..ng {
+            if dest[gid].is_none() {
+                continue;
+            }
+            match src[gid] {
+                Some((_, v)) if group_persistent(p2, gid) || v == want[gid] => {
+                    moved[gid] = true;
+                    cur[gid] = want[gid];
+                }
+                // An earlier value of the same in-place chain: move it, regenerate the rest.
+                Some((_, Some(v))) if want[gid].is_some_and(|w| v < w && fw.rf_writes(gid, v)) => {
+                    moved[gid] = true;
+                    cur[gid] = Some(v);
+                    push(missing, gid)?;
+                }
+                _ => {
+                    if want[gid].is_some() {
+                        push(missing, gid)?;
+                    }
+                }
+            }
+        }
+        if missing.is_empty() {
+            rg.before.clear();
+            for h in (0..ng).filter(|&h| moved[h]) {
+                if let (Some(s), Some(d)) = (src[h], dest[h]) {
+                    push(&mut rg.before, (s.0, d.0, d.1))?;
+                }
+            }
+            order_moves_into(&rg.before, &mut rg.moves, &mut rg.copies)?;
+            rg.copies_after.clear();
+            return Ok(Planned {
+                synth: None,
+                e2,
+                above: false,
+            });
+        }
+        // 3. Regeneration.
+        if only_persistent || p1.micro_batches != 1 || p2.micro_batches != 1 {
+            return Err(NoSwitch("regeneration needs one micro-batch"));
+        }
+        // Within P2's arena if at all possible, else within P1's (the budget contract: a switch touches
+        // no byte beyond the larger of the two arenas). At each limit, when the regeneration does not
+        // fit, values P1 holds are given up and regenerated too, the ones produced last first, so that
+        // earlier recomputations run before they take up room.
+        let limits = [p2.arena_bytes, p1.arena_bytes.max(p2.arena_bytes).min(hi)];
+        for (i, &limit) in limits.iter().enumerate() {
+            if i > 0 && limit <= limits[i - 1] {
+                continue;
+            }
+            let cx = Cx {
+                p2,
+                limit,
+                dest,
+                want,
+                src,
+                fw,
+            };
+            copy_into(moved_l, moved)?;
+            copy_into(cur_l, cur)?;
+            copy_into(missing_l, missing)?;
+            loop {
+                match regenerate(&cx, moved_l, cur_l, missing_l, rg, &mut synths[i2]) {
+                    Err(NoSwitch(NO_ROOM)) => {}
+                    Ok(above) => {
+                        return Ok(Planned {
+                            synth: Some(i2),
+                            e2,
+                            above,
+                        })
+                    }
+                    Err(e) => return Err(e),
+                }
+                let give_up = (0..ng)
+                    .filter(|&h| moved_l[h] && !missing_l.contains(&h) && !group_persistent(p2, h))
+                    .filter(|&h| want[h].is_some_and(|w| fw.rf_writes(h, w)))
+                    .max_by_key(|&h| want[h]);
+                let Some(h) = give_up else {
+                    break;
+                };
+                moved_l[h] = false;
+                cur_l[h] = None;
+                push(missing_l, h)?;
+            }
+        }
+        Err(NoSwitch(NO_ROOM))
+    }
+}
+
+/// Plans the switch from `p1` (next instruction `e1`) to `p2` with a scratch made for these two plans
+/// (allocates: the tests and the stop-restart baseline); see [`AdaptScratch::plan_switch`].
 pub(super) fn plan_switch(
     p1: &Plan,
     e1: usize,
@@ -613,136 +1139,15 @@ pub(super) fn plan_switch(
     e2: Option<usize>,
     hi: usize,
 ) -> Result<SwitchPlan, NoSwitch> {
-    let ng = p2.segments.len();
-    if p1.group_of != p2.group_of
-        || p1.segments.len() != ng
-        || p1.graph.tensors.len() != p2.graph.tensors.len()
-        || p1.graph.nodes.len() != p2.graph.nodes.len()
-        || p1.graph.batch != p2.graph.batch
-    {
-        return Err(NoSwitch("the plans are not of one graph"));
-    }
-    if group_persistent_mismatch(p1, p2) {
-        return Err(NoSwitch("persistent groups differ"));
-    }
-    let only_persistent = e2.is_some();
-    let e2 = match e2 {
-        Some(e) => e,
-        None => align(p1, e1, p2)?,
-    };
-    let mut buf = Vec::new();
-    let bytes_of = |p: &Plan, s: u32| p.lives[s as usize].bytes;
-    // 2. What P2 holds across e2 and what P1 holds across e1.
-    let mut dest: Vec<Option<(usize, usize)>> = vec![None; ng];
-    let mut want: Vec<Option<Vid>> = vec![None; ng];
-    let mut src: Vec<Option<(usize, Option<Vid>)>> = vec![None; ng];
-    for gid in 0..ng {
-        if only_persistent && !group_persistent(p2, gid) {
-            continue;
-        }
-        let Some(s2) = held(p2, gid, e2) else {
-            continue;
-        };
-        dest[gid] = Some((p2.offsets[s2 as usize], bytes_of(p2, s2)));
-        if !group_persistent(p2, gid) {
-            want[gid] = last_writer(p2, s2, gid as u32, e2, &mut buf);
-        }
-    }
-    for gid in 0..ng {
-        let Some(s1) = held(p1, gid, e1) else {
-            continue;
-        };
-        let v = if group_persistent(p1, gid) {
-            None
-        } else {
-            last_writer(p1, s1, gid as u32, e1, &mut buf)
-        };
-        if bytes_of(p1, s1) != dest[gid].map_or(bytes_of(p1, s1), |d| d.1) {
-            return Err(NoSwitch("a group has another size"));
-        }
-        src[gid] = Some((p1.offsets[s1 as usize], v));
-    }
-    // Moves into P2's storages, and what each location holds after them.
-    let fw = WriterIndex::new(p2);
-    let mut cur: Vec<Option<Vid>> = vec![None; ng];
-    let mut moved = vec![false; ng];
-    let mut missing: Vec<usize> = Vec::new();
-    for gid in 0..ng {
-        if dest[gid].is_none() {
-            continue;
-        }
-        match src[gid] {
-            Some((_, v)) if group_persistent(p2, gid) || v == want[gid] => {
-                moved[gid] = true;
-                cur[gid] = want[gid];
-            }
-            // An earlier value of the same in-place chain: move it, regenerate the rest.
-            Some((_, Some(v))) if want[gid].is_some_and(|w| v < w && fw.rf_writes(gid, v)) => {
-                moved[gid] = true;
-                cur[gid] = Some(v);
-                missing.push(gid);
-            }
-            _ => {
-                if want[gid].is_some() {
-                    missing.push(gid);
-                }
-            }
-        }
-    }
-    if missing.is_empty() {
-        let moves: Vec<(usize, usize, usize)> = (0..ng)
-            .filter(|&h| moved[h])
-            .filter_map(|h| Some((src[h]?.0, dest[h]?.0, dest[h]?.1)))
-            .collect();
-        return Ok(SwitchPlan {
-            copies: order_moves(&moves),
-            synth: None,
-            copies_after: Vec::new(),
-            e2,
-            above: false,
-        });
-    }
-    // 3. Regeneration.
-    if only_persistent || p1.micro_batches != 1 || p2.micro_batches != 1 {
-        return Err(NoSwitch("regeneration needs one micro-batch"));
-    }
-    // Within P2's arena if at all possible, else within P1's (the budget contract: a switch touches no
-    // byte beyond the larger of the two arenas). At each limit, when the regeneration does not fit,
-    // values P1 holds are given up and regenerated too, the ones produced last first, so that earlier
-    // recomputations run before they take up room.
-    let limits = [p2.arena_bytes, p1.arena_bytes.max(p2.arena_bytes).min(hi)];
-    for (i, &limit) in limits.iter().enumerate() {
-        if i > 0 && limit <= limits[i - 1] {
-            continue;
-        }
-        let cx = Cx {
-            p2,
-            e2,
-            limit,
-            dest: &dest,
-            want: &want,
-            src: &src,
-            fw: &fw,
-        };
-        let (mut moved, mut cur, mut missing) = (moved.clone(), cur.clone(), missing.clone());
-        loop {
-            match regenerate(&cx, &moved, &cur, &missing) {
-                Err(NoSwitch(NO_ROOM)) => {}
-                r => return r,
-            }
-            let give_up = (0..ng)
-                .filter(|&h| moved[h] && !missing.contains(&h) && !group_persistent(p2, h))
-                .filter(|&h| want[h].is_some_and(|w| fw.rf_writes(h, w)))
-                .max_by_key(|&h| want[h]);
-            let Some(h) = give_up else {
-                break;
-            };
-            moved[h] = false;
-            cur[h] = None;
-            missing.push(h);
-        }
-    }
-    Err(NoSwitch(NO_ROOM))
+    let mut s = AdaptScratch::with_plans(None, vec![p1, p2]);
+    let pl = s.plan_switch(p1, e1, p2, e2, hi)?;
+    let synth = pl.synth.map(|i| s.synths.swap_remove(i));
+    Ok(SwitchPlan {
+        copies: core::mem::take(&mut s.regen.copies),
+        synth,
+        copies_after: core::mem::take(&mut s.regen.copies_after),
+        above: pl.above,
+    })
 }
 
 const NO_ROOM: &str = "no free bytes to regenerate in";
@@ -750,7 +1155,6 @@ const NO_ROOM: &str = "no free bytes to regenerate in";
 /// What a regeneration is planned from.
 struct Cx<'a> {
     p2: &'a Plan,
-    e2: usize,
     /// Bytes of the aligned arena the switch may use.
     limit: usize,
     /// P2's storage (offset, bytes) of each group held across `e2`.
@@ -763,50 +1167,84 @@ struct Cx<'a> {
 }
 
 /// Plans the moves and the regeneration of the `missing` groups; `moved` groups are moved from P1
-/// (holding `cur` after the move).
+/// (holding `cur` after the move). On success the copies are in `rg` and the regeneration plan in
+/// `synth` (P2's, from the scratch); returns whether the switch uses bytes above P2's arena.
+/// Allocates nothing (the bounds: [`AdaptScratch`]).
 fn regenerate(
     cx: &Cx<'_>,
     moved: &[bool],
-    cur: &[Option<Vid>],
+    cur_in: &[Option<Vid>],
     missing: &[usize],
-) -> Result<SwitchPlan, NoSwitch> {
+    rg: &mut Regen,
+    synth: &mut Plan,
+) -> Result<bool, NoSwitch> {
     let Cx {
         p2,
-        e2,
         limit,
         dest,
         want,
         src,
         fw,
     } = *cx;
+    let Regen {
+        reads,
+        wr,
+        cur,
+        loc,
+        req,
+        regen,
+        from_root,
+        parked,
+        sched,
+        next_sched,
+        start,
+        span,
+        val,
+        items,
+        placed,
+        at,
+        order,
+        busy,
+        before,
+        after,
+        moves,
+        copies,
+        copies_after,
+    } = rg;
     let ng = p2.segments.len();
     let bytes_of = |p: &Plan, s: u32| p.lives[s as usize].bytes;
-    let mut cur = cur.to_vec();
-    let mut loc: Vec<Loc> = dest
-        .iter()
-        .map(|d| if d.is_some() { Loc::Dest } else { Loc::None })
-        .collect();
+    copy_into(cur, cur_in)?;
+    refill(loc, ng, Loc::None)?;
+    for (l, d) in loc.iter_mut().zip(dest) {
+        if d.is_some() {
+            *l = Loc::Dest;
+        }
+    }
     let g = &p2.graph;
     let nn = g.nodes.len();
     // Values required of each group (P2's value for its storages, plus inputs of recomputations); a
     // group in `regen` is rewritten by its chain of recomputations, from its current value unless an
     // earlier one is required or another chain rewrites it (`from_root`).
-    let mut req: Vec<Vec<Vid>> = want.iter().map(|w| w.iter().copied().collect()).collect();
-    let mut regen = vec![false; ng];
-    let mut from_root = vec![false; ng];
+    let req = req.get_mut(..ng).ok_or(NoSwitch(SCRATCH))?;
+    for (r, w) in req.iter_mut().zip(want) {
+        r.clear();
+        if let Some(w) = w {
+            push(r, *w)?;
+        }
+    }
+    refill(regen, ng, false)?;
+    refill(from_root, ng, false)?;
     for &gid in missing {
         regen[gid] = true;
     }
     // Values P1 holds that P2 does not, parked in free bytes as inputs of recomputations.
-    let mut parked: Vec<usize> = Vec::new();
-    let mut sched = vec![false; nn];
-    let mut reads: Vec<TensorId> = Vec::new();
-    let mut wr: Vec<TensorId> = Vec::new();
+    parked.clear();
+    refill(sched, nn, false)?;
     let mut settled = false;
     for _round in 0..4 * ng + 8 {
         let mut changed = false;
-        let mut next_sched = vec![false; nn];
-        let mut start: Vec<Option<Vid>> = vec![None; ng];
+        refill(next_sched, nn, false)?;
+        refill(start, ng, None)?;
         for gid in (0..ng).filter(|&h| regen[h]) {
             let (Some(&top), Some(&low)) = (req[gid].iter().max(), req[gid].iter().min()) else {
                 continue;
@@ -823,9 +1261,9 @@ fn regenerate(
             }
         }
         for w in (0..nn).filter(|&w| next_sched[w]) {
-            rf_reads(g, &rf(w), &mut reads, &mut wr);
+            rf_reads(g, &rf(w), reads, wr);
             // A recomputation rewrites every group it writes: those must follow their chains.
-            for &t in &wr {
+            for &t in wr.iter() {
                 let Some(h) = p2.group_of[t as usize] else {
                     continue;
                 };
@@ -841,7 +1279,7 @@ fn regenerate(
                     changed = true;
                 }
             }
-            for &t in &reads {
+            for &t in reads.iter() {
                 let Some(h) = p2.group_of[t as usize] else {
                     continue;
                 };
@@ -857,7 +1295,7 @@ fn regenerate(
                     .value_of(t)
                     .ok_or(NoSwitch("an input without a producer"))?;
                 if !req[h].contains(&v) {
-                    req[h].push(v);
+                    push(&mut req[h], v)?;
                     changed |= regen[h];
                 }
                 if regen[h] || (loc[h] != Loc::None && cur[h] == Some(v)) {
@@ -866,15 +1304,15 @@ fn regenerate(
                 if loc[h] == Loc::None && src[h].is_some_and(|s| s.1 == Some(v)) {
                     loc[h] = Loc::Temp;
                     cur[h] = Some(v);
-                    parked.push(h);
+                    push(parked, h)?;
                 } else {
                     regen[h] = true;
                 }
                 changed = true;
             }
         }
-        changed |= next_sched != sched;
-        sched = next_sched;
+        changed |= *next_sched != *sched;
+        core::mem::swap(sched, next_sched);
         if !changed {
             settled = true;
             break;
@@ -886,11 +1324,15 @@ fn regenerate(
     // Every group a recomputation touches needs a place; those without a P2 storage (parked inputs,
     // side outputs, intermediates, scratch) get free bytes. `span[h]`: first and last index in the
     // regeneration program touching group `h`.
-    let program: Vec<Instr> = (0..nn).filter(|&w| sched[w]).map(rf).collect();
-    let mut span = vec![(usize::MAX, 0usize); ng];
+    let program = &mut synth.program;
+    program.clear();
+    for w in (0..nn).filter(|&w| sched[w]) {
+        push(program, rf(w))?;
+    }
+    refill(span, ng, (usize::MAX, 0usize))?;
     for (i, ins) in program.iter().enumerate() {
-        touches(g, ins, &mut wr);
-        for &t in &wr {
+        touches(g, ins, wr);
+        for &t in wr.iter() {
             let Some(h) = p2.group_of[t as usize] else {
                 continue;
             };
@@ -902,10 +1344,10 @@ fn regenerate(
         }
     }
     // 3b. Simulate the recomputations on value names.
-    let mut val = cur.clone();
-    for ins in &program {
-        rf_reads(g, ins, &mut reads, &mut wr);
-        for &t in &reads {
+    copy_into(val, cur)?;
+    for ins in program.iter() {
+        rf_reads(g, ins, reads, wr);
+        for &t in reads.iter() {
             let Some(h) = p2.group_of[t as usize] else {
                 continue;
             };
@@ -917,7 +1359,7 @@ fn regenerate(
                 return Err(NoSwitch("an input is not available to regenerate from"));
             }
         }
-        for &t in &wr {
+        for &t in wr.iter() {
             if let Some(h) = p2.group_of[t as usize] {
                 val[h as usize] = Some(fwd_vid(ins.node as usize));
             }
@@ -934,135 +1376,176 @@ fn regenerate(
     // ("staged") and moved to P2's offsets after the regeneration; within P2's arena if possible,
     // else within the whole arena.
     const END: usize = usize::MAX;
-    let items: Vec<(usize, usize, usize, usize)> = (0..ng)
-        .filter(|&h| loc[h] != Loc::None)
-        .map(|h| {
-            let bytes = bytes_of(p2, seg0(p2, h));
-            let early = moved[h] || parked.contains(&h);
-            match loc[h] {
-                Loc::Dest if early || span[h].0 == usize::MAX => (h, bytes, 0, END),
-                Loc::Dest => (h, bytes, span[h].0, END),
-                _ if early => (h, bytes, 0, span[h].1),
-                _ => (h, bytes, span[h].0, span[h].1),
-            }
-        })
-        .collect();
-    let place = |limit: usize, staged: bool| -> Option<Vec<usize>> {
-        // (offset, bytes, from, to) already placed.
-        let mut placed: Vec<(usize, usize, usize, usize)> = Vec::new();
-        let mut at = vec![usize::MAX; ng];
-        if !staged {
-            for &(h, l, from, to) in &items {
-                if loc[h] == Loc::Dest {
-                    let d = dest[h]?.0;
-                    if d + l > limit {
-                        return None;
-                    }
-                    placed.push((d, l, from, to));
-                    at[h] = d;
-                }
-            }
-        }
-        let mut order: Vec<&(usize, usize, usize, usize)> =
-            items.iter().filter(|it| at[it.0] == usize::MAX).collect();
-        heap_sort_by_key(&mut order, |it| (it.2, Reverse(it.3), Reverse(it.1), it.0));
-        for &&(h, len, from, to) in &order {
-            let busy: Vec<(usize, usize)> = placed
-                .iter()
-                .filter(|b| b.2 <= to && from <= b.3)
-                .map(|b| (b.0, b.1))
-                .collect();
-            let o = find_free(&busy, len, limit)?;
-            placed.push((o, len, from, to));
-            at[h] = o;
-        }
-        Some(at)
+    items.clear();
+    for h in (0..ng).filter(|&h| loc[h] != Loc::None) {
+        let bytes = bytes_of(p2, seg0(p2, h));
+        let early = moved[h] || parked.contains(&h);
+        let it = match loc[h] {
+            Loc::Dest if early || span[h].0 == usize::MAX => (h, bytes, 0, END),
+            Loc::Dest => (h, bytes, span[h].0, END),
+            _ if early => (h, bytes, 0, span[h].1),
+            _ => (h, bytes, span[h].0, span[h].1),
+        };
+        push(items, it)?;
+    }
+    let mut bufs = PlaceBufs {
+        placed,
+        at,
+        order,
+        busy,
     };
-    let (at, staged) = [false, true]
-        .into_iter()
-        .find_map(|staged| place(limit, staged).map(|at| (at, staged)))
-        .ok_or(NoSwitch(NO_ROOM))?;
+    let mut staged = false;
+    let mut found = false;
+    for s in [false, true] {
+        if place(&mut bufs, items, loc, dest, ng, limit, s)? {
+            staged = s;
+            found = true;
+            break;
+        }
+    }
+    if !found {
+        return Err(NoSwitch(NO_ROOM));
+    }
+    let at = &*bufs.at;
     let above = limit > p2.arena_bytes;
     // Copies before the regeneration (into P2's storages or their staged places, and parked values),
     // and after it (staged places to P2's storages).
-    let mut before: Vec<(usize, usize, usize)> = Vec::new();
-    let mut after: Vec<(usize, usize, usize)> = Vec::new();
-    for &(h, l, _, _) in &items {
+    before.clear();
+    after.clear();
+    for &(h, l, _, _) in items.iter() {
         if moved[h] || parked.contains(&h) {
-            before.push((
-                src[h].ok_or(NoSwitch("a move without a source"))?.0,
-                at[h],
-                l,
-            ));
+            let s = src[h].ok_or(NoSwitch("a move without a source"))?.0;
+            push(before, (s, at[h], l))?;
         }
         if staged && loc[h] == Loc::Dest {
-            after.push((at[h], dest[h].ok_or(NoSwitch("dest"))?.0, l));
+            push(after, (at[h], dest[h].ok_or(NoSwitch("dest"))?.0, l))?;
         }
     }
     // P2's storages the regeneration does not touch still get their moves.
     for h in 0..ng {
         if moved[h] && at[h] == usize::MAX {
-            before.push((
-                src[h].ok_or(NoSwitch("a move without a source"))?.0,
-                dest[h].ok_or(NoSwitch("dest"))?.0,
-                dest[h].ok_or(NoSwitch("dest"))?.1,
-            ));
+            let s = src[h].ok_or(NoSwitch("a move without a source"))?.0;
+            let d = dest[h].ok_or(NoSwitch("dest"))?;
+            push(before, (s, d.0, d.1))?;
         }
     }
     // The regeneration plan: every group it touches at one place.
-    let mut offsets = Vec::new();
-    let mut lives = Vec::new();
-    let mut segments: Vec<Vec<(Eo, u32)>> = vec![Vec::new(); ng];
-    for &(h, bytes, _, _) in &items {
-        segments[h] = vec![(0, offsets.len() as u32)];
-        offsets.push(at[h]);
-        lives.push(TensorLife {
-            name: String::new(),
-            kind: TensorKind::Activation,
-            bytes,
-            first: 0,
-            last: 0,
-            space: crate::plan::SpaceId::HOST,
-        });
+    let Plan {
+        offsets,
+        lives,
+        segments,
+        touches: synth_touches,
+        arena_bytes,
+        program,
+        graph,
+        group_of,
+        ..
+    } = synth;
+    offsets.clear();
+    lives.clear();
+    for s in segments.iter_mut() {
+        s.clear();
     }
-    let top = offsets
+    for &(h, bytes, _, _) in items.iter() {
+        push(&mut segments[h], (0, offsets.len() as u32))?;
+        push(offsets, at[h])?;
+        push(
+            lives,
+            TensorLife {
+                name: String::new(),
+                kind: TensorKind::Activation,
+                bytes,
+                first: 0,
+                last: 0,
+                space: crate::plan::SpaceId::HOST,
+            },
+        )?;
+    }
+    *arena_bytes = offsets
         .iter()
-        .zip(&lives)
+        .zip(lives.iter())
         .map(|(o, l)| o + l.bytes)
         .max()
         .unwrap_or(0);
+    synth_touches.clear();
+    refill(synth_touches, lives.len(), Vec::new())?;
     // Every tensor a recomputation touches must have a place.
-    for ins in &program {
-        touches(g, ins, &mut wr);
+    for ins in program.iter() {
+        touches(graph, ins, wr);
         if wr
             .iter()
-            .any(|&t| p2.group_of[t as usize].is_some_and(|h| segments[h as usize].is_empty()))
+            .any(|&t| group_of[t as usize].is_some_and(|h| segments[h as usize].is_empty()))
         {
             return Err(NoSwitch("a tensor of a regeneration has no place"));
         }
     }
-    let synth = Plan {
-        graph: g.clone(),
-        micro_batches: 1,
-        touches: vec![Vec::new(); lives.len()],
-        program,
-        roots: p2.roots.clone(),
-        lives,
-        group_of: p2.group_of.clone(),
-        segments,
-        offsets,
-        arena_bytes: top,
-        spaces: Vec::new(),
-        lower_bound: 0,
-        strategy: "adapt",
-    };
-    Ok(SwitchPlan {
-        copies: order_moves(&before),
-        synth: Some(synth),
-        copies_after: order_moves(&after),
-        e2,
-        above,
-    })
+    order_moves_into(before, moves, copies)?;
+    order_moves_into(after, moves, copies_after)?;
+    Ok(above)
+}
+
+/// The buffers of [`place`].
+struct PlaceBufs<'a> {
+    /// (offset, bytes, from, to) already placed.
+    placed: &'a mut Vec<(usize, usize, usize, usize)>,
+    /// Per group: its place (`usize::MAX`: none).
+    at: &'a mut Vec<usize>,
+    order: &'a mut Vec<usize>,
+    busy: &'a mut Vec<(usize, usize)>,
+}
+
+/// Places the regeneration's `items` (group, bytes, from, to) within `limit` bytes into `b.at`: P2's
+/// storages where they are and the rest in free bytes, or (`staged`) everything packed afresh. False
+/// when they do not fit.
+fn place(
+    b: &mut PlaceBufs<'_>,
+    items: &[(usize, usize, usize, usize)],
+    loc: &[Loc],
+    dest: &[Option<(usize, usize)>],
+    ng: usize,
+    limit: usize,
+    staged: bool,
+) -> Result<bool, NoSwitch> {
+    b.placed.clear();
+    refill(b.at, ng, usize::MAX)?;
+    if !staged {
+        for &(h, l, from, to) in items {
+            if loc[h] == Loc::Dest {
+                let Some(d) = dest[h] else {
+                    return Ok(false);
+                };
+                let d = d.0;
+                if d + l > limit {
+                    return Ok(false);
+                }
+                push(b.placed, (d, l, from, to))?;
+                b.at[h] = d;
+            }
+        }
+    }
+    b.order.clear();
+    for (i, it) in items.iter().enumerate() {
+        if b.at[it.0] == usize::MAX {
+            push(b.order, i)?;
+        }
+    }
+    heap_sort_by_key(b.order, |&i| {
+        let it = &items[i];
+        (it.2, Reverse(it.3), Reverse(it.1), it.0)
+    });
+    for &i in b.order.iter() {
+        let (h, len, from, to) = items[i];
+        b.busy.clear();
+        for p in b.placed.iter().filter(|p| p.2 <= to && from <= p.3) {
+            push(b.busy, (p.0, p.1))?;
+        }
+        let Some(o) = find_free(b.busy, len, limit) else {
+            return Ok(false);
+        };
+        push(b.placed, (o, len, from, to))?;
+        b.at[h] = o;
+    }
+    Ok(true)
 }
 
 fn group_persistent_mismatch(p1: &Plan, p2: &Plan) -> bool {

@@ -71,6 +71,9 @@ pub struct Executor<'p, B: Backend = CpuBackend> {
     backend: B,
     /// Optimizer steps taken (Adam's t).
     steps: u32,
+    /// The working memory of adaptive steps' plan switches, sized once per table
+    /// ([`Executor::prepare_adaptive`]).
+    adapt: Option<adapt::AdaptScratch<'p>>,
 }
 
 impl<'p> Executor<'p, CpuBackend> {
@@ -187,6 +190,7 @@ impl<'p, B: Backend> Executor<'p, B> {
             plan,
             backend,
             steps: 0,
+            adapt: None,
         })
     }
 

@@ -2,6 +2,7 @@
 //! (`exec::adapt`). Any set of moves between disjoint source ranges and disjoint destination ranges of
 //! one arena is carried out without free bytes — chains from their end, cycles through a small stack
 //! bounce buffer — in a number of copies that grows with the number of moves, not their bytes.
+#[cfg(test)]
 use alloc::vec;
 use alloc::vec::Vec;
 
@@ -17,11 +18,12 @@ pub(super) fn align_up(v: usize) -> usize {
 }
 
 /// Lowest ALIGN-aligned offset where `len` bytes fit in `[0, limit)` overlapping none of `busy`.
-pub(super) fn find_free(busy: &[(usize, usize)], len: usize, limit: usize) -> Option<usize> {
-    let mut b: Vec<(usize, usize)> = busy.iter().copied().filter(|r| r.1 > 0).collect();
-    b.sort_unstable();
+/// Sorts `busy` in place (the result does not depend on its order); allocates nothing.
+pub(super) fn find_free(busy: &mut Vec<(usize, usize)>, len: usize, limit: usize) -> Option<usize> {
+    busy.retain(|r| r.1 > 0);
+    busy.sort_unstable();
     let mut at = 0usize;
-    for (o, l) in b {
+    for &(o, l) in busy.iter() {
         if at + len <= o {
             break;
         }
@@ -41,50 +43,162 @@ pub(super) const BOUNCE: usize = 64 * ALIGN;
 /// them into `ALIGN`-byte blocks instead (bounds the work on pathological move sets).
 pub(super) const MAX_POINTS: usize = 1 << 14;
 
-/// Orders moves `(src, dst, len)` so no destination overwrites a source still to be moved. Sources are
-/// disjoint, destinations are disjoint, and all offsets and lengths are multiples of [`ALIGN`]. Whole
-/// moves go first, in dependency order. What remains (moves whose destinations overlap each other's
-/// sources in cycles) is cut into *pieces* at every range boundary and its images under the moves'
-/// shifts, so that a piece's destination is exactly another piece's source or meets no source at all;
-/// the pieces form chains (copied from their end) and cycles (rotated through a [`BOUNCE`]-byte bounce
-/// buffer, [`BUF`], a chunk at a time). So every set of moves can be carried out without any free bytes,
-/// in a number of copies that grows with the number of moves, not with their bytes.
+/// A buffer of [`MoveBufs`] (or a switch's scratch) would have grown past the capacity it was given
+/// when it was sized: the move set is refused instead of reallocating.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Full;
+
+/// Pushes `x` onto `v` only within its capacity (never reallocates).
+pub(super) fn push<T>(v: &mut Vec<T>, x: T) -> Result<(), Full> {
+    if v.len() == v.capacity() {
+        return Err(Full);
+    }
+    v.push(x);
+    Ok(())
+}
+
+/// Resizes `v` to `n` copies of `x` only within its capacity (never reallocates).
+pub(super) fn refill<T: Clone>(v: &mut Vec<T>, n: usize, x: T) -> Result<(), Full> {
+    if n > v.capacity() {
+        return Err(Full);
+    }
+    v.clear();
+    v.resize(n, x);
+    Ok(())
+}
+
+/// The working buffers of [`order_moves_into`], sized once for at most `moves` moves within an arena
+/// of `arena` bytes; ordering moves then allocates nothing.
+///
+/// Capacities (with `A = arena / ALIGN`, `P = min(MAX_POINTS, A) + 1`, `m = moves`), and why no push
+/// exceeds them (every offset and length is a multiple of `ALIGN`, sources and destinations lie in
+/// `[0, arena]`):
+/// * `points`, `queue`: distinct split points, multiples of `ALIGN` in `[0, arena]`, so at most `A + 1`;
+///   and the closure stops (falls back to blocks) as soon as there are `MAX_POINTS + 1`. Each point is
+///   queued once, when it is first inserted.
+/// * `pieces` (and `by_dst`, `done`, `ready`, `cycle`, indexed by piece): cut at the points, the pieces
+///   are disjoint intervals between consecutive points, so at most `P - 1`; in the block fallback, one
+///   per `ALIGN` bytes moved, at most `A` — more than the capacity (only when `A > MAX_POINTS`, an arena
+///   over 1 MiB) is refused ([`Full`]).
+/// * the copies ([`MoveBufs::copies_cap`]): `m` whole moves, then per piece one copy in a chain, or
+///   `ceil(len / BOUNCE)` chunks of `k + 1` copies for a cycle of `k` pieces: at most
+///   `m + 2 * Σ ceil(len / BOUNCE) ≤ m + 2 * (P + A / 64 + 1)`.
+pub(super) struct MoveBufs {
+    pending: Vec<(usize, usize, usize)>,
+    points: Vec<usize>,
+    queue: Vec<usize>,
+    pieces: Vec<(usize, usize, usize)>,
+    by_dst: Vec<(usize, usize)>,
+    done: Vec<bool>,
+    ready: Vec<usize>,
+    cycle: Vec<usize>,
+}
+
+impl MoveBufs {
+    /// Buffers for up to `moves` moves within `arena` bytes.
+    pub(super) fn new(moves: usize, arena: usize) -> Self {
+        let p = Self::pieces_cap(arena);
+        MoveBufs {
+            pending: Vec::with_capacity(moves),
+            points: Vec::with_capacity(p + 1),
+            queue: Vec::with_capacity(p + 1),
+            pieces: Vec::with_capacity(p),
+            by_dst: Vec::with_capacity(p),
+            done: Vec::with_capacity(p),
+            ready: Vec::with_capacity(p),
+            cycle: Vec::with_capacity(p),
+        }
+    }
+
+    fn pieces_cap(arena: usize) -> usize {
+        MAX_POINTS.min(arena / ALIGN) + 1
+    }
+
+    /// The capacity an output of [`order_moves_into`] needs for `moves` moves within `arena` bytes.
+    pub(super) fn copies_cap(moves: usize, arena: usize) -> usize {
+        moves + 2 * (Self::pieces_cap(arena) + arena / BOUNCE + 1)
+    }
+}
+
+/// Orders moves `(src, dst, len)` so no destination overwrites a source still to be moved; allocates.
+/// (A switch uses [`order_moves_into`] with buffers sized up front.)
+#[cfg(test)]
 pub(super) fn order_moves(moves: &[(usize, usize, usize)]) -> Vec<(usize, usize, usize)> {
-    let mut pending: Vec<(usize, usize, usize)> = moves
+    let arena = moves
         .iter()
-        .copied()
-        .filter(|m| m.0 != m.1 && m.2 > 0)
-        .collect();
-    let mut out = Vec::with_capacity(pending.len());
+        .map(|m| (m.0 + m.2).max(m.1 + m.2))
+        .max()
+        .unwrap_or(0);
+    let mut bufs = MoveBufs::new(moves.len(), arena);
+    let mut out = Vec::with_capacity(MoveBufs::copies_cap(moves.len(), arena));
+    order_moves_into(moves, &mut bufs, &mut out).expect("sized for these moves");
+    out
+}
+
+/// Orders moves `(src, dst, len)` into `out` so no destination overwrites a source still to be moved.
+/// Sources are disjoint, destinations are disjoint, and all offsets and lengths are multiples of
+/// [`ALIGN`]. Whole moves go first, in dependency order. What remains (moves whose destinations overlap
+/// each other's sources in cycles) is cut into *pieces* at every range boundary and its images under the
+/// moves' shifts, so that a piece's destination is exactly another piece's source or meets no source at
+/// all; the pieces form chains (copied from their end) and cycles (rotated through a [`BOUNCE`]-byte
+/// bounce buffer, [`BUF`], a chunk at a time). So every set of moves can be carried out without any
+/// free bytes, in a number of copies that grows with the number of moves, not with their bytes.
+///
+/// Allocates nothing: `bufs` and `out` (capacity [`MoveBufs::copies_cap`]) are sized for the moves
+/// ([`MoveBufs`] proves the bounds); a move set they cannot hold is refused with [`Full`].
+pub(super) fn order_moves_into(
+    moves: &[(usize, usize, usize)],
+    bufs: &mut MoveBufs,
+    out: &mut Vec<(usize, usize, usize)>,
+) -> Result<(), Full> {
+    let MoveBufs {
+        pending,
+        points,
+        queue,
+        pieces: next,
+        by_dst,
+        done,
+        ready,
+        cycle,
+    } = bufs;
+    out.clear();
+    pending.clear();
+    for &m in moves.iter().filter(|m| m.0 != m.1 && m.2 > 0) {
+        push(pending, m)?;
+    }
     while let Some(i) = (0..pending.len()).find(|&i| {
         let (_, d, l) = pending[i];
         (pending.iter().enumerate()).all(|(j, o)| j == i || !overlaps(d, l, o.0, o.2))
     }) {
-        out.push(pending.remove(i));
+        push(out, pending.remove(i))?;
     }
     if pending.is_empty() {
-        return out;
+        return Ok(());
     }
     // Pieces `(src, dst, len)`, sorted by source.
-    let mut next = pieces(&pending);
+    pieces_into(pending, points, queue, next)?;
     next.sort_unstable();
     let find = |v: &[(usize, usize, usize)], s: usize| v.binary_search_by_key(&s, |e| e.0).ok();
     // The piece whose destination is `d` (destinations are disjoint): (dst, src).
-    let mut by_dst: Vec<(usize, usize)> = next.iter().map(|&(s, d, _)| (d, s)).collect();
+    by_dst.clear();
+    for &(s, d, _) in next.iter() {
+        push(by_dst, (d, s))?;
+    }
     by_dst.sort_unstable();
     let find_dst = |d: usize| by_dst.binary_search_by_key(&d, |e| e.0).ok();
-    let mut done = vec![false; next.len()];
+    refill(done, next.len(), false)?;
     // Chains: a piece whose destination is no pending source can go; then the piece writing its source.
-    let mut ready: Vec<usize> = (0..next.len())
-        .filter(|&k| find(&next, next[k].1).is_none())
-        .collect();
+    ready.clear();
+    for k in (0..next.len()).filter(|&k| find(next, next[k].1).is_none()) {
+        push(ready, k)?;
+    }
     while let Some(k) = ready.pop() {
         let (s, d, l) = next[k];
-        out.push((s, d, l));
+        push(out, (s, d, l))?;
         done[k] = true;
         if let Some(j) = find_dst(s) {
-            if let Some(kj) = find(&next, by_dst[j].1) {
-                ready.push(kj);
+            if let Some(kj) = find(next, by_dst[j].1) {
+                push(ready, kj)?;
             }
         }
     }
@@ -94,87 +208,125 @@ pub(super) fn order_moves(moves: &[(usize, usize, usize)]) -> Vec<(usize, usize,
         if done[k0] {
             continue;
         }
-        let mut cycle = vec![k0];
+        cycle.clear();
+        push(cycle, k0)?;
         let mut k = k0;
-        while let Some(kn) = find(&next, next[k].1) {
+        while let Some(kn) = find(next, next[k].1) {
             if kn == k0 || done[kn] {
                 break;
             }
-            cycle.push(kn);
+            push(cycle, kn)?;
             k = kn;
         }
         let last = next[*cycle.last().unwrap_or(&k0)];
         let len = next[k0].2;
         for o in (0..len).step_by(BOUNCE) {
             let c = BOUNCE.min(len - o);
-            out.push((last.0 + o, BUF, c));
+            push(out, (last.0 + o, BUF, c))?;
             for &p in cycle.iter().rev().skip(1) {
-                out.push((next[p].0 + o, next[p].1 + o, c));
+                push(out, (next[p].0 + o, next[p].1 + o, c))?;
             }
-            out.push((BUF, last.1 + o, c));
+            push(out, (BUF, last.1 + o, c))?;
         }
-        for &c in &cycle {
+        for &c in cycle.iter() {
             done[c] = true;
         }
     }
-    coalesce(out)
+    coalesce_in_place(out);
+    Ok(())
+}
+
+/// Inserts split point `p` into the sorted `points` (queueing it when new); false once there are more
+/// than [`MAX_POINTS`].
+fn insert(points: &mut Vec<usize>, queue: &mut Vec<usize>, p: usize) -> Result<bool, Full> {
+    if let Err(i) = points.binary_search(&p) {
+        if points.len() == points.capacity() {
+            return Err(Full);
+        }
+        points.insert(i, p);
+        push(queue, p)?;
+    }
+    Ok(points.len() <= MAX_POINTS)
 }
 
 /// Cuts `moves` into pieces at every source and destination boundary and at the images of those points
 /// under the moves' shifts (a point inside a source maps to the same place in the destination, and back),
 /// until no new point appears. Then a piece's destination is exactly one piece's source or meets none.
-/// Falls back to `ALIGN`-byte pieces past [`MAX_POINTS`] points.
-pub(super) fn pieces(moves: &[(usize, usize, usize)]) -> Vec<(usize, usize, usize)> {
-    let mut points: Vec<usize> = Vec::new();
-    let mut work: Vec<usize> = moves
-        .iter()
-        .flat_map(|&(s, d, l)| [s, s + l, d, d + l])
-        .collect();
-    while let Some(p) = work.pop() {
-        match points.binary_search(&p) {
-            Ok(_) => continue,
-            Err(i) => points.insert(i, p),
-        }
-        if points.len() > MAX_POINTS {
-            return moves
-                .iter()
-                .flat_map(|&(s, d, l)| {
-                    (0..l / ALIGN).map(move |k| (s + k * ALIGN, d + k * ALIGN, ALIGN))
-                })
-                .collect();
-        }
-        for &(s, d, l) in moves {
-            if s < p && p < s + l {
-                work.push(p - s + d);
-            }
-            if d < p && p < d + l {
-                work.push(p - d + s);
+/// Falls back to `ALIGN`-byte pieces past [`MAX_POINTS`] points. The split points go to `points`, each
+/// queued once in `queue` when first inserted (the closure is the same in any order); allocates
+/// nothing ([`MoveBufs`]).
+fn pieces_into(
+    moves: &[(usize, usize, usize)],
+    points: &mut Vec<usize>,
+    queue: &mut Vec<usize>,
+    out: &mut Vec<(usize, usize, usize)>,
+) -> Result<(), Full> {
+    points.clear();
+    queue.clear();
+    out.clear();
+    let mut within = true;
+    'seed: for &(s, d, l) in moves {
+        for p in [s, s + l, d, d + l] {
+            if !insert(points, queue, p)? {
+                within = false;
+                break 'seed;
             }
         }
     }
-    let mut out = Vec::new();
+    while within {
+        let Some(p) = queue.pop() else {
+            break;
+        };
+        for &(s, d, l) in moves {
+            if s < p && p < s + l && !insert(points, queue, p - s + d)? {
+                within = false;
+                break;
+            }
+            if d < p && p < d + l && !insert(points, queue, p - d + s)? {
+                within = false;
+                break;
+            }
+        }
+    }
+    if !within {
+        for &(s, d, l) in moves {
+            for k in 0..l / ALIGN {
+                push(out, (s + k * ALIGN, d + k * ALIGN, ALIGN))?;
+            }
+        }
+        return Ok(());
+    }
     for &(s, d, l) in moves {
         // Cuts of this move: points inside its source, and (mapped back) inside its destination; by
         // closure both sets are the same.
         let lo = points.partition_point(|&p| p <= s);
         let mut at = s;
         for &p in points[lo..].iter().take_while(|&&p| p < s + l) {
-            out.push((at, at - s + d, p - at));
+            push(out, (at, at - s + d, p - at))?;
             at = p;
         }
-        out.push((at, at - s + d, s + l - at));
+        push(out, (at, at - s + d, s + l - at))?;
     }
-    out
+    Ok(())
 }
 
 /// Merges runs of block copies that one `copy_within` (a memmove: everything read before anything is
 /// written) carries out exactly as the sequence did: adjacent blocks of the same shift, where no block's
 /// write lands on a later block's source. Chains of megabyte tensors then take a few copies instead of
 /// one per 64-byte block.
-pub(super) fn coalesce(copies: Vec<(usize, usize, usize)>) -> Vec<(usize, usize, usize)> {
-    let mut out: Vec<(usize, usize, usize)> = Vec::with_capacity(copies.len());
-    for c in copies {
-        if let Some(last) = out.last_mut() {
+#[cfg(test)]
+pub(super) fn coalesce(mut copies: Vec<(usize, usize, usize)>) -> Vec<(usize, usize, usize)> {
+    coalesce_in_place(&mut copies);
+    copies
+}
+
+/// [`coalesce`] in place (the merged sequence is never longer).
+fn coalesce_in_place(copies: &mut Vec<(usize, usize, usize)>) {
+    let mut w = 0usize;
+    for r in 0..copies.len() {
+        let c = copies[r];
+        if w > 0 {
+            let last = &mut copies[w - 1];
             let (s, d, l) = *last;
             let real = s != BUF && d != BUF && c.0 != BUF && c.1 != BUF;
             if real && c.0 == s + l && c.1 == d + l {
@@ -191,9 +343,10 @@ pub(super) fn coalesce(copies: Vec<(usize, usize, usize)>) -> Vec<(usize, usize,
                 }
             }
         }
-        out.push(c);
+        copies[w] = c;
+        w += 1;
     }
-    out
+    copies.truncate(w);
 }
 
 /// Carries out copies from [`order_moves`], adding the bytes copied within the arena to `moved` and
