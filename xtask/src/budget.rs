@@ -238,6 +238,10 @@ fn adaptation(from: f64) -> Result<(), String> {
         let arena = &mut arena[..];
         let mut ex = Executor::new(top, arena).map_err(|e| e.to_string())?;
         ex.init_params(arena, 1).map_err(|e| e.to_string())?;
+        if mode == 1 {
+            // The switch's scratch is sized once per table, before any step (as a host does).
+            ex.prepare_adaptive(&table);
+        }
         let t = std::time::Instant::now();
         match mode {
             0 => {
