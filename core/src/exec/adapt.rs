@@ -405,7 +405,7 @@ impl<'p, B: Backend> Executor<'p, B> {
         // The switches' scratch: sized once for the table ([`Executor::prepare_adaptive`]), else here.
         let mut scratch = match self.adapt.take() {
             Some(sc) if sc.covers(table, self.plan) => sc,
-            _ => AdaptScratch::new(table, self.plan),
+            _ => alloc::boxed::Box::new(AdaptScratch::new(table, self.plan)),
         };
         let r = self.adaptive_step(arena, x, target, table, budget_at, obs, &mut scratch);
         self.adapt = Some(scratch);
@@ -423,7 +423,7 @@ impl<'p, B: Backend> Executor<'p, B> {
             .as_ref()
             .is_some_and(|sc| sc.covers(table, self.plan))
         {
-            self.adapt = Some(AdaptScratch::new(table, self.plan));
+            self.adapt = Some(alloc::boxed::Box::new(AdaptScratch::new(table, self.plan)));
         }
     }
 

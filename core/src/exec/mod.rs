@@ -72,8 +72,9 @@ pub struct Executor<'p, B: Backend = CpuBackend> {
     /// Optimizer steps taken (Adam's t).
     steps: u32,
     /// The working memory of adaptive steps' plan switches, sized once per table
-    /// ([`Executor::prepare_adaptive`]).
-    adapt: Option<adapt::AdaptScratch<'p>>,
+    /// ([`Executor::prepare_adaptive`]); boxed so an executor that never adapts stays small (the
+    /// firmware keeps its executor on a 16 KiB stack).
+    adapt: Option<alloc::boxed::Box<adapt::AdaptScratch<'p>>>,
 }
 
 impl<'p> Executor<'p, CpuBackend> {
