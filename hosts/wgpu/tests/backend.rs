@@ -4,7 +4,7 @@
 //! no kernel for is refused when the executor is created, and a step creates no GPU object.
 mod common;
 
-use frugal_core::backend::ExecError;
+use frugal_core::backend::{Backend, CpuBackend, ExecError};
 use frugal_core::exec::{Executor, Target};
 use frugal_core::graph::Graph;
 use frugal_core::model::{Dims, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpec, Src};
@@ -122,10 +122,19 @@ fn target<'a>(loss: LossKind, y: &'a [u32], t: &'a [f32]) -> Target<'a> {
     }
 }
 
-/// `steps` steps on the CPU backend; batch sizes from `sizes` in turn (a partial batch among them).
-fn on_cpu(p: &Plan, spec: &ModelSpec, sizes: &[usize], steps: usize, outs: usize) -> Trained {
+/// `steps` steps of `p` on `backend` (a GPU backend gets the plan moved to the GPU); batch sizes from
+/// `sizes` in turn (a partial batch among them); then an evaluation and every persistent tensor, read
+/// through the executor from wherever it lives.
+fn train<B: Backend>(
+    p: &Plan,
+    backend: B,
+    spec: &ModelSpec,
+    sizes: &[usize],
+    steps: usize,
+    outs: usize,
+) -> Trained {
     let mut arena = vec![0u8; p.needed_bytes()];
-    let mut ex = Executor::new(p, &arena).unwrap();
+    let mut ex = Executor::with_backend(p, &arena, backend).unwrap();
     ex.init_params(&mut arena, 3).unwrap();
     let (mut losses, mut correct) = (Vec::new(), Vec::new());
     for s in 0..steps {
@@ -137,14 +146,15 @@ fn on_cpu(p: &Plan, spec: &ModelSpec, sizes: &[usize], steps: usize, outs: usize
         losses.push(st.loss);
         correct.push(st.correct);
     }
-    let mb = p.graph.batch;
-    let (x, y, t) = batch(spec, mb, 99, outs);
+    let (x, y, t) = batch(spec, p.graph.batch, 99, outs);
     let ev = ex
         .evaluate(&mut arena, &x, target(spec.loss, &y, &t))
         .unwrap();
     let state = ex
         .state_tensors()
-        .map(|(_, _, t)| ex.read(&mut arena, t).unwrap().to_vec())
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|(_, _, t)| ex.read_vec(&mut arena, t).unwrap())
         .collect();
     Trained {
         losses,
@@ -152,6 +162,10 @@ fn on_cpu(p: &Plan, spec: &ModelSpec, sizes: &[usize], steps: usize, outs: usize
         state,
         eval: (ev.loss, ev.correct),
     }
+}
+
+fn on_cpu(p: &Plan, spec: &ModelSpec, sizes: &[usize], steps: usize, outs: usize) -> Trained {
+    train(p, CpuBackend::new(), spec, sizes, steps, outs)
 }
 
 fn on_gpu(
@@ -162,35 +176,14 @@ fn on_gpu(
     outs: usize,
 ) -> Option<Trained> {
     let backend = common::backend()?;
-    let gp = gpu_plan(p.clone());
-    let mut arena = vec![0u8; gp.needed_bytes()];
-    let mut ex = Executor::with_backend(&gp, &arena, backend).unwrap();
-    ex.init_params(&mut arena, 3).unwrap();
-    let (mut losses, mut correct) = (Vec::new(), Vec::new());
-    for s in 0..steps {
-        let n = sizes[s % sizes.len()];
-        let (x, y, t) = batch(spec, n, s as u64, outs);
-        let st = ex
-            .train_step(&mut arena, &x, target(spec.loss, &y, &t))
-            .unwrap();
-        losses.push(st.loss);
-        correct.push(st.correct);
-    }
-    let mb = gp.graph.batch;
-    let (x, y, t) = batch(spec, mb, 99, outs);
-    let ev = ex
-        .evaluate(&mut arena, &x, target(spec.loss, &y, &t))
-        .unwrap();
-    let state = ex
-        .state_tensors()
-        .map(|(_, _, t)| ex.backend().read(&gp, t).unwrap())
-        .collect();
-    Some(Trained {
-        losses,
-        correct,
-        state,
-        eval: (ev.loss, ev.correct),
-    })
+    Some(train(
+        &gpu_plan(p.clone()),
+        backend,
+        spec,
+        sizes,
+        steps,
+        outs,
+    ))
 }
 
 /// GPU and CPU training agree. Why 1e-5: both compute in f32 with the same formulas; the GEMM tiles sum
