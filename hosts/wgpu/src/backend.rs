@@ -36,7 +36,15 @@ use frugal_core::ops::Act;
 use frugal_core::plan::{Eo, Phase, Plan, SpaceId, LOSS_NODE};
 
 use crate::elementwise::{entry, optim_params, workgroups, Params};
-use crate::{Dims, Gpu, GpuError, TILE};
+use crate::{conv, pool, Dims, Gpu, GpuError, TILE};
+
+/// Entry points of `pool.wgsl` (the order of `pool::ENTRIES`).
+const POOL_MAX_FWD: usize = 0;
+const POOL_MAX_GRAD: usize = 1;
+const POOL_AVG_FWD: usize = 2;
+const POOL_AVG_GRAD: usize = 3;
+const POOL_GAP_FWD: usize = 4;
+const POOL_GAP_GRAD: usize = 5;
 
 /// The memory space of a GPU plan.
 pub const GPU_SPACE: SpaceId = SpaceId(1);
@@ -68,10 +76,28 @@ enum Opnd {
     Nil,
 }
 
+/// The pipeline families (each a WGSL module after `prelude.wgsl`, with its own parameter block).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Set {
+    Ew,
+    Pool,
+    Conv,
+}
+
+/// Words of a family's parameter block (the largest, convolution's, has 16).
+const PARAM_WORDS: usize = 16;
+
 #[derive(Clone, Copy)]
 enum Kernel {
     Gemm(Dims),
-    Ew(usize, Params),
+    Set(Set, usize, [u32; PARAM_WORDS]),
+}
+
+fn words<P: bytemuck::Pod>(p: &P) -> [u32; PARAM_WORDS] {
+    let mut w = [0u32; PARAM_WORDS];
+    let b = bytemuck::bytes_of(p);
+    bytemuck::cast_slice_mut::<u32, u8>(&mut w)[..b.len()].copy_from_slice(b);
+    w
 }
 
 #[derive(Clone, Copy)]
@@ -113,11 +139,28 @@ fn u32_of(v: usize) -> Result<u32, ExecError> {
 }
 
 fn ew(entry: usize, p: Params, invocations: usize, ops: [Opnd; 5]) -> Result<Step, ExecError> {
+    set_step(Set::Ew, entry, &p, invocations, ops)
+}
+
+fn set_step<P: bytemuck::Pod>(
+    set: Set,
+    entry: usize,
+    p: &P,
+    invocations: usize,
+    ops: [Opnd; 5],
+) -> Result<Step, ExecError> {
     Ok(Step {
-        kernel: Kernel::Ew(entry, p),
+        kernel: Kernel::Set(set, entry, words(p)),
         ops,
         groups: workgroups(u32_of(invocations)?),
     })
+}
+
+fn shape_err(e: GpuError) -> ExecError {
+    match e {
+        GpuError::Shape(_) => ExecError::Unsupported("a dimension beyond 2^32 on the GPU"),
+        e => gpu_err(e),
+    }
 }
 
 /// C (+)= op(A)·op(B) with C m×n.
@@ -165,11 +208,11 @@ fn unsupported(op: &NodeOp) -> Option<&'static str> {
         | NodeOp::Act(_)
         | NodeOp::View
         | NodeOp::Add
-        | NodeOp::Dropout { .. } => None,
-        NodeOp::Conv(_) => Some("a convolution (its GPU kernels are not yet in the GPU step)"),
-        NodeOp::MaxPool(_) | NodeOp::AvgPool(_) | NodeOp::GlobalAvgPool { .. } => {
-            Some("a pooling layer (its GPU kernels are not yet in the GPU step)")
-        }
+        | NodeOp::Dropout { .. }
+        | NodeOp::Conv(_)
+        | NodeOp::MaxPool(_)
+        | NodeOp::AvgPool(_)
+        | NodeOp::GlobalAvgPool { .. } => None,
         NodeOp::BatchNorm { .. } => Some("BatchNorm (its GPU kernels are not yet in the GPU step)"),
     }
 }
@@ -310,6 +353,53 @@ fn steps_of(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
                 return Err(ExecError::BadPlan("a view is not merged with its input"));
             }
         }
+        (Phase::Forward | Phase::Recompute, NodeOp::Conv(g)) => {
+            let w = T(w.ok_or(need("a convolution without weights"))?);
+            let p = conv::direct_params(g, n, b.is_some(), false).map_err(shape_err)?;
+            let bias = b.map_or(nil, T);
+            out.push(set_step(
+                Set::Conv,
+                conv::entry::FWD,
+                &p,
+                out_elems,
+                [T(xin), w, T(node.out), bias, nil],
+            )?)?;
+        }
+        (Phase::Forward | Phase::Recompute, NodeOp::MaxPool(g)) => {
+            let arg = node
+                .saved
+                .first()
+                .copied()
+                .ok_or(need("max pooling without its saved argmax"))?;
+            let p = pool::params(g, n, false).map_err(shape_err)?;
+            out.push(set_step(
+                Set::Pool,
+                POOL_MAX_FWD,
+                &p,
+                out_elems,
+                [T(xin), nil, T(node.out), T(arg), nil],
+            )?)?;
+        }
+        (Phase::Forward | Phase::Recompute, NodeOp::AvgPool(g)) => {
+            let p = pool::params(g, n, false).map_err(shape_err)?;
+            out.push(set_step(
+                Set::Pool,
+                POOL_AVG_FWD,
+                &p,
+                out_elems,
+                [T(xin), nil, T(node.out), nil, nil],
+            )?)?;
+        }
+        (Phase::Forward | Phase::Recompute, NodeOp::GlobalAvgPool { c, hw }) => {
+            let p = pool::gap_params(n * c, *hw, false).map_err(shape_err)?;
+            out.push(set_step(
+                Set::Pool,
+                POOL_GAP_FWD,
+                &p,
+                n * c,
+                [T(xin), nil, T(node.out), nil, nil],
+            )?)?;
+        }
         (Phase::Forward | Phase::Recompute, NodeOp::Dropout { p }) => {
             let params = dropout_params(node, *p, r, out_elems, false)?;
             out.push(ew(
@@ -349,6 +439,30 @@ fn steps_of(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
                 out.push(ew(entry::COL_SUM, p, *fout, [dy, nil, T(db), nil, nil])?)?;
             }
         }
+        (Phase::GradW, NodeOp::Conv(g)) => {
+            let dy = T(node.d_out.ok_or(need("gradient without an output derivative"))?);
+            let acc = r.mb > 0;
+            if let Some(dw) = node.params.first().and_then(|p| p.grad) {
+                let p = conv::direct_params(g, n, false, acc).map_err(shape_err)?;
+                out.push(set_step(
+                    Set::Conv,
+                    conv::entry::DW,
+                    &p,
+                    g.weight_len(),
+                    [dy, T(xin), T(dw), nil, nil],
+                )?)?;
+            }
+            if let Some(db) = node.params.get(1).and_then(|p| p.grad) {
+                let p = conv::direct_params(g, n, false, acc).map_err(shape_err)?;
+                out.push(set_step(
+                    Set::Conv,
+                    conv::entry::DB,
+                    &p,
+                    g.cout,
+                    [dy, nil, T(db), nil, nil],
+                )?)?;
+            }
+        }
         (Phase::GradW, _) => {
             return Err(ExecError::BadPlan(
                 "gradient phase on a layer without parameters",
@@ -373,6 +487,64 @@ fn steps_of(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
                     ))?;
                     let w = T(w.ok_or(need("a linear layer without weights"))?);
                     out.push(gemm(n, *fin, *fout, false, false, acc, T(dy), w, T(dx))?)?;
+                }
+                NodeOp::Conv(g) => {
+                    let (dx, acc) = d_in(0).ok_or(need(
+                        "an input derivative of a layer whose input needs none",
+                    ))?;
+                    let w = T(w.ok_or(need("a convolution without weights"))?);
+                    let p = conv::direct_params(g, n, false, acc).map_err(shape_err)?;
+                    out.push(set_step(
+                        Set::Conv,
+                        conv::entry::DX,
+                        &p,
+                        in_elems,
+                        [T(dy), w, T(dx), nil, nil],
+                    )?)?;
+                }
+                NodeOp::MaxPool(g) => {
+                    let (dx, acc) = d_in(0).ok_or(need(
+                        "an input derivative of a layer whose input needs none",
+                    ))?;
+                    let arg = node
+                        .saved
+                        .first()
+                        .copied()
+                        .ok_or(need("max pooling without its saved argmax"))?;
+                    let p = pool::params(g, n, acc).map_err(shape_err)?;
+                    out.push(set_step(
+                        Set::Pool,
+                        POOL_MAX_GRAD,
+                        &p,
+                        in_elems,
+                        [T(dy), T(arg), T(dx), nil, nil],
+                    )?)?;
+                }
+                NodeOp::AvgPool(g) => {
+                    let (dx, acc) = d_in(0).ok_or(need(
+                        "an input derivative of a layer whose input needs none",
+                    ))?;
+                    let p = pool::params(g, n, acc).map_err(shape_err)?;
+                    out.push(set_step(
+                        Set::Pool,
+                        POOL_AVG_GRAD,
+                        &p,
+                        in_elems,
+                        [T(dy), nil, T(dx), nil, nil],
+                    )?)?;
+                }
+                NodeOp::GlobalAvgPool { c, hw } => {
+                    let (dx, acc) = d_in(0).ok_or(need(
+                        "an input derivative of a layer whose input needs none",
+                    ))?;
+                    let p = pool::gap_params(n * c, *hw, acc).map_err(shape_err)?;
+                    out.push(set_step(
+                        Set::Pool,
+                        POOL_GAP_GRAD,
+                        &p,
+                        in_elems,
+                        [T(dy), nil, T(dx), nil, nil],
+                    )?)?;
                 }
                 NodeOp::Act(a) => {
                     let (dx, acc) =
@@ -689,7 +861,7 @@ impl GpuBackend {
             ..Default::default()
         };
         let slot = prep.groups.len() - 1;
-        let kernel = Kernel::Ew(entry::GUARD, p);
+        let kernel = Kernel::Set(Set::Ew, entry::GUARD, words(&p));
         write_params(&mut prep.staging, slot, &kernel);
         let pass = prep
             .pass
@@ -733,15 +905,23 @@ fn tensor_bytes(plan: &Plan, t: TensorId) -> Result<usize, ExecError> {
 fn write_params(staging: &mut [u8], slot: usize, k: &Kernel) {
     let bytes: &[u8] = match k {
         Kernel::Gemm(d) => bytemuck::bytes_of(d),
-        Kernel::Ew(_, p) => bytemuck::bytes_of(p),
+        Kernel::Set(_, _, w) => bytemuck::cast_slice(w),
     };
     staging[slot * SLOT..slot * SLOT + bytes.len()].copy_from_slice(bytes);
+}
+
+fn family(gpu: &Gpu, set: Set) -> &crate::elementwise::Pipelines {
+    match set {
+        Set::Ew => &gpu.elementwise,
+        Set::Pool => &gpu.pool,
+        Set::Conv => &gpu.conv,
+    }
 }
 
 fn pipeline<'g>(gpu: &'g Gpu, k: &Kernel) -> &'g wgpu::ComputePipeline {
     match k {
         Kernel::Gemm(_) => &gpu.sgemm,
-        Kernel::Ew(e, _) => &gpu.elementwise.all[*e],
+        Kernel::Set(set, e, _) => &family(gpu, *set).all[*e],
     }
 }
 
@@ -798,7 +978,8 @@ impl Backend for GpuBackend {
         }
         // Every instruction's dispatches with the operands they bind (the batch's first samples stand
         // for any run: operands do not depend on the sample count).
-        let mut ops: Vec<(bool, [Opnd; 5], u16)> = Vec::new();
+        // (the family, None for the GEMM; the operands; the micro-batch)
+        let mut ops: Vec<(Option<Set>, [Opnd; 5], u16)> = Vec::new();
         let mut first = Vec::with_capacity(plan.program.len());
         for (eo, ins) in plan.program.iter().enumerate() {
             let r = Run {
@@ -814,12 +995,16 @@ impl Backend for GpuBackend {
             let st = steps_of(plan, r)?;
             first.push((u32_of(ops.len())?, st.len as u8));
             for s in st.iter() {
-                ops.push((matches!(s.kernel, Kernel::Gemm(_)), s.ops, ins.mb));
+                let set = match s.kernel {
+                    Kernel::Gemm(_) => None,
+                    Kernel::Set(set, _, _) => Some(set),
+                };
+                ops.push((set, s.ops, ins.mb));
             }
         }
         // The guard: every loss value in, the guard word out.
         ops.push((
-            false,
+            Some(Set::Ew),
             [Opnd::LAll, Opnd::Nil, Opnd::Guard, Opnd::Nil, Opnd::Nil],
             0,
         ));
@@ -856,10 +1041,10 @@ impl Backend for GpuBackend {
             eo_of.extend(std::iter::repeat_n(eo, n as usize));
         }
         eo_of.push(0);
-        for (slot, (is_gemm, operands, mb)) in ops.iter().enumerate() {
+        for (slot, (set, operands, mb)) in ops.iter().enumerate() {
             let eo = eo_of[slot] as Eo;
             let mut bound: Vec<(&wgpu::Buffer, u64, u64)> = Vec::with_capacity(5);
-            let used = if *is_gemm { 3 } else { 5 };
+            let used = if set.is_none() { 3 } else { 5 };
             for o in &operands[..used] {
                 let mbu = *mb as usize;
                 let (buf, off, size) = match *o {
@@ -891,10 +1076,9 @@ impl Backend for GpuBackend {
                 }
                 bound.push((buf, off as u64, size as u64));
             }
-            let uniform_size = if *is_gemm {
-                std::mem::size_of::<Dims>()
-            } else {
-                std::mem::size_of::<Params>()
+            let uniform_size = match set {
+                None => std::mem::size_of::<Dims>(),
+                Some(_) => PARAM_WORDS * 4,
             } as u64;
             let mut entries = Vec::with_capacity(6);
             entries.push(wgpu::BindGroupEntry {
@@ -915,10 +1099,9 @@ impl Backend for GpuBackend {
                     }),
                 });
             }
-            let layout = if *is_gemm {
-                &self.gpu.layout
-            } else {
-                &self.gpu.elementwise.layout
+            let layout = match set {
+                None => &self.gpu.layout,
+                Some(set) => &family(&self.gpu, *set).layout,
             };
             groups.push(dev.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: None,

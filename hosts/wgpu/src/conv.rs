@@ -10,7 +10,22 @@ use frugal_core::ops::ConvGeom;
 use crate::elementwise::Pipelines;
 use crate::{check_len, start_values, u32_of, GemmOpts, Gpu, GpuError};
 
-pub(crate) const ENTRIES: [&str; 2] = ["im2col", "col2im"];
+pub(crate) const ENTRIES: [&str; 6] = [
+    "im2col",
+    "col2im",
+    "direct_fwd",
+    "direct_dx",
+    "direct_dw",
+    "direct_db",
+];
+
+/// Indices into [`ENTRIES`]: the direct kernels of the GPU step.
+pub(crate) mod entry {
+    pub const FWD: usize = 2;
+    pub const DX: usize = 3;
+    pub const DW: usize = 4;
+    pub const DB: usize = 5;
+}
 
 pub(crate) fn pipelines(device: &wgpu::Device) -> Pipelines {
     Pipelines::from_source(device, "conv", include_str!("conv.wgsl"), &ENTRIES)
@@ -18,7 +33,7 @@ pub(crate) fn pipelines(device: &wgpu::Device) -> Pipelines {
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
+pub(crate) struct Params {
     cin_g: u32,
     h: u32,
     w: u32,
@@ -33,6 +48,18 @@ struct Params {
     group: u32,
     accumulate: u32,
     pad: [u32; 3],
+}
+
+/// The direct kernels' parameters: `n` samples, a bias or not, accumulate or not (see `conv.wgsl`).
+pub(crate) fn direct_params(
+    g: &ConvGeom,
+    n: usize,
+    bias: bool,
+    accumulate: bool,
+) -> Result<Params, GpuError> {
+    let mut p = params(g, bias as usize, accumulate)?;
+    p.pad = [u32_of(g.cout / g.groups)?, u32_of(g.groups)?, u32_of(n)?];
+    Ok(p)
 }
 
 /// Per-group sizes: (cin_g, cout_g, K_g = cin_g·kh·kw, P = oh·ow).

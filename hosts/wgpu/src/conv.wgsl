@@ -82,3 +82,151 @@ fn col2im(@builtin(global_invocation_id) gid: vec3<u32>) {
         c[at] = acc;
     }
 }
+
+// Direct convolution for the GPU step (whole micro-batch, every group, no column buffer): one invocation
+// per output element (forward, bias gradient), input element (input gradient) or weight (weight
+// gradient), each summing in the order of the CPU's im2col·GEMM (channel, kernel row, kernel column; then
+// samples and positions for the weight gradient). Layouts of `ops::conv`: x [n, groups·cin_g, h, w],
+// w [cout, cin_g, kh, kw], y [n, cout, oh, ow]. Here p.group = 1 when there is a bias, and the padding
+// words hold cout_g, groups and n.
+
+fn in_at(s: u32, ci: u32, iy: i32, ix: i32) -> u32 {
+    return ((s * p._pad1 * p.cin_g + ci) * p.h + u32(iy)) * p.w + u32(ix);
+}
+
+// y = a ⊛ w (= b) + bias (= d) into c.
+@compute @workgroup_size(64)
+fn direct_fwd(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = index(gid);
+    let cout = p._pad0 * p._pad1;
+    if (i >= p._pad2 * cout * p.oh * p.ow) {
+        return;
+    }
+    let ox = i % p.ow;
+    let oy = (i / p.ow) % p.oh;
+    let co = (i / (p.ow * p.oh)) % cout;
+    let s = i / (p.ow * p.oh * cout);
+    let g = co / p._pad0;
+    var acc = 0.0;
+    for (var ci = 0u; ci < p.cin_g; ci++) {
+        for (var ky = 0u; ky < p.kh; ky++) {
+            let iy = i32(oy * p.sh + ky) - i32(p.ph);
+            if (iy < 0 || iy >= i32(p.h)) {
+                continue;
+            }
+            for (var kx = 0u; kx < p.kw; kx++) {
+                let ix = i32(ox * p.sw + kx) - i32(p.pw);
+                if (ix < 0 || ix >= i32(p.w)) {
+                    continue;
+                }
+                let wv = b[((co * p.cin_g + ci) * p.kh + ky) * p.kw + kx];
+                acc = fma(a[in_at(s, g * p.cin_g + ci, iy, ix)], wv, acc);
+            }
+        }
+    }
+    if (p.group != 0u) {
+        c[i] = d[co] + acc;
+    } else {
+        c[i] = acc;
+    }
+}
+
+// dx (= c) (+)= the transposed convolution of dy (= a) with w (= b).
+@compute @workgroup_size(64)
+fn direct_dx(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = index(gid);
+    let cin = p.cin_g * p._pad1;
+    if (i >= p._pad2 * cin * p.h * p.w) {
+        return;
+    }
+    let ix = i % p.w;
+    let iy = (i / p.w) % p.h;
+    let ct = (i / (p.w * p.h)) % cin;
+    let s = i / (p.w * p.h * cin);
+    let g = ct / p.cin_g;
+    let ci = ct % p.cin_g;
+    let cout = p._pad0 * p._pad1;
+    var acc = 0.0;
+    for (var k = 0u; k < p._pad0; k++) {
+        let co = g * p._pad0 + k;
+        for (var ky = 0u; ky < p.kh; ky++) {
+            let ty = i32(iy + p.ph) - i32(ky);
+            if (ty < 0 || ty % i32(p.sh) != 0 || ty / i32(p.sh) >= i32(p.oh)) {
+                continue;
+            }
+            let oy = u32(ty) / p.sh;
+            for (var kx = 0u; kx < p.kw; kx++) {
+                let tx = i32(ix + p.pw) - i32(kx);
+                if (tx < 0 || tx % i32(p.sw) != 0 || tx / i32(p.sw) >= i32(p.ow)) {
+                    continue;
+                }
+                let ox = u32(tx) / p.sw;
+                let dyv = a[((s * cout + co) * p.oh + oy) * p.ow + ox];
+                acc = fma(dyv, b[((co * p.cin_g + ci) * p.kh + ky) * p.kw + kx], acc);
+            }
+        }
+    }
+    if (p.accumulate != 0u) {
+        c[i] = c[i] + acc;
+    } else {
+        c[i] = acc;
+    }
+}
+
+// dW (= c) (+)= Σ_samples,positions dy (= a) · x (= b) at the weight's tap.
+@compute @workgroup_size(64)
+fn direct_dw(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = index(gid);
+    let cout = p._pad0 * p._pad1;
+    if (i >= cout * p.cin_g * p.kh * p.kw) {
+        return;
+    }
+    let kx = i % p.kw;
+    let ky = (i / p.kw) % p.kh;
+    let ci = (i / (p.kw * p.kh)) % p.cin_g;
+    let co = i / (p.kw * p.kh * p.cin_g);
+    let g = co / p._pad0;
+    var acc = 0.0;
+    for (var s = 0u; s < p._pad2; s++) {
+        for (var oy = 0u; oy < p.oh; oy++) {
+            let iy = i32(oy * p.sh + ky) - i32(p.ph);
+            if (iy < 0 || iy >= i32(p.h)) {
+                continue;
+            }
+            for (var ox = 0u; ox < p.ow; ox++) {
+                let ix = i32(ox * p.sw + kx) - i32(p.pw);
+                if (ix < 0 || ix >= i32(p.w)) {
+                    continue;
+                }
+                let dyv = a[((s * cout + co) * p.oh + oy) * p.ow + ox];
+                acc = fma(dyv, b[in_at(s, g * p.cin_g + ci, iy, ix)], acc);
+            }
+        }
+    }
+    if (p.accumulate != 0u) {
+        c[i] = c[i] + acc;
+    } else {
+        c[i] = acc;
+    }
+}
+
+// db (= c) (+)= Σ_samples,positions dy (= a), per output channel.
+@compute @workgroup_size(64)
+fn direct_db(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let co = index(gid);
+    let cout = p._pad0 * p._pad1;
+    if (co >= cout) {
+        return;
+    }
+    var acc = 0.0;
+    for (var s = 0u; s < p._pad2; s++) {
+        for (var q = 0u; q < p.oh * p.ow; q++) {
+            acc += a[(s * cout + co) * p.oh * p.ow + q];
+        }
+    }
+    if (p.accumulate != 0u) {
+        c[co] = c[co] + acc;
+    } else {
+        c[co] = acc;
+    }
+}

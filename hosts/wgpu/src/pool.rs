@@ -16,7 +16,7 @@ pub(crate) fn pipelines(device: &wgpu::Device) -> Pipelines {
 /// The uniform block of `pool.wgsl`.
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
+pub(crate) struct Params {
     planes: u32,
     h: u32,
     w: u32,
@@ -30,7 +30,7 @@ struct Params {
     pad: [u32; 2],
 }
 
-fn params(g: &PoolGeom, n: usize, accumulate: bool) -> Result<Params, GpuError> {
+pub(crate) fn params(g: &PoolGeom, n: usize, accumulate: bool) -> Result<Params, GpuError> {
     let u = u32_of;
     Ok(Params {
         planes: u(n
@@ -184,7 +184,7 @@ impl Gpu {
 }
 
 /// Parameters for the global pools: planes of `hw` values (as h = hw, w = 1).
-fn gap_params(planes: usize, hw: usize, accumulate: bool) -> Result<Params, GpuError> {
+pub(crate) fn gap_params(planes: usize, hw: usize, accumulate: bool) -> Result<Params, GpuError> {
     let u = u32_of;
     Ok(Params {
         planes: u(planes)?,

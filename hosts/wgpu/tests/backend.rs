@@ -72,6 +72,41 @@ fn mlp(loss: LossKind, optimizer: OptimizerSpec, outs: u32) -> ModelSpec {
     }
 }
 
+/// Convolutions (padding, stride, depthwise and grouped, with and without bias), max, average and global
+/// average pooling, ReLU6 and tanh, then a linear head: every CNN layer kind the GPU step runs but
+/// BatchNorm.
+fn cnn(optimizer: OptimizerSpec) -> ModelSpec {
+    use LayerKind as K;
+    use Src::{Input, Layer};
+    let conv = |out, k: u32, s: u32, pad: u32, groups, bias| K::Conv2d {
+        out,
+        kernel: [k, k],
+        stride: [s, s],
+        padding: [pad, pad],
+        groups,
+        bias,
+    };
+    ModelSpec {
+        input: Dims { c: 3, h: 12, w: 12 },
+        layers: vec![
+            layer("c1", conv(8, 3, 1, 1, 1, true), &[Input]),
+            layer("r1", K::Relu, &[Layer(0)]),
+            layer("mp", K::MaxPool2d { kernel: [2, 2], stride: [2, 2] }, &[Layer(1)]),
+            layer("dw", conv(8, 3, 2, 1, 8, false), &[Layer(2)]),
+            layer("r2", K::Relu6, &[Layer(3)]),
+            layer("ap", K::AvgPool2d { kernel: [1, 2], stride: [1, 1] }, &[Layer(4)]),
+            layer("pw", conv(16, 1, 1, 0, 2, true), &[Layer(5)]),
+            layer("t", K::Tanh, &[Layer(6)]),
+            layer("gap", K::GlobalAvgPool, &[Layer(7)]),
+            layer("flat", K::Flatten, &[Layer(8)]),
+            layer("fc", K::Linear { out: 5, bias: true }, &[Layer(9)]),
+        ],
+        loss: LossKind::SoftmaxCrossEntropy,
+        optimizer,
+        seed: 5,
+    }
+}
+
 const SGD: OptimizerSpec = OptimizerSpec::Sgd {
     lr: 0.1,
     momentum: 0.9,
@@ -215,6 +250,20 @@ fn an_mlp_trains_on_the_gpu_as_on_the_cpu() {
     };
     agree(&gpu, &cpu, "plain plan, cross-entropy, SGD");
     assert!(cpu.losses.last() < cpu.losses.first(), "the loss falls");
+}
+
+#[test]
+fn a_cnn_trains_on_the_gpu_as_on_the_cpu() {
+    // Plain, then 2 micro-batches with a partial batch (weight gradients of convolutions accumulated).
+    let spec = cnn(SGD);
+    for (mb, m, sizes) in [(12, 1, vec![12]), (6, 2, vec![12, 7])] {
+        let p = plan(&spec, mb, m);
+        let cpu = on_cpu(&p, &spec, &sizes, 4, 5);
+        let Some(gpu) = on_gpu(&p, &spec, &sizes, 4, 5) else {
+            return;
+        };
+        agree(&gpu, &cpu, &format!("CNN, {m} micro-batch(es)"));
+    }
 }
 
 #[test]
