@@ -170,7 +170,7 @@ fn a_model_too_big_for_the_device_fails_with_a_typed_error_not_an_abort() {
     );
 }
 
-/// `--device gpu` trains the digits MLP on the GPU backend (lavapipe without a GPU) to the CPU's
+/// `--device gpu` trains the digits CNN and MLP on the GPU backend (lavapipe without a GPU) to the CPU's
 /// held-out accuracy ± 0.5 point, and the checkpoint holds the weights read back from the GPU. Runs in
 /// the `gpu` leg of `cargo xtask test` (built with `--features gpu`, an adapter required there).
 #[cfg(feature = "gpu")]
@@ -178,15 +178,15 @@ fn a_model_too_big_for_the_device_fails_with_a_typed_error_not_an_abort() {
 fn train_on_the_gpu_reaches_the_cpus_accuracy() {
     let dir = std::env::temp_dir().join(format!("frugal-gpu-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let accuracy = |device: &str| {
+    let accuracy = |model: &str, device: &str| {
         let ck = dir.join(format!("{device}.safetensors"));
         let (ok, out) = frugal(&[
             "train",
-            "examples/digits-mlp.toml",
+            model,
             "--budget",
             "2MiB",
             "--epochs",
-            "5",
+            "3",
             "--device",
             device,
             "--save",
@@ -206,10 +206,12 @@ fn train_on_the_gpu_reaches_the_cpus_accuracy() {
             .unwrap();
         (pct, out)
     };
-    let (cpu, _) = accuracy("cpu");
-    let (gpu, out) = accuracy("gpu");
-    assert!(out.contains("gpu: "), "names the adapter: {out}");
-    assert!((gpu - cpu).abs() <= 0.5, "GPU {gpu}% vs CPU {cpu}%");
+    for model in ["examples/digits-cnn.toml", "examples/digits-mlp.toml"] {
+        let (cpu, _) = accuracy(model, "cpu");
+        let (gpu, out) = accuracy(model, "gpu");
+        assert!(out.contains("gpu: "), "names the adapter: {out}");
+        assert!((gpu - cpu).abs() <= 0.5, "{model}: GPU {gpu}% vs CPU {cpu}%");
+    }
     std::fs::remove_dir_all(&dir).ok();
 }
 
