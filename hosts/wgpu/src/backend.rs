@@ -36,7 +36,7 @@ use frugal_core::ops::Act;
 use frugal_core::plan::{Eo, Phase, Plan, SpaceId, LOSS_NODE};
 
 use crate::elementwise::{entry, optim_params, workgroups, Params};
-use crate::{conv, pool, Dims, Gpu, GpuError, TILE};
+use crate::{bn, conv, pool, Dims, Gpu, GpuError, TILE};
 
 /// Entry points of `pool.wgsl` (the order of `pool::ENTRIES`).
 const POOL_MAX_FWD: usize = 0;
@@ -70,6 +70,11 @@ enum Opnd {
     L,
     /// Every micro-batch's loss values.
     LAll,
+    /// BatchNorm's statistics rows (`bn.wgsl`'s S: 8 rows of the channels), gathered from and
+    /// scattered to the plan's tensors around its kernels.
+    Bn,
+    /// BatchNorm's parameter-gradient rows ([dγ | dβ]).
+    Bn2,
     /// The step's guard word.
     Guard,
     /// Nothing (an unused binding).
@@ -82,6 +87,7 @@ enum Set {
     Ew,
     Pool,
     Conv,
+    Bn,
 }
 
 /// Words of a family's parameter block (the largest, convolution's, has 16).
@@ -108,20 +114,44 @@ struct Step {
     groups: (u32, u32),
 }
 
-/// The dispatches of one instruction (at most 4; no allocation).
+/// A copy of `bytes` from `src` at byte `src_off` to `dst` at `dst_off` (between passes: BatchNorm's
+/// gathers and scatters).
+#[derive(Clone, Copy, Debug)]
+struct CopyStep {
+    src: Opnd,
+    src_off: u64,
+    dst: Opnd,
+    dst_off: u64,
+    bytes: u64,
+}
+
+#[derive(Clone, Copy)]
+enum Op {
+    Dispatch(Step),
+    Copy(CopyStep),
+}
+
+/// Most dispatches and copies one instruction has (BatchNorm's training forward: 4 gathers, 2
+/// kernels, 4 scatters).
+const MAX_OPS: usize = 12;
+
+/// The dispatches and copies of one instruction (no allocation).
 struct Steps {
     len: usize,
-    all: [Option<Step>; 4],
+    all: [Option<Op>; MAX_OPS],
 }
 
 impl Steps {
     fn new() -> Self {
         Steps {
             len: 0,
-            all: [None; 4],
+            all: [None; MAX_OPS],
         }
     }
     fn push(&mut self, s: Step) -> Result<(), ExecError> {
+        self.push_op(Op::Dispatch(s))
+    }
+    fn push_op(&mut self, s: Op) -> Result<(), ExecError> {
         let slot = self.all.get_mut(self.len).ok_or(ExecError::BadPlan(
             "too many GPU dispatches for one instruction",
         ))?;
@@ -129,7 +159,25 @@ impl Steps {
         self.len += 1;
         Ok(())
     }
-    fn iter(&self) -> impl Iterator<Item = &Step> {
+    /// Copies `c` values: row `src_row` of `src` (a tensor: its start) to row `dst_row` of `dst`.
+    fn copy(
+        &mut self,
+        src: Opnd,
+        src_row: usize,
+        dst: Opnd,
+        dst_row: usize,
+        c: usize,
+    ) -> Result<(), ExecError> {
+        let row = (c * 4) as u64;
+        self.push_op(Op::Copy(CopyStep {
+            src,
+            src_off: src_row as u64 * row,
+            dst,
+            dst_off: dst_row as u64 * row,
+            bytes: row,
+        }))
+    }
+    fn iter(&self) -> impl Iterator<Item = &Op> {
         self.all[..self.len].iter().flatten()
     }
 }
@@ -140,6 +188,15 @@ fn u32_of(v: usize) -> Result<u32, ExecError> {
 
 fn ew(entry: usize, p: Params, invocations: usize, ops: [Opnd; 5]) -> Result<Step, ExecError> {
     set_step(Set::Ew, entry, &p, invocations, ops)
+}
+
+fn bn_step(
+    p: &bn::Params,
+    entry: usize,
+    invocations: usize,
+    ops: [Opnd; 5],
+) -> Result<Step, ExecError> {
+    set_step(Set::Bn, entry, p, invocations, ops)
 }
 
 fn set_step<P: bytemuck::Pod>(
@@ -212,8 +269,8 @@ fn unsupported(op: &NodeOp) -> Option<&'static str> {
         | NodeOp::Conv(_)
         | NodeOp::MaxPool(_)
         | NodeOp::AvgPool(_)
-        | NodeOp::GlobalAvgPool { .. } => None,
-        NodeOp::BatchNorm { .. } => Some("BatchNorm (its GPU kernels are not yet in the GPU step)"),
+        | NodeOp::GlobalAvgPool { .. }
+        | NodeOp::BatchNorm { .. } => None,
     }
 }
 
@@ -230,6 +287,7 @@ struct Run {
     seed: u64,
     start: usize,
     eval: bool,
+    recompute: bool,
 }
 
 fn node_of(plan: &Plan, node: u16) -> Result<&Node, ExecError> {
@@ -400,6 +458,56 @@ fn steps_of(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
                 [T(xin), nil, T(node.out), nil, nil],
             )?)?;
         }
+        (
+            Phase::Forward | Phase::Recompute,
+            &NodeOp::BatchNorm {
+                c,
+                hw,
+                eps,
+                momentum,
+                train,
+            },
+        ) => {
+            let g = T(w.ok_or(need("BatchNorm without γ"))?);
+            let be = T(b.ok_or(need("BatchNorm without β"))?);
+            let stat = |k: usize| {
+                node.stats
+                    .get(k)
+                    .copied()
+                    .map(T)
+                    .ok_or(need("BatchNorm without running statistics"))
+            };
+            let saved = |k: usize| {
+                node.saved
+                    .get(k)
+                    .copied()
+                    .map(T)
+                    .ok_or(need("BatchNorm without saved statistics"))
+            };
+            let (rm, rv) = (stat(0)?, stat(1)?);
+            let p = bn::params(n, c, hw, false, momentum, eps).map_err(shape_err)?;
+            let (x, y, s) = (T(xin), T(node.out), Opnd::Bn);
+            if train && !r.eval && !r.recompute {
+                for (t, row) in [(g, 2), (be, 3), (rm, 4), (rv, 5)] {
+                    out.copy(t, 0, s, row, c)?;
+                }
+                out.push(bn_step(&p, bn::entry::STATS, c, [x, nil, nil, s, nil])?)?;
+                out.push(bn_step(&p, bn::entry::AFFINE, out_elems, [x, nil, y, s, nil])?)?;
+                for (row, t) in [(0, saved(0)?), (1, saved(1)?), (4, rm), (5, rv)] {
+                    out.copy(s, row, t, 0, c)?;
+                }
+            } else if train && r.recompute {
+                for (t, row) in [(saved(0)?, 0), (saved(1)?, 1), (g, 2), (be, 3)] {
+                    out.copy(t, 0, s, row, c)?;
+                }
+                out.push(bn_step(&p, bn::entry::AFFINE, out_elems, [x, nil, y, s, nil])?)?;
+            } else {
+                for (t, row) in [(g, 2), (be, 3), (rm, 4), (rv, 5)] {
+                    out.copy(t, 0, s, row, c)?;
+                }
+                out.push(bn_step(&p, bn::entry::EVAL_FWD, out_elems, [x, nil, y, s, nil])?)?;
+            }
+        }
         (Phase::Forward | Phase::Recompute, NodeOp::Dropout { p }) => {
             let params = dropout_params(node, *p, r, out_elems, false)?;
             out.push(ew(
@@ -462,6 +570,47 @@ fn steps_of(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
                     [dy, nil, T(db), nil, nil],
                 )?)?;
             }
+        }
+        (Phase::GradW, &NodeOp::BatchNorm { c, hw, train, .. }) => {
+            if !train {
+                return Err(ExecError::Unsupported(
+                    "trainable γ and β of a BatchNorm in evaluation mode on the GPU",
+                ));
+            }
+            let dy = T(node.d_out.ok_or(need("gradient without an output derivative"))?);
+            let grad = |k: usize| {
+                node.params
+                    .get(k)
+                    .and_then(|p| p.grad)
+                    .map(T)
+                    .ok_or(need("BatchNorm's γ and β train together"))
+            };
+            let saved = |k: usize| {
+                node.saved
+                    .get(k)
+                    .copied()
+                    .map(T)
+                    .ok_or(need("BatchNorm without saved statistics"))
+            };
+            let (dg, db) = (grad(0)?, grad(1)?);
+            let acc = r.mb > 0;
+            let p = bn::params(n, c, hw, acc, 0.0, 0.0).map_err(shape_err)?;
+            let s = Opnd::Bn;
+            out.copy(saved(0)?, 0, s, 0, c)?;
+            out.copy(saved(1)?, 0, s, 1, c)?;
+            if acc {
+                out.copy(dg, 0, Opnd::Bn2, 0, c)?;
+                out.copy(db, 0, Opnd::Bn2, 1, c)?;
+            }
+            out.push(bn_step(&p, bn::entry::SUMS, c, [T(xin), dy, nil, s, nil])?)?;
+            out.push(bn_step(
+                &p,
+                bn::entry::DPARAMS,
+                c,
+                [nil, nil, Opnd::Bn2, s, nil],
+            )?)?;
+            out.copy(Opnd::Bn2, 0, dg, 0, c)?;
+            out.copy(Opnd::Bn2, 1, db, 0, c)?;
         }
         (Phase::GradW, _) => {
             return Err(ExecError::BadPlan(
@@ -546,6 +695,45 @@ fn steps_of(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
                         [T(dy), nil, T(dx), nil, nil],
                     )?)?;
                 }
+                &NodeOp::BatchNorm {
+                    c, hw, eps, train, ..
+                } => {
+                    let (dx, acc) = d_in(0).ok_or(need(
+                        "an input derivative of a layer whose input needs none",
+                    ))?;
+                    let g = T(w.ok_or(need("BatchNorm without γ"))?);
+                    let s = Opnd::Bn;
+                    // In place (dx = dy) the CPU overwrites.
+                    let acc = acc && !same(plan, r.eo, dy, dx);
+                    let p = bn::params(n, c, hw, acc, 0.0, eps).map_err(shape_err)?;
+                    if train {
+                        let saved = |k: usize| {
+                            node.saved
+                                .get(k)
+                                .copied()
+                                .map(T)
+                                .ok_or(need("BatchNorm without saved statistics"))
+                        };
+                        out.copy(saved(0)?, 0, s, 0, c)?;
+                        out.copy(saved(1)?, 0, s, 1, c)?;
+                        out.copy(g, 0, s, 2, c)?;
+                        let ops = [T(xin), T(dy), nil, s, nil];
+                        out.push(bn_step(&p, bn::entry::SUMS, c, ops)?)?;
+                        let ops = [T(xin), T(dy), T(dx), s, nil];
+                        out.push(bn_step(&p, bn::entry::DX, in_elems, ops)?)?;
+                    } else {
+                        let rv = node
+                            .stats
+                            .get(1)
+                            .copied()
+                            .map(T)
+                            .ok_or(need("BatchNorm without running statistics"))?;
+                        out.copy(g, 0, s, 2, c)?;
+                        out.copy(rv, 0, s, 5, c)?;
+                        let ops = [T(dy), nil, T(dx), s, nil];
+                        out.push(bn_step(&p, bn::entry::EVAL_DX, in_elems, ops)?)?;
+                    }
+                }
                 NodeOp::Act(a) => {
                     let (dx, acc) =
                         d_in(0).ok_or(need("activation derivative without a target"))?;
@@ -591,7 +779,6 @@ fn steps_of(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
                         }
                     }
                 }
-                _ => return Err(ExecError::Unsupported("a layer without GPU kernels")),
             }
         }
         (Phase::Apply, _) => {
@@ -643,6 +830,9 @@ struct IoLayout {
     l: usize,
     guard: usize,
     nil: usize,
+    /// BatchNorm's statistics rows (8 × the most channels) and parameter-gradient rows (2 ×).
+    bn: usize,
+    bn2: usize,
     bytes: usize,
 }
 
@@ -665,6 +855,17 @@ impl IoLayout {
         let l = y + mbs * y_slot;
         let guard = l + mbs * l_slot;
         let nil = guard + GPU_ALIGN;
+        let channels = g
+            .nodes
+            .iter()
+            .map(|n| match n.op {
+                NodeOp::BatchNorm { c, .. } => c,
+                _ => 0,
+            })
+            .max()
+            .unwrap_or(0);
+        let bn = nil + GPU_ALIGN;
+        let bn2 = bn + round(8 * channels * 4);
         IoLayout {
             mbs,
             mb,
@@ -676,9 +877,41 @@ impl IoLayout {
             l,
             guard,
             nil,
-            bytes: nil + GPU_ALIGN,
+            bn,
+            bn2,
+            bytes: bn2 + round(2 * channels * 4),
         }
     }
+}
+
+/// A copy between the space's buffer and the I/O buffer, in bytes.
+#[derive(Clone, Copy, Debug)]
+struct Resolved {
+    src_io: bool,
+    src: u64,
+    dst_io: bool,
+    dst: u64,
+    bytes: u64,
+}
+
+/// The step's compute pass, opened when none is (a copy closes it).
+fn pass_of(prep: &mut Prepared) -> Result<&mut wgpu::ComputePass<'static>, ExecError> {
+    if prep.pass.is_none() {
+        let enc = prep
+            .encoder
+            .as_mut()
+            .ok_or(ExecError::BadPlan("an instruction outside a step"))?;
+        prep.pass = Some(
+            enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("step"),
+                timestamp_writes: None,
+            })
+            .forget_lifetime(),
+        );
+    }
+    prep.pass
+        .as_mut()
+        .ok_or(ExecError::BadPlan("an instruction outside a step"))
 }
 
 /// What a prepared plan holds on the GPU.
@@ -688,10 +921,13 @@ struct Prepared {
     io_layout: IoLayout,
     params: wgpu::Buffer,
     readback: wgpu::Buffer,
-    /// One bind group per dispatch, in program order; the guard's is last.
-    groups: Vec<wgpu::BindGroup>,
-    /// The first dispatch of each instruction, and how many it has.
-    first: Vec<(u32, u8)>,
+    /// One bind group per dispatch (None for a copy), in program order; the guard's is last.
+    groups: Vec<Option<wgpu::BindGroup>>,
+    /// The copies, resolved (None for a dispatch).
+    copies: Vec<Option<Resolved>>,
+    /// The first dispatch or copy of each instruction and how many it has, in training and in
+    /// evaluation.
+    first: Vec<[(u32, u8); 2]>,
     /// The uniform slots' contents for this step (uploaded once, at its end).
     staging: Vec<u8>,
     /// The executing step: its encoder and pass.
@@ -815,23 +1051,40 @@ impl GpuBackend {
         let &(first, count) = prep
             .first
             .get(r.eo as usize)
+            .ok_or(ExecError::BadPlan("execution order out of range"))?
+            .get(r.eval as usize)
             .ok_or(ExecError::BadPlan("execution order out of range"))?;
         if count as usize != steps.len {
             return Err(ExecError::BadPlan(
                 "the instruction differs from its prepared form",
             ));
         }
-        let pass = prep
-            .pass
-            .as_mut()
-            .ok_or(ExecError::BadPlan("an instruction outside a step"))?;
-        for (i, st) in steps.iter().enumerate() {
+        for (i, op) in steps.iter().enumerate() {
             let slot = first as usize + i;
-            write_params(&mut prep.staging, slot, &st.kernel);
-            pass.set_pipeline(pipeline(gpu, &st.kernel));
-            pass.set_bind_group(0, &prep.groups[slot], &[]);
-            if st.groups.0 > 0 && st.groups.1 > 0 {
-                pass.dispatch_workgroups(st.groups.0, st.groups.1, 1);
+            match op {
+                Op::Dispatch(st) => {
+                    write_params(&mut prep.staging, slot, &st.kernel);
+                    let group = prep.groups[slot]
+                        .clone()
+                        .ok_or(ExecError::BadPlan("the instruction differs from its prepared form"))?;
+                    let pass = pass_of(prep)?;
+                    pass.set_pipeline(pipeline(gpu, &st.kernel));
+                    pass.set_bind_group(0, &group, &[]);
+                    if st.groups.0 > 0 && st.groups.1 > 0 {
+                        pass.dispatch_workgroups(st.groups.0, st.groups.1, 1);
+                    }
+                }
+                Op::Copy(_) => {
+                    let c = prep.copies[slot]
+                        .ok_or(ExecError::BadPlan("the instruction differs from its prepared form"))?;
+                    prep.pass = None; // copies go between passes
+                    let enc = prep
+                        .encoder
+                        .as_mut()
+                        .ok_or(ExecError::BadPlan("an instruction outside a step"))?;
+                    let buf = |io: bool| if io { &prep.io } else { &prep.mem };
+                    enc.copy_buffer_to_buffer(buf(c.src_io), c.src, buf(c.dst_io), c.dst, c.bytes);
+                }
             }
         }
         Ok(())
@@ -863,12 +1116,12 @@ impl GpuBackend {
         let slot = prep.groups.len() - 1;
         let kernel = Kernel::Set(Set::Ew, entry::GUARD, words(&p));
         write_params(&mut prep.staging, slot, &kernel);
-        let pass = prep
-            .pass
-            .as_mut()
-            .ok_or(ExecError::BadPlan("an update outside a step"))?;
+        let group = prep.groups[slot]
+            .clone()
+            .ok_or(ExecError::BadPlan("the guard has no bind group"))?;
+        let pass = pass_of(prep)?;
         pass.set_pipeline(pipeline(gpu, &kernel));
-        pass.set_bind_group(0, &prep.groups[slot], &[]);
+        pass.set_bind_group(0, &group, &[]);
         pass.dispatch_workgroups(1, 1, 1);
         Ok(())
     }
@@ -915,6 +1168,7 @@ fn family(gpu: &Gpu, set: Set) -> &crate::elementwise::Pipelines {
         Set::Ew => &gpu.elementwise,
         Set::Pool => &gpu.pool,
         Set::Conv => &gpu.conv,
+        Set::Bn => &gpu.bn,
     }
 }
 
@@ -976,38 +1230,46 @@ impl Backend for GpuBackend {
                 "the plan's GPU space exceeds the adapter's largest buffer",
             ));
         }
-        // Every instruction's dispatches with the operands they bind (the batch's first samples stand
-        // for any run: operands do not depend on the sample count).
-        // (the family, None for the GEMM; the operands; the micro-batch)
-        let mut ops: Vec<(Option<Set>, [Opnd; 5], u16)> = Vec::new();
+        // Every instruction's dispatches and copies with the operands they bind (the batch's first
+        // samples stand for any run: operands do not depend on the sample count), in training and,
+        // for a forward, in evaluation (BatchNorm runs other kernels there), each with its
+        // micro-batch and instruction.
+        let mut ops: Vec<(Op, u16, usize)> = Vec::new();
         let mut first = Vec::with_capacity(plan.program.len());
         for (eo, ins) in plan.program.iter().enumerate() {
-            let r = Run {
-                eo: eo as Eo,
-                n: plan.graph.batch,
-                mb: ins.mb,
-                t: 1,
-                norm: plan.batch(),
-                seed: 0,
-                start: 0,
-                eval: false,
-            };
-            let st = steps_of(plan, r)?;
-            first.push((u32_of(ops.len())?, st.len as u8));
-            for s in st.iter() {
-                let set = match s.kernel {
-                    Kernel::Gemm(_) => None,
-                    Kernel::Set(set, _, _) => Some(set),
+            let mut at = [(0u32, 0u8); 2];
+            for (k, eval) in [false, true].into_iter().enumerate() {
+                if eval && ins.phase != Phase::Forward {
+                    at[1] = at[0];
+                    continue;
+                }
+                let r = Run {
+                    eo: eo as Eo,
+                    n: plan.graph.batch,
+                    mb: ins.mb,
+                    t: 1,
+                    norm: plan.batch(),
+                    seed: 0,
+                    start: 0,
+                    eval,
+                    recompute: ins.phase == Phase::Recompute,
                 };
-                ops.push((set, s.ops, ins.mb));
+                let st = steps_of(plan, r)?;
+                at[k] = (u32_of(ops.len())?, st.len as u8);
+                for op in st.iter() {
+                    ops.push((*op, ins.mb, eo));
+                }
             }
+            first.push(at);
         }
         // The guard: every loss value in, the guard word out.
-        ops.push((
-            Some(Set::Ew),
+        let guard = ew(
+            entry::GUARD,
+            Params::default(),
+            1,
             [Opnd::LAll, Opnd::Nil, Opnd::Guard, Opnd::Nil, Opnd::Nil],
-            0,
-        ));
+        )?;
+        ops.push((Op::Dispatch(guard), 0, 0));
         let usage = wgpu::BufferUsages::STORAGE
             | wgpu::BufferUsages::COPY_DST
             | wgpu::BufferUsages::COPY_SRC;
@@ -1035,36 +1297,59 @@ impl Backend for GpuBackend {
         );
         let max_bind = limits.max_storage_buffer_binding_size;
         let mut groups = Vec::with_capacity(ops.len());
-        // The instruction of each dispatch (the guard's: any; it binds no tensor).
-        let mut eo_of = Vec::with_capacity(ops.len());
-        for (eo, &(_, n)) in first.iter().enumerate() {
-            eo_of.extend(std::iter::repeat_n(eo, n as usize));
-        }
-        eo_of.push(0);
-        for (slot, (set, operands, mb)) in ops.iter().enumerate() {
-            let eo = eo_of[slot] as Eo;
+        // Where an operand of a dispatch or copy of micro-batch `mb` at `eo` lives: (buffer, offset,
+        // bytes).
+        let place = |o: Opnd, eo: Eo, mb: usize| -> Result<(&wgpu::Buffer, usize, usize), ExecError> {
+            let io_l = &io_layout;
+            Ok(match o {
+                Opnd::T(t) if is_ext(plan, t) => (&io, io_l.x + mb * io_l.x_slot, io_l.x_slot),
+                Opnd::T(t) => {
+                    let (off, bytes) = range_of(plan, t, eo)?;
+                    (&mem, off, bytes.max(4).div_ceil(4) * 4)
+                }
+                Opnd::Y => (&io, io_l.y + mb * io_l.y_slot, io_l.y_slot),
+                Opnd::L => (&io, io_l.l + mb * io_l.l_slot, io_l.l_slot),
+                Opnd::LAll => (&io, io_l.l, io_l.mbs * io_l.l_slot),
+                Opnd::Guard => (&io, io_l.guard, GPU_ALIGN),
+                Opnd::Nil => (&io, io_l.nil, GPU_ALIGN),
+                Opnd::Bn => (&io, io_l.bn, io_l.bn2 - io_l.bn),
+                Opnd::Bn2 => (&io, io_l.bn2, io_l.bytes - io_l.bn2),
+            })
+        };
+        let mut copies = Vec::with_capacity(ops.len());
+        for (slot, (op, mb, eo)) in ops.iter().enumerate() {
+            let eo = *eo as Eo;
+            let mbu = *mb as usize;
+            let st = match op {
+                Op::Copy(c) => {
+                    let (sb, so, ss) = place(c.src, eo, mbu)?;
+                    let (db, d_o, ds) = place(c.dst, eo, mbu)?;
+                    if c.src_off + c.bytes > ss as u64 || c.dst_off + c.bytes > ds as u64 {
+                        return Err(ExecError::BadPlan("a copy beyond its tensor"));
+                    }
+                    copies.push(Some(Resolved {
+                        src_io: std::ptr::eq(sb, &io),
+                        src: so as u64 + c.src_off,
+                        dst_io: std::ptr::eq(db, &io),
+                        dst: d_o as u64 + c.dst_off,
+                        bytes: c.bytes,
+                    }));
+                    groups.push(None);
+                    continue;
+                }
+                Op::Dispatch(st) => st,
+            };
+            copies.push(None);
+            let set = match st.kernel {
+                Kernel::Gemm(_) => None,
+                Kernel::Set(set, _, _) => Some(set),
+            };
             let mut bound: Vec<(&wgpu::Buffer, u64, u64)> = Vec::with_capacity(5);
             let used = if set.is_none() { 3 } else { 5 };
-            for o in &operands[..used] {
-                let mbu = *mb as usize;
-                let (buf, off, size) = match *o {
-                    Opnd::T(t) if is_ext(plan, t) => {
-                        (&io, io_layout.x + mbu * io_layout.x_slot, io_layout.x_slot)
-                    }
-                    Opnd::T(t) => {
-                        let (off, bytes) = range_of(plan, t, eo)?;
-                        (&mem, off, bytes.max(4).div_ceil(4) * 4)
-                    }
-                    Opnd::Y => (&io, io_layout.y + mbu * io_layout.y_slot, io_layout.y_slot),
-                    Opnd::L => (&io, io_layout.l + mbu * io_layout.l_slot, io_layout.l_slot),
-                    Opnd::LAll => (&io, io_layout.l, io_layout.mbs * io_layout.l_slot),
-                    Opnd::Guard => (&io, io_layout.guard, GPU_ALIGN),
-                    Opnd::Nil => (&io, io_layout.nil, GPU_ALIGN),
-                };
+            for o in &st.ops[..used] {
+                let (buf, off, size) = place(*o, eo, mbu)?;
                 if off % GPU_ALIGN != 0 {
-                    return Err(ExecError::BadPlan(
-                        "a GPU storage below the binding alignment",
-                    ));
+                    return Err(ExecError::BadPlan("a GPU storage below the binding alignment"));
                 }
                 if size as u64 > max_bind {
                     return Err(ExecError::Unsupported(
@@ -1101,13 +1386,13 @@ impl Backend for GpuBackend {
             }
             let layout = match set {
                 None => &self.gpu.layout,
-                Some(set) => &family(&self.gpu, *set).layout,
+                Some(set) => &family(&self.gpu, set).layout,
             };
-            groups.push(dev.create_bind_group(&wgpu::BindGroupDescriptor {
+            groups.push(Some(dev.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: None,
                 layout,
                 entries: &entries,
-            }));
+            })));
         }
         let g = &plan.graph;
         let (loss_per_sample, kind) = match g.loss {
@@ -1127,6 +1412,7 @@ impl Backend for GpuBackend {
             params,
             readback,
             groups,
+            copies,
             first,
             staging: vec![0u8; ops.len() * SLOT],
             encoder: None,
@@ -1168,19 +1454,11 @@ impl Backend for GpuBackend {
         prep.samples = n;
         prep.guarded = false;
         prep.loss_n.fill(0);
-        let mut enc = gpu
+        let enc = gpu
             .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("step"),
-            });
-        let pass = enc
-            .begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("step"),
-                timestamp_writes: None,
-            })
-            .forget_lifetime();
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
+        // The pass opens at the first dispatch (`pass_of`).
         prep.encoder = Some(enc);
-        prep.pass = Some(pass);
         Ok(())
     }
 
@@ -1295,6 +1573,7 @@ fn run_of(cx: &Cx<'_>, norm: usize) -> Run {
         seed: cx.seed,
         start: cx.start,
         eval: cx.mode == frugal_core::backend::Mode::Eval,
+        recompute: cx.mode == frugal_core::backend::Mode::Recompute,
     }
 }
 

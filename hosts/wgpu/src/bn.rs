@@ -7,13 +7,24 @@ pub(crate) const ENTRIES: [&str; 7] = [
     "stats", "affine", "sums", "dparams", "dx", "eval_fwd", "eval_dx",
 ];
 
+/// Indices into [`ENTRIES`].
+pub(crate) mod entry {
+    pub const STATS: usize = 0;
+    pub const AFFINE: usize = 1;
+    pub const SUMS: usize = 2;
+    pub const DPARAMS: usize = 3;
+    pub const DX: usize = 4;
+    pub const EVAL_FWD: usize = 5;
+    pub const EVAL_DX: usize = 6;
+}
+
 pub(crate) fn pipelines(device: &wgpu::Device) -> Pipelines {
     Pipelines::from_source(device, "bn", include_str!("bn.wgsl"), &ENTRIES)
 }
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
+pub(crate) struct Params {
     n: u32,
     c: u32,
     hw: u32,
@@ -49,7 +60,7 @@ pub struct BnGrads {
     pub dx: Vec<f32>,
 }
 
-fn params(
+pub(crate) fn params(
     n: usize,
     c: usize,
     hw: usize,

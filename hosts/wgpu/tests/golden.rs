@@ -3,8 +3,6 @@
 //! step. Tolerance as the CPU's golden suite: 1e-5 relative, norm-wise per tensor — the GPU's GEMM sums
 //! in tile order and WGSL's exp/log are a few ULP from correctly rounded, ~1e-7 after 3 steps.
 //!
-//! The residual-BatchNorm case is not here: BatchNorm is not yet in the GPU step (the backend refuses
-//! it; `tests/backend.rs` checks that).
 mod common;
 
 use std::collections::HashMap;
@@ -85,4 +83,9 @@ fn small_cnn_matches_pytorch_on_the_gpu() {
 #[test]
 fn small_cnn_with_sgd_momentum_and_weight_decay_matches_pytorch_on_the_gpu() {
     check_case("cnn_sgd");
+}
+
+#[test]
+fn residual_bn_cnn_matches_pytorch_on_the_gpu() {
+    check_case("residual_bn");
 }
