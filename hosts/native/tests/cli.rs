@@ -210,7 +210,10 @@ fn train_on_the_gpu_reaches_the_cpus_accuracy() {
         let (cpu, _) = accuracy(model, "cpu");
         let (gpu, out) = accuracy(model, "gpu");
         assert!(out.contains("gpu: "), "names the adapter: {out}");
-        assert!((gpu - cpu).abs() <= 0.5, "{model}: GPU {gpu}% vs CPU {cpu}%");
+        assert!(
+            (gpu - cpu).abs() <= 0.5,
+            "{model}: GPU {gpu}% vs CPU {cpu}%"
+        );
     }
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -191,8 +191,10 @@ fn run(args: &[String]) -> Result<(), String> {
         "\n| training step | batch | GPU backend ms/step | CPU backend ms/step ({threads} threads) | GPU / CPU |"
     );
     println!("|---|---:|---:|---:|---:|");
-    let mut rows: Vec<(String, frugal_core::model::ModelSpec, usize)> =
-        vec![("digits MLP".into(), digits_mlp(), 32), ("digits MLP".into(), digits_mlp(), 128)];
+    let mut rows: Vec<(String, frugal_core::model::ModelSpec, usize)> = vec![
+        ("digits MLP".into(), digits_mlp(), 32),
+        ("digits MLP".into(), digits_mlp(), 128),
+    ];
     // The reference workloads the issue names (28×28 inputs, SGD): LeNet-5 and the small CNN at b128.
     for w in frugal_cli::workloads::all() {
         if w.id == "lenet5" || w.id == "small_cnn" {

@@ -18,12 +18,12 @@
 //!   update, writes whether any loss value is not finite, and the SGD/Adam kernels then leave weights and
 //!   state unchanged. The executor reports [`ExecError::NonFinite`] as for the CPU.
 //!
-//! Layers: Linear (the tiled GEMM), ReLU/ReLU6/sigmoid/tanh, views (Flatten/Reshape), Add, Dropout (the
-//! CPU's counter-based masks, bit for bit); fused
-//! softmax cross-entropy and MSE; SGD (momentum, weight decay) and Adam. Micro-batched and recomputing
-//! plans run (each micro-batch's inputs, targets and losses have their own slots). Convolution, pooling
-//! and BatchNorm have their kernels in this crate (checked against the CPU in `tests/`) but not yet their
-//! place in the step; a plan with one is refused when the executor is created.
+//! Layers: every kind the CPU trains — Linear (the tiled GEMM), convolution (direct kernels: stride,
+//! padding, groups), max/average/global-average pooling, ReLU/ReLU6/sigmoid/tanh, views, Add, Dropout
+//! (the CPU's counter-based masks, bit for bit), BatchNorm (training, recompute, evaluation, frozen; its
+//! statistics block fed by copies between passes); fused softmax cross-entropy and MSE; SGD and Adam.
+//! Plain, micro-batched, recomputing and partial batches. Precisions other than f32 and fp16 storage are
+//! refused when the executor is created.
 use std::num::NonZeroU64;
 
 use frugal_core::backend::{
@@ -492,7 +492,12 @@ fn steps_of(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
                     out.copy(t, 0, s, row, c)?;
                 }
                 out.push(bn_step(&p, bn::entry::STATS, c, [x, nil, nil, s, nil])?)?;
-                out.push(bn_step(&p, bn::entry::AFFINE, out_elems, [x, nil, y, s, nil])?)?;
+                out.push(bn_step(
+                    &p,
+                    bn::entry::AFFINE,
+                    out_elems,
+                    [x, nil, y, s, nil],
+                )?)?;
                 for (row, t) in [(0, saved(0)?), (1, saved(1)?), (4, rm), (5, rv)] {
                     out.copy(s, row, t, 0, c)?;
                 }
@@ -500,12 +505,22 @@ fn steps_of(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
                 for (t, row) in [(saved(0)?, 0), (saved(1)?, 1), (g, 2), (be, 3)] {
                     out.copy(t, 0, s, row, c)?;
                 }
-                out.push(bn_step(&p, bn::entry::AFFINE, out_elems, [x, nil, y, s, nil])?)?;
+                out.push(bn_step(
+                    &p,
+                    bn::entry::AFFINE,
+                    out_elems,
+                    [x, nil, y, s, nil],
+                )?)?;
             } else {
                 for (t, row) in [(g, 2), (be, 3), (rm, 4), (rv, 5)] {
                     out.copy(t, 0, s, row, c)?;
                 }
-                out.push(bn_step(&p, bn::entry::EVAL_FWD, out_elems, [x, nil, y, s, nil])?)?;
+                out.push(bn_step(
+                    &p,
+                    bn::entry::EVAL_FWD,
+                    out_elems,
+                    [x, nil, y, s, nil],
+                )?)?;
             }
         }
         (Phase::Forward | Phase::Recompute, NodeOp::Dropout { p }) => {
@@ -548,7 +563,9 @@ fn steps_of(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
             }
         }
         (Phase::GradW, NodeOp::Conv(g)) => {
-            let dy = T(node.d_out.ok_or(need("gradient without an output derivative"))?);
+            let dy = T(node
+                .d_out
+                .ok_or(need("gradient without an output derivative"))?);
             let acc = r.mb > 0;
             if let Some(dw) = node.params.first().and_then(|p| p.grad) {
                 let p = conv::direct_params(g, n, false, acc).map_err(shape_err)?;
@@ -577,7 +594,9 @@ fn steps_of(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
                     "trainable γ and β of a BatchNorm in evaluation mode on the GPU",
                 ));
             }
-            let dy = T(node.d_out.ok_or(need("gradient without an output derivative"))?);
+            let dy = T(node
+                .d_out
+                .ok_or(need("gradient without an output derivative"))?);
             let grad = |k: usize| {
                 node.params
                     .get(k)
@@ -1064,9 +1083,9 @@ impl GpuBackend {
             match op {
                 Op::Dispatch(st) => {
                     write_params(&mut prep.staging, slot, &st.kernel);
-                    let group = prep.groups[slot]
-                        .clone()
-                        .ok_or(ExecError::BadPlan("the instruction differs from its prepared form"))?;
+                    let group = prep.groups[slot].clone().ok_or(ExecError::BadPlan(
+                        "the instruction differs from its prepared form",
+                    ))?;
                     let pass = pass_of(prep)?;
                     pass.set_pipeline(pipeline(gpu, &st.kernel));
                     pass.set_bind_group(0, &group, &[]);
@@ -1075,8 +1094,9 @@ impl GpuBackend {
                     }
                 }
                 Op::Copy(_) => {
-                    let c = prep.copies[slot]
-                        .ok_or(ExecError::BadPlan("the instruction differs from its prepared form"))?;
+                    let c = prep.copies[slot].ok_or(ExecError::BadPlan(
+                        "the instruction differs from its prepared form",
+                    ))?;
                     prep.pass = None; // copies go between passes
                     let enc = prep
                         .encoder
@@ -1299,23 +1319,24 @@ impl Backend for GpuBackend {
         let mut groups = Vec::with_capacity(ops.len());
         // Where an operand of a dispatch or copy of micro-batch `mb` at `eo` lives: (buffer, offset,
         // bytes).
-        let place = |o: Opnd, eo: Eo, mb: usize| -> Result<(&wgpu::Buffer, usize, usize), ExecError> {
-            let io_l = &io_layout;
-            Ok(match o {
-                Opnd::T(t) if is_ext(plan, t) => (&io, io_l.x + mb * io_l.x_slot, io_l.x_slot),
-                Opnd::T(t) => {
-                    let (off, bytes) = range_of(plan, t, eo)?;
-                    (&mem, off, bytes.max(4).div_ceil(4) * 4)
-                }
-                Opnd::Y => (&io, io_l.y + mb * io_l.y_slot, io_l.y_slot),
-                Opnd::L => (&io, io_l.l + mb * io_l.l_slot, io_l.l_slot),
-                Opnd::LAll => (&io, io_l.l, io_l.mbs * io_l.l_slot),
-                Opnd::Guard => (&io, io_l.guard, GPU_ALIGN),
-                Opnd::Nil => (&io, io_l.nil, GPU_ALIGN),
-                Opnd::Bn => (&io, io_l.bn, io_l.bn2 - io_l.bn),
-                Opnd::Bn2 => (&io, io_l.bn2, io_l.bytes - io_l.bn2),
-            })
-        };
+        let place =
+            |o: Opnd, eo: Eo, mb: usize| -> Result<(&wgpu::Buffer, usize, usize), ExecError> {
+                let io_l = &io_layout;
+                Ok(match o {
+                    Opnd::T(t) if is_ext(plan, t) => (&io, io_l.x + mb * io_l.x_slot, io_l.x_slot),
+                    Opnd::T(t) => {
+                        let (off, bytes) = range_of(plan, t, eo)?;
+                        (&mem, off, bytes.max(4).div_ceil(4) * 4)
+                    }
+                    Opnd::Y => (&io, io_l.y + mb * io_l.y_slot, io_l.y_slot),
+                    Opnd::L => (&io, io_l.l + mb * io_l.l_slot, io_l.l_slot),
+                    Opnd::LAll => (&io, io_l.l, io_l.mbs * io_l.l_slot),
+                    Opnd::Guard => (&io, io_l.guard, GPU_ALIGN),
+                    Opnd::Nil => (&io, io_l.nil, GPU_ALIGN),
+                    Opnd::Bn => (&io, io_l.bn, io_l.bn2 - io_l.bn),
+                    Opnd::Bn2 => (&io, io_l.bn2, io_l.bytes - io_l.bn2),
+                })
+            };
         let mut copies = Vec::with_capacity(ops.len());
         for (slot, (op, mb, eo)) in ops.iter().enumerate() {
             let eo = *eo as Eo;
@@ -1349,7 +1370,9 @@ impl Backend for GpuBackend {
             for o in &st.ops[..used] {
                 let (buf, off, size) = place(*o, eo, mbu)?;
                 if off % GPU_ALIGN != 0 {
-                    return Err(ExecError::BadPlan("a GPU storage below the binding alignment"));
+                    return Err(ExecError::BadPlan(
+                        "a GPU storage below the binding alignment",
+                    ));
                 }
                 if size as u64 > max_bind {
                     return Err(ExecError::Unsupported(
@@ -1456,7 +1479,9 @@ impl Backend for GpuBackend {
         prep.loss_n.fill(0);
         let enc = gpu
             .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("step"),
+            });
         // The pass opens at the first dispatch (`pass_of`).
         prep.encoder = Some(enc);
         Ok(())

@@ -91,10 +91,24 @@ fn cnn(optimizer: OptimizerSpec) -> ModelSpec {
         layers: vec![
             layer("c1", conv(8, 3, 1, 1, 1, true), &[Input]),
             layer("r1", K::Relu, &[Layer(0)]),
-            layer("mp", K::MaxPool2d { kernel: [2, 2], stride: [2, 2] }, &[Layer(1)]),
+            layer(
+                "mp",
+                K::MaxPool2d {
+                    kernel: [2, 2],
+                    stride: [2, 2],
+                },
+                &[Layer(1)],
+            ),
             layer("dw", conv(8, 3, 2, 1, 8, false), &[Layer(2)]),
             layer("r2", K::Relu6, &[Layer(3)]),
-            layer("ap", K::AvgPool2d { kernel: [1, 2], stride: [1, 1] }, &[Layer(4)]),
+            layer(
+                "ap",
+                K::AvgPool2d {
+                    kernel: [1, 2],
+                    stride: [1, 1],
+                },
+                &[Layer(4)],
+            ),
             layer("pw", conv(16, 1, 1, 0, 2, true), &[Layer(5)]),
             layer("t", K::Tanh, &[Layer(6)]),
             layer("gap", K::GlobalAvgPool, &[Layer(7)]),
