@@ -75,6 +75,10 @@ enum Opnd {
     Bn,
     /// BatchNorm's parameter-gradient rows ([dγ | dβ]).
     Bn2,
+    /// An in-place kernel's output before its copy into place.
+    Tmp,
+    /// A second read of one tensor, copied here first.
+    TmpIn,
     /// The step's guard word.
     Guard,
     /// Nothing (an unused binding).
@@ -133,7 +137,7 @@ enum Op {
 
 /// Most dispatches and copies one instruction has (BatchNorm's training forward: 4 gathers, 2
 /// kernels, 4 scatters).
-const MAX_OPS: usize = 12;
+const MAX_OPS: usize = 16;
 
 /// The dispatches and copies of one instruction (no allocation).
 struct Steps {
@@ -313,7 +317,84 @@ fn is_ext(plan: &Plan, t: TensorId) -> bool {
 
 /// The dispatches of instruction `r.eo` (not the guard). The same operands for every run of it; the
 /// parameters and workgroups follow the run's samples.
+/// The dispatches and copies of instruction `r.eo`, no two operands of a dispatch bound to one
+/// storage: WebGPU forbids overlapping ranges of one buffer in a dispatch where one of them is writable
+/// (and every binding here is read_write, see `prelude.wgsl`). An in-place kernel (dx = dy, an
+/// activation over its own input, the loss's derivative over the logits) writes into `Tmp` and a copy
+/// puts the result in place; a tensor read twice (x + x) is read once from `TmpIn`, copied there first.
 fn steps_of(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
+    let raw = raw_steps(plan, r)?;
+    let storage = |o: Opnd| match o {
+        Opnd::T(t) if !is_ext(plan, t) => plan.storage_at(t, r.eo),
+        _ => None,
+    };
+    let bytes = |o: Opnd| -> Result<u64, ExecError> {
+        let s = storage(o).ok_or(ExecError::BadPlan("a redirected operand without storage"))?;
+        Ok(plan.lives[s as usize].bytes as u64)
+    };
+    let mut out = Steps::new();
+    for op in raw.iter() {
+        let mut st = match *op {
+            Op::Copy(c) => {
+                out.push_op(Op::Copy(c))?;
+                continue;
+            }
+            Op::Dispatch(st) => st,
+        };
+        let used = match st.kernel {
+            Kernel::Gemm(_) => 3,
+            Kernel::Set(..) => 5,
+        };
+        let (mut before, mut after) = (None, None);
+        for j in 1..used {
+            for i in 0..j {
+                let (si, sj) = (storage(st.ops[i]), storage(st.ops[j]));
+                if si.is_none() || si != sj {
+                    continue;
+                }
+                if i == 2 || j == 2 {
+                    // The written operand (c) goes through Tmp.
+                    let target = st.ops[2];
+                    if after.is_some() {
+                        return Err(ExecError::Unsupported("a kernel writing one tensor twice"));
+                    }
+                    after = Some(CopyStep {
+                        src: Opnd::Tmp,
+                        src_off: 0,
+                        dst: target,
+                        dst_off: 0,
+                        bytes: bytes(target)?,
+                    });
+                    st.ops[2] = Opnd::Tmp;
+                } else {
+                    let source = st.ops[j];
+                    if before.is_some() {
+                        return Err(ExecError::Unsupported("a kernel reading one tensor thrice"));
+                    }
+                    before = Some(CopyStep {
+                        src: source,
+                        src_off: 0,
+                        dst: Opnd::TmpIn,
+                        dst_off: 0,
+                        bytes: bytes(source)?,
+                    });
+                    st.ops[j] = Opnd::TmpIn;
+                }
+            }
+        }
+        if let Some(c) = before {
+            out.push_op(Op::Copy(c))?;
+        }
+        out.push(st)?;
+        if let Some(c) = after {
+            out.push_op(Op::Copy(c))?;
+        }
+    }
+    Ok(out)
+}
+
+/// The dispatches and copies of instruction `r.eo` as the kernels want them (see [`steps_of`]).
+fn raw_steps(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
     let mut out = Steps::new();
     let ins = plan
         .program
@@ -852,6 +933,9 @@ struct IoLayout {
     /// BatchNorm's statistics rows (8 × the most channels) and parameter-gradient rows (2 ×).
     bn: usize,
     bn2: usize,
+    /// The in-place kernels' output and the second reads (each the largest redirected storage).
+    tmp: usize,
+    tmp_in: usize,
     bytes: usize,
 }
 
@@ -860,7 +944,8 @@ fn round(v: usize) -> usize {
 }
 
 impl IoLayout {
-    fn of(plan: &Plan) -> IoLayout {
+    /// The layout for `plan` whose redirected operands need `tmp` and `tmp_in` bytes.
+    fn of(plan: &Plan, tmp: usize, tmp_in: usize) -> IoLayout {
         let g = &plan.graph;
         let (mbs, mb) = (plan.micro_batches.max(1) as usize, g.batch);
         let per = g.input_dims.numel();
@@ -883,7 +968,8 @@ impl IoLayout {
             })
             .max()
             .unwrap_or(0);
-        let bn = nil + GPU_ALIGN;
+        // One filler range per binding: WebGPU refuses two writable bindings of one range.
+        let bn = nil + 5 * GPU_ALIGN;
         let bn2 = bn + round(8 * channels * 4);
         IoLayout {
             mbs,
@@ -898,7 +984,9 @@ impl IoLayout {
             nil,
             bn,
             bn2,
-            bytes: bn2 + round(2 * channels * 4),
+            tmp: bn2 + round(2 * channels * 4),
+            tmp_in: bn2 + round(2 * channels * 4) + round(tmp),
+            bytes: bn2 + round(2 * channels * 4) + round(tmp) + round(tmp_in),
         }
     }
 }
@@ -1243,7 +1331,6 @@ impl Backend for GpuBackend {
         self.prep = None;
         let dev = &self.gpu.device;
         let limits = dev.limits();
-        let io_layout = IoLayout::of(plan);
         let mem_bytes = (plan.space_bytes(GPU_SPACE).max(4) as u64).div_ceil(4) * 4;
         if mem_bytes > limits.max_buffer_size {
             return Err(ExecError::Unsupported(
@@ -1290,6 +1377,16 @@ impl Backend for GpuBackend {
             [Opnd::LAll, Opnd::Nil, Opnd::Guard, Opnd::Nil, Opnd::Nil],
         )?;
         ops.push((Op::Dispatch(guard), 0, 0));
+        let tmp_bytes = |which: Opnd| {
+            ops.iter()
+                .filter_map(|(op, _, _)| match op {
+                    Op::Copy(c) if c.src == which || c.dst == which => Some(c.bytes as usize),
+                    _ => None,
+                })
+                .max()
+                .unwrap_or(0)
+        };
+        let io_layout = IoLayout::of(plan, tmp_bytes(Opnd::Tmp), tmp_bytes(Opnd::TmpIn));
         let usage = wgpu::BufferUsages::STORAGE
             | wgpu::BufferUsages::COPY_DST
             | wgpu::BufferUsages::COPY_SRC;
@@ -1334,7 +1431,9 @@ impl Backend for GpuBackend {
                     Opnd::Guard => (&io, io_l.guard, GPU_ALIGN),
                     Opnd::Nil => (&io, io_l.nil, GPU_ALIGN),
                     Opnd::Bn => (&io, io_l.bn, io_l.bn2 - io_l.bn),
-                    Opnd::Bn2 => (&io, io_l.bn2, io_l.bytes - io_l.bn2),
+                    Opnd::Bn2 => (&io, io_l.bn2, io_l.tmp - io_l.bn2),
+                    Opnd::Tmp => (&io, io_l.tmp, io_l.tmp_in - io_l.tmp),
+                    Opnd::TmpIn => (&io, io_l.tmp_in, io_l.bytes - io_l.tmp_in),
                 })
             };
         let mut copies = Vec::with_capacity(ops.len());
@@ -1367,8 +1466,11 @@ impl Backend for GpuBackend {
             };
             let mut bound: Vec<(&wgpu::Buffer, u64, u64)> = Vec::with_capacity(5);
             let used = if set.is_none() { 3 } else { 5 };
-            for o in &st.ops[..used] {
-                let (buf, off, size) = place(*o, eo, mbu)?;
+            for (k, o) in st.ops[..used].iter().enumerate() {
+                let (buf, off, size) = match o {
+                    Opnd::Nil => (&io, io_layout.nil + k * GPU_ALIGN, GPU_ALIGN),
+                    _ => place(*o, eo, mbu)?,
+                };
                 if off % GPU_ALIGN != 0 {
                     return Err(ExecError::BadPlan(
                         "a GPU storage below the binding alignment",
@@ -1381,6 +1483,14 @@ impl Backend for GpuBackend {
                 }
                 if (off + size) as u64 > buf.size() {
                     return Err(ExecError::BadPlan("a tensor outside the GPU space"));
+                }
+                // No two bindings of a dispatch overlap (WebGPU's rule for writable bindings).
+                let (lo, hi) = (off as u64, (off + size) as u64);
+                let overlaps = bound
+                    .iter()
+                    .any(|&(b, o, sz)| std::ptr::eq(b, buf) && o < hi && lo < o + sz);
+                if overlaps {
+                    return Err(ExecError::BadPlan("two bindings of one dispatch overlap"));
                 }
                 bound.push((buf, off as u64, size as u64));
             }
