@@ -36,7 +36,7 @@ use frugal_core::ops::Act;
 use frugal_core::plan::{Eo, Phase, Plan, SpaceId, LOSS_NODE};
 
 use crate::elementwise::{entry, optim_params, workgroups, Params};
-use crate::{bn, conv, pool, Dims, Gpu, GpuError, TILE};
+use crate::{bn, conv, mapped_f32, pool, Dims, Gpu, GpuError, Mapping, TILE};
 
 /// Entry points of `pool.wgsl` (the order of `pool::ENTRIES`).
 const POOL_MAX_FWD: usize = 0;
@@ -1044,6 +1044,8 @@ struct Prepared {
     samples: usize,
     guarded: bool,
     loss_n: Vec<usize>,
+    /// The losses' mapping in flight (the web: awaited by `GpuBackend::loss`).
+    pending: Option<Mapping>,
     /// Loss values a sample leaves in its slot: its loss (cross-entropy, whose slot then holds whether
     /// each sample was right), or its squared errors (MSE).
     loss_per_sample: usize,
@@ -1095,8 +1097,49 @@ impl GpuBackend {
     }
 
     /// Opens the first adapter (see [`Gpu::open`]).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn open() -> Result<GpuBackend, GpuError> {
         Gpu::open().map(GpuBackend::new)
+    }
+
+    /// [`GpuBackend::open`] as a future (the browser's way).
+    pub async fn open_async() -> Result<GpuBackend, GpuError> {
+        Gpu::open_async().await.map(GpuBackend::new)
+    }
+
+    /// The loss of the step just run, read back once the GPU has run it. On the web a step's
+    /// [`Backend::end_step`] cannot wait for the GPU (the mapping completes only once the page's event
+    /// loop runs), so the executor's step reports zeros and the host awaits this before the next step;
+    /// natively the step already waited, and this returns None. A non-finite loss is
+    /// [`ExecError::NonFinite`]: the step's updates were skipped on the GPU (the guard), and the host
+    /// should not count the step (`Executor::set_steps`).
+    pub async fn loss(&mut self) -> Result<Option<LossOut>, ExecError> {
+        let Some(prep) = self.prep.as_mut() else {
+            return Ok(None);
+        };
+        let Some(mapping) = prep.pending.take() else {
+            return Ok(None);
+        };
+        mapping.await.map_err(gpu_err)?;
+        let out = totals(prep)?;
+        if !(out.sum.is_finite() && out.mean.is_finite()) {
+            return Err(ExecError::NonFinite("the loss"));
+        }
+        Ok(Some(out))
+    }
+
+    /// [`GpuBackend::read`] awaiting the GPU (the browser's way).
+    pub async fn read_async(&self, plan: &Plan, t: TensorId) -> Result<Vec<f32>, ExecError> {
+        let prep = self
+            .prep
+            .as_ref()
+            .ok_or(ExecError::BadPlan("the GPU backend has no prepared plan"))?;
+        let (off, _) = range_of(plan, t, 0)?;
+        let len = tensor_bytes(plan, t)?;
+        self.gpu
+            .read_range_async(&prep.mem, off as u64, len / 4)
+            .await
+            .map_err(gpu_err)
     }
 
     /// The GPU.
@@ -1120,7 +1163,9 @@ impl GpuBackend {
             .ok_or(ExecError::BadPlan("the GPU backend has no prepared plan"))
     }
 
-    /// A persistent tensor's values (weights, BatchNorm statistics) read back from the GPU.
+    /// A persistent tensor's values (weights, BatchNorm statistics) read back from the GPU, waiting for
+    /// it (natively; on the web use [`GpuBackend::read_async`]).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn read(&self, plan: &Plan, t: TensorId) -> Result<Vec<f32>, ExecError> {
         let prep = self
             .prep
@@ -1233,6 +1278,40 @@ impl GpuBackend {
         pass.dispatch_workgroups(1, 1, 1);
         Ok(())
     }
+}
+
+/// The step's loss totals from the mapped readback buffer (then unmapped): per micro-batch as the CPU
+/// computes them, its mean in f32 (sample order), the sum in f64.
+fn totals(prep: &mut Prepared) -> Result<LossOut, ExecError> {
+    let io = prep.io_layout;
+    let ran = prep.loss_n.iter().take_while(|&&n| n > 0).count();
+    let read = (io.nil - io.l) as u64;
+    let slice = prep.readback.slice(..read);
+    let vals = mapped_f32(&slice).map_err(gpu_err)?;
+    let slot = io.l_slot / 4;
+    let mut out = LossOut::default();
+    for (k, &n) in prep.loss_n[..ran].iter().enumerate() {
+        let s = &vals[k * slot..(k + 1) * slot];
+        let (mean, correct) = match prep.kind {
+            LossKind::SoftmaxCrossEntropy => {
+                let sum: f32 = s[..n].iter().sum();
+                (
+                    sum / n as f32,
+                    s[n..2 * n].iter().filter(|&&c| c != 0.0).count(),
+                )
+            }
+            LossKind::Mse => {
+                let m = n * prep.loss_per_sample;
+                let sum: f32 = s[..m].iter().sum();
+                (sum / m as f32, 0)
+            }
+        };
+        out.sum += mean as f64 * n as f64;
+        out.mean = mean;
+        out.correct += correct;
+    }
+    prep.readback.unmap();
+    Ok(out)
 }
 
 /// (offset, bytes) in the GPU space of tensor `t`'s storage at `eo`.
@@ -1555,6 +1634,7 @@ impl Backend for GpuBackend {
             loss_n: vec![0; io_layout.mbs],
             loss_per_sample,
             kind,
+            pending: None,
         });
         Ok(())
     }
@@ -1565,6 +1645,11 @@ impl Backend for GpuBackend {
             .prep
             .as_mut()
             .ok_or(ExecError::BadPlan("the GPU backend has no prepared plan"))?;
+        if prep.pending.is_some() {
+            return Err(ExecError::BadPlan(
+                "the previous step's loss is still being read back: await GpuBackend::loss first",
+            ));
+        }
         // A step that failed midway left its pass open: discard it.
         prep.pass = None;
         prep.encoder = None;
@@ -1618,43 +1703,30 @@ impl Backend for GpuBackend {
         if ran == 0 {
             return Ok(None);
         }
-        let slice = prep.readback.slice(..read);
-        slice.map_async(wgpu::MapMode::Read, |_| {});
-        gpu.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| gpu_err(GpuError::Readback(e.to_string())))?;
-        let view = slice
-            .get_mapped_range()
-            .map_err(|e| gpu_err(GpuError::Readback(e.to_string())))?;
-        let vals: &[f32] = bytemuck::cast_slice(&view);
-        let slot = io.l_slot / 4;
-        let mut out = LossOut::default();
-        for (k, &n) in prep.loss_n[..ran].iter().enumerate() {
-            let s = &vals[k * slot..(k + 1) * slot];
-            // Per micro-batch as the CPU: its mean in f32 (sample order), the sum in f64.
-            let (mean, correct) = match prep.kind {
-                LossKind::SoftmaxCrossEntropy => {
-                    let sum: f32 = s[..n].iter().sum();
-                    (
-                        sum / n as f32,
-                        s[n..2 * n].iter().filter(|&&c| c != 0.0).count(),
-                    )
-                }
-                LossKind::Mse => {
-                    let m = n * prep.loss_per_sample;
-                    let sum: f32 = s[..m].iter().sum();
-                    (sum / m as f32, 0)
-                }
-            };
-            out.sum += mean as f64 * n as f64;
-            out.mean = mean;
-            out.correct += correct;
+        let mapping = Mapping::start(&prep.readback.slice(..read));
+        #[cfg(target_arch = "wasm32")]
+        {
+            // The browser maps it when its event loop runs: the host awaits `GpuBackend::loss`.
+            let _ = gpu;
+            prep.pending = Some(mapping);
+            Ok(None)
         }
-        drop(view);
-        prep.readback.unmap();
-        Ok(Some(out))
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            gpu.wait().map_err(gpu_err)?;
+            crate::block_on(mapping).map_err(gpu_err)?;
+            totals(prep).map(Some)
+        }
     }
 
+    #[cfg(target_arch = "wasm32")]
+    fn read_tensor(&mut self, _: &Plan, _: TensorId, _: &mut [f32]) -> Result<(), ExecError> {
+        Err(ExecError::Unsupported(
+            "a synchronous read-back in the browser (await GpuBackend::read_async)",
+        ))
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
     fn read_tensor(&mut self, plan: &Plan, t: TensorId, out: &mut [f32]) -> Result<(), ExecError> {
         let v = self.read(plan, t)?;
         if v.len() != out.len() {

@@ -27,6 +27,67 @@ pub use bn::{BnForward, BnGrads};
 mod linear;
 mod pool;
 
+/// A buffer mapping in flight: wgpu's map callback resolves it. Natively the host waits for the GPU and
+/// then asks [`Mapping::done`]; on the web the callback runs only once the page's event loop does, so the
+/// host awaits it.
+pub(crate) struct Mapping {
+    state: MappingState,
+}
+
+type MappingState = std::sync::Arc<
+    std::sync::Mutex<(
+        Option<Result<(), wgpu::BufferAsyncError>>,
+        Option<std::task::Waker>,
+    )>,
+>;
+
+impl Mapping {
+    /// Maps `slice` for reading.
+    pub(crate) fn start(slice: &wgpu::BufferSlice<'_>) -> Mapping {
+        let state: MappingState = Default::default();
+        let st = state.clone();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let mut s = st.lock().unwrap_or_else(|e| e.into_inner());
+            s.0 = Some(r);
+            if let Some(w) = s.1.take() {
+                w.wake();
+            }
+        });
+        Mapping { state }
+    }
+}
+
+impl std::future::Future for Mapping {
+    type Output = Result<(), GpuError>;
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match s.0.take() {
+            Some(r) => std::task::Poll::Ready(r.map_err(|e| GpuError::Readback(e.to_string()))),
+            None => {
+                s.1 = Some(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        }
+    }
+}
+
+/// Runs a future to completion on this thread (natively; the browser awaits instead).
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    pollster::block_on(f)
+}
+
+/// The f32 values of a mapped slice.
+pub(crate) fn mapped_f32(slice: &wgpu::BufferSlice<'_>) -> Result<Vec<f32>, GpuError> {
+    let view = slice
+        .get_mapped_range()
+        .map_err(|e| GpuError::Readback(e.to_string()))?;
+    Ok(bytemuck::cast_slice::<u8, f32>(&view).to_vec())
+}
+
 /// Why the GPU could not be used.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GpuError {
@@ -138,11 +199,13 @@ pub struct GemmBuffers {
 
 impl Gpu {
     /// Opens the first adapter wgpu offers (a discrete GPU first), or lavapipe.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn open() -> Result<Gpu, GpuError> {
         pollster::block_on(Self::open_async())
     }
 
-    async fn open_async() -> Result<Gpu, GpuError> {
+    /// [`Gpu::open`] as a future: the browser's way (WebGPU hands out adapters asynchronously).
+    pub async fn open_async() -> Result<Gpu, GpuError> {
         let instance =
             wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = instance
@@ -387,10 +450,23 @@ impl Gpu {
 
     /// Reads the first `len` f32 of `buf` back (one copy to a mappable buffer, then a wait).
     fn read(&self, buf: &wgpu::Buffer, len: usize) -> Result<Vec<f32>, GpuError> {
-        self.read_range(buf, 0, len)
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            self.read_range(buf, 0, len)
+        }
+        #[cfg(target_arch = "wasm32")]
+        {
+            let _ = (buf, len);
+            Err(GpuError::Readback(
+                "a blocking read-back cannot run in the browser (the GPU backend awaits instead)"
+                    .into(),
+            ))
+        }
     }
 
-    /// Reads `len` f32 of `buf` from byte `offset` (a multiple of 4) back.
+    /// Reads `len` f32 of `buf` from byte `offset` (a multiple of 4) back, waiting for the GPU (not on
+    /// the web: see [`Gpu::read_range_async`]).
+    #[cfg(not(target_arch = "wasm32"))]
     pub(crate) fn read_range(
         &self,
         buf: &wgpu::Buffer,
@@ -400,6 +476,38 @@ impl Gpu {
         if len == 0 {
             return Ok(Vec::new());
         }
+        let staging = self.copy_out(buf, offset, len);
+        let slice = staging.slice(..);
+        let mapping = Mapping::start(&slice);
+        self.wait()?;
+        // Another thread's poll on this device may be running our callback right now: wait for it.
+        block_on(mapping)?;
+        let out = mapped_f32(&slice)?;
+        staging.unmap();
+        Ok(out)
+    }
+
+    /// [`Gpu::read_range`] that awaits the mapping instead of blocking (the browser's way: the mapping
+    /// completes only once the page's event loop runs).
+    pub(crate) async fn read_range_async(
+        &self,
+        buf: &wgpu::Buffer,
+        offset: u64,
+        len: usize,
+    ) -> Result<Vec<f32>, GpuError> {
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let staging = self.copy_out(buf, offset, len);
+        let slice = staging.slice(..);
+        Mapping::start(&slice).await?;
+        let out = mapped_f32(&slice)?;
+        staging.unmap();
+        Ok(out)
+    }
+
+    /// A mappable copy of `len` f32 of `buf` from byte `offset`, submitted.
+    fn copy_out(&self, buf: &wgpu::Buffer, offset: u64, len: usize) -> wgpu::Buffer {
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
             size: (len * 4) as u64,
@@ -413,25 +521,11 @@ impl Gpu {
             });
         enc.copy_buffer_to_buffer(buf, offset, &staging, 0, (len * 4) as u64);
         self.queue.submit([enc.finish()]);
-        let slice = staging.slice(..);
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        self.wait()?;
-        rx.recv()
-            .map_err(|e| GpuError::Readback(e.to_string()))?
-            .map_err(|e| GpuError::Readback(e.to_string()))?;
-        let view = slice
-            .get_mapped_range()
-            .map_err(|e| GpuError::Readback(e.to_string()))?;
-        let out = bytemuck::cast_slice::<u8, f32>(&view).to_vec();
-        drop(view);
-        staging.unmap();
-        Ok(out)
+        staging
     }
 
-    fn wait(&self) -> Result<(), GpuError> {
+    /// Waits for the GPU's submitted work (natively; on the web it returns at once).
+    pub(crate) fn wait(&self) -> Result<(), GpuError> {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map(|_| ())
