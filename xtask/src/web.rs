@@ -212,6 +212,33 @@ fn test() -> Result<(), String> {
         ])
         .arg("--target-dir")
         .arg(target_dir().join("web-test")))?;
+    // The GPU backend on WebGPU in Chromium (`--enable-unsafe-webgpu`, hosts/wgpu/webdriver.json: Dawn
+    // on SwiftShader): whole steps against the CPU backend; an adapter is required here.
+    run(
+        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .current_dir(root().join("hosts/wgpu"))
+            .env(
+                "CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER",
+                "wasm-bindgen-test-runner",
+            )
+            .env(
+                "CHROMEDRIVER",
+                std::env::var("CHROMEDRIVER").unwrap_or_else(|_| "/usr/bin/chromedriver".into()),
+            )
+            .env("WASM_BINDGEN_TEST_TIMEOUT", "300")
+            .env("FRUGAL_REQUIRE_GPU", "1")
+            .args([
+                "test",
+                "-p",
+                "frugal-wgpu",
+                "--target",
+                "wasm32-unknown-unknown",
+                "--test",
+                "web",
+            ])
+            .arg("--target-dir")
+            .arg(target_dir().join("web-test")),
+    )?;
     Ok(())
 }
 

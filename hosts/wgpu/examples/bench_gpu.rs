@@ -9,224 +9,237 @@
 //! reference workloads LeNet-5 and the small CNN at batch 128, on the GPU backend (one submission per
 //! step, the loss read back) beside the CPU backend on the same threads, alternating, median ms/step of
 //! each round's steps, best round of `R`.
-use std::time::Instant;
 
-use frugal_core::backend::{Backend, CpuBackend};
-use frugal_core::exec::{Executor, Target};
-use frugal_core::graph::Graph;
-use frugal_core::kernels::gemm::{gemm_scratch_len_threads, sgemm_with_pool, SgemmKernel};
-use frugal_core::kernels::MatRef;
-use frugal_core::model::{Dims, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpec, Src};
-use frugal_core::plan::Plan;
-use frugal_core::pool::ThreadPool;
-use frugal_wgpu::{gpu_plan, Gpu, GpuBackend};
+#[cfg(target_arch = "wasm32")]
+fn main() {}
 
-/// The digits MLP (examples/digits-mlp.toml's layers).
-fn digits_mlp() -> ModelSpec {
-    let l = |name: &str, kind, from: Src| LayerSpec {
-        name: name.into(),
-        kind,
-        inputs: vec![from],
-        trainable: true,
-    };
-    use LayerKind as K;
-    use Src::{Input, Layer};
-    ModelSpec {
-        input: Dims { c: 1, h: 8, w: 8 },
-        layers: vec![
-            l("flat", K::Flatten, Input),
-            l(
-                "fc1",
-                K::Linear {
-                    out: 128,
-                    bias: true,
-                },
-                Layer(0),
-            ),
-            l("relu1", K::Relu, Layer(1)),
-            l(
-                "fc2",
-                K::Linear {
-                    out: 64,
-                    bias: true,
-                },
-                Layer(2),
-            ),
-            l("relu2", K::Relu, Layer(3)),
-            l(
-                "fc3",
-                K::Linear {
-                    out: 10,
-                    bias: true,
-                },
-                Layer(4),
-            ),
-        ],
-        loss: LossKind::SoftmaxCrossEntropy,
-        optimizer: OptimizerSpec::Adam {
-            lr: 0.003,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.0,
-        },
-        seed: 1,
-    }
+#[cfg(not(target_arch = "wasm32"))]
+fn main() {
+    native::main()
 }
 
-/// Median ms/step of `steps` steps on `ex` (after one untimed step).
-fn ms_per_step<B: Backend>(
-    ex: &mut Executor<'_, B>,
-    arena: &mut [u8],
-    x: &[f32],
-    y: &[u32],
-    steps: usize,
-) -> Result<f64, String> {
-    let mut t = Vec::with_capacity(steps);
-    for i in 0..=steps {
-        let s = Instant::now();
-        ex.train_step(arena, x, Target::Classes(y))
-            .map_err(|e| e.to_string())?;
-        if i > 0 {
-            t.push(s.elapsed().as_secs_f64() * 1e3);
+#[cfg(not(target_arch = "wasm32"))]
+mod native {
+    use std::time::Instant;
+
+    use frugal_core::backend::{Backend, CpuBackend};
+    use frugal_core::exec::{Executor, Target};
+    use frugal_core::graph::Graph;
+    use frugal_core::kernels::gemm::{gemm_scratch_len_threads, sgemm_with_pool, SgemmKernel};
+    use frugal_core::kernels::MatRef;
+    use frugal_core::model::{Dims, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpec, Src};
+    use frugal_core::plan::Plan;
+    use frugal_core::pool::ThreadPool;
+    use frugal_wgpu::{gpu_plan, Gpu, GpuBackend};
+
+    /// The digits MLP (examples/digits-mlp.toml's layers).
+    fn digits_mlp() -> ModelSpec {
+        let l = |name: &str, kind, from: Src| LayerSpec {
+            name: name.into(),
+            kind,
+            inputs: vec![from],
+            trainable: true,
+        };
+        use LayerKind as K;
+        use Src::{Input, Layer};
+        ModelSpec {
+            input: Dims { c: 1, h: 8, w: 8 },
+            layers: vec![
+                l("flat", K::Flatten, Input),
+                l(
+                    "fc1",
+                    K::Linear {
+                        out: 128,
+                        bias: true,
+                    },
+                    Layer(0),
+                ),
+                l("relu1", K::Relu, Layer(1)),
+                l(
+                    "fc2",
+                    K::Linear {
+                        out: 64,
+                        bias: true,
+                    },
+                    Layer(2),
+                ),
+                l("relu2", K::Relu, Layer(3)),
+                l(
+                    "fc3",
+                    K::Linear {
+                        out: 10,
+                        bias: true,
+                    },
+                    Layer(4),
+                ),
+            ],
+            loss: LossKind::SoftmaxCrossEntropy,
+            optimizer: OptimizerSpec::Adam {
+                lr: 0.003,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.0,
+            },
+            seed: 1,
         }
     }
-    t.sort_by(f64::total_cmp);
-    Ok(t[t.len() / 2])
-}
 
-/// GFLOPS of frugal's CPU SGEMM (`kern`, on `pool`'s `threads`) for one product of `a`·`b`.
-#[allow(clippy::too_many_arguments)]
-fn cpu_gflops(
-    kern: SgemmKernel,
-    pool: &ThreadPool,
-    threads: usize,
-    (m, n, k): (usize, usize, usize),
-    a: &[f32],
-    b: &[f32],
-) -> f64 {
-    let mut c = vec![0f32; m * n];
-    let mut s = vec![0f32; gemm_scratch_len_threads(m, n, k, threads)];
-    // One untimed product (fresh pages), then 8 timed together.
-    let mut secs = 0.0;
-    for timed in [1usize, 8] {
-        let t = Instant::now();
-        for _ in 0..timed {
-            sgemm_with_pool(
-                kern,
-                pool,
-                m,
-                n,
-                k,
-                MatRef::row_major(a, k),
-                MatRef::row_major(b, n),
-                &mut c,
-                n,
-                false,
-                &mut s,
+    /// Median ms/step of `steps` steps on `ex` (after one untimed step).
+    fn ms_per_step<B: Backend>(
+        ex: &mut Executor<'_, B>,
+        arena: &mut [u8],
+        x: &[f32],
+        y: &[u32],
+        steps: usize,
+    ) -> Result<f64, String> {
+        let mut t = Vec::with_capacity(steps);
+        for i in 0..=steps {
+            let s = Instant::now();
+            ex.train_step(arena, x, Target::Classes(y))
+                .map_err(|e| e.to_string())?;
+            if i > 0 {
+                t.push(s.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        t.sort_by(f64::total_cmp);
+        Ok(t[t.len() / 2])
+    }
+
+    /// GFLOPS of frugal's CPU SGEMM (`kern`, on `pool`'s `threads`) for one product of `a`·`b`.
+    #[allow(clippy::too_many_arguments)]
+    fn cpu_gflops(
+        kern: SgemmKernel,
+        pool: &ThreadPool,
+        threads: usize,
+        (m, n, k): (usize, usize, usize),
+        a: &[f32],
+        b: &[f32],
+    ) -> f64 {
+        let mut c = vec![0f32; m * n];
+        let mut s = vec![0f32; gemm_scratch_len_threads(m, n, k, threads)];
+        // One untimed product (fresh pages), then 8 timed together.
+        let mut secs = 0.0;
+        for timed in [1usize, 8] {
+            let t = Instant::now();
+            for _ in 0..timed {
+                sgemm_with_pool(
+                    kern,
+                    pool,
+                    m,
+                    n,
+                    k,
+                    MatRef::row_major(a, k),
+                    MatRef::row_major(b, n),
+                    &mut c,
+                    n,
+                    false,
+                    &mut s,
+                );
+            }
+            secs = t.elapsed().as_secs_f64() / timed as f64;
+        }
+        std::hint::black_box(&c);
+        2.0 * (m * n * k) as f64 / secs / 1e9
+    }
+
+    pub fn main() {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        if let Err(e) = run(&args) {
+            eprintln!("bench_gpu: {e}");
+            std::process::exit(1);
+        }
+    }
+
+    fn run(args: &[String]) -> Result<(), String> {
+        let reps: usize = match args {
+            [f, v] if f == "--reps" => v.parse().map_err(|_| "--reps needs a number")?,
+            [] => 5,
+            _ => return Err("usage: cargo xtask bench gpu [--reps R]".into()),
+        };
+        let gpu = Gpu::open().map_err(|e| e.to_string())?;
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let pool =
+            ThreadPool::new(threads).map_err(|e| format!("cannot start {threads} threads: {e}"))?;
+        println!(
+            "`cargo xtask bench gpu` — adapter: {}{}; CPU: frugal's SGEMM ({}) on {threads} threads; best of {reps}\n",
+            gpu.adapter(),
+            if gpu.is_software() { " (software: runs on this CPU)" } else { "" },
+            SgemmKernel::selected().name()
+        );
+        println!("| m×n×k | GPU GFLOPS | CPU GFLOPS | GPU / CPU |");
+        println!("|---|---:|---:|---:|");
+        for (m, n, k) in [(1024, 1024, 1024), (32, 256, 784), (2048, 1024, 1024)] {
+            let a: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0)
+                .collect();
+            let b: Vec<f32> = (0..k * n)
+                .map(|i| ((i * 5 % 11) as f32 - 5.0) / 8.0)
+                .collect();
+            let bufs = gpu
+                .gemm_buffers(m, n, k, &a, &b)
+                .map_err(|e| e.to_string())?;
+            // Alternate GPU and CPU rounds so both see the same moments of the machine.
+            let (mut g_best, mut c_best) = (0f64, 0f64);
+            for _ in 0..reps {
+                let s = gpu.time_sgemm(&bufs, 4).map_err(|e| e.to_string())?;
+                g_best = g_best.max(Gpu::flops(&bufs) / s / 1e9);
+                c_best = c_best.max(cpu_gflops(
+                    SgemmKernel::selected(),
+                    &pool,
+                    threads,
+                    (m, n, k),
+                    &a,
+                    &b,
+                ));
+            }
+            println!(
+                "| {m}×{n}×{k} | {g_best:.1} | {c_best:.1} | {:.2} |",
+                g_best / c_best
             );
         }
-        secs = t.elapsed().as_secs_f64() / timed as f64;
-    }
-    std::hint::black_box(&c);
-    2.0 * (m * n * k) as f64 / secs / 1e9
-}
-
-fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if let Err(e) = run(&args) {
-        eprintln!("bench_gpu: {e}");
-        std::process::exit(1);
-    }
-}
-
-fn run(args: &[String]) -> Result<(), String> {
-    let reps: usize = match args {
-        [f, v] if f == "--reps" => v.parse().map_err(|_| "--reps needs a number")?,
-        [] => 5,
-        _ => return Err("usage: cargo xtask bench gpu [--reps R]".into()),
-    };
-    let gpu = Gpu::open().map_err(|e| e.to_string())?;
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let pool =
-        ThreadPool::new(threads).map_err(|e| format!("cannot start {threads} threads: {e}"))?;
-    println!(
-        "`cargo xtask bench gpu` — adapter: {}{}; CPU: frugal's SGEMM ({}) on {threads} threads; best of {reps}\n",
-        gpu.adapter(),
-        if gpu.is_software() { " (software: runs on this CPU)" } else { "" },
-        SgemmKernel::selected().name()
-    );
-    println!("| m×n×k | GPU GFLOPS | CPU GFLOPS | GPU / CPU |");
-    println!("|---|---:|---:|---:|");
-    for (m, n, k) in [(1024, 1024, 1024), (32, 256, 784), (2048, 1024, 1024)] {
-        let a: Vec<f32> = (0..m * k)
-            .map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0)
-            .collect();
-        let b: Vec<f32> = (0..k * n)
-            .map(|i| ((i * 5 % 11) as f32 - 5.0) / 8.0)
-            .collect();
-        let bufs = gpu
-            .gemm_buffers(m, n, k, &a, &b)
-            .map_err(|e| e.to_string())?;
-        // Alternate GPU and CPU rounds so both see the same moments of the machine.
-        let (mut g_best, mut c_best) = (0f64, 0f64);
-        for _ in 0..reps {
-            let s = gpu.time_sgemm(&bufs, 4).map_err(|e| e.to_string())?;
-            g_best = g_best.max(Gpu::flops(&bufs) / s / 1e9);
-            c_best = c_best.max(cpu_gflops(
-                SgemmKernel::selected(),
-                &pool,
-                threads,
-                (m, n, k),
-                &a,
-                &b,
-            ));
-        }
         println!(
-            "| {m}×{n}×{k} | {g_best:.1} | {c_best:.1} | {:.2} |",
-            g_best / c_best
+            "\n| training step | batch | GPU backend ms/step | CPU backend ms/step ({threads} threads) | GPU / CPU |"
         );
-    }
-    println!(
-        "\n| training step | batch | GPU backend ms/step | CPU backend ms/step ({threads} threads) | GPU / CPU |"
-    );
-    println!("|---|---:|---:|---:|---:|");
-    let mut rows: Vec<(String, frugal_core::model::ModelSpec, usize)> = vec![
-        ("digits MLP".into(), digits_mlp(), 32),
-        ("digits MLP".into(), digits_mlp(), 128),
-    ];
-    // The reference workloads the issue names (28×28 inputs, SGD): LeNet-5 and the small CNN at b128.
-    for w in frugal_cli::workloads::all() {
-        if w.id == "lenet5" || w.id == "small_cnn" {
-            rows.push((w.title.to_string(), w.spec, 128));
+        println!("|---|---:|---:|---:|---:|");
+        let mut rows: Vec<(String, frugal_core::model::ModelSpec, usize)> = vec![
+            ("digits MLP".into(), digits_mlp(), 32),
+            ("digits MLP".into(), digits_mlp(), 128),
+        ];
+        // The reference workloads the issue names (28×28 inputs, SGD): LeNet-5 and the small CNN at b128.
+        for w in frugal_cli::workloads::all() {
+            if w.id == "lenet5" || w.id == "small_cnn" {
+                rows.push((w.title.to_string(), w.spec, 128));
+            }
         }
-    }
-    for (title, spec, batch) in rows {
-        let plan = Plan::new(Graph::new(&spec, batch).map_err(|e| e.to_string())?);
-        let gp = gpu_plan(plan.clone());
-        let mut arena = vec![0u8; plan.needed_bytes()];
-        let mut garena = vec![0u8; gp.needed_bytes()];
-        let mut cpu = Executor::with_backend(&plan, &arena, CpuBackend::with_pool(&pool))
-            .map_err(|e| e.to_string())?;
-        let backend = GpuBackend::open().map_err(|e| e.to_string())?;
-        let mut gex = Executor::with_backend(&gp, &garena, backend).map_err(|e| e.to_string())?;
-        cpu.init_params(&mut arena, 1).map_err(|e| e.to_string())?;
-        gex.init_params(&mut garena, 1).map_err(|e| e.to_string())?;
-        let per = spec.input.numel();
-        let classes = plan.graph.pred_dims().numel();
-        let x: Vec<f32> = (0..batch * per).map(|i| (i % 17) as f32 / 16.0).collect();
-        let y: Vec<u32> = (0..batch).map(|i| (i % classes) as u32).collect();
-        let (mut g_best, mut c_best) = (f64::MAX, f64::MAX);
-        // Fewer steps for the 28×28 CNNs: lavapipe takes hundreds of ms per step.
-        let steps = if per > 64 { 5 } else { 20 };
-        for _ in 0..reps {
-            g_best = g_best.min(ms_per_step(&mut gex, &mut garena, &x, &y, steps)?);
-            c_best = c_best.min(ms_per_step(&mut cpu, &mut arena, &x, &y, steps)?);
+        for (title, spec, batch) in rows {
+            let plan = Plan::new(Graph::new(&spec, batch).map_err(|e| e.to_string())?);
+            let gp = gpu_plan(plan.clone());
+            let mut arena = vec![0u8; plan.needed_bytes()];
+            let mut garena = vec![0u8; gp.needed_bytes()];
+            let mut cpu = Executor::with_backend(&plan, &arena, CpuBackend::with_pool(&pool))
+                .map_err(|e| e.to_string())?;
+            let backend = GpuBackend::open().map_err(|e| e.to_string())?;
+            let mut gex =
+                Executor::with_backend(&gp, &garena, backend).map_err(|e| e.to_string())?;
+            cpu.init_params(&mut arena, 1).map_err(|e| e.to_string())?;
+            gex.init_params(&mut garena, 1).map_err(|e| e.to_string())?;
+            let per = spec.input.numel();
+            let classes = plan.graph.pred_dims().numel();
+            let x: Vec<f32> = (0..batch * per).map(|i| (i % 17) as f32 / 16.0).collect();
+            let y: Vec<u32> = (0..batch).map(|i| (i % classes) as u32).collect();
+            let (mut g_best, mut c_best) = (f64::MAX, f64::MAX);
+            // Fewer steps for the 28×28 CNNs: lavapipe takes hundreds of ms per step.
+            let steps = if per > 64 { 5 } else { 20 };
+            for _ in 0..reps {
+                g_best = g_best.min(ms_per_step(&mut gex, &mut garena, &x, &y, steps)?);
+                c_best = c_best.min(ms_per_step(&mut cpu, &mut arena, &x, &y, steps)?);
+            }
+            println!(
+                "| {title} | {batch} | {g_best:.3} | {c_best:.3} | {:.1} |",
+                g_best / c_best
+            );
         }
-        println!(
-            "| {title} | {batch} | {g_best:.3} | {c_best:.3} | {:.1} |",
-            g_best / c_best
-        );
+        Ok(())
     }
-    Ok(())
 }

@@ -104,6 +104,10 @@ pub enum GpuError {
 impl fmt::Display for GpuError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            GpuError::NoAdapter(w) if cfg!(target_arch = "wasm32") => write!(
+                f,
+                "no WebGPU adapter ({w}); the browser must expose WebGPU (headless Chromium: --enable-unsafe-webgpu)"
+            ),
             GpuError::NoAdapter(w) => write!(
                 f,
                 "no GPU adapter ({w}); without a GPU, install Mesa's lavapipe: apt-get install mesa-vulkan-drivers"

@@ -1,5 +1,6 @@
 //! BatchNorm (training mode) on the GPU against frugal-core's CPU `ops::bn`: output, batch and running
 //! statistics, γ/β gradients and the input gradient, plain and accumulating.
+#![cfg(not(target_arch = "wasm32"))] // natively; the browser suite is tests/web.rs
 mod common;
 use common::{data, gpu};
 use frugal_core::ops;

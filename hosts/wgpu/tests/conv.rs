@@ -1,5 +1,6 @@
 //! Convolution on the GPU against frugal-core's CPU `ops::conv` — forward, weight and bias gradients,
 //! input gradient, plain and accumulating — for strided, padded, grouped, depthwise and 1×1 geometries.
+#![cfg(not(target_arch = "wasm32"))] // natively; the browser suite is tests/web.rs
 mod common;
 use common::gpu;
 use frugal_core::ops::{self, ConvGeom};

@@ -1,6 +1,7 @@
 //! The element-wise layers, the fused softmax cross-entropy and the optimizer updates on the GPU against
 //! frugal-core's CPU ops, on every adapter the machine has (lavapipe in CI). Without an adapter: *skipped*
 //! on stderr; with `FRUGAL_REQUIRE_GPU=1` a missing adapter fails.
+#![cfg(not(target_arch = "wasm32"))] // natively; the browser suite is tests/web.rs
 mod common;
 use common::{data, gpu};
 use frugal_core::model::OptimizerSpec;

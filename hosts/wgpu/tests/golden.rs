@@ -3,6 +3,7 @@
 //! step. Tolerance as the CPU's golden suite: 1e-5 relative, norm-wise per tensor — the GPU's GEMM sums
 //! in tile order and WGSL's exp/log are a few ULP from correctly rounded, ~1e-7 after 3 steps.
 //!
+#![cfg(not(target_arch = "wasm32"))] // natively; the browser suite is tests/web.rs
 mod common;
 
 use std::collections::HashMap;

@@ -1,5 +1,6 @@
 //! The linear layer on the GPU against frugal-core's CPU `ops::linear` (forward, weight and bias
 //! gradients, input gradient, plain and accumulating), on every adapter the machine has.
+#![cfg(not(target_arch = "wasm32"))] // natively; the browser suite is tests/web.rs
 mod common;
 use common::gpu;
 

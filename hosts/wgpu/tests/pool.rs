@@ -1,6 +1,7 @@
 //! Max and average pooling on the GPU against frugal-core's CPU `ops::pool`, bit for bit: the kernels
 //! compare and add in the CPU's order. Overlapping windows (stride below the window) included, so the
 //! backward passes' gathers meet several windows per input element.
+#![cfg(not(target_arch = "wasm32"))] // natively; the browser suite is tests/web.rs
 mod common;
 use common::{gpu, grid};
 use frugal_core::ops::{self, PoolGeom};

@@ -2,6 +2,7 @@
 //! adapter the suite says *skipped* (on stderr and in `cargo xtask test`'s kernel table); with
 //! `FRUGAL_REQUIRE_GPU=1` (set by `cargo xtask test` where setup installed lavapipe) a missing adapter
 //! fails it.
+#![cfg(not(target_arch = "wasm32"))] // natively; the browser suite is tests/web.rs
 mod common;
 use common::gpu;
 
