@@ -29,7 +29,11 @@ const state = {
 };
 window.demo = state;
 
-const worker = new Worker(new URL("./worker.js", import.meta.url), { type: "module" });
+// ?backend=cpu | webgpu | auto (default auto: WebGPU where the browser has it).
+const backendParam = new URLSearchParams(location.search).get("backend") ?? "auto";
+const worker = new Worker(new URL(`./worker.js?backend=${encodeURIComponent(backendParam)}`, import.meta.url), {
+  type: "module",
+});
 
 // ---------------------------------------------------------------- drawing pad
 const pad = $("pad");
@@ -317,7 +321,12 @@ worker.onmessage = ({ data: m }) => {
       slider.disabled = false;
       showBudget(Number(slider.value));
       sendBudget(Number(slider.value));
-      status(`Ready · backbone loaded (${m.loadedTensors} tensors).`, "ok", "ready");
+      state.backend = m.backend;
+      const where =
+        m.backend.backend === "webgpu"
+          ? `training on WebGPU (${m.backend.adapter})`
+          : `training on the CPU (${m.backend.reason})`;
+      status(`Ready · backbone loaded (${m.loadedTensors} tensors) · ${where}.`, "ok", "ready");
       updateButtons();
       break;
     }
@@ -339,7 +348,8 @@ worker.onmessage = ({ data: m }) => {
       $("train-ms").textContent = `${(m.trainMs / 1000).toFixed(2)} s`;
       $("step-ms").textContent = `${m.stepMs.toFixed(2)} ms`;
       status(
-        `Trained ${m.steps} steps in ${(m.trainMs / 1000).toFixed(2)} s. Draw a symbol to test it.`,
+        `Trained ${m.steps} steps in ${(m.trainMs / 1000).toFixed(2)} s ` +
+          `${state.backend?.backend === "webgpu" ? "on WebGPU" : "on the CPU"}. Draw a symbol to test it.`,
         "ok",
         "trained",
       );

@@ -9,7 +9,13 @@
 //               {type: "trained", trainMs, steps, stepMs, plan, memoryBytes}
 //               {type: "prediction", id, probs}
 //               {type: "plan", plan, memoryBytes} | {type: "error", message, neededBytes?, plan?}
-import init, { Trainer } from "./frugal_wasm.js";
+// Where steps run: ?backend=cpu | webgpu | auto (the page's query, passed on in this worker's URL;
+// default auto). WebGPU needs the second module (frugal_wasm_webgpu.js) and a browser with WebGPU; its
+// `Trainer.create` is async and `trainSteps` returns a Promise, so everything here awaits both.
+const BACKEND = new URL(self.location.href).searchParams.get("backend") ?? "auto";
+let Trainer;
+/** Why the CPU when WebGPU was asked for or allowed (before the module says). */
+let fallback = null;
 
 /** Steps between two progress messages (and two chances to take a new budget). */
 const CHUNK = 10;
@@ -38,19 +44,26 @@ function errorMessage(e) {
 }
 
 /** A trainer with a fresh head of `k` classes, at `b` samples per step, under the current budget. */
-function fresh(k, b) {
+async function fresh(k, b) {
   trainer?.free();
   trainer = null;
-  trainer = Trainer.create(model, backbone, { classes: k, batch: b, budget, seed: 1 });
+  const backend = fallback ? "cpu" : BACKEND;
+  trainer = await Trainer.create(model, backbone, { classes: k, batch: b, budget, seed: 1, backend });
   classes = k;
   batch = b;
   return trainer;
 }
 
-/** The smallest budget any plan reaches for `k` classes at `b` samples per step. */
-function minBudget(k, b) {
+/** Where the trainer runs and why. */
+function backendInfo() {
+  const info = trainer.backendInfo;
+  return fallback ? { ...info, reason: fallback } : info;
+}
+
+/** The smallest budget any plan reaches for `k` classes at `b` samples per step (planning only: CPU). */
+async function minBudget(k, b) {
   try {
-    const t = Trainer.create(model, backbone, { classes: k, batch: b, budget: 0 });
+    const t = await Trainer.create(model, backbone, { classes: k, batch: b, budget: 0, backend: "cpu" });
     t.free();
     return 0;
   } catch (e) {
@@ -59,8 +72,8 @@ function minBudget(k, b) {
 }
 
 /** Arena bytes of the plain (unconstrained) plan. */
-function plainBytes(k, b) {
-  const t = Trainer.create(model, backbone, { classes: k, batch: b });
+async function plainBytes(k, b) {
+  const t = await Trainer.create(model, backbone, { classes: k, batch: b, backend: "cpu" });
   const n = t.planInfo().allocatedBytes;
   t.free();
   return n;
@@ -73,35 +86,50 @@ async function start() {
   ]);
   model = new Uint8Array(m);
   backbone = new Uint8Array(w);
-  wasm = await init({ module_or_path: "frugal_wasm_bg.wasm" });
-  fresh(classes, batch);
+  const gpu = BACKEND !== "cpu" && typeof navigator !== "undefined" && "gpu" in navigator;
+  if (BACKEND !== "cpu" && !gpu) fallback = "this browser has no WebGPU (navigator.gpu is missing)";
+  const name = gpu ? "frugal_wasm_webgpu" : "frugal_wasm";
+  const mod = await import(`./${name}.js`);
+  wasm = await mod.default({ module_or_path: `${name}_bg.wasm` });
+  Trainer = mod.Trainer;
+  await fresh(classes, batch);
   post({
     type: "ready",
     plan: trainer.planInfo(),
     // Every class count the page allows (up to 6) fits from here up.
-    minBudget: minBudget(6, MAX_BATCH),
-    plainBytes: plainBytes(6, MAX_BATCH),
+    minBudget: await minBudget(6, MAX_BATCH),
+    plainBytes: await plainBytes(6, MAX_BATCH),
     memoryBytes: memoryBytes(),
     loadedTensors: trainer.loadedTensors,
+    backend: backendInfo(),
   });
 }
 
 const yieldToEvents = () => new Promise((ok) => setTimeout(ok, 0));
 
 let training = false;
+/** A budget that arrived during a chunk of steps (a WebGPU chunk is awaited; the trainer is busy). */
+let pendingBudget = null;
+let trainerBusy = false;
 
 async function train({ samples, classes: k, steps }) {
   training = true;
   try {
     const b = Math.min(MAX_BATCH, Math.max(1, samples.length));
-    const t = fresh(k, b);
+    const t = await fresh(k, b);
     for (const s of samples) t.addSample(s.input, s.label);
     let trainMs = 0;
     let done = 0;
     while (done < steps) {
       const n = Math.min(CHUNK, steps - done);
       const t0 = performance.now();
-      const losses = trainer.trainSteps(n);
+      trainerBusy = true;
+      let losses;
+      try {
+        losses = await trainer.trainSteps(n);
+      } finally {
+        trainerBusy = false;
+      }
       const ms = performance.now() - t0;
       trainMs += ms;
       done += n;
@@ -116,6 +144,11 @@ async function train({ samples, classes: k, steps }) {
       });
       // Let budget changes in: the next chunk runs on the re-planned arena.
       await yieldToEvents();
+      if (pendingBudget !== null) {
+        const b = pendingBudget;
+        pendingBudget = null;
+        setBudget(b);
+      }
     }
     post({
       type: "trained",
@@ -132,6 +165,10 @@ async function train({ samples, classes: k, steps }) {
 
 function setBudget(bytes) {
   budget = bytes;
+  if (training && trainerBusy) {
+    pendingBudget = bytes;
+    return;
+  }
   try {
     trainer.setBudget(bytes);
     post({ type: "plan", plan: trainer.planInfo(), memoryBytes: memoryBytes(), budget: bytes });

@@ -25,6 +25,8 @@ pub enum WebError {
     OutOfMemory(usize),
     /// A training or prediction step failed (non-finite loss, …); the weights are unchanged.
     Exec(ExecError),
+    /// WebGPU failed (no adapter, a lost device): what the browser said.
+    Gpu(String),
 }
 
 impl WebError {
@@ -48,6 +50,7 @@ impl WebError {
             WebError::Argument(..) => "ArgumentError",
             WebError::OutOfMemory(_) => "OutOfMemoryError",
             WebError::Exec(_) => "StepError",
+            WebError::Gpu(_) => "GpuError",
         }
     }
 }
@@ -64,6 +67,7 @@ impl fmt::Display for WebError {
                 write!(f, "out of memory: could not allocate {n} bytes")
             }
             WebError::Exec(e) => write!(f, "{e}"),
+            WebError::Gpu(e) => write!(f, "WebGPU: {e}"),
         }
     }
 }

@@ -23,6 +23,19 @@ export interface TrainerOptions {
   classes?: number;
   /** Memory policy when the plain plan does not fit the budget. Default `"auto"`. */
   policy?: "auto" | "plain" | "micro-batch" | "recompute" | "hybrid" | "recompute-first";
+  /** Where steps run: `"cpu"` (default), `"webgpu"` (the WebGPU build, `frugal_wasm_webgpu.js`, on a page
+   * with a WebGPU adapter) or `"auto"` (WebGPU when both hold, else the CPU; `backendInfo` says which and
+   * why). In the WebGPU build `Trainer.create` returns a Promise. */
+  backend?: "cpu" | "webgpu" | "auto";
+}
+
+/** Where a trainer's steps run, from `backendInfo`. */
+export interface BackendInfo {
+  backend: "cpu" | "webgpu";
+  /** The WebGPU adapter, when on WebGPU. */
+  adapter?: string;
+  /** Why this backend (e.g. why "auto" fell back to the CPU). */
+  reason: string;
 }
 
 /** The current plan, from `Trainer.planInfo()`. Sizes are in bytes. */
@@ -68,7 +81,7 @@ extern "C" {
 }
 
 /// A `WebError` as a JS `Error`.
-fn js_error(e: WebError) -> JsValue {
+pub(crate) fn js_error(e: WebError) -> JsValue {
     let err = Error::new(&e.to_string());
     err.set_name(e.kind());
     if let WebError::Budget(frugal_core::BudgetError::TooSmall { needed, given }) = e {
@@ -96,7 +109,7 @@ fn budget(name: &'static str, v: f64) -> Result<Option<usize>, JsValue> {
     Ok(Some(usize::try_from(b).unwrap_or(usize::MAX)))
 }
 
-const OPTION_KEYS: [&str; 5] = ["batch", "budget", "seed", "classes", "policy"];
+const OPTION_KEYS: [&str; 6] = ["batch", "budget", "seed", "classes", "policy", "backend"];
 
 fn parse_options(o: Option<TrainerOptions>) -> Result<Options, JsValue> {
     let mut opts = Options::default();
@@ -154,6 +167,8 @@ fn parse_options(o: Option<TrainerOptions>) -> Result<Options, JsValue> {
 #[wasm_bindgen]
 pub struct Trainer {
     s: Session,
+    /// Why the CPU (`backendInfo.reason`).
+    reason: String,
 }
 
 #[wasm_bindgen]
@@ -161,15 +176,73 @@ impl Trainer {
     /// A trainer for a binary frugal model (`.frgm`, from `frugal convert model.toml`). `weightsBytes`
     /// are safetensors bytes loaded by name over the seeded initialisation (empty: initialisation
     /// only). Throws an `Error` for corrupt bytes or bad options, a `BudgetError` when no plan fits.
+    #[cfg(not(feature = "webgpu"))]
     pub fn create(
         #[wasm_bindgen(js_name = "modelBytes")] model_bytes: &[u8],
         #[wasm_bindgen(js_name = "weightsBytes")] weights_bytes: &[u8],
         options: Option<TrainerOptions>,
     ) -> Result<Trainer, JsValue> {
+        let reason = match backend_option(&options)?.as_str() {
+            "webgpu" => {
+                return Err(arg(
+                    "options.backend",
+                    "this build has no WebGPU backend: load frugal_wasm_webgpu.js",
+                ))
+            }
+            "auto" => "this build has no WebGPU backend (frugal_wasm_webgpu.js has)",
+            _ => "asked for",
+        };
+        Trainer::cpu(model_bytes, weights_bytes, options, reason)
+    }
+
+    /// The WebGPU build's `create`: a Promise of a `Trainer` (the CPU) or a `GpuTrainer`, as
+    /// `options.backend` asks and the page allows.
+    #[cfg(feature = "webgpu")]
+    pub fn create(
+        #[wasm_bindgen(js_name = "modelBytes")] model_bytes: Vec<u8>,
+        #[wasm_bindgen(js_name = "weightsBytes")] weights_bytes: Vec<u8>,
+        options: Option<TrainerOptions>,
+    ) -> js_sys::Promise {
+        wasm_bindgen_futures::future_to_promise(async move {
+            let backend = backend_option(&options)?;
+            if backend == "cpu" {
+                return Trainer::cpu(&model_bytes, &weights_bytes, options, "asked for")
+                    .map(JsValue::from);
+            }
+            match crate::gpu::Gpu::open().await {
+                Ok(gpu) => {
+                    let opts = parse_options(options)?;
+                    let s = Session::new(&model_bytes, &weights_bytes, opts).map_err(js_error)?;
+                    Ok(crate::js_gpu::GpuTrainer::new(s, gpu).into())
+                }
+                Err(e) if backend == "auto" => {
+                    let why = format!("no WebGPU here ({e})");
+                    Trainer::cpu(&model_bytes, &weights_bytes, options, &why).map(JsValue::from)
+                }
+                Err(e) => Err(js_error(e)),
+            }
+        })
+    }
+
+    fn cpu(
+        model_bytes: &[u8],
+        weights_bytes: &[u8],
+        options: Option<TrainerOptions>,
+        reason: &str,
+    ) -> Result<Trainer, JsValue> {
         let opts = parse_options(options)?;
         Session::new(model_bytes, weights_bytes, opts)
-            .map(|s| Trainer { s })
+            .map(|s| Trainer {
+                s,
+                reason: reason.into(),
+            })
             .map_err(js_error)
+    }
+
+    /// Where the steps run (`{ backend: "cpu", reason }`).
+    #[wasm_bindgen(getter, js_name = backendInfo)]
+    pub fn backend_info(&self) -> JsValue {
+        backend_info("cpu", None, &self.reason)
     }
 
     /// Adds a training sample: `input` has the model's input size (`inputSize`), finite values;
@@ -215,22 +288,7 @@ impl Trainer {
     /// The current plan: arena bytes, lower bound, micro-batch, recomputes, budget.
     #[wasm_bindgen(js_name = planInfo)]
     pub fn plan_info(&self) -> PlanInfoObject {
-        let p = self.s.plan_info();
-        let o: JsValue = Object::new().into();
-        set(&o, "arenaBytes", p.arena_bytes as f64);
-        set(&o, "allocatedBytes", p.allocated_bytes as f64);
-        set(&o, "lowerBound", p.lower_bound as f64);
-        set(&o, "microBatch", p.micro_batch as f64);
-        set(&o, "microBatches", p.micro_batches as f64);
-        set(&o, "recomputes", p.recomputes as f64);
-        set(
-            &o,
-            "budgetBytes",
-            p.budget.map_or(f64::INFINITY, |b| b as f64),
-        );
-        set(&o, "policy", p.policy);
-        set(&o, "predictedMs", p.predicted_ms);
-        o.unchecked_into()
+        plan_info_object(self.s.plan_info())
     }
 
     /// The parameters and statistics as F32 safetensors bytes (PyTorch `state_dict` names).
@@ -273,5 +331,61 @@ impl Trainer {
     #[wasm_bindgen(getter)]
     pub fn steps(&self) -> u32 {
         self.s.steps()
+    }
+}
+
+/// The plan as the JS `PlanInfo` object.
+pub(crate) fn plan_info_object(p: crate::session::PlanInfo) -> PlanInfoObject {
+    let o: JsValue = Object::new().into();
+    set(&o, "arenaBytes", p.arena_bytes as f64);
+    set(&o, "allocatedBytes", p.allocated_bytes as f64);
+    set(&o, "lowerBound", p.lower_bound as f64);
+    set(&o, "microBatch", p.micro_batch as f64);
+    set(&o, "microBatches", p.micro_batches as f64);
+    set(&o, "recomputes", p.recomputes as f64);
+    set(
+        &o,
+        "budgetBytes",
+        p.budget.map_or(f64::INFINITY, |b| b as f64),
+    );
+    set(&o, "policy", p.policy);
+    set(&o, "predictedMs", p.predicted_ms);
+    o.unchecked_into()
+}
+
+/// Which backend a trainer runs on, and why (`{ backend: "cpu" | "webgpu", adapter?, reason }`).
+pub(crate) fn backend_info(backend: &str, adapter: Option<&str>, reason: &str) -> JsValue {
+    let o: JsValue = Object::new().into();
+    set(&o, "backend", backend);
+    if let Some(a) = adapter {
+        set(&o, "adapter", a);
+    }
+    set(&o, "reason", reason);
+    o
+}
+
+/// `options.backend`: "cpu" (default), "webgpu" or "auto" (WebGPU when the page has an adapter and this
+/// is the WebGPU build, else the CPU).
+fn backend_option(o: &Option<TrainerOptions>) -> Result<String, JsValue> {
+    let Some(o) = o else {
+        return Ok("cpu".into());
+    };
+    let v: &JsValue = o.as_ref();
+    if !v.is_object() {
+        return Ok("cpu".into());
+    }
+    let b = Reflect::get(v, &JsValue::from_str("backend"))?;
+    if b.is_undefined() {
+        return Ok("cpu".into());
+    }
+    let s = b
+        .as_string()
+        .ok_or_else(|| arg("options.backend", "must be a string"))?;
+    match s.as_str() {
+        "cpu" | "webgpu" | "auto" => Ok(s),
+        _ => Err(arg(
+            "options.backend",
+            &format!("must be \"cpu\", \"webgpu\" or \"auto\", got {s:?}"),
+        )),
     }
 }

@@ -24,7 +24,11 @@
 extern crate alloc;
 
 pub mod error;
+#[cfg(feature = "webgpu")]
+pub mod gpu;
 pub mod js;
+#[cfg(feature = "webgpu")]
+pub mod js_gpu;
 pub mod session;
 pub mod weights;
 

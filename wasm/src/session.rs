@@ -129,6 +129,32 @@ fn persistent(g: &Graph) -> Vec<TensorId> {
     out
 }
 
+/// Fills the step's batch buffers with the next window of samples (from `cursor`, wrapping around, when
+/// there are more than a batch); returns its size.
+fn next_batch(
+    (xs, ys): (&[f32], &[u32]),
+    cursor: &mut usize,
+    batch: usize,
+    per: usize,
+    (xbuf, ybuf): (&mut [f32], &mut [u32]),
+) -> usize {
+    let total = ys.len();
+    let m = total.min(batch);
+    for j in 0..m {
+        let i = if total <= batch {
+            j
+        } else {
+            (*cursor + j) % total
+        };
+        xbuf[j * per..(j + 1) * per].copy_from_slice(&xs[i * per..(i + 1) * per]);
+        ybuf[j] = ys[i];
+    }
+    if total > batch {
+        *cursor = (*cursor + m) % total;
+    }
+    m
+}
+
 /// Plans `spec` at `batch` within `budget` with `policy`.
 fn plan(
     spec: &ModelSpec,
@@ -258,8 +284,32 @@ impl Session {
     /// after the previous step's (in the order added, wrapping around). A failing step is rejected
     /// without touching the weights and ends the call; earlier steps of the call stand.
     pub fn train_steps(&mut self, n: u32, losses: &mut Vec<f32>) -> Result<(), WebError> {
-        let total = self.ys.len();
-        if total == 0 {
+        self.check_steps(n, losses)?;
+        let per = self.per;
+        let mut ex = Executor::new(&self.chosen.plan, &self.arena)?;
+        ex.set_steps(self.steps);
+        for _ in 0..n {
+            let m = next_batch(
+                (&self.xs, &self.ys),
+                &mut self.cursor,
+                self.batch,
+                per,
+                (&mut self.xbuf, &mut self.ybuf),
+            );
+            let r = ex.train_step(
+                &mut self.arena,
+                &self.xbuf[..m * per],
+                Target::Classes(&self.ybuf[..m]),
+            );
+            self.steps = ex.steps();
+            losses.push(r?.loss);
+        }
+        Ok(())
+    }
+
+    /// Checks a `trainSteps` call: samples exist, `n` is not too many, room for the losses.
+    fn check_steps(&self, n: u32, losses: &mut Vec<f32>) -> Result<(), WebError> {
+        if self.ys.is_empty() {
             return Err(WebError::Argument(
                 "trainSteps",
                 "there are no samples: add some with addSample first".into(),
@@ -273,33 +323,77 @@ impl Session {
         }
         losses
             .try_reserve(n as usize)
-            .map_err(|_| WebError::OutOfMemory(n as usize * 4))?;
-        let per = self.per;
-        let mut ex = Executor::new(&self.chosen.plan, &self.arena)?;
-        ex.set_steps(self.steps);
-        for _ in 0..n {
-            let m = total.min(self.batch);
-            for j in 0..m {
-                let i = if total <= self.batch {
-                    j
-                } else {
-                    (self.cursor + j) % total
-                };
-                self.xbuf[j * per..(j + 1) * per].copy_from_slice(&self.xs[i * per..(i + 1) * per]);
-                self.ybuf[j] = self.ys[i];
-            }
-            if total > self.batch {
-                self.cursor = (self.cursor + m) % total;
-            }
-            let r = ex.train_step(
-                &mut self.arena,
-                &self.xbuf[..m * per],
-                Target::Classes(&self.ybuf[..m]),
-            );
-            self.steps = ex.steps();
-            losses.push(r?.loss);
+            .map_err(|_| WebError::OutOfMemory(n as usize * 4))
+    }
+
+    /// [`Session::train_steps`] on WebGPU: the plan's tensors move into the GPU's buffer (the same plan,
+    /// its storages in the GPU space), `n` steps run there — each one submission, its loss awaited —
+    /// and the weights, optimizer state and statistics come back into the arena, which stays the
+    /// trainer's state between calls (prediction, export and re-planning read it there).
+    #[cfg(feature = "webgpu")]
+    pub async fn train_steps_gpu(
+        &mut self,
+        n: u32,
+        losses: &mut Vec<f32>,
+        gpu: &mut crate::gpu::Gpu,
+    ) -> Result<(), WebError> {
+        self.check_steps(n, losses)?;
+        // The budget bounds the arena in the page's memory, which holds the trainer's state between
+        // calls; the GPU's buffer is the same plan laid out at WebGPU's 256-byte binding alignment
+        // (a few hundred bytes more per storage), in the GPU's own memory.
+        let gplan = frugal_wgpu::gpu_plan(self.chosen.plan.clone());
+        let ids = persistent(&self.chosen.plan.graph);
+        let saved = self.save(&ids)?;
+        use frugal_core::backend::Backend;
+        let mut backend = gpu.take()?;
+        // Prepared here, so that a plan the GPU cannot run leaves the backend with the page.
+        if let Err(e) = backend.prepare(&gplan) {
+            gpu.put(backend);
+            return Err(WebError::Exec(e));
         }
-        Ok(())
+        let mut host = zeroed(gplan.needed_bytes())?;
+        // Cannot fail now: the host arena fits and the plan is prepared (`prepare` keeps it).
+        let mut ex = Executor::with_backend(&gplan, &host, backend)?;
+        ex.set_steps(self.steps);
+        let r = async {
+            let mut at = 0;
+            for &t in &ids {
+                let len = gplan.graph.tensors[t as usize].bytes / 4;
+                ex.write(&mut host, t, &saved[at..at + len])?;
+                at += len;
+            }
+            for _ in 0..n {
+                let m = next_batch(
+                    (&self.xs, &self.ys),
+                    &mut self.cursor,
+                    self.batch,
+                    self.per,
+                    (&mut self.xbuf, &mut self.ybuf),
+                );
+                let x = &self.xbuf[..m * self.per];
+                ex.train_step(&mut host, x, Target::Classes(&self.ybuf[..m]))?;
+                match ex.backend_mut().loss().await {
+                    Ok(l) => losses.push(l.map_or(0.0, |l| (l.sum / m as f64) as f32)),
+                    Err(e) => {
+                        // The GPU skipped the step's updates: it is not counted.
+                        ex.set_steps(ex.steps() - 1);
+                        return Err(WebError::Exec(e));
+                    }
+                }
+            }
+            let mut back = Vec::new();
+            back.try_reserve_exact(saved.len())
+                .map_err(|_| WebError::OutOfMemory(saved.len() * 4))?;
+            for &t in &ids {
+                back.extend_from_slice(&ex.backend().read_async(&gplan, t).await?);
+            }
+            Ok::<_, WebError>(back)
+        }
+        .await;
+        self.steps = ex.steps();
+        gpu.put(ex.into_backend());
+        let back = r?;
+        self.restore(&ids, &back)
     }
 
     /// Class probabilities (softmax of the model's output) for one or more samples laid end to end;

@@ -32,12 +32,13 @@ export const CHROMIUM_ARGS = [
   "--disable-extensions",
 ];
 
-export async function start() {
+/** `extraArgs`: e.g. `--enable-unsafe-webgpu` (WebGPU on SwiftShader, see TOOLCHAIN.md). */
+export async function start(extraArgs = []) {
   const srv = await serve({ root: join(DEMO, "dist"), fixtures: FIXTURES });
   const browser = await chromium.launchPersistentContext(mkdtempSync(join(tmpdir(), "frugal-chromium-")), {
     executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
     headless: true,
-    args: CHROMIUM_ARGS,
+    args: [...CHROMIUM_ARGS, ...extraArgs],
     viewport: { width: 1280, height: 860 },
     deviceScaleFactor: 1,
   });

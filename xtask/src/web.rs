@@ -91,7 +91,9 @@ pub fn main(args: &[String]) -> Result<(), String> {
 }
 
 /// Builds the module and the demo into `web-demo/dist/`; returns the `.wasm` path there.
-fn build() -> Result<PathBuf, String> {
+/// Builds `frugal-wasm` (with `features`) for the browser and runs binaryen's optimiser on it; returns
+/// the optimised `.wasm` (named `name`).
+fn build_module(features: &[&str], name: &str) -> Result<PathBuf, String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     // A target directory of its own: the profile overrides below must not invalidate other builds.
     let tdir = target_dir().join("web");
@@ -126,17 +128,14 @@ fn build() -> Result<PathBuf, String> {
             "--config",
             "profile.release.debug=false",
         ])
+        .args(features.iter().flat_map(|f| ["--features", f]))
         .arg("--target-dir")
         .arg(&tdir))?;
-    let demo = root().join("web-demo");
-    let dist = demo.join("dist");
-    let _ = std::fs::remove_dir_all(&dist);
-    std::fs::create_dir_all(&dist).map_err(|e| format!("{}: {e}", dist.display()))?;
     // binaryen's optimiser for size (the limit is not met without it), run before wasm-bindgen (binaryen
     // 108 breaks wasm-bindgen's externref table when run after it). The features are those rustc enables
     // for wasm32, plus simd128.
     let raw = tdir.join("wasm32-unknown-unknown/release/frugal_wasm.wasm");
-    let opt = tdir.join("frugal_wasm.wasm");
+    let opt = tdir.join(format!("{name}.wasm"));
     run(Command::new("wasm-opt")
         .args(["-Oz", "--strip-debug", "--strip-producers"])
         .args([
@@ -152,12 +151,28 @@ fn build() -> Result<PathBuf, String> {
         .arg("-o")
         .arg(&opt))
     .map_err(|e| format!("{e} (wasm-opt comes with binaryen: `cargo xtask setup`)"))?;
-    run(Command::new("wasm-bindgen")
-        .arg("--target")
-        .arg("web")
-        .arg("--out-dir")
-        .arg(&dist)
-        .arg(&opt))?;
+    Ok(opt)
+}
+
+fn build() -> Result<PathBuf, String> {
+    let demo = root().join("web-demo");
+    let dist = demo.join("dist");
+    let _ = std::fs::remove_dir_all(&dist);
+    std::fs::create_dir_all(&dist).map_err(|e| format!("{}: {e}", dist.display()))?;
+    // The CPU module (the size limit applies to it), then the WebGPU one (a second, larger artefact
+    // the demo loads only where the browser has WebGPU).
+    for (features, name) in [
+        (&[][..], "frugal_wasm"),
+        (&["webgpu"][..], "frugal_wasm_webgpu"),
+    ] {
+        let opt = build_module(features, name)?;
+        run(Command::new("wasm-bindgen")
+            .arg("--target")
+            .arg("web")
+            .arg("--out-dir")
+            .arg(&dist)
+            .arg(&opt))?;
+    }
     let wasm = dist.join("frugal_wasm_bg.wasm");
     for f in STATIC {
         copy(&demo.join(f), &dist.join(f))?;
@@ -168,10 +183,15 @@ fn build() -> Result<PathBuf, String> {
     let size = std::fs::metadata(&wasm)
         .map_err(|e| format!("{}: {e}", wasm.display()))?
         .len();
+    let gpu_wasm = dist.join("frugal_wasm_webgpu_bg.wasm");
+    let gpu_size = std::fs::metadata(&gpu_wasm)
+        .map_err(|e| format!("{}: {e}", gpu_wasm.display()))?
+        .len();
     println!(
-        "built {} ({size} bytes = {:.1} KiB; limit {MAX_WASM_BYTES} bytes)",
+        "built {} ({size} bytes = {:.1} KiB; limit {MAX_WASM_BYTES} bytes); the WebGPU module: {gpu_size} bytes = {:.1} KiB",
         dist.display(),
         size as f64 / 1024.0,
+        gpu_size as f64 / 1024.0,
     );
     if size > MAX_WASM_BYTES {
         return Err(format!(
@@ -188,7 +208,12 @@ fn copy(from: &Path, to: &Path) -> Result<(), String> {
 }
 
 fn test() -> Result<(), String> {
+    // The demo trained once on the CPU module and once on WebGPU (the second module; Chromium with
+    // --enable-unsafe-webgpu: Dawn on SwiftShader).
     run(Command::new("node").arg(root().join("web-demo/test/demo.test.mjs")))?;
+    run(Command::new("node")
+        .env("BACKEND", "webgpu")
+        .arg(root().join("web-demo/test/demo.test.mjs")))?;
     // The JS API's error paths, in Chromium through chromedriver (wasm-bindgen-test).
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let chromedriver =

@@ -205,6 +205,11 @@ impl<'p, B: Backend> Executor<'p, B> {
         &self.backend
     }
 
+    /// The executor's backend, handed back (a host that keeps a prepared backend between calls).
+    pub fn into_backend(self) -> B {
+        self.backend
+    }
+
     /// The backend, mutably (its settings, e.g. integer rescaling).
     pub fn backend_mut(&mut self) -> &mut B {
         &mut self.backend

@@ -293,9 +293,15 @@ impl Gpu {
 
     /// The adapter, e.g. "llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan, Cpu)".
     pub fn adapter(&self) -> String {
+        // Browsers may not say the adapter's name (WebGPU's privacy rules).
+        let name = if self.info.name.is_empty() {
+            "unnamed adapter"
+        } else {
+            &self.info.name
+        };
         format!(
-            "{} ({:?}, {:?})",
-            self.info.name, self.info.backend, self.info.device_type
+            "{name} ({:?}, {:?})",
+            self.info.backend, self.info.device_type
         )
     }
 
