@@ -5,7 +5,8 @@
 //!
 //! Both operands are always packed (A into 8-row panels, zero-filled past the edge; B into 12-column
 //! panels, the last one 4, 8 or 12 wide and zero-filled): the kernel then loads whole vectors only, and
-//! rows past the tile's height are computed on zeros and not stored.
+//! rows past the tile's height are computed on zeros and not stored. A row-major A (depth contiguous) is
+//! packed by 4×4 register transposes, contiguous rows of B by 4-element vector copies.
 //!
 //! Fused multiply-add rounds once per product where the portable kernel rounds twice; both are within
 //! the conformance suite's `γ_{k+1}` bound of the reference (see the tests), not bit-identical to each
@@ -59,6 +60,46 @@ fn pack_panel(
                 *x = src[s0 + l * ls];
             }
             d[lanes..].fill(0.0);
+        }
+    }
+}
+
+/// Packs a full A panel whose depth is contiguous (`ps == 1`, A row-major): 8 rows (stride `ls`) ×
+/// `kc` depth from `src[base..]` into `dst[p·8 + r]`, by 4×4 register transposes (`trn1`/`trn2`) for
+/// the depth steps that are a multiple of 4 and element by element for the rest.
+#[target_feature(enable = "neon")]
+fn pack_a_rows(src: &[f32], base: usize, ls: usize, kc: usize, dst: &mut [f32]) {
+    let dst = &mut dst[..MR * kc];
+    let rows: [&[f32]; MR] = core::array::from_fn(|r| &src[base + r * ls..base + r * ls + kc]);
+    let kc4 = kc / 4 * 4;
+    for (q, d) in dst[..MR * kc4].chunks_exact_mut(4 * MR).enumerate() {
+        let p = 4 * q;
+        // SAFETY: every row slice holds `kc` elements (checked by the slicing above) and p + 4 ≤ kc4 ≤ kc,
+        // so each load reads 4 elements of its row; `d` holds 4·MR = 32 elements (chunks_exact) and the
+        // stores write d[8j + 4h..][..4] for j < 4, h < 2. Unaligned accesses are allowed.
+        unsafe {
+            for h in 0..2 {
+                let r: [float32x4_t; 4] =
+                    core::array::from_fn(|i| vld1q_f32(rows[4 * h + i].as_ptr().add(p)));
+                let t0 = vreinterpretq_f64_f32(vtrn1q_f32(r[0], r[1]));
+                let t1 = vreinterpretq_f64_f32(vtrn2q_f32(r[0], r[1]));
+                let t2 = vreinterpretq_f64_f32(vtrn1q_f32(r[2], r[3]));
+                let t3 = vreinterpretq_f64_f32(vtrn2q_f32(r[2], r[3]));
+                let cols = [
+                    vtrn1q_f64(t0, t2),
+                    vtrn1q_f64(t1, t3),
+                    vtrn2q_f64(t0, t2),
+                    vtrn2q_f64(t1, t3),
+                ];
+                for (j, &c) in cols.iter().enumerate() {
+                    vst1q_f32(d.as_mut_ptr().add(MR * j + 4 * h), vreinterpretq_f32_f64(c));
+                }
+            }
+        }
+    }
+    for p in kc4..kc {
+        for (r, row) in rows.iter().enumerate() {
+            dst[p * MR + r] = row[p];
         }
     }
 }
@@ -162,6 +203,10 @@ impl Kernel for Neon {
         kc: usize,
         dst: &mut [f32],
     ) {
+        if ps == 1 && rows == MR {
+            // SAFETY: NEON is part of the aarch64 baseline.
+            return unsafe { pack_a_rows(src, base, ls, kc, dst) };
+        }
         pack_panel(src, base, ls, ps, rows, MR, kc, dst)
     }
     fn pack_b(
