@@ -1,7 +1,9 @@
 //! `cargo xtask bench aarch64 [--check]`: instructions counted under `qemu-aarch64` (issue 14's figures):
 //! SGEMM 512³ instructions per FLOP for the NEON kernel beside the portable kernel as LLVM vectorises it,
-//! and the int8 digits-CNN training step's instructions over the f32 step's (batch 64). `--check` fails
-//! when a target is missed (≤ 0.16 instructions per FLOP; int8 ÷ f32 ≤ 0.5).
+//! and the int8 digits-CNN training step's instructions over the f32 step's (batch 64), on `-cpu max`
+//! (with `dotprod`: `sdot`) and `-cpu cortex-a53` (ARMv8.0, no `dotprod`). `--check` fails when a target
+//! is missed: ≤ 0.16 instructions per FLOP on both; int8 ÷ f32 ≤ 0.5 with `dotprod` (every ARMv8.2+
+//! phone core has it; the a53's ratio is reported, not checked).
 //!
 //! How the count is made (repeatable to the instruction):
 //! * Debian's QEMU is built with TCG plugin support but ships no plugin, so this writes a 30-line one
@@ -164,7 +166,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
                 "{cpu}: SGEMM {neon:.4} insns/FLOP > {MAX_INSNS_PER_FLOP}"
             ));
         }
-        if ratio > MAX_INT8_OVER_F32 {
+        if cpu == "max" && ratio > MAX_INT8_OVER_F32 {
             missed.push(format!(
                 "{cpu}: int8 step {ratio:.3} × the f32 step > {MAX_INT8_OVER_F32}"
             ));

@@ -242,3 +242,80 @@ fn quantize_neon(src: &[f32], k: f32, dst: &mut [i8]) {
     }
     quantize_portable(&src[n16..], k, &mut dst[n16..src.len()]);
 }
+
+/// [`super::rescale_i32_to_i8_blocks`] with nearest rounding: 8 values at a time straight from each
+/// block to its place (the same rounding, clamp and count as [`rescale`]), the rest of each block by
+/// the portable loop.
+pub(super) fn rescale_blocks_nearest(
+    src: &[i32],
+    rows: usize,
+    inner: usize,
+    shift: u32,
+    dst: &mut [i8],
+) -> usize {
+    // SAFETY: NEON is part of the aarch64 baseline.
+    unsafe { rescale_blocks_nearest_neon(src, rows, inner, shift, dst) }
+}
+
+#[target_feature(enable = "neon")]
+fn rescale_blocks_nearest_neon(
+    src: &[i32],
+    rows: usize,
+    inner: usize,
+    shift: u32,
+    dst: &mut [i8],
+) -> usize {
+    assert!(
+        shift <= 31
+            && rows >= 1
+            && inner >= 1
+            && src.len().is_multiple_of(rows * inner)
+            && dst.len() >= src.len(),
+        "rescale_blocks: bad shape"
+    );
+    let b = src.len() / (rows * inner);
+    let i8n = inner / 8 * 8;
+    let p = Piece {
+        shift,
+        rounding: Rounding::Nearest,
+        key: 0,
+        lo: 0,
+    };
+    let half = vdupq_n_u32((1u32 << shift) >> 1);
+    let right = vdupq_n_s32(-(shift as i32));
+    let (lim_lo, lim_hi) = (vdupq_n_s32(-127), vdupq_n_s32(127));
+    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+    let (mut kept, mut clamped) = (0usize, 0usize);
+    for r in 0..rows {
+        for j in 0..b {
+            let (s0, d0) = ((r * b + j) * inner, (j * rows + r) * inner);
+            for i in (0..i8n).step_by(8) {
+                // SAFETY: reads src[s0 + i..][..8] and writes dst[d0 + i..][..8] with i + 8 ≤ inner,
+                // inside the block (s0 + inner ≤ src.len() ≤ dst.len(), d0 + inner ≤ src.len()).
+                unsafe {
+                    let y: [int32x4_t; 2] = core::array::from_fn(|h| {
+                        let x = vld1q_s32(sp.add(s0 + i + 4 * h));
+                        // (|x| + half) >> shift in u32, then the sign of x (as `round_nearest`).
+                        let a = vaddq_u32(vreinterpretq_u32_s32(vabsq_s32(x)), half);
+                        let q = vreinterpretq_s32_u32(vshlq_u32(a, right));
+                        let q = vbslq_s32(vcltzq_s32(x), vnegq_s32(q), q);
+                        let y = vminq_s32(vmaxq_s32(q, lim_lo), lim_hi);
+                        // Each equal lane is all ones: its top bit counts it.
+                        kept += vaddvq_u32(vshrq_n_u32::<31>(vceqq_s32(y, q))) as usize;
+                        y
+                    });
+                    let w = vcombine_s16(vmovn_s32(y[0]), vmovn_s32(y[1]));
+                    vst1_s8(dp.add(d0 + i), vmovn_s16(w));
+                }
+            }
+            if i8n < inner {
+                clamped += rescale_portable(
+                    p,
+                    &src[s0 + i8n..s0 + inner],
+                    &mut dst[d0 + i8n..d0 + inner],
+                );
+            }
+        }
+    }
+    clamped + (rows * b * i8n - kept)
+}

@@ -1077,6 +1077,10 @@ pub fn rescale_i32_to_i8_blocks(
             return k.rescale_blocks_nearest(src, rows, inner, shift, &mut dst[..src.len()]);
         }
     }
+    #[cfg(all(target_arch = "aarch64", not(miri)))]
+    if matches!(kernel, IgemmKernel::Neon | IgemmKernel::NeonDot) && rounding == Rounding::Nearest {
+        return aarch64::rescale_blocks_nearest(src, rows, inner, shift, &mut dst[..src.len()]);
+    }
     let b = src.len() / (rows * inner);
     let mut clamped = 0;
     for (r, src_r) in src.chunks_exact(b * inner).enumerate() {
