@@ -3,7 +3,8 @@
 //!
 //! 1. natively (every int8 kernel this CPU has is required to run: AVX2, AVX-512 VNNI);
 //! 2. `aarch64-unknown-linux-gnu` under `qemu-aarch64`, twice: `-cpu max` (NEON and `sdot` both required)
-//!    and `-cpu cortex-a53` (no `dotprod`: the plain NEON kernel alone); plus a `no_std` build with
+//!    and `-cpu cortex-a53` (no `dotprod`: the plain NEON kernel alone), the f32 GEMM conformance suite
+//!    (`kernels::gemm`, the NEON f32 kernel required) included; plus a `no_std` build with
 //!    `-C target-feature=+dotprod`, where the kernel choice is made at compile time;
 //! 3. `wasm32-wasip1` with `-C target-feature=+simd128`, run by Node's WASI (the `simd128` kernels
 //!    required), where the f32 GEMM conformance suite (`kernels::gemm`, the explicit `simd128` f32 kernel
@@ -21,8 +22,9 @@ use frugal_core::kernels::int8::IgemmKernel;
 
 /// Test-name filters (libtest runs a test when its name contains any of them).
 const FILTERS: [&str; 2] = ["int8", "quant"];
-/// Extra filter for the wasm32 run: the f32 GEMM suite (its `simd128` kernel exists only there).
-const WASM_GEMM_FILTER: &str = "kernels::gemm";
+/// Extra filter for the wasm32 and aarch64 runs: the f32 GEMM suite (their `simd128` and `neon` kernels
+/// exist only there).
+const GEMM_FILTER: &str = "kernels::gemm";
 
 /// Node ESM program running a WASI command module: `node run-wasi.mjs module.wasm args…`.
 const WASI_RUNNER: &str = r#"import { readFile } from 'node:fs/promises';
@@ -79,9 +81,11 @@ pub fn main(args: &[String]) -> Result<(), String> {
             Some("aarch64-unknown-linux-gnu"),
             &env,
             required,
-            &[],
+            &[GEMM_FILTER],
         )?;
-        report.push(format!("aarch64, qemu -cpu {cpu} ({required}): {n} tests"));
+        report.push(format!(
+            "aarch64, qemu -cpu {cpu} ({required}; int8 and f32 GEMM): {n} tests"
+        ));
     }
     // Compile-time kernel choice (no `std`): `sdot` selected statically.
     let dot_dir = target_dir().join("xtask-cross-dotprod");
@@ -121,7 +125,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         Some("wasm32-wasip1"),
         &env,
         crate::kernels::WASM,
-        &[WASM_GEMM_FILTER],
+        &[GEMM_FILTER],
     )?;
     report.push(format!(
         "wasm32-wasip1 + simd128 (portable, simd128; int8 and f32 GEMM): {n} tests"

@@ -14,6 +14,8 @@
 //! - `bench sgemm [--threads N] [--reps R]`: SGEMM GFLOPS (1024³ and the FC-FC-FC shapes) per kernel
 //!   family, with the measured clock and the share of the FMA peak.
 //! - `bench gpu [--reps R]`: the wgpu tiled SGEMM on this machine's adapter beside the CPU's SGEMM.
+//! - `bench aarch64 [--check]`: instructions counted under `qemu-aarch64` (a TCG plugin built on the fly):
+//!   SGEMM 512³ per FLOP, NEON vs portable, and the int8 ÷ f32 digits-CNN step (see `insns.rs`).
 //! - `bench budget`: the memory policies — Melon's headline, smallest budgets, Sage's orderings.
 //! - `bench planning [--reps R] [--batches B,B]`: how long planning for a budget takes, by model, batch and budget.
 //! - `bench swap [--scale S] [--lookahead L] [--budget-mib M] [--steps N] [--rounds R] [--keep-cache]`:
@@ -34,6 +36,7 @@ mod cross;
 mod firmware;
 mod fuzz;
 mod gpu;
+mod insns;
 mod int8;
 mod kernels;
 mod miri;
@@ -61,6 +64,9 @@ fn main() -> ExitCode {
             budget::planning(&args[2..])
         }
         Some("bench") if args.get(1).map(String::as_str) == Some("int8") => int8::main(&args[2..]),
+        Some("bench") if args.get(1).map(String::as_str) == Some("aarch64") => {
+            insns::main(&args[2..])
+        }
         Some("bench") if args.get(1).map(String::as_str) == Some("sgemm") => {
             sgemm::main(&args[2..])
         }
@@ -75,7 +81,7 @@ fn main() -> ExitCode {
         Some("miri") => ready(&[Leg::Miri]).and_then(|()| miri::main(&args[1..])),
         Some("fuzz") => ready(&[Leg::Fuzz]).and_then(|()| fuzz::main(&args[1..])),
         _ => {
-            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|planning|swap|int8|sgemm|gpu … | cross | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit | miri | fuzz [--time SECS] [TARGET…]");
+            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|planning|swap|int8|sgemm|gpu|aarch64 … | cross | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit | miri | fuzz [--time SECS] [TARGET…]");
             Err("unknown task".into())
         }
     };

@@ -24,10 +24,12 @@
 //! | `avx512`  | 8 × 48  | 24 zmm accumulators, 3 zmm of B   | x86-64 with AVX-512F (+AVX2, FMA)      |
 //! | `avx2`    | 6 × 16  | 12 ymm accumulators, 2 ymm of B   | x86-64 with AVX2 + FMA                 |
 //! | `simd128` | 4 × 8   | 8 v128 accumulators, 2 v128 of B  | wasm32 with `simd128` (compile time)   |
+//! | `neon`    | 8 × 12  | 24 q accumulators, 3 q of B, 2 of A | aarch64 (NEON is baseline)           |
 //! | `portable`| 4 × 8   | plain Rust arrays, autovectorised | everything else, and always under Miri |
 //!
 //! (`portable` is 4 × 4 on 32-bit Arm, whose FPU has 32 single registers; on aarch64 LLVM turns it into
-//! 128-bit vector code. On wasm32 it is not vectorised at the opt-level "s" of the browser build, hence
+//! 128-bit vector code without fusing the multiply and the add, hence the explicit `neon` kernel, whose
+//! `fmla` by lane does 8 FLOPs per instruction. On wasm32 it is not vectorised at the opt-level "s" of the browser build, hence
 //! the explicit `simd128` kernel, which has no FMA: `f32x4.mul` + `f32x4.add`.)
 //!
 //! Packing is skipped where it cannot pay for itself (the SIMD kernels read the operand in place):
@@ -37,13 +39,14 @@
 //! * A (row- or column-major) when n ≤ 96: each A panel would feed at most two tiles.
 //!
 //! Kernel choice: with the crate feature `std` the CPU is probed once (`is_x86_feature_detected!`) and the
-//! choice cached in an atomic; without `std` it is fixed at compile time by `cfg(target_feature)`.
+//! choice cached in an atomic; without `std` it is fixed at compile time by `cfg(target_feature)`. On
+//! aarch64 `neon` is always chosen (`FRUGAL_SGEMM=portable` forces the portable kernel with `std`).
 //! [`sgemm_with`] runs a chosen family (tests, benchmarks).
 //!
 //! Blocking: `KC = 256`, `NC = 1008` (a multiple of every NR); both are balanced so the blocks are
 //! near-equal (k = 784 → 4 blocks of 196, not 3 of 256 and one of 16). See [`gemm_scratch_len`].
 //!
-//! Safety: `unsafe` is confined to the x86 and wasm modules (intrinsics on raw pointers, and calls into
+//! Safety: `unsafe` is confined to the x86, aarch64 and wasm modules (intrinsics on raw pointers, and calls into
 //! `#[target_feature]` functions, allowed only through kernel values that exist after detection); every
 //! block states why its accesses are in bounds. Operand extents are checked once per call
 //! ([`sgemm_with`] panics on short operands), slices are re-checked per tile.
@@ -51,6 +54,8 @@ use super::par;
 use super::Real;
 use crate::pool::{SingleThread, WorkerPool};
 
+#[cfg(all(target_arch = "aarch64", not(miri)))]
+mod aarch64;
 #[cfg(test)]
 mod tests;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128", not(miri)))]
@@ -136,9 +141,20 @@ const SPEC_SIMD128: Spec = Spec {
     nr: 8,
     vl: 4,
 };
+const SPEC_NEON: Spec = Spec {
+    mr: 8,
+    nr: 12,
+    vl: 4,
+};
 /// Every kernel this crate has on any target: the scratch formula is the maximum over them, so a plan
 /// sized on one machine is valid (fast path included) on every other.
-const ALL_SPECS: [Spec; 4] = [SPEC_PORTABLE, SPEC_AVX2, SPEC_AVX512, SPEC_SIMD128];
+const ALL_SPECS: [Spec; 5] = [
+    SPEC_PORTABLE,
+    SPEC_AVX2,
+    SPEC_AVX512,
+    SPEC_SIMD128,
+    SPEC_NEON,
+];
 
 fn round_up(a: usize, b: usize) -> usize {
     a.div_ceil(b) * b
@@ -272,6 +288,8 @@ pub enum SgemmKernel {
     Avx512,
     /// wasm32 `simd128` (chosen at compile time, `-C target-feature=+simd128`), 4×8 register tile.
     Simd128,
+    /// aarch64 NEON (baseline), 8×12 register tile, `fmla` by lane.
+    Neon,
 }
 
 impl SgemmKernel {
@@ -282,6 +300,7 @@ impl SgemmKernel {
             Self::Avx2 => "avx2+fma",
             Self::Avx512 => "avx512f",
             Self::Simd128 => "simd128",
+            Self::Neon => "neon",
         }
     }
 
@@ -295,13 +314,19 @@ impl SgemmKernel {
             Self::Avx512 => x86::Avx512::new().is_some(),
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128", not(miri)))]
             Self::Simd128 => true,
+            #[cfg(all(target_arch = "aarch64", not(miri)))]
+            Self::Neon => true,
             _ => false,
         }
     }
 
     /// The fastest available kernel (probed once and cached with `std`; fixed at compile time without).
     pub fn selected() -> Self {
-        #[cfg(all(any(feature = "std", test), target_arch = "x86_64", not(miri)))]
+        #[cfg(all(
+            any(feature = "std", test),
+            any(target_arch = "x86_64", target_arch = "aarch64"),
+            not(miri)
+        ))]
         {
             use core::sync::atomic::{AtomicU8, Ordering};
             static CHOICE: AtomicU8 = AtomicU8::new(0);
@@ -309,11 +334,12 @@ impl SgemmKernel {
                 1 => Self::Portable,
                 2 => Self::Avx2,
                 3 => Self::Avx512,
+                4 => Self::Neon,
                 _ => {
-                    // FRUGAL_SGEMM=portable|avx2|avx512 forces a family (when available) for a whole
+                    // FRUGAL_SGEMM=portable|avx2|avx512|neon forces a family (when available) for a whole
                     // process: benchmarks measure an older CPU's kernel on a newer one.
                     let forced = std::env::var("FRUGAL_SGEMM").ok().and_then(|v| {
-                        let k = [Self::Portable, Self::Avx2, Self::Avx512]
+                        let k = [Self::Portable, Self::Avx2, Self::Avx512, Self::Neon]
                             .into_iter()
                             .find(|k| k.name().starts_with(v.as_str()) && k.is_available());
                         if k.is_none() {
@@ -331,7 +357,8 @@ impl SgemmKernel {
                         Self::Portable => 1,
                         Self::Avx2 => 2,
                         Self::Avx512 => 3,
-                        // Not an x86-64 kernel: never the best here.
+                        Self::Neon => 4,
+                        // Not an x86-64 or aarch64 kernel: never the best here.
                         Self::Simd128 => 1,
                     };
                     CHOICE.store(code, Ordering::Relaxed);
@@ -339,7 +366,11 @@ impl SgemmKernel {
                 }
             }
         }
-        #[cfg(not(all(any(feature = "std", test), target_arch = "x86_64", not(miri))))]
+        #[cfg(not(all(
+            any(feature = "std", test),
+            any(target_arch = "x86_64", target_arch = "aarch64"),
+            not(miri)
+        )))]
         {
             Self::best()
         }
@@ -348,6 +379,8 @@ impl SgemmKernel {
     fn best() -> Self {
         if Self::Simd128.is_available() {
             Self::Simd128
+        } else if Self::Neon.is_available() {
+            Self::Neon
         } else if Self::Avx512.is_available() {
             Self::Avx512
         } else if Self::Avx2.is_available() {
@@ -509,6 +542,8 @@ pub fn sgemm_with_pool(
         }
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128", not(miri)))]
         SgemmKernel::Simd128 => return drive(wasm::Simd128, &p, c, scratch, pool),
+        #[cfg(all(target_arch = "aarch64", not(miri)))]
+        SgemmKernel::Neon => return drive(aarch64::Neon, &p, c, scratch, pool),
         _ => {}
     }
     drive(Portable, &p, c, scratch, pool)

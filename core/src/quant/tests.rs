@@ -433,12 +433,16 @@ fn conv_ops_outputs(g: &ConvGeom, n: usize, blk: usize, seed: u64) -> Vec<Vec<i6
 #[test]
 fn flat_conv_path_matches_the_general_path_bit_for_bit() {
     use crate::kernels::int8::IgemmKernel;
-    if !crate::kernels::int8::has_simd_pairs(IgemmKernel::Avx2) {
+    // The SIMD pair products of this target (AVX2 on x86-64, NEON on aarch64).
+    let Some(simd) = [IgemmKernel::Avx2, IgemmKernel::Neon]
+        .into_iter()
+        .find(|&k| crate::kernels::int8::has_simd_pairs(k))
+    else {
         std::eprintln!(
             "skipping: no SIMD pair products here (both runs would take the general path)"
         );
         return;
-    }
+    };
     // (cin, h, w, cout, kh, kw, ph, pw, groups): flat geometries — 3×3 and 5×5, odd and even depth,
     // rows cut vertically (ph = 0, ph = 2), a padding the derivative cannot flip (ph ≥ kh: general
     // derivative), 1×1, 1-wide images, groups, and planes too large for one window (sliding window).
@@ -461,7 +465,7 @@ fn flat_conv_path_matches_the_general_path_bit_for_bit() {
         for (n, blk) in [(1, 1), (3, 2), (5, 5)] {
             IgemmKernel::force(Some(IgemmKernel::Portable));
             let general = conv_ops_outputs(&g, n, blk, i as u64);
-            IgemmKernel::force(Some(IgemmKernel::Avx2));
+            IgemmKernel::force(Some(simd));
             let fast = conv_ops_outputs(&g, n, blk, i as u64);
             IgemmKernel::force(None);
             for (k, (a, b)) in general.iter().zip(&fast).enumerate() {

@@ -293,6 +293,7 @@ conformance! {
     avx2 => SgemmKernel::Avx2;
     avx512 => SgemmKernel::Avx512;
     simd128 => SgemmKernel::Simd128;
+    neon => SgemmKernel::Neon;
 }
 
 #[test]
@@ -332,6 +333,10 @@ fn selected_kernel_is_available() {
         assert_eq!(k, SgemmKernel::Simd128);
     } else {
         assert_ne!(k, SgemmKernel::Simd128);
+    }
+    // On aarch64 the NEON kernel is the one used, unless FRUGAL_SGEMM forces another.
+    if cfg!(all(target_arch = "aarch64", not(miri))) && std::env::var_os("FRUGAL_SGEMM").is_none() {
+        assert_eq!(k, SgemmKernel::Neon);
     }
     assert_eq!(k, SgemmKernel::selected());
 }

@@ -1,14 +1,19 @@
 //! aarch64 int8 kernels: NEON `smull`/`sadalp` (4×16, pairs summed straight into i32: exact) and, with the
-//! `dotprod` extension, `sdot` (4×16); plus NEON `max_abs` and rescaling. NEON is part of the aarch64
-//! baseline, so only `Dot` needs a CPU check.
+//! `dotprod` extension, `sdot` (4×16); plus NEON `max_abs`, rescaling and input quantisation, and (in
+//! [`pairs`], [`pool`]) the packing-free products, the flat-convolution im2col writers and 2×2 max
+//! pooling. NEON is part of the aarch64 baseline, so only `Dot` needs a CPU check.
 //!
 //! Every `unsafe` block reads and writes only inside slices whose lengths were checked (by slicing) in the
 //! same function; the `dotprod` functions are only reachable through a [`Dot`] value, made by `new()`
 //! after the feature check.
 use core::arch::aarch64::*;
 
+pub(super) mod pairs;
+pub(super) mod pool;
+
 use super::{
-    rescale_portable, store_tile, Kernel, Piece, Rounding, Spec, Tile, SPEC_NEON, SPEC_NEON_DOT,
+    quantize_portable, rescale_portable, store_tile, Kernel, Piece, Rounding, Spec, Tile,
+    SPEC_NEON, SPEC_NEON_DOT,
 };
 
 /// NEON (always present on aarch64).
@@ -199,4 +204,118 @@ pub(super) fn rescale(p: Piece, src: &[i32], dst: &mut [i8]) -> usize {
         ..p
     };
     (n8 - kept) + rescale_portable(tail, &src[n8..], &mut dst[n8..])
+}
+
+/// [`super::quantize_f32`], 16 values at a time: clamp to ±128 (NaN stays NaN and converts to 0),
+/// truncate (exact for |t| ≤ 128), add ±1 where the fraction reaches ±0.5, clamp to ±127 and narrow.
+pub(super) fn quantize(src: &[f32], k: f32, dst: &mut [i8]) {
+    // SAFETY: NEON is part of the aarch64 baseline.
+    unsafe { quantize_neon(src, k, dst) }
+}
+
+#[target_feature(enable = "neon")]
+fn quantize_neon(src: &[f32], k: f32, dst: &mut [i8]) {
+    assert!(dst.len() >= src.len(), "quantize: dst too short");
+    let n16 = src.len() / 16 * 16;
+    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+    let (kv, lo, hi) = (vdupq_n_f32(k), vdupq_n_f32(-128.0), vdupq_n_f32(128.0));
+    let (half, mhalf) = (vdupq_n_f32(0.5), vdupq_n_f32(-0.5));
+    let (l, h) = (vdupq_n_s32(-127), vdupq_n_s32(127));
+    for b in (0..n16).step_by(16) {
+        let q: [int32x4_t; 4] = core::array::from_fn(|j| {
+            // SAFETY: reads src[b + 4j..][..4], b + 16 ≤ n16 ≤ src.len().
+            let v = unsafe { vld1q_f32(sp.add(b + 4 * j)) };
+            // `fmax`/`fmin` keep a NaN, `fcvtzs` turns it into 0 and the comparisons below are false.
+            let t = vminq_f32(vmaxq_f32(vmulq_f32(v, kv), lo), hi);
+            let i = vcvtq_s32_f32(t);
+            let f = vsubq_f32(t, vcvtq_f32_s32(i));
+            // Masks are −1 where true: i + [f ≥ ½] − [f ≤ −½].
+            let up = vreinterpretq_s32_u32(vcgeq_f32(f, half));
+            let down = vreinterpretq_s32_u32(vcleq_f32(f, mhalf));
+            vminq_s32(vmaxq_s32(vaddq_s32(vsubq_s32(i, up), down), l), h)
+        });
+        // All lanes are in ±127: plain narrowing is exact.
+        let w01 = vcombine_s16(vmovn_s32(q[0]), vmovn_s32(q[1]));
+        let w23 = vcombine_s16(vmovn_s32(q[2]), vmovn_s32(q[3]));
+        // SAFETY: writes dst[b..b + 16], b + 16 ≤ n16 ≤ src.len() ≤ dst.len().
+        unsafe { vst1q_s8(dp.add(b), vcombine_s8(vmovn_s16(w01), vmovn_s16(w23))) };
+    }
+    quantize_portable(&src[n16..], k, &mut dst[n16..src.len()]);
+}
+
+/// [`super::rescale_i32_to_i8_blocks`] with nearest rounding: 8 values at a time straight from each
+/// block to its place (the same rounding, clamp and count as [`rescale`]), the rest of each block by
+/// the portable loop.
+pub(super) fn rescale_blocks_nearest(
+    src: &[i32],
+    rows: usize,
+    inner: usize,
+    shift: u32,
+    dst: &mut [i8],
+) -> usize {
+    // SAFETY: NEON is part of the aarch64 baseline.
+    unsafe { rescale_blocks_nearest_neon(src, rows, inner, shift, dst) }
+}
+
+#[target_feature(enable = "neon")]
+fn rescale_blocks_nearest_neon(
+    src: &[i32],
+    rows: usize,
+    inner: usize,
+    shift: u32,
+    dst: &mut [i8],
+) -> usize {
+    assert!(
+        shift <= 31
+            && rows >= 1
+            && inner >= 1
+            && src.len().is_multiple_of(rows * inner)
+            && dst.len() >= src.len(),
+        "rescale_blocks: bad shape"
+    );
+    let b = src.len() / (rows * inner);
+    let i8n = inner / 8 * 8;
+    let p = Piece {
+        shift,
+        rounding: Rounding::Nearest,
+        key: 0,
+        lo: 0,
+    };
+    let half = vdupq_n_u32((1u32 << shift) >> 1);
+    let right = vdupq_n_s32(-(shift as i32));
+    let (lim_lo, lim_hi) = (vdupq_n_s32(-127), vdupq_n_s32(127));
+    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+    let (mut kept, mut clamped) = (0usize, 0usize);
+    for r in 0..rows {
+        for j in 0..b {
+            let (s0, d0) = ((r * b + j) * inner, (j * rows + r) * inner);
+            for i in (0..i8n).step_by(8) {
+                // SAFETY: reads src[s0 + i..][..8] and writes dst[d0 + i..][..8] with i + 8 ≤ inner,
+                // inside the block (s0 + inner ≤ src.len() ≤ dst.len(), d0 + inner ≤ src.len()).
+                unsafe {
+                    let y: [int32x4_t; 2] = core::array::from_fn(|h| {
+                        let x = vld1q_s32(sp.add(s0 + i + 4 * h));
+                        // (|x| + half) >> shift in u32, then the sign of x (as `round_nearest`).
+                        let a = vaddq_u32(vreinterpretq_u32_s32(vabsq_s32(x)), half);
+                        let q = vreinterpretq_s32_u32(vshlq_u32(a, right));
+                        let q = vbslq_s32(vcltzq_s32(x), vnegq_s32(q), q);
+                        let y = vminq_s32(vmaxq_s32(q, lim_lo), lim_hi);
+                        // Each equal lane is all ones: its top bit counts it.
+                        kept += vaddvq_u32(vshrq_n_u32::<31>(vceqq_s32(y, q))) as usize;
+                        y
+                    });
+                    let w = vcombine_s16(vmovn_s32(y[0]), vmovn_s32(y[1]));
+                    vst1_s8(dp.add(d0 + i), vmovn_s16(w));
+                }
+            }
+            if i8n < inner {
+                clamped += rescale_portable(
+                    p,
+                    &src[s0 + i8n..s0 + inner],
+                    &mut dst[d0 + i8n..d0 + inner],
+                );
+            }
+        }
+    }
+    clamped + (rows * b * i8n - kept)
 }

@@ -34,7 +34,7 @@
 //!
 //! Small convolutions, where packing costs more than the multiply, use the packing-free products of
 //! [`pairs`] instead ([`igemm_pairs`], [`igemm_dot`], and the im2col row helpers that write their operands);
-//! they have AVX2 versions and portable loops elsewhere.
+//! they have AVX2 and NEON (`sdot` where the CPU has it) versions and portable loops elsewhere.
 //!
 //! Kernel choice follows the f32 GEMM: with the crate feature `std` the CPU is probed once and the choice
 //! cached; without it the choice is fixed at compile time by `cfg(target_feature)`. [`igemm_with`] forces
@@ -1077,6 +1077,10 @@ pub fn rescale_i32_to_i8_blocks(
             return k.rescale_blocks_nearest(src, rows, inner, shift, &mut dst[..src.len()]);
         }
     }
+    #[cfg(all(target_arch = "aarch64", not(miri)))]
+    if matches!(kernel, IgemmKernel::Neon | IgemmKernel::NeonDot) && rounding == Rounding::Nearest {
+        return aarch64::rescale_blocks_nearest(src, rows, inner, shift, &mut dst[..src.len()]);
+    }
     let b = src.len() / (rows * inner);
     let mut clamped = 0;
     for (r, src_r) in src.chunks_exact(b * inner).enumerate() {
@@ -1106,7 +1110,7 @@ pub fn rescale_i32_to_i8_blocks(
 
 /// `dst[i] = clamp(round(src[i] · k), ±127)` with halves rounded away from zero and NaN to 0 (the
 /// quantisation of f32 values by a power-of-two scale `k`; exact in f32 arithmetic, see the portable
-/// loop). The AVX2 version gives the same bytes.
+/// loop). The AVX2 and NEON versions give the same bytes.
 ///
 /// # Panics
 /// When `dst` is shorter than `src`.
@@ -1120,6 +1124,13 @@ pub fn quantize_f32(src: &[f32], k: f32, dst: &mut [i8]) {
         if let Some(x) = x86::Avx2::new() {
             return x.quantize(src, k, dst);
         }
+    }
+    #[cfg(all(target_arch = "aarch64", not(miri)))]
+    if matches!(
+        IgemmKernel::selected(),
+        IgemmKernel::Neon | IgemmKernel::NeonDot
+    ) {
+        return aarch64::quantize(src, k, dst);
     }
     quantize_portable(src, k, dst)
 }

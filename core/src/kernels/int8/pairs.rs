@@ -14,7 +14,8 @@
 //! Both are exact like [`igemm`](super::igemm): products of i8 accumulate in i32, wrapping, so the result
 //! is exact whenever the true one fits (total depth at most [`MAX_K`]). Every kernel gives the portable
 //! result bit for bit; x86-64 with AVX2 has SIMD versions (chosen for the `Avx2` and `Avx512Vnni`
-//! kernels, see [`has_simd_pairs`]), other targets run the portable loops.
+//! kernels, see [`has_simd_pairs`]), aarch64 NEON ones (for `Neon` and `NeonDot`; [`igemm_dot`] with
+//! `sdot` for `NeonDot`), other targets run the portable loops.
 use super::{IgemmKernel, MAX_K};
 
 /// The depth-pair word of A: `lo` in the low 16 bits and `hi` in the high 16, each sign-extended to
@@ -36,6 +37,10 @@ pub fn has_simd_pairs(kernel: IgemmKernel) -> bool {
     match kernel {
         #[cfg(all(target_arch = "x86_64", not(miri)))]
         IgemmKernel::Avx2 | IgemmKernel::Avx512Vnni => super::x86::Avx2::new().is_some(),
+        #[cfg(all(target_arch = "aarch64", not(miri)))]
+        IgemmKernel::Neon => true,
+        #[cfg(all(target_arch = "aarch64", not(miri)))]
+        IgemmKernel::NeonDot => super::aarch64::Dot::new().is_some(),
         _ => false,
     }
 }
@@ -153,6 +158,8 @@ pub fn igemm_pairs_with(
         if let Some(k) = super::x86::Avx2::new() {
             return k.pairs(&p, a, b, c);
         }
+        #[cfg(all(target_arch = "aarch64", not(miri)))]
+        return super::aarch64::pairs::pairs(&p, a, b, c);
     }
     pairs_portable(&p, a, b, c)
 }
@@ -316,6 +323,15 @@ pub fn igemm_dot_with(
         if let Some(k) = super::x86::Avx2::new() {
             return k.dot(&p, a, b, c);
         }
+        #[cfg(all(target_arch = "aarch64", not(miri)))]
+        {
+            if kernel == IgemmKernel::NeonDot {
+                if let Some(k) = super::aarch64::Dot::new() {
+                    return k.dot(&p, a, b, c);
+                }
+            }
+            return super::aarch64::pairs::dot(&p, a, b, c);
+        }
     }
     dot_portable(&p, a, b, c)
 }
@@ -352,6 +368,8 @@ enum Rows {
     Portable,
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     Avx2(super::x86::Avx2),
+    #[cfg(all(target_arch = "aarch64", not(miri)))]
+    Neon,
 }
 
 impl RowWriter {
@@ -367,6 +385,10 @@ impl RowWriter {
             if let Some(k) = super::x86::Avx2::new() {
                 return Self(Rows::Avx2(k));
             }
+        }
+        #[cfg(all(target_arch = "aarch64", not(miri)))]
+        if has_simd_pairs(kernel) {
+            return Self(Rows::Neon);
         }
         let _ = kernel;
         Self(Rows::Portable)
@@ -463,6 +485,8 @@ impl RowWriter {
         match self.0 {
             #[cfg(all(target_arch = "x86_64", not(miri)))]
             Rows::Avx2(k) => k.im2col(t, samples, src, masks, dst, ld),
+            #[cfg(all(target_arch = "aarch64", not(miri)))]
+            Rows::Neon => super::aarch64::pairs::im2col(t, samples, src, masks, dst, ld),
             Rows::Portable => {
                 let mut tap = (0, 0, 0);
                 for r in 0..t.rows {
@@ -503,6 +527,8 @@ impl RowWriter {
         match self.0 {
             #[cfg(all(target_arch = "x86_64", not(miri)))]
             Rows::Avx2(k) => k.im2col_pairs(t, samples, src, masks, dst, ld2),
+            #[cfg(all(target_arch = "aarch64", not(miri)))]
+            Rows::Neon => super::aarch64::pairs::im2col_pairs(t, samples, src, masks, dst, ld2),
             Rows::Portable => {
                 let mut tap = (0, 0, 0);
                 for q in 0..kp {

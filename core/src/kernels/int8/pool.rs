@@ -1,7 +1,7 @@
 //! 2×2, stride-2 max pooling of int8 rows: the forward keeps each window's maximum and its index, the
 //! backward adds the output derivative at that index. Row pairs lie back to back (`[top w][bottom w]`
-//! per pair, `w` even), as in a plane of even height or a whole tensor of such planes. The AVX2
-//! versions (every pair width ≤ 8 and multiples of 16) give the portable result bit for bit.
+//! per pair, `w` even), as in a plane of even height or a whole tensor of such planes. The AVX2 and
+//! NEON versions (pair widths 2, 4, 8 and multiples of 16) give the portable result bit for bit.
 /// Forward over `pairs` row pairs of width `w` (even): `y[k·w/2 + x]` is the maximum of window `x` of
 /// pair `k` and `idx` its index (0 top-left, 1 top-right, 2 bottom-left, 3 bottom-right; the first of
 /// equal values in that order).
@@ -22,6 +22,10 @@ pub fn maxpool2x2(x: &[i8], w: usize, pairs: usize, y: &mut [i8], idx: &mut [u8]
         if let Some(k) = super::x86::Avx2::new() {
             return k.maxpool2x2(x, w, pairs, y, idx);
         }
+    }
+    #[cfg(all(target_arch = "aarch64", not(miri)))]
+    if super::has_simd_pairs(super::IgemmKernel::selected()) {
+        return super::aarch64::pool::maxpool2x2(x, w, pairs, y, idx);
     }
     maxpool2x2_portable(x, w, 0, pairs, y, idx)
 }
@@ -45,6 +49,10 @@ pub fn maxpool2x2_grad(dy: &[i8], idx: &[u8], w: usize, pairs: usize, dx: &mut [
         if let Some(k) = super::x86::Avx2::new() {
             return k.maxpool2x2_grad(dy, idx, w, pairs, dx);
         }
+    }
+    #[cfg(all(target_arch = "aarch64", not(miri)))]
+    if super::has_simd_pairs(super::IgemmKernel::selected()) {
+        return super::aarch64::pool::maxpool2x2_grad(dy, idx, w, pairs, dx);
     }
     maxpool2x2_grad_portable(dy, idx, w, 0, pairs, dx)
 }
