@@ -24,7 +24,7 @@ use crate::trainer::{Options, PlanInfo, UNLIMITED};
 pub type FrugalTrainer = u64;
 
 /// The budget meaning "no limit".
-pub const FRUGAL_BUDGET_UNLIMITED: u64 = UNLIMITED;
+pub const FRUGAL_BUDGET_UNLIMITED: u64 = u64::MAX;
 /// `FrugalOptions.flags`: `seed` is set (else the model's own seed is used).
 pub const FRUGAL_OPTION_SEED: u32 = 1;
 /// The version of this ABI (incremented on any incompatible change).
@@ -456,8 +456,8 @@ pub extern "C" fn frugal_live_trainers() -> usize {
     catch_unwind(registry::live_count).unwrap_or(0)
 }
 
-/// The budget Android's memory signals call for, under the policy documented in `frugal.h`'s
-/// `FrugalMemorySignal` (clamped to `[floor, ceiling]`).
+/// The budget Android's memory signals call for, under the policy documented at
+/// `FrugalMemorySignal`; never below `floor`, so it can always be given to `frugal_set_budget`.
 ///
 /// # Safety
 /// `signal` readable; `out` writable.

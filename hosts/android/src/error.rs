@@ -9,7 +9,7 @@ use frugal_core::format::FormatError;
 use frugal_core::graph::GraphError;
 use frugal_core::policy::PlanError;
 
-/// The result of every C-ABI call: `FRUGAL_OK` (0) or why it failed. The message of the last failure
+/// The result of every C-ABI call: `FRUGAL_STATUS_OK` (0) or why it failed. The message of the last failure
 /// on the calling thread is `frugal_last_error()`.
 #[repr(i32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,7 +8,7 @@
 //!
 //! 1. Start from the **ceiling**: the most the app lets the trainer use.
 //! 2. **Headroom.** When `MemoryInfo` is known (`avail_mem > 0`), take at most
-//!    [`HEADROOM_SHARE`] (a half) of the memory available above the system's low-memory
+//!    [`FRUGAL_HEADROOM_SHARE`] (a half) of the memory available above the system's low-memory
 //!    `threshold` (below it the system starts killing processes); `low_memory` means no headroom.
 //! 3. **Trim level.** Divide by the level's divisor ([`trim_divisor`]): the *running* levels
 //!    (the app in the foreground while the system runs short) `RUNNING_MODERATE` (5) ÷2,
@@ -22,24 +22,28 @@
 //!    (When the ceiling is below the floor, the floor wins.)
 
 /// `ComponentCallbacks2.TRIM_MEMORY_RUNNING_MODERATE`.
-pub const TRIM_RUNNING_MODERATE: i32 = 5;
+pub const FRUGAL_TRIM_RUNNING_MODERATE: i32 = 5;
 /// `ComponentCallbacks2.TRIM_MEMORY_RUNNING_LOW`.
-pub const TRIM_RUNNING_LOW: i32 = 10;
+pub const FRUGAL_TRIM_RUNNING_LOW: i32 = 10;
 /// `ComponentCallbacks2.TRIM_MEMORY_RUNNING_CRITICAL`.
-pub const TRIM_RUNNING_CRITICAL: i32 = 15;
+pub const FRUGAL_TRIM_RUNNING_CRITICAL: i32 = 15;
 /// `ComponentCallbacks2.TRIM_MEMORY_UI_HIDDEN`.
-pub const TRIM_UI_HIDDEN: i32 = 20;
+pub const FRUGAL_TRIM_UI_HIDDEN: i32 = 20;
 /// `ComponentCallbacks2.TRIM_MEMORY_BACKGROUND`.
-pub const TRIM_BACKGROUND: i32 = 40;
+pub const FRUGAL_TRIM_BACKGROUND: i32 = 40;
 /// `ComponentCallbacks2.TRIM_MEMORY_MODERATE`.
-pub const TRIM_MODERATE: i32 = 60;
+pub const FRUGAL_TRIM_MODERATE: i32 = 60;
 /// `ComponentCallbacks2.TRIM_MEMORY_COMPLETE`.
-pub const TRIM_COMPLETE: i32 = 80;
+pub const FRUGAL_TRIM_COMPLETE: i32 = 80;
 
 /// The share of the headroom above the low-memory threshold a trainer may take: 1 / this.
-pub const HEADROOM_SHARE: u64 = 2;
+pub const FRUGAL_HEADROOM_SHARE: u64 = 2;
 
-/// What the system said about memory.
+/// What the system said about memory, for `frugal_budget_for_memory`. The budget is: the ceiling,
+/// capped at half the memory available above the low-memory threshold (when `avail_mem` is known;
+/// `low_memory`: nothing), divided by the trim level's divisor (RUNNING_MODERATE 2, RUNNING_LOW 4,
+/// RUNNING_CRITICAL 8, UI_HIDDEN 1, BACKGROUND 2, MODERATE 4, COMPLETE: down to the floor; a level
+/// between two named ones counts as the lower), clamped to `[floor, ceiling]` (the floor wins).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FrugalMemorySignal {
@@ -51,7 +55,7 @@ pub struct FrugalMemorySignal {
     pub trim_level: i32,
     /// 1 when `MemoryInfo.lowMemory`, else 0.
     pub low_memory: u32,
-    /// `MemoryInfo.availMem` (0: unknown; steps 2 is skipped).
+    /// `MemoryInfo.availMem` (0: unknown; the headroom cap is skipped).
     pub avail_mem: u64,
     /// `MemoryInfo.threshold`.
     pub threshold: u64,
@@ -60,13 +64,13 @@ pub struct FrugalMemorySignal {
 /// The divisor of trim level `level` (0: the budget drops to the floor).
 pub fn trim_divisor(level: i32) -> u64 {
     match level {
-        l if l >= TRIM_COMPLETE => 0,
-        l if l >= TRIM_MODERATE => 4,
-        l if l >= TRIM_BACKGROUND => 2,
-        l if l >= TRIM_UI_HIDDEN => 1,
-        l if l >= TRIM_RUNNING_CRITICAL => 8,
-        l if l >= TRIM_RUNNING_LOW => 4,
-        l if l >= TRIM_RUNNING_MODERATE => 2,
+        l if l >= FRUGAL_TRIM_COMPLETE => 0,
+        l if l >= FRUGAL_TRIM_MODERATE => 4,
+        l if l >= FRUGAL_TRIM_BACKGROUND => 2,
+        l if l >= FRUGAL_TRIM_UI_HIDDEN => 1,
+        l if l >= FRUGAL_TRIM_RUNNING_CRITICAL => 8,
+        l if l >= FRUGAL_TRIM_RUNNING_LOW => 4,
+        l if l >= FRUGAL_TRIM_RUNNING_MODERATE => 2,
         _ => 1,
     }
 }
@@ -80,7 +84,7 @@ pub fn budget_for(s: &FrugalMemorySignal) -> u64 {
         } else {
             s.avail_mem.saturating_sub(s.threshold)
         };
-        b = b.min(headroom / HEADROOM_SHARE);
+        b = b.min(headroom / FRUGAL_HEADROOM_SHARE);
     }
     b = match trim_divisor(s.trim_level) {
         0 => 0,
@@ -107,19 +111,19 @@ mod tests {
     #[test]
     fn without_signals_the_budget_is_the_ceiling() {
         assert_eq!(budget_for(&sig(0)), 64 * MIB);
-        assert_eq!(budget_for(&sig(TRIM_UI_HIDDEN)), 64 * MIB);
+        assert_eq!(budget_for(&sig(FRUGAL_TRIM_UI_HIDDEN)), 64 * MIB);
     }
 
     #[test]
     fn each_trim_level_divides_the_budget_as_documented() {
         let want = [
-            (TRIM_RUNNING_MODERATE, 32 * MIB),
-            (TRIM_RUNNING_LOW, 16 * MIB),
-            (TRIM_RUNNING_CRITICAL, 8 * MIB),
-            (TRIM_UI_HIDDEN, 64 * MIB),
-            (TRIM_BACKGROUND, 32 * MIB),
-            (TRIM_MODERATE, 16 * MIB),
-            (TRIM_COMPLETE, 2 * MIB),
+            (FRUGAL_TRIM_RUNNING_MODERATE, 32 * MIB),
+            (FRUGAL_TRIM_RUNNING_LOW, 16 * MIB),
+            (FRUGAL_TRIM_RUNNING_CRITICAL, 8 * MIB),
+            (FRUGAL_TRIM_UI_HIDDEN, 64 * MIB),
+            (FRUGAL_TRIM_BACKGROUND, 32 * MIB),
+            (FRUGAL_TRIM_MODERATE, 16 * MIB),
+            (FRUGAL_TRIM_COMPLETE, 2 * MIB),
             // Between named levels: the lower named one.
             (12, 16 * MIB),
             (70, 16 * MIB),
@@ -135,11 +139,11 @@ mod tests {
     fn more_pressure_never_raises_the_budget_within_a_class() {
         for class in [
             [
-                TRIM_RUNNING_MODERATE,
-                TRIM_RUNNING_LOW,
-                TRIM_RUNNING_CRITICAL,
+                FRUGAL_TRIM_RUNNING_MODERATE,
+                FRUGAL_TRIM_RUNNING_LOW,
+                FRUGAL_TRIM_RUNNING_CRITICAL,
             ],
-            [TRIM_BACKGROUND, TRIM_MODERATE, TRIM_COMPLETE],
+            [FRUGAL_TRIM_BACKGROUND, FRUGAL_TRIM_MODERATE, FRUGAL_TRIM_COMPLETE],
         ] {
             let b: Vec<u64> = class.iter().map(|&l| budget_for(&sig(l))).collect();
             assert!(b.windows(2).all(|w| w[0] > w[1]), "{class:?}: {b:?}");
@@ -152,7 +156,7 @@ mod tests {
         s.avail_mem = 300 * MIB;
         s.threshold = 200 * MIB;
         assert_eq!(budget_for(&s), 50 * MIB);
-        s.trim_level = TRIM_RUNNING_LOW;
+        s.trim_level = FRUGAL_TRIM_RUNNING_LOW;
         assert_eq!(budget_for(&s), 50 * MIB / 4);
         // Plenty of headroom: the ceiling still bounds it.
         s.trim_level = 0;
@@ -192,7 +196,7 @@ mod tests {
         let s = FrugalMemorySignal {
             ceiling: u64::MAX,
             floor: MIB,
-            trim_level: TRIM_BACKGROUND,
+            trim_level: FRUGAL_TRIM_BACKGROUND,
             low_memory: 0,
             avail_mem: 1000 * MIB,
             threshold: 200 * MIB,
