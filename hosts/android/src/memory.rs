@@ -143,7 +143,11 @@ mod tests {
                 FRUGAL_TRIM_RUNNING_LOW,
                 FRUGAL_TRIM_RUNNING_CRITICAL,
             ],
-            [FRUGAL_TRIM_BACKGROUND, FRUGAL_TRIM_MODERATE, FRUGAL_TRIM_COMPLETE],
+            [
+                FRUGAL_TRIM_BACKGROUND,
+                FRUGAL_TRIM_MODERATE,
+                FRUGAL_TRIM_COMPLETE,
+            ],
         ] {
             let b: Vec<u64> = class.iter().map(|&l| budget_for(&sig(l))).collect();
             assert!(b.windows(2).all(|w| w[0] > w[1]), "{class:?}: {b:?}");

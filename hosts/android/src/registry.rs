@@ -262,9 +262,13 @@ pub fn set_budget(h: u64, budget: u64) -> Result<(), Error> {
     }
 }
 
-/// The plan info of `h` (a snapshot refreshed after every step; never [`Error::Busy`]).
+/// The plan info of `h`: the plan as of the last step (a snapshot refreshed after every step) and the
+/// budget set last; never [`Error::Busy`].
 pub fn plan_info(h: u64) -> Result<PlanInfo, Error> {
     let e = lookup(h)?;
-    let info = *e.info.lock().unwrap_or_else(|p| p.into_inner());
+    let mut info = *e.info.lock().unwrap_or_else(|p| p.into_inner());
+    // The budget asked for, even when the step in flight has not read it yet.
+    let b = e.live.load(Ordering::Acquire);
+    info.budget = (b != UNLIMITED).then(|| usize::try_from(b).unwrap_or(usize::MAX));
     Ok(info)
 }
