@@ -219,6 +219,7 @@ pub fn train_steps(h: u64, n: u32, mut each: impl FnMut(usize, f32)) -> (u32, Re
                 ),
             ));
         }
+        t.ready()?;
         for i in 0..n {
             let loss = t.train_step(&e.live)?;
             e.applied.store(t.budget(), Ordering::Release);

@@ -339,6 +339,7 @@ impl Trainer {
                 format!("at most {MAX_STEPS_PER_CALL} steps per call, got {n}"),
             ));
         }
+        self.ready()?;
         losses
             .try_reserve(n as usize)
             .map_err(|_| Error::OutOfMemory(n as usize * 4))?;
@@ -355,13 +356,19 @@ impl Trainer {
     /// previous step's (wrapping around). A budget below every plan fails the step
     /// (`Error::Budget`); callers check budgets with [`rung_for`] before storing them.
     pub fn train_step(&mut self, live: &impl LiveBudget) -> Result<f32, Error> {
+        self.ready()?;
+        self.step(live)
+    }
+
+    /// Whether the trainer can train: it has samples.
+    pub fn ready(&self) -> Result<(), Error> {
         if self.ys.is_empty() {
             return Err(Error::Argument(
                 "train_steps",
                 "there are no samples: add some with add_sample first".into(),
             ));
         }
-        self.step(live)
+        Ok(())
     }
 
     /// Fills the step's batch buffers from the samples.
