@@ -28,8 +28,12 @@
 //! - `fuzz [--time SECS] [--seeds] [TARGET …]`: the libFuzzer targets of `fuzz/` (nightly, cargo-fuzz),
 //!   each for SECS seconds (default 20), with a table of runs, crashes and coverage (see `fuzz.rs`).
 //! - `miri`: the decoders, kernel suites and int8 ops of `frugal-core` under Miri (nightly; see `miri.rs`).
+//! - `android [--bench]`: the Android host — header staleness, the C-API test natively and on aarch64
+//!   under qemu, the JNI test on the host JVM, the aarch64-linux-android staticlib; `--bench`: the
+//!   C-ABI overhead per `train_steps` call (see `android.rs`).
 //! - `cross`: the int8/quant tests of `frugal-core` natively, on aarch64 under qemu (NEON, `sdot`) and on
 //!   wasm32-wasip1 + simd128 under Node (see `cross.rs`).
+mod android;
 mod bench;
 mod budget;
 mod cross;
@@ -77,11 +81,12 @@ fn main() -> ExitCode {
             ready(&[Leg::FirmwareM4, Leg::FirmwareM0]).and_then(|()| firmware::main(&args[1..]))
         }
         Some("cross") => ready(&[Leg::Cross]).and_then(|()| cross::main(&args[1..])),
+        Some("android") => ready(&[Leg::Android]).and_then(|()| android::main(&args[1..])),
         Some("web") => ready(&[Leg::Web]).and_then(|()| web::main(&args[1..])),
         Some("miri") => ready(&[Leg::Miri]).and_then(|()| miri::main(&args[1..])),
         Some("fuzz") => ready(&[Leg::Fuzz]).and_then(|()| fuzz::main(&args[1..])),
         _ => {
-            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|planning|swap|int8|sgemm|gpu|aarch64 … | cross | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit | miri | fuzz [--time SECS] [TARGET…]");
+            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|planning|swap|int8|sgemm|gpu|aarch64 … | cross | android [--bench] | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit | miri | fuzz [--time SECS] [TARGET…]");
             Err("unknown task".into())
         }
     };

@@ -141,7 +141,33 @@ pub const TOOLS: &[Tool] = &[
         probe: Probe::Target("aarch64-unknown-linux-gnu"),
         want: Want::Any,
         install: Install::Target("aarch64-unknown-linux-gnu"),
-        legs: &[Leg::Cross],
+        legs: &[Leg::Cross, Leg::Android],
+        note: "",
+    },
+    // The Android host's staticlib (no NDK: the cdylib is left to users' NDKs).
+    Tool {
+        name: "target aarch64-linux-android",
+        probe: Probe::Target("aarch64-linux-android"),
+        want: Want::Any,
+        install: Install::Target("aarch64-linux-android"),
+        legs: &[Leg::Android],
+        note: "",
+    },
+    // The native C-API test and the JNI test on the host JVM.
+    Tool {
+        name: "gcc",
+        probe: Probe::Bins(&["gcc"]),
+        want: Want::Any,
+        install: Install::Apt(&["gcc"]),
+        legs: &[Leg::Android],
+        note: "",
+    },
+    Tool {
+        name: "java, javac (JDK 17)",
+        probe: Probe::Bins(&["javac", "java"]),
+        want: Want::AtLeast((17, 0, 0)),
+        install: Install::Apt(&["openjdk-17-jdk-headless"]),
+        legs: &[Leg::Android],
         note: "",
     },
     Tool {
@@ -157,7 +183,7 @@ pub const TOOLS: &[Tool] = &[
         probe: Probe::Bins(&["aarch64-linux-gnu-gcc"]),
         want: Want::Any,
         install: Install::Apt(&["gcc-aarch64-linux-gnu"]),
-        legs: &[Leg::Cross],
+        legs: &[Leg::Cross, Leg::Android],
         note: "",
     },
     // Linking for aarch64, and the `-L` root of `qemu-aarch64`.
@@ -166,7 +192,7 @@ pub const TOOLS: &[Tool] = &[
         probe: Probe::File("/usr/aarch64-linux-gnu/lib/libc.so"),
         want: Want::Any,
         install: Install::Apt(&["libc6-dev-arm64-cross"]),
-        legs: &[Leg::Cross],
+        legs: &[Leg::Cross, Leg::Android],
         note: "",
     },
     Tool {
@@ -174,7 +200,7 @@ pub const TOOLS: &[Tool] = &[
         probe: Probe::Bins(&["qemu-aarch64"]),
         want: Want::Any,
         install: Install::Apt(&["qemu-user"]),
-        legs: &[Leg::Cross],
+        legs: &[Leg::Cross, Leg::Android],
         note: "",
     },
     // `node:wasi` with `version: 'preview1'` (the wasm32-wasip1 suite); Playwright. Debian 12's own

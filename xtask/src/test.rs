@@ -21,6 +21,7 @@ pub enum Leg {
     Memory,
     Gpu,
     Cross,
+    Android,
     Web,
     FirmwareM4,
     FirmwareM0,
@@ -30,7 +31,7 @@ pub enum Leg {
 
 impl Leg {
     /// The legs of `cargo xtask test`, in order.
-    pub const TEST: [Leg; 12] = [
+    pub const TEST: [Leg; 13] = [
         Leg::Fmt,
         Leg::Clippy,
         Leg::Tests,
@@ -38,6 +39,7 @@ impl Leg {
         Leg::Memory,
         Leg::Gpu,
         Leg::Cross,
+        Leg::Android,
         Leg::Web,
         Leg::FirmwareM4,
         Leg::FirmwareM0,
@@ -45,7 +47,7 @@ impl Leg {
         Leg::Fuzz,
     ];
     /// Every leg setup knows.
-    pub const ALL: [Leg; 12] = [
+    pub const ALL: [Leg; 13] = [
         Leg::Fmt,
         Leg::Clippy,
         Leg::Tests,
@@ -53,6 +55,7 @@ impl Leg {
         Leg::Memory,
         Leg::Gpu,
         Leg::Cross,
+        Leg::Android,
         Leg::Web,
         Leg::FirmwareM4,
         Leg::FirmwareM0,
@@ -70,6 +73,7 @@ impl Leg {
             Leg::Memory => "memory",
             Leg::Gpu => "gpu",
             Leg::Cross => "cross",
+            Leg::Android => "android",
             Leg::Web => "web",
             Leg::FirmwareM4 => "firmware-m4",
             Leg::FirmwareM0 => "firmware-m0",
@@ -88,6 +92,7 @@ impl Leg {
             Leg::Memory => "the memory benchmark's targets",
             Leg::Gpu => "the wgpu kernels on this machine's adapter (lavapipe without a GPU)",
             Leg::Cross => "int8 kernels natively, on aarch64 (qemu) and wasm32 (Node)",
+            Leg::Android => "Android host: C API natively and on aarch64 (qemu), JNI on the JVM, header, android staticlib",
             Leg::Web => "browser: frugal-wasm, the demo in Chromium, cross-target losses",
             Leg::FirmwareM4 => "firmware on netduinoplus2 (QEMU, Cortex-M4F), f32 and int8",
             Leg::FirmwareM0 => "firmware on microbit (QEMU, Cortex-M0, 16 KiB RAM), int8",
@@ -176,6 +181,7 @@ impl Leg {
                 )
             }
             Leg::Cross => crate::cross::main(&[]),
+            Leg::Android => crate::android::main(&[]),
             Leg::Web => crate::web::main(&s(&["--test"])),
             Leg::FirmwareM4 => crate::firmware::main(&s(&["--board", "netduinoplus2"])),
             Leg::FirmwareM0 => crate::firmware::main(&s(&["--board", "microbit"])),
