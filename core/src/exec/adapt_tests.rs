@@ -443,8 +443,15 @@ fn random_schedules_never_exceed_the_budget_and_are_bit_exact() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2000);
+    // FRUGAL_SCHEDULE_SECS keeps drawing schedules until that many seconds have passed (the issue's
+    // one-hour local run), after at least FRUGAL_SCHEDULES.
+    let secs: u64 = std::env::var("FRUGAL_SCHEDULE_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let began = std::time::Instant::now();
     let mut moves = 0usize;
-    while schedules < want_schedules {
+    while schedules < want_schedules || began.elapsed().as_secs() < secs {
         let Some((_, batch, g, table, name)) = random_table(&mut rng) else {
             continue;
         };
@@ -497,9 +504,10 @@ fn random_schedules_never_exceed_the_budget_and_are_bit_exact() {
         }
     }
     std::eprintln!(
-        "{schedules} schedules over {models} models: {} switches in steps, {} after steps, {} \
+        "{:.0} s: {schedules} schedules over {models} models: {} switches in steps, {} after steps, {} \
          forwards regenerated, {} restarts, {} switches using the old arena above the new, {} bytes \
          moved; the budget contract held after every instruction and all {moves} switch moves",
+        began.elapsed().as_secs_f64(),
         totals[0],
         totals[1],
         totals[2],
