@@ -393,6 +393,24 @@ fn steps_of(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
     Ok(out)
 }
 
+/// BatchNorm's saved statistic `k` (0 batch mean, 1 inverse deviation).
+fn bn_saved(node: &Node, k: usize) -> Result<Opnd, ExecError> {
+    node.saved
+        .get(k)
+        .copied()
+        .map(Opnd::T)
+        .ok_or(ExecError::BadPlan("BatchNorm without saved statistics"))
+}
+
+/// BatchNorm's running statistic `k` (0 mean, 1 variance).
+fn bn_stat(node: &Node, k: usize) -> Result<Opnd, ExecError> {
+    node.stats
+        .get(k)
+        .copied()
+        .map(Opnd::T)
+        .ok_or(ExecError::BadPlan("BatchNorm without running statistics"))
+}
+
 /// The dispatches and copies of instruction `r.eo` as the kernels want them (see [`steps_of`]).
 fn raw_steps(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
     let mut out = Steps::new();
@@ -551,20 +569,8 @@ fn raw_steps(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
         ) => {
             let g = T(w.ok_or(need("BatchNorm without γ"))?);
             let be = T(b.ok_or(need("BatchNorm without β"))?);
-            let stat = |k: usize| {
-                node.stats
-                    .get(k)
-                    .copied()
-                    .map(T)
-                    .ok_or(need("BatchNorm without running statistics"))
-            };
-            let saved = |k: usize| {
-                node.saved
-                    .get(k)
-                    .copied()
-                    .map(T)
-                    .ok_or(need("BatchNorm without saved statistics"))
-            };
+            let stat = |k: usize| bn_stat(node, k);
+            let saved = |k: usize| bn_saved(node, k);
             let (rm, rv) = (stat(0)?, stat(1)?);
             let p = bn::params(n, c, hw, false, momentum, eps).map_err(shape_err)?;
             let (x, y, s) = (T(xin), T(node.out), Opnd::Bn);
@@ -685,13 +691,7 @@ fn raw_steps(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
                     .map(T)
                     .ok_or(need("BatchNorm's γ and β train together"))
             };
-            let saved = |k: usize| {
-                node.saved
-                    .get(k)
-                    .copied()
-                    .map(T)
-                    .ok_or(need("BatchNorm without saved statistics"))
-            };
+            let saved = |k: usize| bn_saved(node, k);
             let (dg, db) = (grad(0)?, grad(1)?);
             let acc = r.mb > 0;
             let p = bn::params(n, c, hw, acc, 0.0, 0.0).map_err(shape_err)?;
@@ -807,13 +807,7 @@ fn raw_steps(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
                     let acc = acc && !same(plan, r.eo, dy, dx);
                     let p = bn::params(n, c, hw, acc, 0.0, eps).map_err(shape_err)?;
                     if train {
-                        let saved = |k: usize| {
-                            node.saved
-                                .get(k)
-                                .copied()
-                                .map(T)
-                                .ok_or(need("BatchNorm without saved statistics"))
-                        };
+                        let saved = |k: usize| bn_saved(node, k);
                         out.copy(saved(0)?, 0, s, 0, c)?;
                         out.copy(saved(1)?, 0, s, 1, c)?;
                         out.copy(g, 0, s, 2, c)?;
@@ -822,12 +816,7 @@ fn raw_steps(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
                         let ops = [T(xin), T(dy), T(dx), s, nil];
                         out.push(bn_step(&p, bn::entry::DX, in_elems, ops)?)?;
                     } else {
-                        let rv = node
-                            .stats
-                            .get(1)
-                            .copied()
-                            .map(T)
-                            .ok_or(need("BatchNorm without running statistics"))?;
+                        let rv = bn_stat(node, 1)?;
                         out.copy(g, 0, s, 2, c)?;
                         out.copy(rv, 0, s, 5, c)?;
                         let ops = [T(dy), nil, T(dx), s, nil];
