@@ -68,21 +68,33 @@ fn golden_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden/cross_target_mlp.json")
 }
 
-/// Parses the `"<key>": [...]` number array of the golden file.
-fn read_array<T: std::str::FromStr>(key: &str) -> Vec<T>
-where
-    T::Err: std::fmt::Debug,
-{
+/// The `"<key>"` number array of the golden file.
+fn read_array<T: FromF64>(key: &str) -> Vec<T> {
     let text = std::fs::read_to_string(golden_path()).expect("golden file");
-    let start = text
-        .find(&format!("\"{key}\""))
-        .expect("key in the golden file");
-    let open = start + text[start..].find('[').unwrap();
-    let close = open + text[open..].find(']').unwrap();
-    text[open + 1..close]
-        .split(',')
-        .map(|v| v.trim().parse::<T>().unwrap())
+    let v: serde_json::Value = serde_json::from_str(&text).expect("golden JSON");
+    v[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("{key}: an array"))
+        .iter()
+        .map(|x| T::from_f64(x.as_f64().expect("a number")))
         .collect()
+}
+
+/// A golden number as the type a test wants.
+trait FromF64 {
+    fn from_f64(v: f64) -> Self;
+}
+
+impl FromF64 for f32 {
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+}
+
+impl FromF64 for u32 {
+    fn from_f64(v: f64) -> Self {
+        v as u32
+    }
 }
 
 fn read_golden() -> Vec<f32> {

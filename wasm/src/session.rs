@@ -642,9 +642,13 @@ mod tests {
     }
 
     fn golden() -> Vec<f32> {
-        let s = &GOLDEN[GOLDEN.find("\"losses\"").unwrap()..];
-        let s = &s[s.find('[').unwrap() + 1..s.find(']').unwrap()];
-        s.split(',').map(|v| v.trim().parse().unwrap()).collect()
+        let v: serde_json::Value = serde_json::from_str(GOLDEN).expect("golden JSON");
+        v["losses"]
+            .as_array()
+            .expect("losses")
+            .iter()
+            .map(|x| x.as_f64().expect("a number") as f32)
+            .collect()
     }
 
     fn with_samples(model: &[u8], weights: &[u8], opts: Options, n: usize) -> Session {

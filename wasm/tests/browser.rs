@@ -168,22 +168,16 @@ fn int8_losses_in_chromium_equal_the_native_golden_bit_for_bit() {
     const IMAGES: &[u8] = include_bytes!("../../data/digits/digits-train-images.idx");
     const LABELS: &[u8] = include_bytes!("../../data/digits/digits-train-labels.idx");
     const GOLDEN: &str = include_str!("../../tests/golden/cross_target_mlp.json");
-    // The golden's numbers after `key` (an array of integers, or one integer).
-    let numbers = |key: &str| -> Vec<u64> {
-        let at = GOLDEN
-            .find(&format!("\"{key}\":"))
-            .expect("key in the golden")
-            + key.len()
-            + 3;
-        let end = at + GOLDEN[at..].find(['\n']).expect("one line per key");
-        GOLDEN[at..end]
-            .split(|c: char| !c.is_ascii_digit())
-            .filter(|s| !s.is_empty())
-            .map(|s| s.parse().unwrap())
-            .collect()
-    };
-    let want = numbers("int8_loss_bits");
-    let update_bits = numbers("int8_update_bits")[0] as u8;
+    let golden: serde_json::Value = serde_json::from_str(GOLDEN).expect("golden JSON");
+    let want: Vec<u64> = golden["int8_loss_bits"]
+        .as_array()
+        .expect("int8_loss_bits")
+        .iter()
+        .map(|v| v.as_u64().expect("an integer"))
+        .collect();
+    let update_bits = golden["int8_update_bits"]
+        .as_u64()
+        .expect("int8_update_bits") as u8;
     let (steps, batch) = (want.len(), 32);
     // IDX: a big-endian u32 magic (its low byte is the rank), the dimensions, then u8 data.
     let body = |idx: &'static [u8]| &idx[4 + 4 * idx[3] as usize..];

@@ -224,17 +224,26 @@ fn data_that_does_not_fit_the_model_is_a_typed_error() {
     }
 }
 
-/// Parses the `"losses": [...]` array of the cross-target golden file.
-fn golden_losses() -> Vec<f32> {
+/// The cross-target golden file.
+fn golden() -> serde_json::Value {
     let text = std::fs::read_to_string(root().join("tests/golden/cross_target_mlp.json"))
         .expect("golden file");
-    let start = text.find("\"losses\"").expect("losses key");
-    let open = start + text[start..].find('[').expect("[");
-    let close = open + text[open..].find(']').expect("]");
-    text[open + 1..close]
-        .split(',')
-        .map(|v| v.trim().parse::<f32>().expect("a number"))
+    serde_json::from_str(&text).expect("golden JSON")
+}
+
+/// Its numbers under `key`.
+fn numbers(key: &str) -> Vec<f64> {
+    golden()[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("{key}: an array"))
+        .iter()
+        .map(|v| v.as_f64().expect("a number"))
         .collect()
+}
+
+/// The `"losses"` of the cross-target golden file.
+fn golden_losses() -> Vec<f32> {
+    numbers("losses").iter().map(|&v| v as f32).collect()
 }
 
 #[test]
@@ -269,19 +278,14 @@ fn sandbox_reproduces_the_native_cross_target_losses() {
 
 /// The golden int8 run's loss bit patterns and its update precision.
 fn golden_int8() -> (Vec<u32>, u8) {
-    let text = std::fs::read_to_string(root().join("tests/golden/cross_target_mlp.json"))
-        .expect("golden file");
-    let line = |key: &str| -> Vec<u64> {
-        let at = text.find(&format!("\"{key}\":")).expect("key") + key.len() + 3;
-        let end = at + text[at..].find('\n').expect("one line per key");
-        text[at..end]
-            .split(|c: char| !c.is_ascii_digit())
-            .filter(|s| !s.is_empty())
-            .map(|s| s.parse().expect("a number"))
-            .collect()
-    };
-    let bits = line("int8_loss_bits").iter().map(|&b| b as u32).collect();
-    (bits, line("int8_update_bits")[0] as u8)
+    let bits = numbers("int8_loss_bits")
+        .iter()
+        .map(|&b| b as u32)
+        .collect();
+    let update = golden()["int8_update_bits"]
+        .as_u64()
+        .expect("int8_update_bits");
+    (bits, update as u8)
 }
 
 #[test]
