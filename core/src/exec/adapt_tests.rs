@@ -451,6 +451,7 @@ fn random_schedules_never_exceed_the_budget_and_are_bit_exact() {
         .unwrap_or(0);
     let began = std::time::Instant::now();
     let mut moves = 0usize;
+    let mut stuck = 0usize;
     while schedules < want_schedules || began.elapsed().as_secs() < secs {
         let Some((_, batch, g, table, name)) = random_table(&mut rng) else {
             continue;
@@ -477,7 +478,7 @@ fn random_schedules_never_exceed_the_budget_and_are_bit_exact() {
                 })
                 .collect();
             let start_budget = table.entries[start].plan.needed_bytes();
-            let (got, ads, check) = adaptive_run(&table, start, steps, &x, &y, |c, _, p| {
+            let run = adaptive_run(&table, start, steps, &x, &y, |c, _, p| {
                 let (_, drop, f) = *events.iter().rev().find(|e| e.0 == c)?;
                 let need = p.needed_bytes();
                 Some(if drop && need > lo {
@@ -487,8 +488,23 @@ fn random_schedules_never_exceed_the_budget_and_are_bit_exact() {
                 } else {
                     need + ((hi + 64 - need) as f32 * f) as usize
                 })
-            })
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+            });
+            let (got, ads, check) = match run {
+                Ok(r) => r,
+                // The long run meets the documented limit (module docs, step 5): a drop right after an
+                // update whose switch cannot line up within the old arena is a typed error — the budget
+                // contract held up to it (the observer checks every instruction and move). CI's 2,000
+                // schedules must not meet it; the long run counts it and reports the first model.
+                Err(ExecError::BadPlan("cannot adapt here")) if secs > 0 => {
+                    if stuck == 0 {
+                        std::eprintln!("first \"cannot adapt here\": {name} events {events:?}");
+                    }
+                    stuck += 1;
+                    schedules += 1;
+                    continue;
+                }
+                Err(e) => panic!("{name}: {e}"),
+            };
             assert_eq!(bits(&got), bits(&want), "{name} events {events:?}");
             assert!(check.instrs > 0);
             moves += check.moves;
@@ -506,7 +522,8 @@ fn random_schedules_never_exceed_the_budget_and_are_bit_exact() {
     std::eprintln!(
         "{:.0} s: {schedules} schedules over {models} models: {} switches in steps, {} after steps, {} \
          forwards regenerated, {} restarts, {} switches using the old arena above the new, {} bytes \
-         moved; the budget contract held after every instruction and all {moves} switch moves",
+         moved; the budget contract held after every instruction and all {moves} switch moves; \
+         {stuck} ended in \"cannot adapt here\"",
         began.elapsed().as_secs_f64(),
         totals[0],
         totals[1],
