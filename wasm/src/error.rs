@@ -72,6 +72,15 @@ impl fmt::Display for WebError {
     }
 }
 
+impl From<frugal_host::LoadError> for WebError {
+    fn from(e: frugal_host::LoadError) -> Self {
+        match e {
+            frugal_host::LoadError::Weights(w) => WebError::Weights(w),
+            frugal_host::LoadError::Exec(e) => WebError::Exec(e),
+        }
+    }
+}
+
 impl From<FormatError> for WebError {
     fn from(e: FormatError) -> Self {
         WebError::Model(e)

@@ -30,7 +30,7 @@ pub mod js;
 #[cfg(feature = "webgpu")]
 pub mod js_gpu;
 pub mod session;
-pub mod weights;
+pub use frugal_host::weights;
 
 pub use error::WebError;
 pub use session::{Options, PlanInfo, Session};

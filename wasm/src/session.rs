@@ -16,6 +16,7 @@ use frugal_core::policy::{plan_for_budget, Chosen, CostModel, PolicyKind};
 
 use crate::error::WebError;
 use crate::weights::{self, NamedTensor};
+use frugal_host::load;
 
 /// Largest batch a trainer accepts (samples per step).
 pub const MAX_BATCH: usize = 4096;
@@ -236,7 +237,11 @@ impl Session {
         let mut ex = Executor::new(&s.chosen.plan, &s.arena)?;
         ex.init_params(&mut s.arena, seed)?;
         if !weights.is_empty() {
-            s.loaded = load(&mut ex, &mut s.arena, &weights::parse(weights)?)?;
+            s.loaded = load(
+                &mut ex,
+                &mut s.arena,
+                &weights::parse(weights).map_err(WebError::Weights)?,
+            )?;
         }
         Ok(s)
     }
@@ -528,7 +533,7 @@ impl Session {
             let v = ex.read(&mut self.arena, t)?.to_vec();
             tensors.push((name, shape, v));
         }
-        weights::serialize(&tensors)
+        weights::serialize(&tensors).map_err(WebError::Weights)
     }
 
     /// Samples added so far.
@@ -555,30 +560,6 @@ impl Session {
     pub fn batch(&self) -> usize {
         self.batch
     }
-}
-
-/// Writes the tensors of `file` the model has into the arena; returns how many.
-fn load(ex: &mut Executor<'_>, arena: &mut [u8], file: &[NamedTensor]) -> Result<usize, WebError> {
-    let state: Vec<_> = ex.state_tensors().collect();
-    let mut loaded = 0;
-    for (name, shape, t) in state {
-        if let Some((_, s, v)) = file.iter().find(|(n, _, _)| *n == name) {
-            if *s != shape {
-                return Err(WebError::Weights(format!(
-                    "tensor {name} has shape {s:?}, the model needs {shape:?}"
-                )));
-            }
-            if let Some(i) = v.iter().position(|x| !x.is_finite()) {
-                return Err(WebError::Weights(format!(
-                    "tensor {name}: value {i} is {} (must be finite)",
-                    v[i]
-                )));
-            }
-            ex.write(arena, t, v)?;
-            loaded += 1;
-        }
-    }
-    Ok(loaded)
 }
 
 /// Numerically stable softmax of `z` into `out`.

@@ -157,3 +157,12 @@ impl From<PlanError> for Error {
         }
     }
 }
+
+impl From<frugal_host::LoadError> for Error {
+    fn from(e: frugal_host::LoadError) -> Self {
+        match e {
+            frugal_host::LoadError::Weights(w) => Error::Weights(w),
+            frugal_host::LoadError::Exec(e) => Error::Exec(e),
+        }
+    }
+}

@@ -28,7 +28,7 @@ pub mod jni;
 pub mod memory;
 pub mod registry;
 pub mod trainer;
-pub mod weights;
+pub use frugal_host::weights;
 
 pub use error::{Error, FrugalStatus};
 pub use trainer::{Options, PlanInfo, Trainer};

@@ -24,6 +24,7 @@ use frugal_core::policy::{recompute, CostModel};
 use crate::arena::Arena;
 use crate::error::Error;
 use crate::weights::{self, NamedTensor};
+use frugal_host::load;
 
 /// Largest batch a trainer accepts (samples per step).
 pub const MAX_BATCH: usize = 4096;
@@ -261,7 +262,11 @@ impl Trainer {
         let loaded = if weights.is_empty() {
             0
         } else {
-            load(&mut ex, arena.as_mut_slice(), &weights::parse(weights)?)?
+            load(
+                &mut ex,
+                arena.as_mut_slice(),
+                &weights::parse(weights).map_err(Error::Weights)?,
+            )?
         };
         drop(ex);
         Ok(Trainer {
@@ -623,7 +628,7 @@ impl Trainer {
             let v = ex.read(self.arena.as_mut_slice(), t)?.to_vec();
             tensors.push((name, shape, v));
         }
-        weights::serialize(&tensors)
+        weights::serialize(&tensors).map_err(Error::Weights)
     }
 
     /// The budget the trainer applied last (`UNLIMITED`: none).
@@ -654,30 +659,6 @@ impl Trainer {
     pub fn batch(&self) -> usize {
         self.batch
     }
-}
-
-/// Writes the tensors of `file` the model has into the arena; returns how many.
-fn load(ex: &mut Executor<'_>, arena: &mut [u8], file: &[NamedTensor]) -> Result<usize, Error> {
-    let state: Vec<_> = ex.state_tensors().collect();
-    let mut loaded = 0;
-    for (name, shape, t) in state {
-        if let Some((_, s, v)) = file.iter().find(|(n, _, _)| *n == name) {
-            if *s != shape {
-                return Err(Error::Weights(format!(
-                    "tensor {name} has shape {s:?}, the model needs {shape:?}"
-                )));
-            }
-            if let Some(i) = v.iter().position(|x| !x.is_finite()) {
-                return Err(Error::Weights(format!(
-                    "tensor {name}: value {i} is {} (must be finite)",
-                    v[i]
-                )));
-            }
-            ex.write(arena, t, v)?;
-            loaded += 1;
-        }
-    }
-    Ok(loaded)
 }
 
 impl std::fmt::Debug for Trainer {

@@ -1,0 +1,62 @@
+//! # frugal-host
+//!
+//! What frugal's embedding hosts share — the browser (`frugal-wasm`) and Android (`frugal-android`) —
+//! beside the core: weights as safetensors bytes in and out ([`weights`]) and loading them into a
+//! plan's persistent tensors ([`load`]). Like the hosts, it decides no maths and no memory.
+#![cfg_attr(not(test), no_std)]
+
+extern crate alloc;
+
+pub mod weights;
+
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use frugal_core::backend::Backend;
+use frugal_core::exec::{ExecError, Executor};
+pub use weights::NamedTensor;
+
+/// Why loading weights failed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LoadError {
+    /// A tensor the model has, with another shape or a non-finite value.
+    Weights(String),
+    /// Writing it failed.
+    Exec(ExecError),
+}
+
+impl From<ExecError> for LoadError {
+    fn from(e: ExecError) -> Self {
+        LoadError::Exec(e)
+    }
+}
+
+/// Writes the tensors of `file` the model has into the executor's persistent tensors (by `state_dict`
+/// name; tensors the model does not have are ignored); returns how many.
+pub fn load<B: Backend>(
+    ex: &mut Executor<'_, B>,
+    arena: &mut [u8],
+    file: &[NamedTensor],
+) -> Result<usize, LoadError> {
+    let state: Vec<_> = ex.state_tensors().collect();
+    let mut loaded = 0;
+    for (name, shape, t) in state {
+        if let Some((_, s, v)) = file.iter().find(|(n, _, _)| *n == name) {
+            if *s != shape {
+                return Err(LoadError::Weights(format!(
+                    "tensor {name} has shape {s:?}, the model needs {shape:?}"
+                )));
+            }
+            if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+                return Err(LoadError::Weights(format!(
+                    "tensor {name}: value {i} is {} (must be finite)",
+                    v[i]
+                )));
+            }
+            ex.write(arena, t, v)?;
+            loaded += 1;
+        }
+    }
+    Ok(loaded)
+}
