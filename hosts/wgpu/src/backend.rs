@@ -22,8 +22,9 @@
 //! padding, groups), max/average/global-average pooling, ReLU/ReLU6/sigmoid/tanh, views, Add, Dropout
 //! (the CPU's counter-based masks, bit for bit), BatchNorm (training, recompute, evaluation, frozen; its
 //! statistics block fed by copies between passes); fused softmax cross-entropy and MSE; SGD and Adam.
-//! Plain, micro-batched, recomputing and partial batches. Precisions other than f32 and fp16 storage are
-//! refused when the executor is created.
+//! Plain, micro-batched, recomputing and partial batches; fp16 storage (the plan's pack/unpack
+//! instructions, WGSL's `pack2x16float`: core WGSL, no `shader-f16` needed). Integer precision is refused
+//! when the executor is created.
 use std::num::NonZeroU64;
 
 use frugal_core::backend::{
@@ -450,6 +451,23 @@ fn raw_steps(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
             )?,
         };
         out.push(step)?;
+        return Ok(out);
+    }
+    if let Some(x) = ins.packed() {
+        // fp16 storage: the activation's IEEE-half copy, two values per word (`pack_half`).
+        let bad = ExecError::BadPlan("a pack/unpack names a tensor without a half copy");
+        let h = plan.graph.half_of(x).ok_or(bad.clone())?;
+        let elems = (tensor_bytes(plan, x)? / 4).min(tensor_bytes(plan, h)? / 2);
+        let p = Params {
+            n: u32_of(elems)?,
+            ..Default::default()
+        };
+        let (entry, ops) = if ins.phase == Phase::Pack {
+            (entry::PACK_HALF, [T(x), nil, T(h), nil, nil])
+        } else {
+            (entry::UNPACK_HALF, [T(h), nil, T(x), nil, nil])
+        };
+        out.push(ew(entry, p, elems.div_ceil(2), ops)?)?;
         return Ok(out);
     }
     let node = node_of(plan, ins.node)?;
@@ -896,7 +914,7 @@ fn raw_steps(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
         }
         _ => {
             return Err(ExecError::Unsupported(
-                "an instruction kind the GPU backend does not run (swaps, fp16 storage, moves)",
+                "an instruction kind the GPU backend does not run (swaps to a spill store, moves between spaces)",
             ))
         }
     }
@@ -1408,7 +1426,7 @@ fn check(plan: &Plan) -> Result<(), ExecError> {
     }
     if plan.graph.precision != frugal_core::model::Precision::F32 {
         return Err(ExecError::Unsupported(
-            "integer or fp16 precision (the GPU backend trains in f32)",
+            "integer precision (the GPU backend trains in f32, with fp16 storage where the plan asks)",
         ));
     }
     for n in &plan.graph.nodes {
@@ -1885,7 +1903,7 @@ impl OptimOps for GpuBackend {
 }
 
 impl MoveOps for GpuBackend {
-    fn convert_half(&mut self, _cx: &Cx<'_>, _host: &mut [u8]) -> Result<(), ExecError> {
-        Err(ExecError::Unsupported("fp16 storage on the GPU backend"))
+    fn convert_half(&mut self, cx: &Cx<'_>, _host: &mut [u8]) -> Result<(), ExecError> {
+        self.record(cx.plan, run_of(cx, 0))
     }
 }

@@ -73,7 +73,7 @@ pub(crate) fn optim_params(spec: &OptimizerSpec, t: u32, n: u32) -> (usize, Para
 }
 
 /// The entry points, in the order of [`Pipelines::all`].
-pub(crate) const ENTRIES: [&str; 13] = [
+pub(crate) const ENTRIES: [&str; 15] = [
     "act_fwd",
     "act_grad",
     "softmax_ce",
@@ -87,6 +87,8 @@ pub(crate) const ENTRIES: [&str; 13] = [
     "copy",
     "guard",
     "dropout_rows",
+    "pack_half",
+    "unpack_half",
 ];
 
 /// Indices into [`ENTRIES`] (and [`Pipelines::all`]).
@@ -103,6 +105,8 @@ pub(crate) mod entry {
     pub const COPY: usize = 10;
     pub const GUARD: usize = 11;
     pub const DROPOUT_ROWS: usize = 12;
+    pub const PACK_HALF: usize = 13;
+    pub const UNPACK_HALF: usize = 14;
 }
 
 /// Invocations per workgroup (`@workgroup_size(64)`), and workgroups per dispatch row.

@@ -344,3 +344,35 @@ fn dropout_rows(@builtin(global_invocation_id) gid: vec3<u32>) {
         }
     }
 }
+
+// fp16 storage (the CPU's `Phase::Pack`): word w of c (u32 bits) = elements 2w, 2w+1 of a rounded to
+// IEEE half, low half first (little-endian, as the CPU lays the half copy out), each saturated at ±65504
+// first as the CPU does, so a large activation never becomes infinity. The last word of an odd count
+// holds 0 in its high half (bytes nothing reads).
+@compute @workgroup_size(64)
+fn pack_half(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let w = index(gid);
+    if (2u * w >= p.n) {
+        return;
+    }
+    let lo = clamp(a[2u * w], -65504.0, 65504.0);
+    var hi = 0.0;
+    if (2u * w + 1u < p.n) {
+        hi = clamp(a[2u * w + 1u], -65504.0, 65504.0);
+    }
+    c[w] = bitcast<f32>(pack2x16float(vec2<f32>(lo, hi)));
+}
+
+// `Phase::Unpack`: elements 2w, 2w+1 of c = the halves of word w of a, widened.
+@compute @workgroup_size(64)
+fn unpack_half(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let w = index(gid);
+    if (2u * w >= p.n) {
+        return;
+    }
+    let v = unpack2x16float(bitcast<u32>(a[w]));
+    c[2u * w] = v.x;
+    if (2u * w + 1u < p.n) {
+        c[2u * w + 1u] = v.y;
+    }
+}

@@ -144,6 +144,24 @@ fn batchnorm_trains_on_the_gpu_as_on_the_cpu() {
 }
 
 #[test]
+fn fp16_storage_trains_on_the_gpu_as_on_the_cpu() {
+    // The saved activations rounded to IEEE half between forward and backward on both backends: the
+    // same rounding (nearest even, saturating at ±65504), so the runs agree as the f32 ones do.
+    for spec in [mlp(LossKind::SoftmaxCrossEntropy, ADAM, 5), cnn(SGD)] {
+        let p = frugal_core::policy::half::f16_storage(&Graph::new(&spec, 9).unwrap());
+        assert!(
+            p.program.iter().any(|i| i.packed().is_some()),
+            "the plan packs"
+        );
+        let cpu = on_cpu(&p, &spec, &[9, 5], 4, 5);
+        let Some(gpu) = on_gpu(&p, &spec, &[9, 5], 4, 5) else {
+            return;
+        };
+        agree(&gpu, &cpu, "fp16 storage");
+    }
+}
+
+#[test]
 fn dropout_trains_on_the_gpu_as_on_the_cpu() {
     // The CPU's counter-based masks, keyed by each sample's index in the whole batch: 3 micro-batches
     // and a partial batch draw the same masks as the CPU. A wrong mask changes a unit's output wholesale
@@ -230,16 +248,20 @@ fn a_plan_with_a_layer_without_gpu_kernels_is_refused_at_creation() {
     let Some(backend) = common::backend() else {
         return;
     };
-    // fp16 storage (pack/unpack instructions) has no GPU kernels yet.
-    let spec = mlp(LossKind::SoftmaxCrossEntropy, SGD, 5);
-    let gp = gpu_plan(frugal_core::policy::half::f16_storage(
-        &Graph::new(&spec, 4).unwrap(),
-    ));
+    // Integer training stays on the CPU.
+    use frugal_core::model::{LayerKind as K, Src};
+    let mut spec = mlp(LossKind::SoftmaxCrossEntropy, SGD, 5);
+    spec.layers = vec![
+        models::layer("flat", K::Flatten, &[Src::Input]),
+        models::layer("fc", K::Linear { out: 5, bias: true }, &[Src::Layer(0)]),
+    ];
+    let int8 = frugal_core::model::Precision::Int8(frugal_core::model::Int8Update::FloatMaster);
+    let gp = gpu_plan(Plan::new(Graph::with_precision(&spec, 4, int8).unwrap()));
     let arena = vec![0u8; gp.needed_bytes()];
     match Executor::with_backend(&gp, &arena, backend) {
-        Err(ExecError::Unsupported(why)) => assert!(why.contains("fp16"), "{why}"),
+        Err(ExecError::Unsupported(why)) => assert!(why.contains("integer"), "{why}"),
         Err(e) => panic!("wrong error: {e}"),
-        Ok(_) => panic!("an fp16-storage plan was accepted"),
+        Ok(_) => panic!("an int8 plan was accepted"),
     }
     // A plan left on the CPU is refused by placement.
     let Some(backend) = common::backend() else {
