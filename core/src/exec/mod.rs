@@ -281,6 +281,16 @@ impl<'p, B: Backend> Executor<'p, B> {
         tensor_mut(plan, a, t).map(|s| &*s)
     }
 
+    /// Bytes of tensor `t` of the plan's graph.
+    fn tensor_bytes(&self, t: TensorId) -> Result<usize, ExecError> {
+        self.plan
+            .graph
+            .tensors
+            .get(t as usize)
+            .map(|x| x.bytes)
+            .ok_or(ExecError::Tensor("no such tensor"))
+    }
+
     /// The memory space persistent tensor `t` lives in.
     fn space_of(&self, t: TensorId) -> Option<crate::plan::SpaceId> {
         let s = self.plan.storage_at(t, 0)?;
@@ -296,16 +306,8 @@ impl<'p, B: Backend> Executor<'p, B> {
     ) -> Result<alloc::vec::Vec<f32>, ExecError> {
         match self.space_of(t) {
             Some(s) if s != crate::plan::SpaceId::HOST => {
-                let plan = self.plan;
-                let len = plan
-                    .graph
-                    .tensors
-                    .get(t as usize)
-                    .ok_or(ExecError::Tensor("no such tensor"))?
-                    .bytes
-                    / 4;
-                let mut out = alloc::vec![0f32; len];
-                self.backend.read_tensor(plan, t, &mut out)?;
+                let mut out = alloc::vec![0f32; self.tensor_bytes(t)? / 4];
+                self.backend.read_tensor(self.plan, t, &mut out)?;
                 Ok(out)
             }
             _ => self.read(arena, t).map(|v| v.to_vec()),
@@ -320,13 +322,7 @@ impl<'p, B: Backend> Executor<'p, B> {
             .space_of(t)
             .is_some_and(|s| s != crate::plan::SpaceId::HOST)
         {
-            let want = plan
-                .graph
-                .tensors
-                .get(t as usize)
-                .ok_or(ExecError::Tensor("no such tensor"))?
-                .bytes;
-            if data.len() * 4 != want {
+            if data.len() * 4 != self.tensor_bytes(t)? {
                 return Err(ExecError::Tensor("length differs from the planned tensor"));
             }
             return self.backend.write_tensor(plan, t, data);

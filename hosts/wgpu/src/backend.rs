@@ -37,7 +37,7 @@ use frugal_core::ops::Act;
 use frugal_core::plan::{Eo, Phase, Plan, SpaceId, LOSS_NODE};
 
 use crate::elementwise::{entry, optim_params, workgroups, Params};
-use crate::{bn, conv, mapped_f32, pool, Dims, Gpu, GpuError, Mapping, TILE};
+use crate::{bn, conv, pool, Dims, Gpu, GpuError, Mapping, TILE};
 
 /// Entry points of `pool.wgsl` (the order of `pool::ENTRIES`).
 const POOL_MAX_FWD: usize = 0;
@@ -394,22 +394,22 @@ fn steps_of(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
     Ok(out)
 }
 
-/// BatchNorm's saved statistic `k` (0 batch mean, 1 inverse deviation).
-fn bn_saved(node: &Node, k: usize) -> Result<Opnd, ExecError> {
-    node.saved
-        .get(k)
+/// Tensor `k` of `list` as an operand (`what` names the list when it is short).
+fn nth(list: &[TensorId], k: usize, what: &'static str) -> Result<Opnd, ExecError> {
+    list.get(k)
         .copied()
         .map(Opnd::T)
-        .ok_or(ExecError::BadPlan("BatchNorm without saved statistics"))
+        .ok_or(ExecError::BadPlan(what))
+}
+
+/// BatchNorm's saved statistic `k` (0 batch mean, 1 inverse deviation).
+fn bn_saved(node: &Node, k: usize) -> Result<Opnd, ExecError> {
+    nth(&node.saved, k, "BatchNorm without saved statistics")
 }
 
 /// BatchNorm's running statistic `k` (0 mean, 1 variance).
 fn bn_stat(node: &Node, k: usize) -> Result<Opnd, ExecError> {
-    node.stats
-        .get(k)
-        .copied()
-        .map(Opnd::T)
-        .ok_or(ExecError::BadPlan("BatchNorm without running statistics"))
+    nth(&node.stats, k, "BatchNorm without running statistics")
 }
 
 /// The dispatches and copies of instruction `r.eo` as the kernels want them (see [`steps_of`]).
@@ -1337,7 +1337,11 @@ fn totals(prep: &mut Prepared) -> Result<LossOut, ExecError> {
     let ran = prep.loss_n.iter().take_while(|&&n| n > 0).count();
     let read = (io.nil - io.l) as u64;
     let slice = prep.readback.slice(..read);
-    let vals = mapped_f32(&slice).map_err(gpu_err)?;
+    // Read in place: a copy would be a host allocation every step.
+    let view = slice
+        .get_mapped_range()
+        .map_err(|e| gpu_err(GpuError::Readback(e.to_string())))?;
+    let vals: &[f32] = bytemuck::cast_slice(&view);
     let slot = io.l_slot / 4;
     let mut out = LossOut::default();
     for (k, &n) in prep.loss_n[..ran].iter().enumerate() {
@@ -1360,6 +1364,7 @@ fn totals(prep: &mut Prepared) -> Result<LossOut, ExecError> {
         out.mean = mean;
         out.correct += correct;
     }
+    drop(view);
     prep.readback.unmap();
     Ok(out)
 }
