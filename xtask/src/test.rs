@@ -211,6 +211,17 @@ fn cargo_env(args: &[&str], env: &[(&str, String)]) -> Result<(), String> {
     }
 }
 
+/// The space left on the file system of the target directory, as `df -h` says it (None when `df`
+/// cannot tell).
+fn free_disk() -> Option<String> {
+    let dir = std::env::var_os("CARGO_TARGET_DIR").unwrap_or_else(|| ".".into());
+    let out = Command::new("df").arg("-Ph").arg(&dir).output().ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    // POSIX format: a header line, then `fs size used avail use% mount`.
+    let line = text.lines().nth(1)?;
+    line.split_whitespace().nth(3).map(str::to_string)
+}
+
 /// How a leg ended.
 enum Outcome {
     Passed,
@@ -334,6 +345,10 @@ pub fn main(args: &[String]) -> Result<(), String> {
         match &outcome {
             Outcome::Failed(e) => eprintln!("-- {}: FAILED after {secs:.1} s: {e}", leg.name()),
             _ => eprintln!("-- {}: passed in {secs:.1} s", leg.name()),
+        }
+        // A full disk fails legs with unrelated-looking errors: say how much is left after each.
+        if let Some(free) = free_disk() {
+            eprintln!("-- disk: {free} free where the builds go");
         }
         rows.push((leg.name(), outcome, Some(secs)));
     }
