@@ -43,10 +43,14 @@
 //! 5. **Fallback.** If no plan of the table that fits the budget lines up, the step restarts on the new
 //!    plan from its first instruction, keeping only the persistent tensors — allowed only while nothing
 //!    persistent has changed in this step (no optimizer update, no BatchNorm running-statistics update).
-//!    Later, a failed switch is `ExecError::BadPlan("cannot adapt here")`: for [`ladder`](crate::policy::ladder::ladder) plans the
-//!    tests find 11 of 21,171 drops (plan pairs × positions), each a single 64-byte drop right after an
-//!    update whose regeneration needs more room than the old arena has (the contract below forbids
-//!    borrowing more).
+//!    Later, the drop is *deferred*: the step goes on in the old plan, inside the old arena (which the
+//!    host still holds: see the contract), the switch is tried again before every following
+//!    instruction, and at the latest it happens after the step, where only persistent tensors are
+//!    live. [`Adapted::deferred`] counts the instructions run so, and [`AdaptObserver::deferring`]
+//!    announces it. For [`ladder`](crate::policy::ladder::ladder) plans the tests find 11 of 21,171
+//!    drops (plan pairs × positions) that no switch meets, each a single 64-byte drop right after an
+//!    update whose regeneration needs more room than the old arena has (the contract forbids borrowing
+//!    more); failing them instead — as frugal did before — stopped a step with some weights updated.
 //!
 //! # The budget contract
 //!
@@ -57,7 +61,11 @@
 //!   switch returns (the call that reported the drop), and no longer. When the switch returns, nothing
 //!   lives beyond P2's arena, so the bytes above the new budget can be given back at once.
 //! * A switch that cannot be done within that bound falls back (a smaller plan, or a restart before any
-//!   update) or fails with `BadPlan("cannot adapt here")` — it never borrows more.
+//!   update) or is deferred — it never borrows more. While a drop is deferred, the old plan runs inside
+//!   its own arena: the host must keep the old arena until the step returns (not only until the call
+//!   that reported the drop), and when the step returns nothing lives beyond the new plan's arena.
+//!   This is the one case where bytes above the new budget stay in use after the drop is reported; it
+//!   is rare (above), bounded by the old arena, and ends with the step.
 //!
 //! [`AdaptObserver::switching`] sees the arena after every move of a switch; the tests check the contract
 //! there and after every instruction, over thousands of random budget schedules.
@@ -111,6 +119,9 @@ pub struct Adapted {
     /// A switch used bytes of the old plan's arena above the new plan's arena, for regeneration or a
     /// parked source (only while switching, never beyond the old arena; never by an instruction).
     pub above: bool,
+    /// Instructions run in the old plan, inside the old arena, after a drop that no switch could meet
+    /// there yet (deferred: module docs, step 5). 0 but in rare steps.
+    pub deferred: u32,
 }
 
 /// Sees every instruction of an adaptive step together with the plan in force. `arena` is the whole
@@ -123,6 +134,12 @@ pub trait AdaptObserver {
     /// docs): no byte at or beyond `max(from.arena_bytes, to.arena_bytes)` changes.
     fn switching(&mut self, from: &Plan, to: &Plan, arena: &[u8]) {
         let _ = (from, to, arena);
+    }
+    /// Called when a drop to `budget` bytes before instruction `eo` of `plan` cannot be met by any
+    /// switch yet: `plan` goes on, over that budget but inside its own arena, until a switch succeeds
+    /// (before a later instruction, or after the step at the latest).
+    fn deferring(&mut self, plan: &Plan, eo: usize, budget: usize) {
+        let _ = (plan, eo, budget);
     }
 }
 
@@ -195,7 +212,20 @@ struct Adapt<'p, 'f, 's, F> {
     budget: Option<usize>,
     /// Something persistent changed in this step (a restart would apply it twice).
     mutated: bool,
+    /// A drop no switch could meet yet (deferred): tried again before every instruction.
+    waiting: Option<usize>,
     ad: Adapted,
+}
+
+impl<F> Adapt<'_, '_, '_, F> {
+    /// Notes whether instruction `eo` of `plan`, about to run, changes something persistent (no
+    /// restart after it); returns `eo`.
+    fn mark(&mut self, plan: &Plan, eo: usize) -> usize {
+        if let Some(ins) = plan.program.get(eo) {
+            self.mutated |= mutates_persistent(plan, ins);
+        }
+        eo
+    }
 }
 
 impl<'p, B: Backend, F: FnMut(usize, &Plan) -> Option<Budget>> Steer<'p, B>
@@ -215,7 +245,14 @@ impl<'p, B: Backend, F: FnMut(usize, &Plan) -> Option<Budget>> Steer<'p, B>
         }
         let table = self.table;
         let cap = self.cap;
-        if let Some(b) = (self.budget_at)(eo, plan) {
+        // A newly reported budget replaces a deferred one; a deferred drop is tried again before every
+        // instruction until a switch meets it.
+        let reported = (self.budget_at)(eo, plan).map(|b| b.bytes);
+        if reported.is_some() {
+            self.waiting = None;
+        }
+        if let Some(bytes) = reported.or(self.waiting) {
+            let b = Budget::new(bytes);
             self.budget = Some(b.bytes);
             let over = plan.needed_bytes() > b.bytes;
             let entry = pick(table, b.bytes.min(cap));
@@ -294,16 +331,23 @@ impl<'p, B: Backend, F: FnMut(usize, &Plan) -> Option<Budget>> Steer<'p, B>
                             run.loss = 0.0;
                             run.correct = 0;
                         }
-                        None => return Err(ExecError::BadPlan("cannot adapt here")),
+                        None => {
+                            // Deferred (module docs, step 5): the step goes on in the old plan,
+                            // inside the old arena, and tries again before the next instruction.
+                            if self.waiting.is_none() {
+                                obs.deferring(plan, eo, b.bytes);
+                            }
+                            self.waiting = Some(b.bytes);
+                            self.ad.deferred += 1;
+                            return Ok(self.mark(ex.plan, eo));
+                        }
                     }
                 }
+                self.waiting = None;
                 self.ad.switches += 1;
             }
         }
-        if let Some(ins) = ex.plan.program.get(eo) {
-            self.mutated |= mutates_persistent(ex.plan, ins);
-        }
-        Ok(eo)
+        Ok(self.mark(ex.plan, eo))
     }
 }
 
@@ -391,8 +435,8 @@ impl<'p, B: Backend> Executor<'p, B> {
     /// one in force.
     ///
     /// Errors as [`Executor::train_step`], plus [`ExecError::Budget`] when the budget drops below every
-    /// plan of the table, and `BadPlan("cannot adapt here")` when a switch after an update cannot line
-    /// the plans up (in both cases the step stops where it is: some weights may already be updated).
+    /// plan of the table (the step stops where it is: some weights may already be updated). A drop that
+    /// no switch can meet after an update is deferred (module docs, step 5), not an error.
     pub fn train_step_adaptive(
         &mut self,
         arena: &mut [u8],
@@ -448,6 +492,7 @@ impl<'p, B: Backend> Executor<'p, B> {
             cap,
             budget: None,
             mutated: false,
+            waiting: None,
             ad: Adapted::default(),
         };
         self.run_loop(whole, &mut run, 0, None, &mut steer, obs)?;
@@ -479,6 +524,14 @@ impl<'p, B: Backend> Executor<'p, B> {
                             ad.switched_after = true;
                         }
                         Err(NoSwitch(SCRATCH)) => return Err(ExecError::BadPlan(SCRATCH)),
+                        // Between steps only persistent tensors are live, so a switch always lines
+                        // up; a deferred drop that still could not be met would leave the plan over
+                        // the budget, which is an error, never silent.
+                        Err(_) if steer.waiting.is_some() => {
+                            return Err(ExecError::BadPlan(
+                                "a deferred budget drop could not be met after the step",
+                            ))
+                        }
                         Err(_) => {}
                     }
                 }
