@@ -18,11 +18,13 @@
 //!   the backend's own weights, state and gradient before the update — so the update is checked on its
 //!   own and a gradient error is not counted twice,
 //! - BatchNorm's running statistics,
+//! - fp16 storage: each half copy bit for bit against its f32 activation rounded to half (nearest
+//!   even), the backward against a reference that reads those rounded values,
 //!
 //! and after the steps the evaluation loss (BatchNorm on running statistics, Dropout off). A backend
 //! that cannot be opened is reported *skipped* (`conformance: wgpu skipped: <reason>`), never passed;
 //! with `FRUGAL_REQUIRE_GPU=1` it fails the test. The test prints a table: case × backend → worst error
-//! against its tolerance.
+//! against its tolerance, and how many tensors were compared bit for bit (dropout masks, half copies).
 #![cfg(not(target_arch = "wasm32"))] // natively; the browser suite is tests/web.rs
 mod models;
 
@@ -34,7 +36,8 @@ use frugal_core::exec::{Executor, StepStats, Target};
 use frugal_core::graph::{Graph, NodeOp};
 use frugal_core::model::{Dims, LayerKind, LossKind, ModelSpec, OptimizerSpec, Src};
 use frugal_core::ops::Act;
-use frugal_core::plan::{Plan, PlanShape, SpaceId, ALIGN};
+use frugal_core::plan::{share_groups, Plan, PlanShape, SpaceId, ALIGN};
+use frugal_core::policy::half::f16_storage;
 use frugal_core::rng::hash2;
 use frugal_wgpu::{gpu_plan, GpuBackend};
 use models::{data, layer};
@@ -194,6 +197,8 @@ struct Case {
     batch: usize,
     /// Scale of the inputs (larger: ReLU6 clips).
     x_scale: f32,
+    /// fp16 storage: saved activations packed to IEEE half between forward and backward.
+    half: bool,
 }
 
 fn conv(out: u32, k: [u32; 2], s: [u32; 2], p: [u32; 2], groups: u32, bias: bool) -> LayerKind {
@@ -282,6 +287,7 @@ fn cases() -> Vec<Case> {
             ),
             batch: 8,
             x_scale: 1.0,
+            half: false,
         },
         Case {
             name: "sigmoid+tanh, MSE, Adam+wd",
@@ -300,6 +306,7 @@ fn cases() -> Vec<Case> {
             ),
             batch: 6,
             x_scale: 1.0,
+            half: false,
         },
         Case {
             name: "conv stride/pad, grouped, relu6, SGD",
@@ -318,6 +325,7 @@ fn cases() -> Vec<Case> {
             batch: 5,
             // Pre-activations of several units reach past 6: ReLU6 clips some.
             x_scale: 4.0,
+            half: false,
         },
         Case {
             name: "depthwise conv, tanh, GAP, Adam",
@@ -337,6 +345,7 @@ fn cases() -> Vec<Case> {
             ),
             batch: 4,
             x_scale: 1.0,
+            half: false,
         },
         Case {
             name: "max/avg/global pooling, MSE, SGD momentum",
@@ -369,6 +378,7 @@ fn cases() -> Vec<Case> {
             ),
             batch: 5,
             x_scale: 1.0,
+            half: false,
         },
         Case {
             name: "add (residual), CE, Adam",
@@ -388,6 +398,7 @@ fn cases() -> Vec<Case> {
             ),
             batch: 7,
             x_scale: 1.0,
+            half: false,
         },
         Case {
             name: "batchnorm train + frozen (eval), Adam",
@@ -409,6 +420,7 @@ fn cases() -> Vec<Case> {
             ),
             batch: 6,
             x_scale: 1.0,
+            half: false,
         },
         Case {
             name: "dropout, CE, SGD momentum+wd",
@@ -425,6 +437,34 @@ fn cases() -> Vec<Case> {
             ),
             batch: 8,
             x_scale: 1.0,
+            half: false,
+        },
+        Case {
+            name: "fp16 storage (pack/unpack), CE, Adam",
+            spec: spec(
+                (2, 6, 6),
+                vec![
+                    layer("c1", conv(4, [3, 3], [1, 1], [1, 1], 1, true), &[Input]),
+                    layer("relu", K::Relu, &[Layer(0)]),
+                    layer(
+                        "maxpool",
+                        K::MaxPool2d {
+                            kernel: [2, 2],
+                            stride: [2, 2],
+                        },
+                        &[Layer(1)],
+                    ),
+                    layer("c2", conv(4, [3, 3], [1, 1], [1, 1], 2, true), &[Layer(2)]),
+                    layer("tanh", K::Tanh, &[Layer(3)]),
+                    layer("flat", K::Flatten, &[Layer(4)]),
+                    layer("fc", linear(3, true), &[Layer(5)]),
+                ],
+                LossKind::SoftmaxCrossEntropy,
+                ADAM,
+            ),
+            batch: 6,
+            x_scale: 1.0,
+            half: true,
         },
     ]
 }
@@ -433,13 +473,21 @@ fn cases() -> Vec<Case> {
 /// step, so no two tensors share bytes and every tensor of the step can be read after it.
 fn observable_plan(case: &Case) -> Plan {
     let g = Graph::new(&case.spec, case.batch).expect("the case's model realises");
-    let mut p = Plan::shaped(
-        g,
-        PlanShape {
-            micro_batches: 1,
-            in_place: false,
-        },
-    );
+    let mut p = if case.half {
+        // fp16 storage's program and half copies, laid out without in-place merging.
+        let h = f16_storage(&g);
+        assert!(!h.graph.halves.is_empty(), "the fp16 case packs something");
+        let roots = share_groups(&h.graph, false);
+        Plan::from_program(h.graph, 1, h.program, roots)
+    } else {
+        Plan::shaped(
+            g,
+            PlanShape {
+                micro_batches: 1,
+                in_place: false,
+            },
+        )
+    };
     let end = p.n_eo().saturating_sub(1);
     for l in &mut p.lives {
         l.last = end;
@@ -465,6 +513,33 @@ fn dropout_keep(p: f32, step_seed: u64, layer: u32, sample: usize, i: usize) -> 
     ((hash2(s, i as u64) >> 40) as f64) / (1u64 << 24) as f64 >= p as f64
 }
 
+/// `x` rounded to IEEE half (nearest even; magnitudes beyond the largest half saturate at ±65504, as
+/// frugal's pack does), in f64.
+fn round_f16(x: f64) -> f64 {
+    if x == 0.0 || !x.is_finite() {
+        return x;
+    }
+    let a = x.abs();
+    // The exponent of a's binade, at least the smallest normal's (subnormals share its spacing).
+    let e = a.log2().floor().max(-14.0);
+    let ulp = (e - 10.0).exp2();
+    let r = ((a / ulp).round_ties_even() * ulp).min(65504.0);
+    r.copysign(x)
+}
+
+/// The value of IEEE half bits.
+fn from_f16_bits(b: u16) -> f64 {
+    let sign = if b >> 15 == 1 { -1.0 } else { 1.0 };
+    let e = ((b >> 10) & 0x1f) as i32;
+    let m = (b & 0x3ff) as f64;
+    sign * match e {
+        0 => m * (-24f64).exp2(),
+        31 if m == 0.0 => f64::INFINITY,
+        31 => f64::NAN,
+        _ => (1.0 + m / 1024.0) * ((e - 15) as f64).exp2(),
+    }
+}
+
 /// What the reference computed for one step.
 struct Reference {
     /// Every tensor's value after the forward (activations), at the step's start (weights, stats).
@@ -477,20 +552,50 @@ struct Reference {
     loss: f64,
 }
 
-/// One forward (and, when `train`, backward) of the graph on `x` with the persistent values `state`.
+/// A batch: inputs, and the labels or targets (whichever the loss takes).
+struct Batch {
+    x: Vec<f32>,
+    labels: Vec<u32>,
+    targets: Vec<f32>,
+}
+
+impl Batch {
+    fn new(g: &Graph, seed: u64, x_scale: f32) -> Batch {
+        let (n, outs) = (g.batch, g.pred_dims().numel());
+        Batch {
+            x: data(n * g.input_dims.numel(), seed, x_scale),
+            labels: (0..n)
+                .map(|i| ((i * 5 + seed as usize) % outs) as u32)
+                .collect(),
+            targets: data(n * outs, seed + 1, 0.8),
+        }
+    }
+    fn target(&self, loss: LossKind) -> Target<'_> {
+        match loss {
+            LossKind::SoftmaxCrossEntropy => Target::Classes(&self.labels),
+            LossKind::Mse => Target::Values(&self.targets),
+        }
+    }
+}
+
+/// One forward (and, when `train`, backward) of the graph on `b` with the persistent values `state`.
+/// `packed`: for fp16 storage, what the backward reads of each packed activation (its half rounding).
 fn reference(
     g: &Graph,
     state: &Vals,
-    x: &[f32],
-    labels: &[u32],
-    targets: &[f32],
+    b: &Batch,
     train: bool,
     step_seed: u64,
+    packed: &Vals,
 ) -> Reference {
+    let (labels, targets) = (&b.labels, &b.targets);
     let n = g.batch;
     let mut v: Vals = state.clone();
-    v.insert(g.input, f64s(x));
+    v.insert(g.input, f64s(&b.x));
     let mut stats: Vals = HashMap::new();
+    // BatchNorm's batch statistics per node, (mean, biased variance) per channel: its backward uses
+    // the forward's (a recomputation from fp16-rounded inputs would differ).
+    let mut bn_stats: HashMap<usize, Vec<(f64, f64)>> = HashMap::new();
     // Max pooling's arg-max per output (input index), per node.
     let mut argmax: HashMap<usize, Vec<usize>> = HashMap::new();
     for (ni, node) in g.nodes.iter().enumerate() {
@@ -611,6 +716,7 @@ fn reference(
                 let m = (n * hw) as f64;
                 let mut y = vec![0.0; x0.len()];
                 let (mut nrm, mut nrv) = (rm.clone(), rv.clone());
+                let mut saved = Vec::new();
                 for ch in 0..*c {
                     let idx = |s: usize, i: usize| (s * c + ch) * hw + i;
                     let (mean, var) = if *batch_stats && train {
@@ -634,6 +740,7 @@ fn reference(
                     } else {
                         (rm[ch], rv[ch])
                     };
+                    saved.push((mean, var));
                     let inv = 1.0 / (var + *eps as f64).sqrt();
                     for s in 0..n {
                         for i in 0..*hw {
@@ -641,6 +748,7 @@ fn reference(
                         }
                     }
                 }
+                bn_stats.insert(ni, saved);
                 if *batch_stats && train {
                     stats.insert(node.stats[0], nrm);
                     stats.insert(node.stats[1], nrv);
@@ -699,7 +807,12 @@ fn reference(
         }
     };
     let mut d: Vals = HashMap::new();
+    let forward = v.clone();
     if train {
+        // The backward reads packed activations as their half copies widened back.
+        for (t, h) in packed {
+            v.insert(*t, h.clone());
+        }
         d.insert(g.pred(), dz);
         for (ni, node) in g.nodes.iter().enumerate().rev() {
             let Some(dy) = d.get(&node.out).cloned() else {
@@ -825,21 +938,11 @@ fn reference(
                     ..
                 } => {
                     let gamma = &v[&node.params[0].value];
-                    let (rm, rv) = (&v[&node.stats[0]], &v[&node.stats[1]]);
                     let m = (n * hw) as f64;
                     for ch in 0..*c {
                         let idx = |s: usize, i: usize| (s * c + ch) * hw + i;
                         let all = || (0..n).flat_map(|s| (0..*hw).map(move |i| (s, i)));
-                        let (mean, var) = if *batch_stats {
-                            let mean = all().map(|(s, i)| x0[idx(s, i)]).sum::<f64>() / m;
-                            let var = all()
-                                .map(|(s, i)| (x0[idx(s, i)] - mean).powi(2))
-                                .sum::<f64>()
-                                / m;
-                            (mean, var)
-                        } else {
-                            (rm[ch], rv[ch])
-                        };
+                        let (mean, var) = bn_stats[&ni][ch];
                         let inv = 1.0 / (var + *eps as f64).sqrt();
                         let xhat = |s: usize, i: usize| (x0[idx(s, i)] - mean) * inv;
                         let sdy: f64 = all().map(|(s, i)| dy[idx(s, i)]).sum();
@@ -875,7 +978,7 @@ fn reference(
         }
     }
     Reference {
-        vals: v,
+        vals: forward,
         grads: d,
         stats,
         loss,
@@ -994,6 +1097,8 @@ struct Report {
     checks: Vec<Check>,
     /// Errors that are not a tolerance (a mask bit that differs, a backend error).
     failures: Vec<String>,
+    /// Tensors checked bit for bit: dropout masks, fp16 storage's half copies.
+    exact: usize,
 }
 
 impl Report {
@@ -1111,33 +1216,51 @@ fn run_case(h: &mut dyn Harness, case: &Case) -> Report {
     let plan = observable_plan(case);
     let g = &plan.graph;
     let n = case.batch;
-    let outs = g.pred_dims().numel();
-    let per = g.input_dims.numel();
     let mut report = Report::default();
+    let rd = |ex: &mut dyn Exec, t: TensorId| {
+        ex.read(t).map_err(|e| format!("reading tensor {t}: {e:?}"))
+    };
     let r = h.run(&plan, &mut |ex: &mut dyn Exec| {
         seed_state(ex, g)?;
         for step in 0..STEPS {
-            let x = data(n * per, 10 + step, case.x_scale);
-            let labels: Vec<u32> = (0..n)
-                .map(|i| ((i * 5 + step as usize) % outs) as u32)
-                .collect();
-            let targets = data(n * outs, 20 + step, 0.8);
-            let target = match g.loss {
-                LossKind::SoftmaxCrossEntropy => Target::Classes(&labels),
-                LossKind::Mse => Target::Values(&targets),
-            };
+            let b = Batch::new(g, 10 * (step + 1), case.x_scale);
             let before = read_state(ex, g)?;
             let step_seed = hash2(g.seed, ex.steps() as u64);
             let t = ex.steps() + 1;
-            let rf = reference(g, &before, &x, &labels, &targets, true, step_seed);
             let st = ex
-                .step(&x, target)
+                .step(&b.x, b.target(g.loss))
                 .map_err(|e| format!("step {step}: {e:?}"))?;
             let at = |what: &str| format!("step {step}: {what}");
+            // fp16 storage: each half copy holds its activation rounded to half, bit for bit, and the
+            // reference's backward reads those values.
+            let mut packed = HashMap::new();
+            for &(t, half) in &g.halves {
+                let y = rd(ex, t)?;
+                let bits: Vec<u16> = rd(ex, half)?
+                    .iter()
+                    .flat_map(|w| {
+                        let b = w.to_bits();
+                        [b as u16, (b >> 16) as u16]
+                    })
+                    .collect();
+                let want: Vec<f64> = y.iter().map(|&v| round_f16(v as f64)).collect();
+                let wrong = want
+                    .iter()
+                    .zip(&bits)
+                    .filter(|(w, b)| from_f16_bits(**b) != **w)
+                    .count();
+                if bits.len() != want.len() || wrong > 0 {
+                    report.failures.push(at(&format!(
+                        "{}: {wrong} of {} half values differ from the f32 value rounded to half",
+                        g.tensors[half as usize].name,
+                        want.len()
+                    )));
+                }
+                report.exact += 1;
+                packed.insert(t, want);
+            }
+            let rf = reference(g, &before, &b, true, step_seed, &packed);
             report.close(Kind::Loss, at("loss"), &[st.loss], &[rf.loss], TOL_LOSS);
-            let rd = |ex: &mut dyn Exec, t: TensorId| {
-                ex.read(t).map_err(|e| format!("reading tensor {t}: {e:?}"))
-            };
             for node in &g.nodes {
                 if plan.storage_at(node.out, 0).is_none() {
                     continue; // a view of the input batch: the host's bytes, not the plan's
@@ -1165,6 +1288,7 @@ fn run_case(h: &mut dyn Harness, case: &Case) -> Report {
                             wrong += 1;
                         }
                     }
+                    report.exact += 1;
                     if wrong > 0 {
                         report.failures.push(at(&format!(
                             "{}: {wrong} of {} mask bits differ from the CPU's rule",
@@ -1248,17 +1372,11 @@ fn run_case(h: &mut dyn Harness, case: &Case) -> Report {
             );
         }
         // Evaluation: running statistics, no dropout, the loss only.
-        let x = data(n * per, 30, case.x_scale);
-        let labels: Vec<u32> = (0..n).map(|i| ((i * 3) % outs) as u32).collect();
-        let targets = data(n * outs, 31, 0.8);
-        let target = match g.loss {
-            LossKind::SoftmaxCrossEntropy => Target::Classes(&labels),
-            LossKind::Mse => Target::Values(&targets),
-        };
+        let b = Batch::new(g, 99, case.x_scale);
         let state = read_state(ex, g)?;
-        let rf = reference(g, &state, &x, &labels, &targets, false, 0);
+        let rf = reference(g, &state, &b, false, 0, &HashMap::new());
         let ev = ex
-            .evaluate(&x, target)
+            .evaluate(&b.x, b.target(g.loss))
             .map_err(|e| format!("evaluate: {e:?}"))?;
         report.close(
             Kind::Loss,
@@ -1313,7 +1431,7 @@ fn every_op_conforms_to_the_f64_reference_on_every_backend() {
     for k in Kind::ALL {
         out += &format!(" {:>9}", k.heading());
     }
-    out += "  result\n";
+    out += &format!(" {:>9}  result\n", "bit-exact");
     out += &format!("{:<42} {:<7}", "  (tolerance)", "");
     for tol in [
         TOL_FORWARD,
@@ -1326,7 +1444,7 @@ fn every_op_conforms_to_the_f64_reference_on_every_backend() {
     ] {
         out += &format!(" {tol:>9.0e}");
     }
-    out += "\n";
+    out += &format!(" {:>9}\n", "0 bits");
     let mut failed = Vec::new();
     let mut worst_overall: Option<(f64, String)> = None;
     for case in &cases {
@@ -1339,6 +1457,7 @@ fn every_op_conforms_to_the_f64_reference_on_every_backend() {
                     None => out += &format!(" {:>9}", "-"),
                 }
             }
+            out += &format!(" {:>9}", r.exact);
             out += if r.passed() {
                 "  passed\n"
             } else {
