@@ -22,7 +22,10 @@
 //! - fp16 storage: each half copy bit for bit against its f32 activation rounded to half (nearest
 //!   even), the backward against a reference that reads those rounded values,
 //!
-//! and after the steps the evaluation loss (BatchNorm on running statistics, Dropout off). A backend
+//! and after the steps the evaluation loss (BatchNorm on running statistics, Dropout off). One case
+//! splits its batch into micro-batches (the accumulating weight gradients, the loss normalised by the
+//! whole batch, dropout keyed by the sample's index in the whole batch); there activations and
+//! derivatives are compared for the first micro-batch (what the plan's first segment holds). A backend
 //! that cannot be opened is reported *skipped* (`conformance: wgpu skipped: <reason>`), never passed;
 //! with `FRUGAL_REQUIRE_GPU=1` it fails the test. The test prints a table: case × backend → worst error
 //! against its tolerance, and how many tensors were compared bit for bit (dropout masks, half copies).
@@ -214,6 +217,8 @@ struct Case {
     x_scale: f32,
     /// fp16 storage: saved activations packed to IEEE half between forward and backward.
     half: bool,
+    /// Micro-batches the step's batch is split into (weight gradients accumulated over them).
+    micro: u16,
 }
 
 fn conv(out: u32, k: [u32; 2], s: [u32; 2], p: [u32; 2], groups: u32, bias: bool) -> LayerKind {
@@ -303,6 +308,7 @@ fn cases() -> Vec<Case> {
             batch: 8,
             x_scale: 1.0,
             half: false,
+            micro: 1,
         },
         Case {
             name: "sigmoid+tanh, MSE, Adam+wd",
@@ -322,6 +328,7 @@ fn cases() -> Vec<Case> {
             batch: 6,
             x_scale: 1.0,
             half: false,
+            micro: 1,
         },
         Case {
             name: "conv stride/pad, grouped, relu6, SGD",
@@ -342,6 +349,7 @@ fn cases() -> Vec<Case> {
             // "clamp at 7" fails).
             x_scale: 10.0,
             half: false,
+            micro: 1,
         },
         Case {
             name: "depthwise conv, tanh, GAP, Adam",
@@ -362,6 +370,7 @@ fn cases() -> Vec<Case> {
             batch: 4,
             x_scale: 1.0,
             half: false,
+            micro: 1,
         },
         Case {
             name: "max/avg/global pooling, MSE, SGD momentum",
@@ -395,6 +404,7 @@ fn cases() -> Vec<Case> {
             batch: 5,
             x_scale: 1.0,
             half: false,
+            micro: 1,
         },
         Case {
             name: "add (residual), CE, Adam",
@@ -415,6 +425,7 @@ fn cases() -> Vec<Case> {
             batch: 7,
             x_scale: 1.0,
             half: false,
+            micro: 1,
         },
         Case {
             name: "batchnorm train + frozen (eval), Adam",
@@ -437,6 +448,7 @@ fn cases() -> Vec<Case> {
             batch: 6,
             x_scale: 1.0,
             half: false,
+            micro: 1,
         },
         Case {
             name: "dropout, CE, SGD momentum+wd",
@@ -454,6 +466,7 @@ fn cases() -> Vec<Case> {
             batch: 8,
             x_scale: 1.0,
             half: false,
+            micro: 1,
         },
         Case {
             name: "fp16 storage (pack/unpack), CE, Adam",
@@ -481,6 +494,31 @@ fn cases() -> Vec<Case> {
             batch: 6,
             x_scale: 1.0,
             half: true,
+            micro: 1,
+        },
+        Case {
+            // The accumulating kernels: weight gradients summed over micro-batches, the loss's
+            // derivative normalised by the whole batch, dropout masks keyed by the sample's index in
+            // the whole batch. (No BatchNorm: its statistics are per micro-batch by design.)
+            name: "3 micro-batches: conv, dropout, MSE, SGD",
+            spec: spec(
+                (2, 5, 5),
+                vec![
+                    layer("c1", conv(3, [3, 3], [1, 1], [1, 1], 1, true), &[Input]),
+                    layer("relu", K::Relu, &[Layer(0)]),
+                    layer("c2", conv(4, [3, 3], [2, 2], [0, 0], 1, true), &[Layer(1)]),
+                    layer("flat", K::Flatten, &[Layer(2)]),
+                    layer("fc1", linear(6, true), &[Layer(3)]),
+                    layer("drop", K::Dropout { p: 0.25 }, &[Layer(4)]),
+                    layer("fc2", linear(3, true), &[Layer(5)]),
+                ],
+                LossKind::Mse,
+                SGD_MOMENTUM,
+            ),
+            batch: 9,
+            x_scale: 1.0,
+            half: false,
+            micro: 3,
         },
     ]
 }
@@ -488,7 +526,13 @@ fn cases() -> Vec<Case> {
 /// The case's plan, made observable: no in-place merging and every storage live to the end of the
 /// step, so no two tensors share bytes and every tensor of the step can be read after it.
 fn observable_plan(case: &Case) -> Plan {
-    let g = Graph::new(&case.spec, case.batch).expect("the case's model realises");
+    let micro = case.micro.max(1);
+    assert!(
+        case.batch % micro as usize == 0 && !(case.half && micro > 1),
+        "{}: a batch of whole micro-batches, fp16 storage on one",
+        case.name
+    );
+    let g = Graph::new(&case.spec, case.batch / micro as usize).expect("the case's model realises");
     let mut p = if case.half {
         // fp16 storage's program and half copies, laid out without in-place merging.
         let h = f16_storage(&g);
@@ -499,7 +543,7 @@ fn observable_plan(case: &Case) -> Plan {
         Plan::shaped(
             g,
             PlanShape {
-                micro_batches: 1,
+                micro_batches: micro,
                 in_place: false,
             },
         )
@@ -576,8 +620,9 @@ struct Batch {
 }
 
 impl Batch {
-    fn new(g: &Graph, seed: u64, x_scale: f32) -> Batch {
-        let (n, outs) = (g.batch, g.pred_dims().numel());
+    /// `n` samples.
+    fn new(g: &Graph, n: usize, seed: u64, x_scale: f32) -> Batch {
+        let outs = g.pred_dims().numel();
         Batch {
             x: data(n * g.input_dims.numel(), seed, x_scale),
             labels: (0..n)
@@ -605,7 +650,8 @@ fn reference(
     packed: &Vals,
 ) -> Reference {
     let (labels, targets) = (&b.labels, &b.targets);
-    let n = g.batch;
+    // The whole batch (every micro-batch at once).
+    let n = labels.len();
     let mut v: Vals = state.clone();
     v.insert(g.input, f64s(&b.x));
     let mut stats: Vals = HashMap::new();
@@ -1232,6 +1278,12 @@ fn run_case(h: &mut dyn Harness, case: &Case) -> Report {
     let plan = observable_plan(case);
     let g = &plan.graph;
     let n = case.batch;
+    // With micro-batches, each micro-batch's activations and derivatives are a segment of their own
+    // (a fresh write starts one), and a tensor read after the step is its first segment: the first
+    // micro-batch, the batch's first `mb` samples, the head of the reference's values.
+    let mb = g.batch;
+    let head =
+        |want: &[f64], got: &[f32]| -> Vec<f64> { want[..got.len().min(want.len())].to_vec() };
     let mut report = Report::default();
     let rd = |ex: &mut dyn Exec, t: TensorId| {
         ex.read(t).map_err(|e| format!("reading tensor {t}: {e:?}"))
@@ -1239,7 +1291,7 @@ fn run_case(h: &mut dyn Harness, case: &Case) -> Report {
     let r = h.run(&plan, &mut |ex: &mut dyn Exec| {
         seed_state(ex, g)?;
         for step in 0..STEPS {
-            let b = Batch::new(g, 10 * (step + 1), case.x_scale);
+            let b = Batch::new(g, n, 10 * (step + 1), case.x_scale);
             let before = read_state(ex, g)?;
             let step_seed = hash2(g.seed, ex.steps() as u64);
             let t = ex.steps() + 1;
@@ -1286,13 +1338,13 @@ fn run_case(h: &mut dyn Harness, case: &Case) -> Report {
                     Kind::Forward,
                     at(&format!("{} forward", node.name)),
                     &y,
-                    &rf.vals[&node.out],
+                    &head(&rf.vals[&node.out], &y),
                     TOL_FORWARD,
                 );
                 if let NodeOp::Dropout { p } = node.op {
                     // The mask bit for bit: an element is zero exactly where the CPU's rule drops it
                     // (the layer's input is a linear layer's output, never exactly zero).
-                    let per = y.len() / n;
+                    let per = y.len() / mb;
                     let x_in = rd(ex, node.inputs[0])?;
                     let dx = node.d_in[0].map(|(t, _)| rd(ex, t)).transpose()?;
                     let mut wrong = 0;
@@ -1324,7 +1376,7 @@ fn run_case(h: &mut dyn Harness, case: &Case) -> Report {
                             Kind::Dx,
                             at(&format!("{} dL/dx{k}", node.name)),
                             &got,
-                            &rf.grads[&node.inputs[k]],
+                            &head(&rf.grads[&node.inputs[k]], &got),
                             TOL_BACKWARD,
                         );
                     }
@@ -1387,12 +1439,13 @@ fn run_case(h: &mut dyn Harness, case: &Case) -> Report {
                 Kind::Dx,
                 at("dL/d(prediction)"),
                 &dpred,
-                &rf.grads[&g.pred()],
+                &head(&rf.grads[&g.pred()], &dpred),
                 TOL_BACKWARD,
             );
         }
         // Evaluation: running statistics, no dropout, the loss only.
-        let b = Batch::new(g, 99, case.x_scale);
+        // (At most one micro-batch: evaluation runs the first.)
+        let b = Batch::new(g, mb, 99, case.x_scale);
         let state = read_state(ex, g)?;
         let rf = reference(g, &state, &b, false, 0, &HashMap::new());
         let ev = ex
