@@ -528,7 +528,7 @@ fn cases() -> Vec<Case> {
 fn observable_plan(case: &Case) -> Plan {
     let micro = case.micro.max(1);
     assert!(
-        case.batch % micro as usize == 0 && !(case.half && micro > 1),
+        case.batch.is_multiple_of(micro as usize) && !(case.half && micro > 1),
         "{}: a batch of whole micro-batches, fp16 storage on one",
         case.name
     );
