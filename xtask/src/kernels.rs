@@ -121,6 +121,20 @@ pub fn table(leg: impl Fn(Leg) -> LegResult) -> String {
         "| f32 wgpu kernels (WGSL) | {gpu} |{}\n",
         " – |".repeat(cols.len() - 1)
     ));
+    // The op conformance suite (hosts/wgpu/tests/conformance.rs): every op against an f64 reference,
+    // through the CPU backend in the tests leg and the wgpu backend in the gpu leg (which requires the
+    // adapter; the tests leg's run may skip it).
+    let cpu_conf = match leg(Leg::Tests) {
+        LegResult::Passed => "ran",
+        LegResult::Failed => "**failed**",
+        LegResult::NotRun => "not run (tests skipped)",
+    };
+    for (backend, text) in [("cpu", cpu_conf), ("wgpu (lavapipe without a GPU)", gpu)] {
+        s.push_str(&format!(
+            "| op conformance vs f64, {backend} | {text} |{}\n",
+            " – |".repeat(cols.len() - 1)
+        ));
+    }
     s
 }
 
@@ -157,5 +171,17 @@ mod tests {
         assert!(r.starts_with("| f32 neon | – | ran | ran | – |"), "{r}");
         let failed = table(|_| LegResult::Failed);
         assert!(!failed.contains("| ran |"));
+        // The conformance rows follow their legs: the CPU's the tests leg, wgpu's the gpu leg.
+        let t = table(|l| {
+            if l == Leg::Tests {
+                LegResult::Passed
+            } else {
+                LegResult::NotRun
+            }
+        });
+        let row = |name: &str| t.lines().find(|l| l.starts_with(name)).unwrap().to_string();
+        assert!(row("| op conformance vs f64, cpu |").contains("| ran |"));
+        assert!(row("| op conformance vs f64, wgpu").contains("not run (gpu skipped)"));
+        assert!(failed.contains("| op conformance vs f64, cpu | **failed** |"));
     }
 }
