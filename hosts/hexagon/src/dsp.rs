@@ -78,6 +78,7 @@ impl<T: Transport> Dsp<T> {
                 op,
                 params,
                 payload,
+                reply_len: want_len,
             },
             &mut self.reply,
         )?;

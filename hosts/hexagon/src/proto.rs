@@ -80,6 +80,54 @@ pub struct Request<'a> {
     pub params: &'a [u32],
     /// Its payload, in pieces.
     pub payload: &'a [&'a [u8]],
+    /// The reply payload's length the caller expects (a transport refuses another one early and
+    /// sizes its reply buffer from it).
+    pub reply_len: usize,
+}
+
+/// The whole request frame (header, parameters, payload) in `out`, cleared first (FastRPC passes it
+/// as one buffer; the pipe sends the pieces instead).
+pub fn request_frame(req: &Request<'_>, seq: u32, out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(&request_header(req, seq));
+    for p in req.params {
+        out.extend_from_slice(&p.to_le_bytes());
+    }
+    for piece in req.payload {
+        out.extend_from_slice(piece);
+    }
+}
+
+/// Parses a whole reply frame `b` (FastRPC's output buffer) for request `seq` into `reply`.
+pub fn parse_reply_frame(
+    b: &[u8],
+    seq: u32,
+    reply: &mut Reply,
+) -> Result<ReplyHeader, &'static str> {
+    let hb: &[u8; HEADER_WORDS * 4] = b
+        .get(..HEADER_WORDS * 4)
+        .and_then(|h| h.try_into().ok())
+        .ok_or("shorter than a header")?;
+    let h = parse_reply_header(hb)?;
+    if h.seq != seq {
+        return Err("answers another request");
+    }
+    let rn = h.nresults as usize * 4;
+    let body = &b[HEADER_WORDS * 4..];
+    if body.len() != rn + h.len as usize {
+        return Err("frame length differs from its header");
+    }
+    let (rb, pb) = body.split_at(rn);
+    if fnv(fnv(FNV_INIT, rb), pb) != h.sum {
+        return Err("checksum mismatch");
+    }
+    reply.nresults = h.nresults as usize;
+    for (r, w) in reply.results.iter_mut().zip(rb.chunks_exact(4)) {
+        *r = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+    }
+    reply.payload.clear();
+    reply.payload.extend_from_slice(pb);
+    Ok(h)
 }
 
 /// One reply, reused across calls (its buffer keeps its capacity: no allocation once warm).

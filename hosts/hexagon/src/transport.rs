@@ -22,10 +22,11 @@ pub trait Transport {
     fn name(&self) -> &'static str;
 }
 
-/// The skel ELF built by `build.rs` (`FRUGAL_HEXAGON_SKEL` at run time overrides it); `Err(why)` when
+/// The skel ELF built by `build.rs` (`FRUGAL_DSP_SKEL` at run time overrides it; cargo sets
+/// `FRUGAL_HEXAGON_SKEL` itself when it runs tests); `Err(why)` when
 /// there is none.
 pub fn skel_path() -> Result<PathBuf, String> {
-    if let Some(p) = std::env::var_os("FRUGAL_HEXAGON_SKEL").filter(|p| !p.is_empty()) {
+    if let Some(p) = std::env::var_os("FRUGAL_DSP_SKEL").filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(p));
     }
     match env!("FRUGAL_HEXAGON_SKEL") {
@@ -154,6 +155,9 @@ impl QemuHexagon {
         let h = proto::parse_reply_header(&hb).map_err(bad)?;
         if h.seq != seq {
             return Err(bad("answers another request"));
+        }
+        if h.status == 0 && h.len as usize != req.reply_len {
+            return Err(bad("reply payload has the wrong length"));
         }
         let mut rb = [0u8; proto::MAX_RESULTS * 4];
         let rb = &mut rb[..h.nresults as usize * 4];
