@@ -43,11 +43,17 @@ fn main() {
         }
         Ok(o) => format!(
             "{cc} could not build the skel: {}",
-            String::from_utf8_lossy(&o.stderr).lines().next().unwrap_or("")
+            String::from_utf8_lossy(&o.stderr)
+                .lines()
+                .next()
+                .unwrap_or("")
         ),
         Err(e) => format!("{cc} not found ({e}); run `cargo xtask setup`"),
     };
     println!("cargo:warning=frugal-hexagon: DSP skel not built: {why}");
     println!("cargo:rustc-env=FRUGAL_HEXAGON_SKEL=");
-    println!("cargo:rustc-env=FRUGAL_HEXAGON_SKEL_WHY={}", why.replace('\n', " "));
+    println!(
+        "cargo:rustc-env=FRUGAL_HEXAGON_SKEL_WHY={}",
+        why.replace('\n', " ")
+    );
 }

@@ -299,7 +299,13 @@ impl<T: Transport> Dsp<T> {
         let per_in = g.cin * g.h * g.w;
         let kg = g.cin / g.groups.max(1) * g.kh * g.kw;
         let want = kg * samples * g.oh * g.ow;
-        let r = self.call(Op::Im2col, &params, &[as_bytes(&x[..samples * per_in])], want, 0)?;
+        let r = self.call(
+            Op::Im2col,
+            &params,
+            &[as_bytes(&x[..samples * per_in])],
+            want,
+            0,
+        )?;
         for (d, &v) in cols[..want].iter_mut().zip(&r.payload) {
             *d = v as i8;
         }

@@ -61,7 +61,11 @@ impl fmt::Display for DspError {
             DspError::Died { op, detail } => write!(f, "the DSP died during {op}: {detail}"),
             DspError::BadReply { op, what } => write!(f, "bad DSP reply to {op}: {what}"),
             DspError::Refused { op, status } => {
-                write!(f, "the DSP refused {op} (status {status}: {})", status_name(*status))
+                write!(
+                    f,
+                    "the DSP refused {op} (status {status}: {})",
+                    status_name(*status)
+                )
             }
             DspError::TooLarge { op, bytes } => {
                 write!(f, "{op}: {bytes} bytes exceed what the DSP takes")

@@ -30,7 +30,14 @@ use crate::proto::{self, Reply, Request};
 use crate::transport::Transport;
 
 /// FastRPC's `remote_scalars` word: attributes, method, input/output buffers and handles.
-pub const fn remote_scalars(attr: u32, method: u32, n_in: u32, n_out: u32, h_in: u32, h_out: u32) -> u32 {
+pub const fn remote_scalars(
+    attr: u32,
+    method: u32,
+    n_in: u32,
+    n_out: u32,
+    h_in: u32,
+    h_out: u32,
+) -> u32 {
     ((attr & 0x7) << 29)
         | ((method & 0x1f) << 24)
         | ((n_in & 0xff) << 16)
@@ -43,8 +50,7 @@ pub const fn remote_scalars(attr: u32, method: u32, n_in: u32, n_out: u32, h_in:
 pub const CALL_SCALARS: u32 = remote_scalars(0, 2, 1, 1, 0, 0);
 
 /// The URI the DSP's loader resolves to the skel library.
-pub const SKEL_URI: &str =
-    "file:///libfrugal_skel.so?frugal_skel_skel_handle_invoke&_modver=1.0\0";
+pub const SKEL_URI: &str = "file:///libfrugal_skel.so?frugal_skel_skel_handle_invoke&_modver=1.0\0";
 
 /// One FastRPC buffer argument (`remote_buf` inside `remote_arg`).
 #[repr(C)]
@@ -150,7 +156,8 @@ impl Transport for FastRpc {
             Some(h) => h,
             None => {
                 self.restart()?;
-                self.handle.ok_or_else(|| DspError::Unavailable("no handle".into()))?
+                self.handle
+                    .ok_or_else(|| DspError::Unavailable("no handle".into()))?
             }
         };
         self.seq = self.seq.wrapping_add(1);

@@ -18,7 +18,7 @@ pub mod fastrpc;
 pub mod proto;
 mod transport;
 
-// pub use backend::DspBackend;
+pub use backend::DspBackend;
 pub use dsp::{Calls, Dsp};
 pub use error::{status_name, DspError};
 pub use transport::{skel_path, QemuHexagon, Transport};

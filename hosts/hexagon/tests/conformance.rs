@@ -48,7 +48,13 @@ fn gemm_matches_cpu_for_every_layout() {
             )
         })
         .collect();
-    shapes.extend([(1, 1, 1), (4, 32, 4), (5, 33, 9000), (9, 64, 128), (3, 7, 0)]);
+    shapes.extend([
+        (1, 1, 1),
+        (4, 32, 4),
+        (5, 33, 9000),
+        (9, 64, 128),
+        (3, 7, 0),
+    ]);
     for (case, &(m, n, k)) in shapes.iter().enumerate() {
         for layout in 0..4 {
             let (ta, tb) = (layout & 1 == 1, layout & 2 == 2);
@@ -56,19 +62,37 @@ fn gemm_matches_cpu_for_every_layout() {
             let a = bytes(&mut rng, m * k, edge);
             let b = bytes(&mut rng, k * n, edge);
             let am = if ta {
-                MatRef { data: &a, rs: 1, cs: m }
+                MatRef {
+                    data: &a,
+                    rs: 1,
+                    cs: m,
+                }
             } else {
-                MatRef { data: &a, rs: k, cs: 1 }
+                MatRef {
+                    data: &a,
+                    rs: k,
+                    cs: 1,
+                }
             };
             let bm = if tb {
-                MatRef { data: &b, rs: 1, cs: k }
+                MatRef {
+                    data: &b,
+                    rs: 1,
+                    cs: k,
+                }
             } else {
-                MatRef { data: &b, rs: n, cs: 1 }
+                MatRef {
+                    data: &b,
+                    rs: n,
+                    cs: 1,
+                }
             };
             // A row stride wider than n, and accumulation onto existing values, on odd layouts.
             let ldc = n + layout;
             let acc = layout % 2 == 1;
-            let init: Vec<i32> = (0..m * ldc).map(|_| rng.below(2001) as i32 - 1000).collect();
+            let init: Vec<i32> = (0..m * ldc)
+                .map(|_| rng.below(2001) as i32 - 1000)
+                .collect();
             let mut want = init.clone();
             igemm_reference(m, n, k, am, bm, &mut want, ldc, acc);
             let mut got = init.clone();
@@ -150,7 +174,13 @@ fn maxpool_matches_cpu_with_ties_and_saturation() {
         let ow = w / 2;
         // A few distinct values: many ties, whose first-in-order index must win.
         let x: Vec<i8> = (0..pairs * 2 * w)
-            .map(|_| if case % 2 == 0 { (rng.below(3) as i32 - 1) as i8 } else { rng.below(256) as u8 as i8 })
+            .map(|_| {
+                if case % 2 == 0 {
+                    (rng.below(3) as i32 - 1) as i8
+                } else {
+                    rng.below(256) as u8 as i8
+                }
+            })
             .collect();
         let (mut y, mut idx) = (vec![0i8; pairs * ow], vec![0u8; pairs * ow]);
         maxpool2x2(&x, w, pairs, &mut y, &mut idx);
@@ -159,7 +189,9 @@ fn maxpool_matches_cpu_with_ties_and_saturation() {
         assert_eq!((&yd, &id), (&y, &idx), "forward, case {case}");
         // Backward onto values near ±127: the sums saturate.
         let dy = bytes(&mut rng, pairs * ow, case % 3 == 0);
-        let dx0: Vec<i8> = (0..pairs * 2 * w).map(|_| (rng.below(255) as i32 - 127) as i8).collect();
+        let dx0: Vec<i8> = (0..pairs * 2 * w)
+            .map(|_| (rng.below(255) as i32 - 127) as i8)
+            .collect();
         let mut want = dx0.clone();
         maxpool2x2_grad(&dy, &idx, w, pairs, &mut want);
         let mut got = dx0.clone();

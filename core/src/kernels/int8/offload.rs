@@ -39,7 +39,14 @@ pub trait Offload {
         dst: &mut [i8],
     ) -> Option<usize>;
     /// [`maxpool2x2`](super::maxpool2x2) (shapes already checked).
-    fn maxpool2x2(&mut self, x: &[i8], w: usize, pairs: usize, y: &mut [i8], idx: &mut [u8]) -> bool;
+    fn maxpool2x2(
+        &mut self,
+        x: &[i8],
+        w: usize,
+        pairs: usize,
+        y: &mut [i8],
+        idx: &mut [u8],
+    ) -> bool;
     /// [`maxpool2x2_grad`](super::maxpool2x2_grad) (shapes already checked).
     fn maxpool2x2_grad(
         &mut self,
