@@ -9,6 +9,7 @@
 #define SYS_READ 63
 #define SYS_WRITE 64
 #define SYS_EXIT 93
+#define SYS_GETPID 172 /* a marker per request: `cargo xtask bench dsp`'s counting plugin notes the count there */
 
 static long sys3(long nr, long a, long b, long c) {
     register long r0 __asm__("r0") = a;
@@ -199,6 +200,7 @@ static uint32_t serve(uint32_t op, uint32_t np, uint32_t len, const uint8_t **ou
 void _start(void) {
     uint32_t h[FHX_HEADER_WORDS];
     for (;;) {
+        sys3(SYS_GETPID, 0, 0, 0);
         if (!read_all(h, sizeof h)) die(0);
         uint32_t op = h[1], seq = h[2], np = h[3], len = h[4];
         if (h[0] != FHX_REQ || np > FHX_MAX_PARAMS) {

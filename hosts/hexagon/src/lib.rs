@@ -11,7 +11,7 @@
 //!   serving `Placement::Dsp` (and `Cpu`) for int8 plans.
 //! * [`cost`]: per-op DSP and CPU costs for the co-scheduling DP (`cargo xtask bench dsp`).
 pub mod backend;
-//pub mod cost;
+pub mod cost;
 mod dsp;
 mod error;
 pub mod fastrpc;

@@ -85,6 +85,15 @@ impl QemuHexagon {
         ))
     }
 
+    /// The same DSP with `extra` arguments before qemu's own (a TCG plugin: `-plugin lib.so -d plugin
+    /// -D log`).
+    pub fn with_extra_args(mut self, extra: &[String]) -> Self {
+        let mut args = extra.to_vec();
+        args.append(&mut self.args);
+        self.args = args;
+        self
+    }
+
     /// Any program speaking the protocol on stdin/stdout (tests give it ones that misbehave).
     pub fn with_command(program: PathBuf, args: Vec<String>) -> Self {
         Self {
@@ -96,6 +105,24 @@ impl QemuHexagon {
             calls: 0,
             kill_before_call: None,
         }
+    }
+
+    /// Ends the DSP process cleanly: closes its input (the skel exits at the end of input) and waits
+    /// for it, so what qemu logs is complete. The next call starts a fresh one.
+    pub fn finish(&mut self) -> Result<(), DspError> {
+        if let Some(p) = self.proc.take() {
+            let Proc { mut child, tx, rx } = p;
+            drop(tx);
+            drop(rx);
+            let st = child.wait().map_err(DspError::Spawn)?;
+            if !st.success() {
+                return Err(DspError::Died {
+                    op: "exit",
+                    detail: format!("the skel exited with {st}"),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Kills the DSP process (as a crash would).
