@@ -11,12 +11,18 @@ static int8_t vtcm[FHX_VTCM_BYTES] __attribute__((aligned(128)));
 
 static void *fhx_memset(void *d, int v, size_t n) {
     uint8_t *p = d;
+    if (v == 0 && ((uintptr_t)p & 3u) == 0) {
+        for (; n >= 4; n -= 4, p += 4) *(uint32_t *)p = 0;
+    }
     while (n--) *p++ = (uint8_t)v;
     return d;
 }
 static void *fhx_memcpy(void *d, const void *s, size_t n) {
     uint8_t *p = d;
     const uint8_t *q = s;
+    if ((((uintptr_t)p | (uintptr_t)q) & 3u) == 0) {
+        for (; n >= 4; n -= 4, p += 4, q += 4) *(uint32_t *)p = *(const uint32_t *)q;
+    }
     while (n--) *p++ = *q++;
     return d;
 }
@@ -30,8 +36,11 @@ void fhx_gemm(uint32_t m, uint32_t n, uint32_t k, const int8_t *a, uint32_t a_rs
               const int8_t *b, uint32_t b_rs, uint32_t b_cs, int32_t *c, int accumulate,
               int8_t *apack) {
     static int32_t row[4][LANES] __attribute__((aligned(128)));
-    if (!accumulate) fhx_memset(c, 0, (size_t)m * n * 4u);
-    if (m == 0 || n == 0 || k == 0) return;
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+        if (!accumulate) fhx_memset(c, 0, (size_t)m * n * 4u);
+        return;
+    }
     const uint32_t kc_max = fhx_gemm_kc();
     for (uint32_t k0 = 0; k0 < k; k0 += kc_max) {
         const uint32_t kc = (k - k0 < kc_max) ? k - k0 : kc_max;
@@ -39,7 +48,12 @@ void fhx_gemm(uint32_t m, uint32_t n, uint32_t k, const int8_t *a, uint32_t a_rs
         /* A's depth tile, rows k-contiguous and zero-padded to whole groups of 4. */
         for (uint32_t i = 0; i < m; i++) {
             int8_t *dst = apack + (size_t)i * kp;
-            for (uint32_t p = 0; p < kc; p++) dst[p] = a[(size_t)i * a_rs + (size_t)(k0 + p) * a_cs];
+            const int8_t *src = a + (size_t)i * a_rs + (size_t)k0 * a_cs;
+            if (a_cs == 1) {
+                fhx_memcpy(dst, src, kc);
+            } else {
+                for (uint32_t p = 0; p < kc; p++, src += a_cs) dst[p] = *src;
+            }
             for (uint32_t p = kc; p < kp; p++) dst[p] = 0;
         }
         for (uint32_t j0 = 0; j0 < n; j0 += LANES) {
@@ -47,27 +61,39 @@ void fhx_gemm(uint32_t m, uint32_t n, uint32_t k, const int8_t *a, uint32_t a_rs
             /* B panel in VTCM: group g is one vector, lane j holds B[k0+4g .. k0+4g+3][j0+j]. */
             for (uint32_t g = 0; g < groups; g++) {
                 int8_t *v = vtcm + (size_t)g * 128u;
-                for (uint32_t j = 0; j < LANES; j++)
-                    for (uint32_t t = 0; t < 4; t++) {
-                        uint32_t p = 4u * g + t;
-                        v[4u * j + t] = (j < nb && p < kc)
-                            ? b[(size_t)(k0 + p) * b_rs + (size_t)(j0 + j) * b_cs] : 0;
+                if (nb < LANES || 4u * g + 4u > kc) fhx_memset(v, 0, 128);
+                for (uint32_t t = 0; t < 4; t++) {
+                    uint32_t p = 4u * g + t;
+                    if (p >= kc) break;
+                    const int8_t *src = b + (size_t)(k0 + p) * b_rs + (size_t)j0 * b_cs;
+                    int8_t *d = v + t;
+                    if (b_cs == 1) {
+                        for (uint32_t j = 0; j < nb; j++, d += 4) *d = src[j];
+                    } else {
+                        for (uint32_t j = 0; j < nb; j++, d += 4, src += b_cs) *d = *src;
                     }
+                }
             }
             const HVX_Vector *bp = (const HVX_Vector *)vtcm;
             uint32_t i = 0;
+            /* C starts at zero (first depth tile, not accumulating): no load. */
+            const int fresh = !accumulate && k0 == 0;
             for (; i + 4 <= m; i += 4) {
-                for (uint32_t r = 0; r < 4; r++) fhx_memcpy(row[r], c + (size_t)(i + r) * n + j0, nb * 4u);
-                HVX_Vector acc0 = *(HVX_Vector *)row[0], acc1 = *(HVX_Vector *)row[1];
-                HVX_Vector acc2 = *(HVX_Vector *)row[2], acc3 = *(HVX_Vector *)row[3];
+                HVX_Vector acc0 = Q6_V_vzero(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+                if (!fresh) {
+                    for (uint32_t r = 0; r < 4; r++) fhx_memcpy(row[r], c + (size_t)(i + r) * n + j0, nb * 4u);
+                    acc0 = *(HVX_Vector *)row[0];
+                    acc1 = *(HVX_Vector *)row[1];
+                    acc2 = *(HVX_Vector *)row[2];
+                    acc3 = *(HVX_Vector *)row[3];
+                }
                 const int8_t *a0 = apack + (size_t)i * kp;
+                /* apack is 128-aligned and its rows are whole words long: word loads. */
+                const int32_t *aw = (const int32_t *)a0;
+                const uint32_t kw = kp / 4u;
                 for (uint32_t g = 0; g < groups; g++) {
                     HVX_Vector bv = bp[g];
-                    int32_t w0, w1, w2, w3;
-                    fhx_memcpy(&w0, a0 + 4u * g, 4);
-                    fhx_memcpy(&w1, a0 + kp + 4u * g, 4);
-                    fhx_memcpy(&w2, a0 + 2u * kp + 4u * g, 4);
-                    fhx_memcpy(&w3, a0 + 3u * kp + 4u * g, 4);
+                    int32_t w0 = aw[g], w1 = aw[kw + g], w2 = aw[2u * kw + g], w3 = aw[3u * kw + g];
                     /* 32 lanes of 4 signed byte products summed into i32: exact. */
                     acc0 = Q6_Vw_vrmpyacc_VwVbVb(acc0, bv, Q6_V_vsplat_R(w0));
                     acc1 = Q6_Vw_vrmpyacc_VwVbVb(acc1, bv, Q6_V_vsplat_R(w1));
@@ -81,14 +107,14 @@ void fhx_gemm(uint32_t m, uint32_t n, uint32_t k, const int8_t *a, uint32_t a_rs
                 for (uint32_t r = 0; r < 4; r++) fhx_memcpy(c + (size_t)(i + r) * n + j0, row[r], nb * 4u);
             }
             for (; i < m; i++) {
-                fhx_memcpy(row[0], c + (size_t)i * n + j0, nb * 4u);
-                HVX_Vector acc = *(HVX_Vector *)row[0];
-                const int8_t *a0 = apack + (size_t)i * kp;
-                for (uint32_t g = 0; g < groups; g++) {
-                    int32_t w0;
-                    fhx_memcpy(&w0, a0 + 4u * g, 4);
-                    acc = Q6_Vw_vrmpyacc_VwVbVb(acc, bp[g], Q6_V_vsplat_R(w0));
+                HVX_Vector acc = Q6_V_vzero();
+                if (!fresh) {
+                    fhx_memcpy(row[0], c + (size_t)i * n + j0, nb * 4u);
+                    acc = *(HVX_Vector *)row[0];
                 }
+                const int32_t *aw = (const int32_t *)(apack + (size_t)i * kp);
+                for (uint32_t g = 0; g < groups; g++)
+                    acc = Q6_Vw_vrmpyacc_VwVbVb(acc, bp[g], Q6_V_vsplat_R(aw[g]));
                 *(HVX_Vector *)row[0] = acc;
                 fhx_memcpy(c + (size_t)i * n + j0, row[0], nb * 4u);
             }

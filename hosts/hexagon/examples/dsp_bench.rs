@@ -97,7 +97,15 @@ fn label(plan: &Plan, i: usize) -> String {
     } else {
         plan.graph.nodes[ins.node as usize].name.clone()
     };
-    format!("{:?} {node}", ins.phase)
+    let ph = match ins.phase {
+        Phase::Forward => "fwd",
+        Phase::GradW => "dW",
+        Phase::GradX => "dX",
+        Phase::Apply => "apply",
+        Phase::Loss => "loss",
+        _ => "other",
+    };
+    format!("{ph} {node}")
 }
 
 /// Whether the DSP has kernels for instruction `i` (Linear/Conv in every phase, max-pool).
@@ -188,17 +196,22 @@ fn main() -> Result<(), String> {
     // Request k (1-based call number k) costs per_req[k - 1]: mark k is printed before request k.
     let per_req = cost::packets_per_request(&text);
     let mut dsp = vec![f64::INFINITY; n];
-    let mut packets = vec![0u64; n];
+    let (mut packets, mut overhead) = (vec![0u64; n], vec![0u64; n]);
     for i in 0..n {
         if !dsp_capable(&plan, i) {
             continue;
         }
         let (c0, c1) = calls[i];
-        let p: u64 = (c0..c1)
-            .map(|c| per_req.get(c as usize).copied().unwrap_or(0))
-            .sum();
-        packets[i] = p;
-        dsp[i] = dsp_seconds(p);
+        for c in c0..c1 {
+            let r = per_req
+                .get(c as usize)
+                .copied()
+                .ok_or("the plugin's log has fewer requests than were made")?;
+            packets[i] += r.kernel;
+            overhead[i] += r.total - r.kernel;
+        }
+        // The model charges the kernels; the pipe's framing and checksums are this transport's.
+        dsp[i] = dsp_seconds(packets[i]);
     }
 
     println!(
@@ -216,15 +229,19 @@ fn main() -> Result<(), String> {
         dsp_calls.bytes_in / 2048,
         dsp_calls.bytes_out / 2048
     );
-    println!("{:<28} {:>12} {:>12} {:>12} {:>9}", "instruction", "CPU µs", "DSP packets", "DSP µs", "DSP/CPU");
+    println!(
+        "{:<16} {:>10} {:>14} {:>14} {:>10} {:>9}",
+        "instruction", "CPU µs", "kernel packets", "pipe packets", "DSP µs", "DSP/CPU"
+    );
     for i in 0..n {
         let r = if dsp[i].is_finite() { format!("{:.2}", dsp[i] / cpu[i]) } else { "-".into() };
         let d = if dsp[i].is_finite() { format!("{:.1}", dsp[i] * 1e6) } else { "CPU only".into() };
         println!(
-            "{:<28} {:>12.1} {:>12} {:>12} {:>9}",
+            "{:<16} {:>10.1} {:>14} {:>14} {:>10} {:>9}",
             label(&plan, i),
             cpu[i] * 1e6,
             packets[i],
+            overhead[i],
             d,
             r
         );

@@ -59,13 +59,43 @@ pub fn dsp_seconds(packets: u64) -> f64 {
     packets as f64 / DSP_HZ
 }
 
-/// Packets per request from the plugin's log: the counts printed at each request's mark, in order.
-/// Request `k` costs `marks[k + 1] - marks[k]`.
-pub fn packets_per_request(log: &str) -> Vec<u64> {
-    let marks: Vec<u64> = log
-        .lines()
-        .filter_map(|l| l.strip_prefix("fhx-mark "))
-        .filter_map(|v| v.trim().parse().ok())
-        .collect();
-    marks.windows(2).map(|w| w[1].saturating_sub(w[0])).collect()
+/// What one request cost on the DSP, in packets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RequestPackets {
+    /// From its start mark to the next request's (reading, checking and answering the frame
+    /// included).
+    pub total: u64,
+    /// The kernel alone (between the two marks around `serve` in `dsp/skel.c`).
+    pub kernel: u64,
+}
+
+/// Packets per request from the plugin's log: `fhx-mark N` at the start of every request,
+/// `fhx-kernel N` before and after its kernel. Request `k` (0-based) spans marks `k` and `k + 1`.
+pub fn packets_per_request(log: &str) -> Vec<RequestPackets> {
+    let mut out: Vec<RequestPackets> = Vec::new();
+    let mut start: Option<u64> = None;
+    let mut kernel_from: Option<u64> = None;
+    let mut kernel = 0;
+    for l in log.lines() {
+        if let Some(v) = l.strip_prefix("fhx-mark ").and_then(|v| v.trim().parse().ok()) {
+            if let Some(s) = start {
+                out.push(RequestPackets {
+                    total: v - s.min(v),
+                    kernel,
+                });
+            }
+            start = Some(v);
+            kernel = 0;
+            kernel_from = None;
+        } else if let Some(v) = l
+            .strip_prefix("fhx-kernel ")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+        {
+            match kernel_from.take() {
+                None => kernel_from = Some(v),
+                Some(f) => kernel += v.saturating_sub(f),
+            }
+        }
+    }
+    out
 }
