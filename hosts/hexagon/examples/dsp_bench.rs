@@ -131,7 +131,8 @@ fn main() -> Result<(), String> {
     let m = load_model(&path).map_err(|e| e.to_string())?;
     let update = Int8Update::FloatMaster;
     let plan = Plan::new(
-        Graph::with_precision(&m.spec, batch, Precision::Int8(update)).map_err(|e| e.to_string())?,
+        Graph::with_precision(&m.spec, batch, Precision::Int8(update))
+            .map_err(|e| e.to_string())?,
     );
     let n = plan.program.len();
     let (tr, _) = frugal_cli::data::digits();
@@ -152,7 +153,8 @@ fn main() -> Result<(), String> {
     let mut ex = Executor::with_backend(&plan, &arena, probe).map_err(err)?;
     ex.init_params(&mut arena, 1).map_err(err)?;
     for _ in 0..30 {
-        ex.train_step(&mut arena, &x, Target::Classes(&y)).map_err(err)?;
+        ex.train_step(&mut arena, &x, Target::Classes(&y))
+            .map_err(err)?;
     }
     let cpu = ex.backend().secs.clone();
 
@@ -181,8 +183,10 @@ fn main() -> Result<(), String> {
     };
     let mut ex = Executor::with_backend(&dp, &arena, probe).map_err(err)?;
     ex.init_params(&mut arena, 1).map_err(err)?;
-    ex.train_step(&mut arena, &x, Target::Classes(&y)).map_err(err)?;
-    ex.train_step(&mut arena, &x, Target::Classes(&y)).map_err(err)?;
+    ex.train_step(&mut arena, &x, Target::Classes(&y))
+        .map_err(err)?;
+    ex.train_step(&mut arena, &x, Target::Classes(&y))
+        .map_err(err)?;
     let calls = ex.backend().calls.clone();
     let dsp_calls = ex.backend().inner.calls();
     // The skel marks the start of its next read too; closing its input ends it and completes the log.
@@ -234,8 +238,16 @@ fn main() -> Result<(), String> {
         "instruction", "CPU µs", "kernel packets", "pipe packets", "DSP µs", "DSP/CPU"
     );
     for i in 0..n {
-        let r = if dsp[i].is_finite() { format!("{:.2}", dsp[i] / cpu[i]) } else { "-".into() };
-        let d = if dsp[i].is_finite() { format!("{:.1}", dsp[i] * 1e6) } else { "CPU only".into() };
+        let r = if dsp[i].is_finite() {
+            format!("{:.2}", dsp[i] / cpu[i])
+        } else {
+            "-".into()
+        };
+        let d = if dsp[i].is_finite() {
+            format!("{:.1}", dsp[i] * 1e6)
+        } else {
+            "CPU only".into()
+        };
         println!(
             "{:<16} {:>10.1} {:>14} {:>14} {:>10} {:>9}",
             label(&plan, i),
@@ -265,7 +277,10 @@ fn main() -> Result<(), String> {
     let (best, placement) = place(&prob).map_err(|e| format!("{e:?}"))?;
     println!();
     println!("predicted step time (model):");
-    println!("  all-CPU                         {:>10.1} µs", prob.total(&all_cpu) * 1e6);
+    println!(
+        "  all-CPU                         {:>10.1} µs",
+        prob.total(&all_cpu) * 1e6
+    );
     println!(
         "  all-DSP (every op it can run)   {:>10.1} µs",
         prob.total(&all_dsp) * 1e6

@@ -77,7 +77,10 @@ pub fn packets_per_request(log: &str) -> Vec<RequestPackets> {
     let mut kernel_from: Option<u64> = None;
     let mut kernel = 0;
     for l in log.lines() {
-        if let Some(v) = l.strip_prefix("fhx-mark ").and_then(|v| v.trim().parse().ok()) {
+        if let Some(v) = l
+            .strip_prefix("fhx-mark ")
+            .and_then(|v| v.trim().parse().ok())
+        {
             if let Some(s) = start {
                 out.push(RequestPackets {
                     total: v - s.min(v),
