@@ -42,7 +42,7 @@
 //! reason its accesses are in bounds.
 #[cfg(all(target_arch = "aarch64", not(miri)))]
 mod aarch64;
-#[cfg(feature = "std")]
+#[cfg(any(test, feature = "std"))]
 pub mod offload;
 pub mod pairs;
 pub mod pool;
@@ -357,7 +357,7 @@ impl IgemmKernel {
             return k;
         }
         // An installed accelerator takes the products: the plain GEMM paths that reach it.
-        #[cfg(feature = "std")]
+        #[cfg(any(test, feature = "std"))]
         if offload::active() {
             return Self::Portable;
         }
@@ -470,7 +470,7 @@ pub fn igemm_with(
     // ≤ (m-1)·rs + (k-1)·cs < len, and the sum does not overflow.
     assert!(addressable(a, m, k), "igemm: A too short for its strides");
     assert!(addressable(b, k, n), "igemm: B too short for its strides");
-    #[cfg(feature = "std")]
+    #[cfg(any(test, feature = "std"))]
     if offload::with(|o| o.igemm(m, n, k, a, b, c, ldc, accumulate)) == Some(true) {
         return;
     }
@@ -1131,7 +1131,7 @@ pub fn rescale_i32_to_i8_blocks(
 /// When `dst` is shorter than `src`.
 pub fn quantize_f32(src: &[f32], k: f32, dst: &mut [i8]) {
     assert!(dst.len() >= src.len(), "quantize: dst too short");
-    #[cfg(feature = "std")]
+    #[cfg(any(test, feature = "std"))]
     if offload::with(|o| o.quantize(src, k, dst)) == Some(true) {
         return;
     }
