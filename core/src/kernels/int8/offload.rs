@@ -116,13 +116,27 @@ mod tests {
             }
             true
         }
-        fn rescale(&mut self, _: &[i32], _: u32, _: Rounding, _: u64, _: &mut [i8]) -> Option<usize> {
+        fn rescale(
+            &mut self,
+            _: &[i32],
+            _: u32,
+            _: Rounding,
+            _: u64,
+            _: &mut [i8],
+        ) -> Option<usize> {
             None
         }
         fn maxpool2x2(&mut self, _: &[i8], _: usize, _: usize, _: &mut [i8], _: &mut [u8]) -> bool {
             false
         }
-        fn maxpool2x2_grad(&mut self, _: &[i8], _: &[u8], _: usize, _: usize, _: &mut [i8]) -> bool {
+        fn maxpool2x2_grad(
+            &mut self,
+            _: &[i8],
+            _: &[u8],
+            _: usize,
+            _: usize,
+            _: &mut [i8],
+        ) -> bool {
             false
         }
         fn quantize(&mut self, _: &[f32], _: f32, _: &mut [i8]) -> bool {
@@ -134,7 +148,18 @@ mod tests {
     fn an_installed_offload_takes_the_gemms_and_only_while_installed() {
         let a: std::vec::Vec<i8> = (0..12).map(|v| v as i8 - 6).collect();
         let b: std::vec::Vec<i8> = (0..12).map(|v| 3 - v as i8).collect();
-        let (am, bm) = (MatRef { data: &a, rs: 4, cs: 1 }, MatRef { data: &b, rs: 3, cs: 1 });
+        let (am, bm) = (
+            MatRef {
+                data: &a,
+                rs: 4,
+                cs: 1,
+            },
+            MatRef {
+                data: &b,
+                rs: 3,
+                cs: 1,
+            },
+        );
         let mut want = [0i32; 9];
         igemm_reference(3, 3, 4, am, bm, &mut want, 3, false);
         let mut scratch = [0i8; 4096];
