@@ -145,6 +145,8 @@ pub struct DspBackend<'p, T: Transport + 'static> {
     saved: Vec<u8>,
     state: Int8State,
     snapshot_due: bool,
+    /// The current step trains (its first instruction saved the weights).
+    training: bool,
     last_error: Option<DspError>,
     /// DSP set-ups (session start, staging buffers): once per plan, never per step.
     pub preparations: u64,
@@ -169,6 +171,7 @@ impl<'p, T: Transport + 'static> DspBackend<'p, T> {
             saved: Vec::new(),
             state: Int8State::default(),
             snapshot_due: false,
+            training: false,
             last_error: None,
             preparations: 0,
             faults: 0,
@@ -242,7 +245,9 @@ impl<'p, T: Transport + 'static> DspBackend<'p, T> {
             self.faults += 1;
             let what = e.summary();
             self.last_error = Some(e);
-            if cx.mode == frugal_core::backend::Mode::Train {
+            // A training step (its recomputing forwards included) puts the weights back; evaluation
+            // and prediction changed none.
+            if self.training {
                 self.rollback(host);
             }
             return Err(ExecError::Device(what));
@@ -337,6 +342,7 @@ impl<T: Transport + 'static> Backend for DspBackend<'_, T> {
     }
     fn begin_step(&mut self, plan: &Plan, step: &StepStart<'_>) -> Result<(), ExecError> {
         self.snapshot_due = step.train;
+        self.training = step.train;
         self.inner.begin_step(plan, step)
     }
     fn init_params(&mut self, plan: &Plan, host: &mut [u8], seed: u64) -> Result<(), ExecError> {
