@@ -16,6 +16,8 @@
 //! - `bench gpu [--reps R]`: the wgpu tiled SGEMM on this machine's adapter beside the CPU's SGEMM.
 //! - `bench aarch64 [--check]`: instructions counted under `qemu-aarch64` (a TCG plugin built on the fly):
 //!   SGEMM 512³ per FLOP, NEON vs portable, and the int8 ÷ f32 digits-CNN step (see `insns.rs`).
+//! - `bench dsp [--batch N]`: the Hexagon DSP co-scheduling report — DSP packets per instruction under
+//!   `qemu-hexagon` (a TCG plugin built on the fly), CPU times, the DP's placement and predicted step times.
 //! - `bench budget`: the memory policies — Melon's headline, smallest budgets, Sage's orderings.
 //! - `bench planning [--reps R] [--batches B,B]`: how long planning for a budget takes, by model, batch and budget.
 //! - `bench swap [--scale S] [--lookahead L] [--budget-mib M] [--steps N] [--rounds R] [--keep-cache]`:
@@ -37,6 +39,7 @@ mod android;
 mod bench;
 mod budget;
 mod cross;
+mod dsp;
 mod firmware;
 mod fuzz;
 mod gpu;
@@ -64,6 +67,7 @@ fn main() -> ExitCode {
         }
         Some("bench") if args.get(1).map(String::as_str) == Some("swap") => swap::main(&args[2..]),
         Some("bench") if args.get(1).map(String::as_str) == Some("gpu") => gpu::main(&args[2..]),
+        Some("bench") if args.get(1).map(String::as_str) == Some("dsp") => dsp::main(&args[2..]),
         Some("bench") if args.get(1).map(String::as_str) == Some("planning") => {
             budget::planning(&args[2..])
         }
@@ -86,7 +90,7 @@ fn main() -> ExitCode {
         Some("miri") => ready(&[Leg::Miri]).and_then(|()| miri::main(&args[1..])),
         Some("fuzz") => ready(&[Leg::Fuzz]).and_then(|()| fuzz::main(&args[1..])),
         _ => {
-            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|planning|swap|int8|sgemm|gpu|aarch64 … | cross | android [--bench] | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit | miri | fuzz [--time SECS] [TARGET…]");
+            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|planning|swap|int8|sgemm|gpu|aarch64|dsp … | cross | android [--bench] | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit | miri | fuzz [--time SECS] [TARGET…]");
             Err("unknown task".into())
         }
     };

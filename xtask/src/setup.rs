@@ -195,6 +195,24 @@ pub const TOOLS: &[Tool] = &[
         legs: &[Leg::Cross, Leg::Android],
         note: "",
     },
+    // The Hexagon DSP side: Debian's clang targets Hexagon with HVX and links with lld; qemu-user
+    // ships qemu-hexagon.
+    Tool {
+        name: "clang, ld.lld",
+        probe: Probe::Bins(&["clang", "ld.lld"]),
+        want: Want::Any,
+        install: Install::Apt(&["clang", "lld"]),
+        legs: &[Leg::Dsp],
+        note: "",
+    },
+    Tool {
+        name: "qemu-hexagon",
+        probe: Probe::Bins(&["qemu-hexagon"]),
+        want: Want::Any,
+        install: Install::Apt(&["qemu-user"]),
+        legs: &[Leg::Dsp],
+        note: "",
+    },
     Tool {
         name: "qemu-aarch64",
         probe: Probe::Bins(&["qemu-aarch64"]),

@@ -20,6 +20,7 @@ pub enum Leg {
     NoStd,
     Memory,
     Gpu,
+    Dsp,
     Cross,
     Android,
     Web,
@@ -31,13 +32,14 @@ pub enum Leg {
 
 impl Leg {
     /// The legs of `cargo xtask test`, in order.
-    pub const TEST: [Leg; 13] = [
+    pub const TEST: [Leg; 14] = [
         Leg::Fmt,
         Leg::Clippy,
         Leg::Tests,
         Leg::NoStd,
         Leg::Memory,
         Leg::Gpu,
+        Leg::Dsp,
         Leg::Cross,
         Leg::Android,
         Leg::Web,
@@ -47,13 +49,14 @@ impl Leg {
         Leg::Fuzz,
     ];
     /// Every leg setup knows.
-    pub const ALL: [Leg; 13] = [
+    pub const ALL: [Leg; 14] = [
         Leg::Fmt,
         Leg::Clippy,
         Leg::Tests,
         Leg::NoStd,
         Leg::Memory,
         Leg::Gpu,
+        Leg::Dsp,
         Leg::Cross,
         Leg::Android,
         Leg::Web,
@@ -72,6 +75,7 @@ impl Leg {
             Leg::NoStd => "no-std",
             Leg::Memory => "memory",
             Leg::Gpu => "gpu",
+            Leg::Dsp => "dsp",
             Leg::Cross => "cross",
             Leg::Android => "android",
             Leg::Web => "web",
@@ -91,6 +95,7 @@ impl Leg {
             Leg::NoStd => "frugal-core without std for Cortex-M4F, Cortex-M0 and wasm32",
             Leg::Memory => "the memory benchmark's targets",
             Leg::Gpu => "the wgpu kernels on this machine's adapter (lavapipe without a GPU)",
+            Leg::Dsp => "the Hexagon DSP kernels and backend under qemu-hexagon, bit-exact with the CPU",
             Leg::Cross => "int8 kernels natively, on aarch64 (qemu) and wasm32 (Node)",
             Leg::Android => "Android host: C API natively and on aarch64 (qemu), JNI on the JVM, header, android staticlib",
             Leg::Web => "browser: frugal-wasm, the demo in Chromium, cross-target losses",
@@ -180,6 +185,11 @@ impl Leg {
                     &env,
                 )
             }
+            // The skel must build (clang, lld) and run (qemu-hexagon): the suite may not skip here.
+            Leg::Dsp => cargo_env(
+                &["test", "-p", "frugal-hexagon"],
+                &[("FRUGAL_REQUIRE_DSP", "1".into())],
+            ),
             Leg::Cross => crate::cross::main(&[]),
             Leg::Android => crate::android::main(&[]),
             Leg::Web => crate::web::main(&s(&["--test"])),

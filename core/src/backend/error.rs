@@ -37,6 +37,10 @@ pub enum ExecError {
     /// The host's spill store failed a swap. A failed swap-out rejects the step before any update (all
     /// swap-outs precede the first update); a failed swap-in aborts the step mid-backward.
     Spill(SpillError),
+    /// A device the backend drives failed mid-step (a DSP process that died or answered garbage); the
+    /// backend rejected the step and put the weights back as they were before it. The backend says
+    /// more (`frugal-hexagon`'s `DspBackend::last_error`).
+    Device(&'static str),
 }
 
 impl fmt::Display for ExecError {
@@ -54,6 +58,10 @@ impl fmt::Display for ExecError {
             ExecError::Tensor(what) => write!(f, "tensor access: {what}"),
             ExecError::Unsupported(what) => write!(f, "this backend cannot run the plan: {what}"),
             ExecError::Spill(e) => write!(f, "{e}"),
+            ExecError::Device(what) => write!(
+                f,
+                "device failure: {what}; the step was rejected and the weights are unchanged"
+            ),
         }
     }
 }

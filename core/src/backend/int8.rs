@@ -31,6 +31,14 @@ fn i32s(b: &mut [u8]) -> Result<&mut [i32], ExecError> {
     bytemuck::try_cast_slice_mut(b).map_err(|_| ExecError::BadPlan("tensor is not 4-byte aligned"))
 }
 
+/// What [`CpuInt8::save_state`] keeps.
+#[derive(Clone, Debug, Default)]
+pub struct Int8State {
+    exps: Vec<i32>,
+    sites: Vec<(TensorId, Site)>,
+    combine: RescaleCounts,
+}
+
 /// Runs the instructions of one int8 plan. Holds exponents, rescale sites and counters; the arena is
 /// passed to every call.
 pub struct CpuInt8<'p> {
@@ -120,6 +128,22 @@ impl<'p> CpuInt8<'p> {
     /// The plan.
     pub fn plan(&self) -> &'p Plan {
         self.plan
+    }
+
+    /// Copies the state a step changes (exponents, rescale sites, combination counters) into `s`,
+    /// reusing its buffers: after the first call it allocates nothing. With the persistent bytes of
+    /// the arena, what a backend that rejects a step mid-way puts back ([`Self::restore_state`]).
+    pub fn save_state(&self, s: &mut Int8State) {
+        s.exps.clone_from(&self.exps);
+        s.sites.clone_from(&self.sites);
+        s.combine = self.combine;
+    }
+
+    /// Puts back the state saved by [`Self::save_state`] (of this backend).
+    pub fn restore_state(&mut self, s: &Int8State) {
+        self.exps.clone_from(&s.exps);
+        self.sites.clone_from(&s.sites);
+        self.combine = s.combine;
     }
 
     /// The update mode.

@@ -38,7 +38,7 @@ pub(crate) use cpu::{spill_region as cpu_spill_region, tensor_mut as cpu_tensor_
 #[cfg(feature = "alloc")]
 pub use error::{ExecError, Target};
 #[cfg(feature = "alloc")]
-pub use int8::CpuInt8;
+pub use int8::{CpuInt8, Int8State};
 
 #[cfg(feature = "alloc")]
 use crate::{

@@ -42,6 +42,8 @@
 //! reason its accesses are in bounds.
 #[cfg(all(target_arch = "aarch64", not(miri)))]
 mod aarch64;
+#[cfg(any(test, feature = "std"))]
+pub mod offload;
 pub mod pairs;
 pub mod pool;
 #[cfg(test)]
@@ -354,6 +356,11 @@ impl IgemmKernel {
         if let Some(k) = FORCED.with(|f| f.get()) {
             return k;
         }
+        // An installed accelerator takes the products: the plain GEMM paths that reach it.
+        #[cfg(any(test, feature = "std"))]
+        if offload::active() {
+            return Self::Portable;
+        }
         #[cfg(any(feature = "std", test))]
         {
             use core::sync::atomic::Ordering;
@@ -463,6 +470,10 @@ pub fn igemm_with(
     // ≤ (m-1)·rs + (k-1)·cs < len, and the sum does not overflow.
     assert!(addressable(a, m, k), "igemm: A too short for its strides");
     assert!(addressable(b, k, n), "igemm: B too short for its strides");
+    #[cfg(any(test, feature = "std"))]
+    if offload::with(|o| o.igemm(m, n, k, a, b, c, ldc, accumulate)) == Some(true) {
+        return;
+    }
     let p = Problem {
         m,
         n,
@@ -1020,6 +1031,10 @@ pub fn rescale_i32_to_i8_with(
 ) -> usize {
     assert!(shift <= 31, "rescale: shift {shift} > 31");
     assert_eq!(src.len(), dst.len(), "rescale: length mismatch");
+    #[cfg(feature = "std")]
+    if let Some(Some(c)) = offload::with(|o| o.rescale(src, shift, rounding, offset, dst)) {
+        return c;
+    }
     let mut clamped = 0;
     let mut done = 0;
     // Split where the high half of the element index changes, so each piece has one stream key.
@@ -1116,6 +1131,10 @@ pub fn rescale_i32_to_i8_blocks(
 /// When `dst` is shorter than `src`.
 pub fn quantize_f32(src: &[f32], k: f32, dst: &mut [i8]) {
     assert!(dst.len() >= src.len(), "quantize: dst too short");
+    #[cfg(any(test, feature = "std"))]
+    if offload::with(|o| o.quantize(src, k, dst)) == Some(true) {
+        return;
+    }
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     if matches!(
         IgemmKernel::selected(),

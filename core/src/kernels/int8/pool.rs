@@ -17,6 +17,10 @@ pub fn maxpool2x2(x: &[i8], w: usize, pairs: usize, y: &mut [i8], idx: &mut [u8]
             && idx.len() >= pairs * ow,
         "maxpool2x2: bad shape"
     );
+    #[cfg(any(test, feature = "std"))]
+    if super::offload::with(|o| o.maxpool2x2(x, w, pairs, y, idx)) == Some(true) {
+        return;
+    }
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     if super::has_simd_pairs(super::IgemmKernel::selected()) {
         if let Some(k) = super::x86::Avx2::new() {
@@ -44,6 +48,10 @@ pub fn maxpool2x2_grad(dy: &[i8], idx: &[u8], w: usize, pairs: usize, dx: &mut [
             && idx.len() >= pairs * ow,
         "maxpool2x2_grad: bad shape"
     );
+    #[cfg(any(test, feature = "std"))]
+    if super::offload::with(|o| o.maxpool2x2_grad(dy, idx, w, pairs, dx)) == Some(true) {
+        return;
+    }
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     if super::has_simd_pairs(super::IgemmKernel::selected()) {
         if let Some(k) = super::x86::Avx2::new() {

@@ -1,0 +1,222 @@
+//! Whole int8 training steps of the digits CNN (examples/digits-cnn.toml) on `DspBackend` through
+//! `QemuHexagon`: all-DSP and mixed CPU/DSP placements give the loss bits and weights of all-CPU; the
+//! DSP is set up once per plan (none per step); a DSP killed mid-step fails the step with a typed
+//! error, the weights stay as before it, and the next step works on a fresh DSP.
+//! Reported *skipped* without clang/qemu-hexagon; fails then under `FRUGAL_REQUIRE_DSP=1`.
+use std::path::PathBuf;
+
+use frugal_cli::spec_toml::load_model;
+use frugal_core::backend::{CpuInt8, ExecError, Placement, Target};
+use frugal_core::exec::Executor;
+use frugal_core::graph::Graph;
+use frugal_core::model::{Int8Update, Precision};
+use frugal_core::plan::{Phase, Plan};
+use frugal_core::rng::Rng;
+use frugal_hexagon::{qemu_or_skip, DspBackend, QemuHexagon};
+
+const BATCH: usize = 16;
+const STEPS: usize = 3;
+
+fn plan(update: Int8Update) -> Plan {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/digits-cnn.toml");
+    let m = load_model(&path).unwrap();
+    Plan::new(Graph::with_precision(&m.spec, BATCH, Precision::Int8(update)).unwrap())
+}
+
+fn batches() -> Vec<(Vec<f32>, Vec<u32>)> {
+    let (tr, _) = frugal_cli::data::digits();
+    let per = tr.x.len() / tr.len();
+    (0..STEPS + 1)
+        .map(|s| {
+            let idx: Vec<usize> = (0..BATCH).map(|i| (s * BATCH + i) % tr.len()).collect();
+            let (mut x, mut y) = (vec![0f32; BATCH * per], vec![0u32; BATCH]);
+            tr.batch(&idx, &mut x, &mut y);
+            (x, y)
+        })
+        .collect()
+}
+
+/// The persistent bytes of the arena (weights and optimizer state), from the aligned start the
+/// executor uses.
+fn weights(plan: &Plan, arena: &[u8]) -> Vec<u8> {
+    let base = arena
+        .as_ptr()
+        .align_offset(frugal_core::plan::ALIGN)
+        .min(frugal_core::plan::ALIGN);
+    let arena = &arena[base..];
+    let mut out = Vec::new();
+    for n in &plan.graph.nodes {
+        for p in &n.params {
+            for t in std::iter::once(p.value).chain(p.state.iter().copied()) {
+                let (off, len) = plan.region(t).unwrap();
+                out.extend_from_slice(&arena[off..off + len]);
+            }
+        }
+    }
+    out
+}
+
+/// All-CPU: (loss bits per step, weights after each step).
+fn cpu_run(plan: &Plan, data: &[(Vec<f32>, Vec<u32>)]) -> (Vec<u32>, Vec<Vec<u8>>) {
+    let mut arena = vec![0u8; plan.needed_bytes()];
+    let mut ex = Executor::with_backend(plan, &arena, CpuInt8::new(plan).unwrap()).unwrap();
+    ex.init_params(&mut arena, 1).unwrap();
+    let (mut losses, mut ws) = (Vec::new(), Vec::new());
+    for (x, y) in data {
+        let s = ex.train_step(&mut arena, x, Target::Classes(y)).unwrap();
+        losses.push(s.loss.to_bits());
+        ws.push(weights(plan, &arena));
+    }
+    (losses, ws)
+}
+
+fn placed(base: &Plan, on_dsp: impl Fn(usize, Phase) -> bool) -> Plan {
+    let mut p = base.clone();
+    for (i, ins) in p.program.iter_mut().enumerate() {
+        ins.placement = if on_dsp(i, ins.phase) {
+            Placement::Dsp
+        } else {
+            Placement::Cpu
+        };
+    }
+    p
+}
+
+fn updates() -> [Int8Update; 2] {
+    [
+        Int8Update::Integer { update_bits: 4 },
+        Int8Update::FloatMaster,
+    ]
+}
+
+#[test]
+fn all_dsp_and_mixed_placements_give_the_cpu_loss_bits() {
+    let Some(_) = qemu_or_skip().expect("DSP required") else {
+        return;
+    };
+    let data = batches();
+    for update in updates() {
+        let base = plan(update);
+        let (want, want_w) = cpu_run(&base, &data[..STEPS]);
+        let mut rng = Rng::new(42);
+        let coin: Vec<bool> = (0..base.program.len()).map(|_| rng.below(2) == 1).collect();
+        let placements: Vec<(&str, Plan)> = vec![
+            ("all-dsp", placed(&base, |_, _| true)),
+            (
+                "forward on dsp",
+                placed(&base, |_, ph| ph == Phase::Forward),
+            ),
+            (
+                "backward on dsp",
+                placed(&base, |_, ph| matches!(ph, Phase::GradW | Phase::GradX)),
+            ),
+            ("alternating", placed(&base, |i, _| i % 2 == 0)),
+            ("random", placed(&base, |i, _| coin[i])),
+        ];
+        for (name, p) in &placements {
+            let mut arena = vec![0u8; p.needed_bytes()];
+            let dsp = DspBackend::new(p, QemuHexagon::new().unwrap()).unwrap();
+            let mut ex = Executor::with_backend(p, &arena, dsp).unwrap();
+            ex.init_params(&mut arena, 1).unwrap();
+            let mut got = Vec::new();
+            for (s, (x, y)) in data[..STEPS].iter().enumerate() {
+                let st = ex.train_step(&mut arena, x, Target::Classes(y)).unwrap();
+                got.push(st.loss.to_bits());
+                assert!(
+                    weights(p, &arena) == want_w[s],
+                    "{update:?}, {name}: weights after step {s}"
+                );
+            }
+            assert_eq!(got, want, "{update:?}, {name}: loss bits");
+            let b = ex.backend();
+            let calls = b.calls();
+            // The DSP did the work: products on every placement, pooling where a pool is on it.
+            assert!(calls.gemm > 0, "{name}: no GEMM reached the DSP");
+            // Counting: one DSP set-up for the plan, none in any step; one DSP process.
+            assert_eq!(b.preparations, 1, "{name}: DSP preparations");
+            let starts = ex.backend_mut().with_transport(|t| t.starts);
+            assert_eq!(starts, 1, "{name}: DSP processes started");
+        }
+    }
+}
+
+#[test]
+fn a_dsp_killed_mid_step_fails_the_step_and_keeps_the_weights() {
+    let Some(_) = qemu_or_skip().expect("DSP required") else {
+        return;
+    };
+    let data = batches();
+    let base = plan(Int8Update::FloatMaster);
+    // All-CPU reference for steps 0, 1 (the killed step is retried as step 1).
+    let (want, want_w) = cpu_run(&base, &data[..2]);
+    let p = placed(&base, |_, _| true);
+    let mut arena = vec![0u8; p.needed_bytes()];
+    let dsp = DspBackend::new(&p, QemuHexagon::new().unwrap()).unwrap();
+    let mut ex = Executor::with_backend(&p, &arena, dsp).unwrap();
+    ex.init_params(&mut arena, 1).unwrap();
+    let s0 = ex
+        .train_step(&mut arena, &data[0].0, Target::Classes(&data[0].1))
+        .unwrap();
+    assert_eq!(s0.loss.to_bits(), want[0]);
+    let before = weights(&p, &arena);
+    let per_step = ex.backend_mut().with_transport(|t| t.calls);
+    // Kill the DSP late in the next step: after its first updates (the backward pass interleaves
+    // them), so a rollback is needed to keep the weights.
+    let kill_at = per_step + per_step * 9 / 10;
+    ex.backend_mut()
+        .with_transport(|t| t.kill_before_call = Some(kill_at));
+    let r = ex.train_step(&mut arena, &data[1].0, Target::Classes(&data[1].1));
+    assert!(
+        matches!(r, Err(ExecError::Device(_))),
+        "a dead DSP must fail the step: {r:?}"
+    );
+    let b = ex.backend_mut();
+    assert!(
+        matches!(b.last_error(), Some(frugal_hexagon::DspError::Died { .. })),
+        "{:?}",
+        b.last_error()
+    );
+    assert_eq!(b.faults, 1);
+    assert!(
+        weights(&p, &arena) == before,
+        "weights changed by a failed step"
+    );
+    // The next step restarts the DSP and gives the CPU's bits for that batch.
+    let s1 = ex
+        .train_step(&mut arena, &data[1].0, Target::Classes(&data[1].1))
+        .unwrap();
+    assert_eq!(s1.loss.to_bits(), want[1], "the step after the fault");
+    let got_w = weights(&p, &arena);
+    assert!(got_w == want_w[1], "weights after the step after the fault");
+    assert_eq!(ex.backend_mut().with_transport(|t| t.starts), 2);
+}
+
+#[test]
+fn a_dsp_answering_garbage_is_a_typed_error() {
+    let Some(_) = qemu_or_skip().expect("DSP required") else {
+        return;
+    };
+    // `cat` echoes the request: a frame with the request's magic, not a reply.
+    let mut d = frugal_hexagon::Dsp::new(QemuHexagon::with_command("cat".into(), vec![]));
+    let e = d.ping().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            frugal_hexagon::DspError::BadReply {
+                what: "wrong magic",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // A program that exits at once: the DSP died.
+    let mut d = frugal_hexagon::Dsp::new(QemuHexagon::with_command("true".into(), vec![]));
+    let e = d.ping().unwrap_err();
+    assert!(matches!(e, frugal_hexagon::DspError::Died { .. }), "{e}");
+    // Random bytes: never a panic, a typed error.
+    let mut d = frugal_hexagon::Dsp::new(QemuHexagon::with_command(
+        "head".into(),
+        vec!["-c".into(), "4096".into(), "/dev/urandom".into()],
+    ));
+    assert!(d.ping().is_err());
+}
