@@ -25,6 +25,10 @@ mod elementwise;
 pub use backend::{gpu_plan, GpuBackend, GpuBytes, GPU_ALIGN, GPU_SPACE};
 pub use bn::{BnForward, BnGrads};
 mod linear;
+#[cfg(not(target_arch = "wasm32"))]
+mod mixed;
+#[cfg(not(target_arch = "wasm32"))]
+pub use mixed::{mixed_plan, MixedBackend};
 mod pool;
 
 /// A buffer mapping in flight: wgpu's map callback resolves it. Natively the host waits for the GPU and
