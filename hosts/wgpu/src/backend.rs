@@ -1097,6 +1097,8 @@ pub struct GpuBackend {
     pub(crate) beside_cpu: bool,
     /// Submissions so far (a mixed step submits at every move between host and GPU).
     submits: u64,
+    /// Profiling ([`GpuBackend::set_profiling`]): seconds per execution order, summed over steps.
+    profile: Option<Vec<f64>>,
 }
 
 /// A hash of everything `prepare` builds from: the program, the storages' lifetimes, spaces and
@@ -1155,7 +1157,51 @@ impl GpuBackend {
             fingerprint: None,
             beside_cpu: false,
             submits: 0,
+            profile: None,
         }
+    }
+
+    /// Profiling (natively): every instruction is then submitted on its own and waited for, and its
+    /// time — the submission's wall time less an empty submission's measured just before — is added
+    /// to [`GpuBackend::profile`] at its execution order. Slow: for measuring per-layer costs
+    /// (`auto::measure`), never for training.
+    pub fn set_profiling(&mut self, on: bool) {
+        self.profile = on.then(Vec::new);
+    }
+
+    /// Seconds per execution order summed over the profiled steps (empty when not profiling).
+    pub fn profile(&self) -> &[f64] {
+        self.profile.as_deref().unwrap_or(&[])
+    }
+
+    /// Records instruction `eo` through `f`, timed when profiling.
+    fn timed(
+        &mut self,
+        eo: Eo,
+        f: impl FnOnce(&mut Self) -> Result<(), ExecError>,
+    ) -> Result<(), ExecError> {
+        #[cfg(not(target_arch = "wasm32"))]
+        if self.profile.is_some() {
+            let drain = |b: &mut Self| -> Result<std::time::Instant, ExecError> {
+                b.flush(None)?;
+                b.gpu.wait().map_err(gpu_err)?;
+                Ok(std::time::Instant::now())
+            };
+            let t0 = drain(self)?;
+            let t1 = drain(self)?; // an empty submission: the fixed cost
+            f(self)?;
+            let t2 = drain(self)?;
+            let secs = ((t2 - t1).as_secs_f64() - (t1 - t0).as_secs_f64()).max(0.0);
+            if let Some(p) = self.profile.as_mut() {
+                if p.len() <= eo as usize {
+                    p.resize(eo as usize + 1, 0.0);
+                }
+                p[eo as usize] += secs;
+            }
+            return Ok(());
+        }
+        let _ = eo;
+        f(self)
     }
 
     /// Command-buffer submissions so far: one per step for a GPU plan; a mixed plan's step adds one
@@ -2016,13 +2062,13 @@ impl Backend for GpuBackend {
 
 impl LayerOps for GpuBackend {
     fn forward(&mut self, cx: &Cx<'_>, _host: &mut [u8]) -> Result<(), ExecError> {
-        self.record(cx.plan, run_of(cx, 0))
+        self.timed(cx.eo, |b| b.record(cx.plan, run_of(cx, 0)))
     }
     fn grad_w(&mut self, cx: &Cx<'_>, _host: &mut [u8]) -> Result<(), ExecError> {
-        self.record(cx.plan, run_of(cx, 0))
+        self.timed(cx.eo, |b| b.record(cx.plan, run_of(cx, 0)))
     }
     fn grad_x(&mut self, cx: &Cx<'_>, _host: &mut [u8]) -> Result<(), ExecError> {
-        self.record(cx.plan, run_of(cx, 0))
+        self.timed(cx.eo, |b| b.record(cx.plan, run_of(cx, 0)))
     }
 }
 
@@ -2096,8 +2142,10 @@ impl LossOps for GpuBackend {
 
 impl OptimOps for GpuBackend {
     fn apply(&mut self, cx: &Cx<'_>, _host: &mut [u8]) -> Result<(), ExecError> {
-        self.guard()?;
-        self.record(cx.plan, run_of(cx, 0))
+        self.timed(cx.eo, |b| {
+            b.guard()?;
+            b.record(cx.plan, run_of(cx, 0))
+        })
     }
 }
 

@@ -24,6 +24,8 @@ mod conv;
 mod elementwise;
 pub use backend::{gpu_plan, GpuBackend, GpuBytes, GPU_ALIGN, GPU_SPACE};
 pub use bn::{BnForward, BnGrads};
+#[cfg(not(target_arch = "wasm32"))]
+pub mod auto;
 mod linear;
 #[cfg(not(target_arch = "wasm32"))]
 mod mixed;
