@@ -367,6 +367,22 @@ fn train_auto(
             mixed.space_bytes(GPU_SPACE)
         );
     }
+    if auto.devices.iter().all(|&d| d == Placement::Cpu) {
+        // Nothing on the GPU: the CPU backend alone (no GPU submission per step), on `threads`.
+        if !opts.quiet {
+            println!(
+                "every layer on the CPU: the CPU backend, {} thread(s)",
+                opts.threads
+            );
+        }
+        drop(backend);
+        let mut arena = alloc_zeroed::<u8>(plan.needed_bytes(), "the arena")?;
+        let pool = ThreadPool::new(opts.threads).map_err(|e| {
+            TrainError::Mismatch(format!("cannot start {} CPU threads: {e}", opts.threads))
+        })?;
+        let ex = Executor::with_backend(&plan, &arena, CpuBackend::with_pool(&pool))?;
+        return run(ex, &mut arena, how, model, data, opts, weights);
+    }
     let mut arena = alloc_zeroed::<u8>(mixed.needed_bytes(), "the arena")?;
     let ex = Executor::with_backend(&mixed, &arena, MixedBackend::new(backend))?;
     run(ex, &mut arena, how, model, data, opts, weights)
