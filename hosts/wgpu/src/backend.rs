@@ -27,9 +27,11 @@
 //! when the executor is created.
 use std::num::NonZeroU64;
 
+#[cfg(not(target_arch = "wasm32"))]
+use frugal_core::backend::Region;
 use frugal_core::backend::{
-    Backend, Cx, ExecError, LayerOps, LossOps, LossOut, MoveOps, OptimOps, Placement, Region,
-    StepStart, Target,
+    Backend, Cx, ExecError, LayerOps, LossOps, LossOut, MoveOps, OptimOps, Placement, StepStart,
+    Target,
 };
 use frugal_core::graph::{Node, NodeOp, TensorId, TensorKind};
 use frugal_core::model::LossKind;
@@ -1059,7 +1061,8 @@ struct Prepared {
     /// The loss kind.
     kind: LossKind,
     /// Where a move to the host lands before it is copied into the arena (a mixed plan's; None when
-    /// nothing moves off the GPU).
+    /// nothing moves off the GPU; mixed plans run natively only).
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     moves: Option<wgpu::Buffer>,
 }
 
@@ -1214,6 +1217,7 @@ impl GpuBackend {
     /// encoder for the rest; `then_read` appends a copy of `(offset, bytes)` of the GPU space to the
     /// moves' landing buffer first. A move between host and GPU must see every earlier instruction's
     /// effect on the GPU and none of a later one's.
+    #[cfg(not(target_arch = "wasm32"))]
     fn flush(&mut self, then_read: Option<(u64, u64)>) -> Result<(), ExecError> {
         let gpu = &self.gpu;
         let prep = self
