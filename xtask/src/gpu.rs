@@ -1,5 +1,6 @@
-//! `cargo xtask bench gpu [--reps R]`: the wgpu tiled SGEMM on this machine's adapter beside frugal's
-//! CPU SGEMM, measured by `hosts/wgpu/examples/bench_gpu.rs` in its own process (the xtask binary, whose
+//! `cargo xtask bench gpu [--placement] [--reps R]`: the wgpu tiled SGEMM on this machine's adapter
+//! beside frugal's CPU SGEMM (or, with `--placement`, ms/step of all-CPU, all-GPU, the DP's measured
+//! placement and alternating layers), measured by `hosts/wgpu/examples/bench_gpu.rs` in its own process (the xtask binary, whose
 //! process the memory benchmark measures, does not link wgpu).
 use std::process::Command;
 

@@ -13,7 +13,8 @@
 //!   best peer's numbers measured on this machine kind.
 //! - `bench sgemm [--threads N] [--reps R]`: SGEMM GFLOPS (1024³ and the FC-FC-FC shapes) per kernel
 //!   family, with the measured clock and the share of the FMA peak.
-//! - `bench gpu [--reps R]`: the wgpu tiled SGEMM on this machine's adapter beside the CPU's SGEMM.
+//! - `bench gpu [--placement] [--reps R]`: the wgpu tiled SGEMM on this machine's adapter beside the CPU's SGEMM;
+//!   `--placement`: ms/step of all-CPU, all-GPU, the DP's measured CPU/GPU placement and alternating layers.
 //! - `bench aarch64 [--check]`: instructions counted under `qemu-aarch64` (a TCG plugin built on the fly):
 //!   SGEMM 512³ per FLOP, NEON vs portable, and the int8 ÷ f32 digits-CNN step (see `insns.rs`).
 //! - `bench dsp [--batch N]`: the Hexagon DSP co-scheduling report — DSP packets per instruction under

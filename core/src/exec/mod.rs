@@ -8,6 +8,8 @@ pub mod adapt;
 mod adapt_tests;
 pub mod int8;
 #[cfg(test)]
+mod mixed_tests;
+#[cfg(test)]
 mod nonfinite_tests;
 mod permute;
 #[cfg(test)]
@@ -167,6 +169,9 @@ impl<'p, B: Backend> Steer<'p, B> for ForwardOnly {
                 }
                 // Swap plans only swap in after the loss; earlier, the forward would read stale bytes.
                 (Phase::SpillIn, 0) => return Err(ExecError::BadPlan("a swap-in before the loss")),
+                // A move before the loss carries a value to the device of a later forward (a mixed
+                // plan) or parks a saved activation (offloading, harmless here): both run.
+                (Phase::Move, 0) => return Ok(eo),
                 _ => eo += 1,
             }
         }

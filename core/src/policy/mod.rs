@@ -5,6 +5,7 @@
 pub mod cost;
 pub mod half;
 pub mod ladder;
+pub mod mixed;
 #[cfg(test)]
 mod oracle_tests;
 pub mod placement;

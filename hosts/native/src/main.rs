@@ -94,7 +94,10 @@ enum Cmd {
         #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
         threads: Option<u16>,
         /// Where f32 steps run: cpu, or gpu (wgpu: Vulkan/Metal/DX12, Mesa's lavapipe without a GPU;
-        /// needs a build with `--features gpu`). On the GPU the budget bounds the plan's GPU memory.
+        /// needs a build with `--features gpu`), or auto (each layer on the CPU or the GPU, chosen by
+        /// dynamic programming over per-layer times and host-GPU transfer costs measured on this
+        /// machine first; the placement is printed). On the GPU the budget bounds the plan's GPU
+        /// memory; with auto it bounds the host arena and the GPU memory each.
         #[arg(long = "device", default_value = "cpu", value_parser = parse_device)]
         on: train::Device,
     },
@@ -236,8 +239,10 @@ fn run(cli: Cli) -> Res {
                 test_set.len()
             );
             if precision != frugal_core::model::Precision::F32 {
-                if on == train::Device::Gpu {
-                    return Err("--device gpu trains in f32 (int8 runs on the CPU backend)".into());
+                if on != train::Device::Cpu {
+                    return Err(
+                        "--device gpu/auto trains in f32 (int8 runs on the CPU backend)".into(),
+                    );
                 }
                 return train_int8_cli(
                     &mf,
@@ -618,6 +623,7 @@ fn parse_device(s: &str) -> Result<train::Device, String> {
     match s {
         "cpu" => Ok(train::Device::Cpu),
         "gpu" => Ok(train::Device::Gpu),
-        _ => Err(format!("unknown device {s:?}: cpu or gpu")),
+        "auto" => Ok(train::Device::Auto),
+        _ => Err(format!("unknown device {s:?}: cpu, gpu or auto")),
     }
 }

@@ -55,6 +55,10 @@ pub enum Device {
     /// The GPU backend (wgpu: Vulkan, Metal, DX12; Mesa's lavapipe without a GPU). Needs the `gpu`
     /// feature; the budget then bounds the plan's GPU memory.
     Gpu,
+    /// Each layer on the CPU or the GPU by measured cost (`frugal_wgpu::auto`: per-layer times on both
+    /// and the host-GPU link measured first, placed by the DP of `policy::placement`), in one mixed
+    /// plan. Needs the `gpu` feature; the budget bounds the host arena and the GPU memory each.
+    Auto,
 }
 
 /// What a run produced.
@@ -294,7 +298,110 @@ pub fn train(
             run(ex, &mut arena, how, model, (train, test), opts, weights)
         }
         Device::Gpu => train_gpu(plan, how, model, (train, test), opts, weights),
+        Device::Auto => train_auto(plan, how, model, (train, test), opts, weights),
     }
+}
+
+#[cfg(feature = "gpu")]
+fn train_auto(
+    plan: Plan,
+    how: (PolicyKind, usize),
+    model: &ModelFile,
+    data: (&Dataset, &Dataset),
+    opts: &TrainOptions,
+    weights: Option<&PathBuf>,
+) -> Result<TrainReport, TrainError> {
+    use frugal_core::backend::Placement;
+    use frugal_wgpu::{GpuBackend, MixedBackend, GPU_SPACE};
+    let backend = GpuBackend::open().map_err(|e| TrainError::Mismatch(e.to_string()))?;
+    // Measure on the first planned batch of the training data.
+    let (train, _) = data;
+    let n = plan.batch().min(train.len()).max(1);
+    let per = model.spec.input.numel();
+    let idx: Vec<usize> = (0..n).collect();
+    let mut x = alloc_zeroed::<f32>(n * per, "the batch buffer")?;
+    let mut y = alloc_zeroed::<u32>(n, "the label buffer")?;
+    train.batch(&idx, &mut x, &mut y);
+    let (auto, backend) = frugal_wgpu::auto::auto_plan(&plan, backend, &x, Target::Classes(&y), 3)?;
+    let mixed = auto.plan.clone();
+    // The budget bounds each space on its own: the host arena, the GPU memory.
+    for needed in [mixed.needed_bytes(), mixed.space_bytes(GPU_SPACE)] {
+        if needed > opts.budget.bytes {
+            return Err(TrainError::Budget(BudgetError::TooSmall {
+                needed,
+                given: opts.budget.bytes,
+            }));
+        }
+    }
+    if !opts.quiet {
+        let l = auto.measured.link;
+        println!(
+            "auto placement on {} — link: host→GPU {:.1} µs + {:.2} GB/s, GPU→host {:.1} µs + {:.2} GB/s",
+            backend.gpu().adapter(),
+            l.up_latency * 1e6,
+            l.up_bandwidth / 1e9,
+            l.down_latency * 1e6,
+            l.down_bandwidth / 1e9
+        );
+        for (i, node) in mixed.graph.nodes.iter().enumerate() {
+            let [c, g] = auto.measured.node[i];
+            let on = match auto.devices[i] {
+                Placement::Gpu => "gpu",
+                _ => "cpu",
+            };
+            println!(
+                "  {:<16} {on}   (cpu {:.3} ms, gpu {:.3} ms per step)",
+                node.name,
+                c * 1e3,
+                g * 1e3
+            );
+        }
+        let moves = frugal_core::policy::spaces::move_volume(&mixed);
+        println!(
+            "predicted {:.3} ms/step (all-CPU {:.3}); {} moves, {} bytes per step; host arena {} bytes, GPU {} bytes",
+            auto.predicted * 1e3,
+            auto.all_cpu * 1e3,
+            moves.0,
+            moves.1,
+            mixed.arena_bytes,
+            mixed.space_bytes(GPU_SPACE)
+        );
+    }
+    if auto.devices.iter().all(|&d| d == Placement::Cpu) {
+        // Nothing on the GPU: the CPU backend alone (no GPU submission per step), on `threads`.
+        if !opts.quiet {
+            println!(
+                "every layer on the CPU: the CPU backend, {} thread(s)",
+                opts.threads
+            );
+        }
+        drop(backend);
+        let mut arena = alloc_zeroed::<u8>(plan.needed_bytes(), "the arena")?;
+        let pool = ThreadPool::new(opts.threads).map_err(|e| {
+            TrainError::Mismatch(format!("cannot start {} CPU threads: {e}", opts.threads))
+        })?;
+        let ex = Executor::with_backend(&plan, &arena, CpuBackend::with_pool(&pool))?;
+        return run(ex, &mut arena, how, model, data, opts, weights);
+    }
+    let mut arena = alloc_zeroed::<u8>(mixed.needed_bytes(), "the arena")?;
+    let ex = Executor::with_backend(&mixed, &arena, MixedBackend::new(backend))?;
+    run(ex, &mut arena, how, model, data, opts, weights)
+}
+
+#[cfg(not(feature = "gpu"))]
+fn train_auto(
+    _: Plan,
+    _: (PolicyKind, usize),
+    _: &ModelFile,
+    _: (&Dataset, &Dataset),
+    _: &TrainOptions,
+    _: Option<&PathBuf>,
+) -> Result<TrainReport, TrainError> {
+    Err(TrainError::Mismatch(
+        "this frugal was built without the GPU backend: build it with `--features gpu` \
+         (cargo run --release -p frugal-cli --features gpu -- train … --device auto)"
+            .into(),
+    ))
 }
 
 #[cfg(feature = "gpu")]

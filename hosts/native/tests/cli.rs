@@ -218,6 +218,51 @@ fn train_on_the_gpu_reaches_the_cpus_accuracy() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `--device auto` measures each layer on the CPU and the GPU and the link between them, prints the
+/// placement the DP chose per layer, and trains the digits MLP with it to the CPU's held-out accuracy
+/// ± 0.5 point (the mixed plan's GPU layers differ from the CPU's by a few ULP per step, as
+/// `--device gpu`'s do). Runs in the `gpu` leg of `cargo xtask test`.
+#[cfg(feature = "gpu")]
+#[test]
+fn train_with_auto_gpu_placement_prints_it_and_reaches_the_cpus_accuracy() {
+    let run = |device: &str| {
+        let (ok, out) = frugal(&[
+            "train",
+            "examples/digits-mlp.toml",
+            "--budget",
+            "2MiB",
+            "--epochs",
+            "2",
+            "--device",
+            device,
+        ]);
+        assert!(ok, "{out}");
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("held-out accuracy: "))
+            .unwrap_or_else(|| panic!("no accuracy in {out}"));
+        let pct: f32 = line["held-out accuracy: ".len()..]
+            .split('%')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        (pct, out)
+    };
+    let (cpu, _) = run("cpu");
+    let (auto, out) = run("auto");
+    assert!(out.contains("auto placement on "), "{out}");
+    for layer in ["fc1", "fc2", "fc3"] {
+        let l = out
+            .lines()
+            .find(|l| l.trim_start().starts_with(layer))
+            .unwrap_or_else(|| panic!("no placement line for {layer}: {out}"));
+        assert!(l.contains(" cpu ") || l.contains(" gpu "), "{l}");
+    }
+    assert!(out.contains("predicted "), "{out}");
+    assert!((auto - cpu).abs() <= 0.5, "auto {auto}% vs CPU {cpu}%");
+}
+
 /// Without the `gpu` feature, `--device gpu` says how to get it instead of training on the CPU.
 #[cfg(not(feature = "gpu"))]
 #[test]

@@ -5,6 +5,13 @@
 //! SGEMM on the same machine in the same run (best of `R`, default 5). On lavapipe the "GPU" runs on the
 //! CPU's cores: the ratio is for information, not a GPU figure.
 //!
+//! `--placement` instead: mixed CPU/GPU placement — the digits MLP (batch 32) and the digits CNN
+//! (examples/digits-cnn.toml, batch 32): per-layer times and the link measured (`frugal_wgpu::auto`),
+//! the DP's placement printed, then ms/step of all-CPU (the CPU backend on one thread, as the mixed
+//! backend's CPU side runs), all-GPU, the DP's placement (the CPU backend alone when it puts every
+//! layer on the CPU, as `--device auto` then trains) and alternating layers (a forced mixed plan),
+//! rounds alternating, median of each round's steps, best round of `R`.
+//!
 //! Then whole training steps: the digits MLP (8×8 → 128 → 64 → 10, Adam) at batch 32 and 128, and the
 //! reference workloads LeNet-5 and the small CNN at batch 128, on the GPU backend (one submission per
 //! step, the loss read back) beside the CPU backend on the same threads, alternating, median ms/step of
@@ -85,6 +92,121 @@ mod native {
         }
     }
 
+    /// `--placement`: all-CPU, all-GPU, the DP's placement and alternating layers, ms/step.
+    fn placements(reps: usize) -> Result<(), String> {
+        use frugal_core::backend::Placement;
+        use frugal_wgpu::{auto::auto_plan, mixed_plan, MixedBackend};
+        let gpu = Gpu::open().map_err(|e| e.to_string())?;
+        println!(
+            "`cargo xtask bench gpu --placement` — adapter: {}{}; CPU: one thread; best of {reps}\n",
+            gpu.adapter(),
+            if gpu.is_software() { " (software: runs on this CPU — information only)" } else { "" },
+        );
+        let cnn = frugal_cli::spec_toml::load_model(std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../examples/digits-cnn.toml"
+        )))
+        .map_err(|e| e.to_string())?
+        .spec;
+        let mut table = Vec::new();
+        for (title, spec, batch) in [("digits MLP", digits_mlp(), 32), ("digits CNN", cnn, 32)] {
+            let plan = Plan::new(Graph::new(&spec, batch).map_err(|e| e.to_string())?);
+            let per = spec.input.numel();
+            let classes = plan.graph.pred_dims().numel();
+            let x: Vec<f32> = (0..batch * per).map(|i| (i % 17) as f32 / 16.0).collect();
+            let y: Vec<u32> = (0..batch).map(|i| (i % classes) as u32).collect();
+            let backend = GpuBackend::open().map_err(|e| e.to_string())?;
+            let (auto, backend) =
+                auto_plan(&plan, backend, &x, Target::Classes(&y), 5).map_err(|e| e.to_string())?;
+            let l = auto.measured.link;
+            println!(
+                "{title}, batch {batch} — link: host→GPU {:.1} µs + {:.2} GB/s, GPU→host {:.1} µs + {:.2} GB/s",
+                l.up_latency * 1e6,
+                l.up_bandwidth / 1e9,
+                l.down_latency * 1e6,
+                l.down_bandwidth / 1e9
+            );
+            for (i, node) in plan.graph.nodes.iter().enumerate() {
+                let [c, g] = auto.measured.node[i];
+                println!(
+                    "  {:<8} {:<3}  cpu {:.3} ms  gpu {:.3} ms",
+                    node.name,
+                    if auto.devices[i] == Placement::Gpu {
+                        "gpu"
+                    } else {
+                        "cpu"
+                    },
+                    c * 1e3,
+                    g * 1e3
+                );
+            }
+            println!(
+                "  DP predicts {:.3} ms/step (all-CPU by the same measurements {:.3})\n",
+                auto.predicted * 1e3,
+                auto.all_cpu * 1e3
+            );
+            let n = plan.graph.nodes.len();
+            let alt: Vec<Placement> = (0..n)
+                .map(|i| {
+                    if i % 2 == 0 {
+                        Placement::Gpu
+                    } else {
+                        Placement::Cpu
+                    }
+                })
+                .collect();
+            let alt_plan = mixed_plan(plan.clone(), &alt).map_err(|e| e.to_string())?;
+            let gp = gpu_plan(plan.clone());
+            let open = || GpuBackend::open().map_err(|e| e.to_string());
+            let mut a_cpu = vec![0u8; plan.needed_bytes()];
+            let mut a_gpu = vec![0u8; gp.needed_bytes()];
+            let mut a_dp = vec![0u8; auto.plan.needed_bytes()];
+            let mut a_alt = vec![0u8; alt_plan.needed_bytes()];
+            let err = |e: frugal_core::backend::ExecError| e.to_string();
+            let mut e_cpu =
+                Executor::with_backend(&plan, &a_cpu, CpuBackend::new()).map_err(err)?;
+            let mut e_gpu = Executor::with_backend(&gp, &a_gpu, open()?).map_err(err)?;
+            let mut e_dp = Executor::with_backend(&auto.plan, &a_dp, MixedBackend::new(backend))
+                .map_err(err)?;
+            let mut e_alt = Executor::with_backend(&alt_plan, &a_alt, MixedBackend::new(open()?))
+                .map_err(err)?;
+            e_cpu.init_params(&mut a_cpu, 1).map_err(err)?;
+            e_gpu.init_params(&mut a_gpu, 1).map_err(err)?;
+            e_dp.init_params(&mut a_dp, 1).map_err(err)?;
+            e_alt.init_params(&mut a_alt, 1).map_err(err)?;
+            let dp_cpu = auto.devices.iter().all(|&d| d == Placement::Cpu);
+            let mut best = [f64::MAX; 4];
+            for _ in 0..reps {
+                best[0] = best[0].min(ms_per_step(&mut e_cpu, &mut a_cpu, &x, &y, 20)?);
+                best[1] = best[1].min(ms_per_step(&mut e_gpu, &mut a_gpu, &x, &y, 20)?);
+                // All on the CPU: `--device auto` then trains on the CPU backend alone.
+                best[2] = best[2].min(if dp_cpu {
+                    ms_per_step(&mut e_cpu, &mut a_cpu, &x, &y, 20)?
+                } else {
+                    ms_per_step(&mut e_dp, &mut a_dp, &x, &y, 20)?
+                });
+                best[3] = best[3].min(ms_per_step(&mut e_alt, &mut a_alt, &x, &y, 20)?);
+            }
+            let moves = |p: &Plan| frugal_core::policy::spaces::move_volume(p).0;
+            table.push(format!(
+                "| {title} | {batch} | {:.3} | {:.3} | {:.3} ({} on GPU, {} moves) | {:.3} ({} moves) |",
+                best[0],
+                best[1],
+                best[2],
+                auto.devices.iter().filter(|&&d| d == Placement::Gpu).count(),
+                moves(&auto.plan),
+                best[3],
+                moves(&alt_plan),
+            ));
+        }
+        println!("| model | batch | all-CPU ms/step | all-GPU ms/step | DP placement ms/step | alternating ms/step |");
+        println!("|---|---:|---:|---:|---:|---:|");
+        for row in table {
+            println!("{row}");
+        }
+        Ok(())
+    }
+
     /// Median ms/step of `steps` steps on `ex` (after one untimed step).
     fn ms_per_step<B: Backend>(
         ex: &mut Executor<'_, B>,
@@ -152,11 +274,16 @@ mod native {
     }
 
     fn run(args: &[String]) -> Result<(), String> {
-        let reps: usize = match args {
+        let placement = args.iter().any(|a| a == "--placement");
+        let rest: Vec<&String> = args.iter().filter(|a| *a != "--placement").collect();
+        let reps: usize = match rest[..] {
             [f, v] if f == "--reps" => v.parse().map_err(|_| "--reps needs a number")?,
             [] => 5,
-            _ => return Err("usage: cargo xtask bench gpu [--reps R]".into()),
+            _ => return Err("usage: cargo xtask bench gpu [--placement] [--reps R]".into()),
         };
+        if placement {
+            return placements(reps);
+        }
         let gpu = Gpu::open().map_err(|e| e.to_string())?;
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let pool =

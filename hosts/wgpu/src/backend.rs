@@ -27,6 +27,8 @@
 //! when the executor is created.
 use std::num::NonZeroU64;
 
+#[cfg(not(target_arch = "wasm32"))]
+use frugal_core::backend::Region;
 use frugal_core::backend::{
     Backend, Cx, ExecError, LayerOps, LossOps, LossOut, MoveOps, OptimOps, Placement, StepStart,
     Target,
@@ -1058,6 +1060,10 @@ struct Prepared {
     loss_per_sample: usize,
     /// The loss kind.
     kind: LossKind,
+    /// Where a move to the host lands before it is copied into the arena (a mixed plan's; None when
+    /// nothing moves off the GPU; mixed plans run natively only).
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+    moves: Option<wgpu::Buffer>,
 }
 
 /// Bytes a [`GpuBackend`] allocates on the GPU for a plan.
@@ -1071,12 +1077,14 @@ pub struct GpuBytes {
     pub params: u64,
     /// The losses' readback copy.
     pub readback: u64,
+    /// A mixed plan's landing buffer for moves to the host (its largest such move; 0 for none).
+    pub moves: u64,
 }
 
 impl GpuBytes {
     /// All of it.
     pub fn total(&self) -> u64 {
-        self.space + self.io + self.params + self.readback
+        self.space + self.io + self.params + self.readback + self.moves
     }
 }
 
@@ -1087,6 +1095,13 @@ pub struct GpuBackend {
     bytes: GpuBytes,
     /// What the prepared plan looked like ([`fingerprint`]).
     fingerprint: Option<u64>,
+    /// Whether a plan may place instructions on the CPU (a [`MixedBackend`](crate::MixedBackend)
+    /// runs them): only the GPU-placed ones are prepared and recorded here.
+    pub(crate) beside_cpu: bool,
+    /// Submissions so far (a mixed step submits at every move between host and GPU).
+    submits: u64,
+    /// Profiling ([`GpuBackend::set_profiling`]): seconds per execution order, summed over steps.
+    profile: Option<Vec<f64>>,
 }
 
 /// A hash of everything `prepare` builds from: the program, the storages' lifetimes, spaces and
@@ -1143,6 +1158,172 @@ impl GpuBackend {
             prep: None,
             bytes: GpuBytes::default(),
             fingerprint: None,
+            beside_cpu: false,
+            submits: 0,
+            profile: None,
+        }
+    }
+
+    /// Profiling (natively): every instruction is then submitted on its own and waited for, and its
+    /// time — the submission's wall time less an empty submission's measured just before — is added
+    /// to [`GpuBackend::profile`] at its execution order. Slow: for measuring per-layer costs
+    /// (`auto::measure`), never for training.
+    pub fn set_profiling(&mut self, on: bool) {
+        self.profile = on.then(Vec::new);
+    }
+
+    /// Seconds per execution order summed over the profiled steps (empty when not profiling).
+    pub fn profile(&self) -> &[f64] {
+        self.profile.as_deref().unwrap_or(&[])
+    }
+
+    /// Records instruction `eo` through `f`, timed when profiling.
+    fn timed(
+        &mut self,
+        eo: Eo,
+        f: impl FnOnce(&mut Self) -> Result<(), ExecError>,
+    ) -> Result<(), ExecError> {
+        #[cfg(not(target_arch = "wasm32"))]
+        if self.profile.is_some() {
+            let drain = |b: &mut Self| -> Result<std::time::Instant, ExecError> {
+                b.flush(None)?;
+                b.gpu.wait().map_err(gpu_err)?;
+                Ok(std::time::Instant::now())
+            };
+            let t0 = drain(self)?;
+            let t1 = drain(self)?; // an empty submission: the fixed cost
+            f(self)?;
+            let t2 = drain(self)?;
+            let secs = ((t2 - t1).as_secs_f64() - (t1 - t0).as_secs_f64()).max(0.0);
+            if let Some(p) = self.profile.as_mut() {
+                if p.len() <= eo as usize {
+                    p.resize(eo as usize + 1, 0.0);
+                }
+                p[eo as usize] += secs;
+            }
+            return Ok(());
+        }
+        let _ = eo;
+        f(self)
+    }
+
+    /// Command-buffer submissions so far: one per step for a GPU plan; a mixed plan's step adds one
+    /// per move between the host and the GPU.
+    pub fn submissions(&self) -> u64 {
+        self.submits
+    }
+
+    /// Submits the work recorded so far in this step (with the uniform slots it uses) and opens a new
+    /// encoder for the rest; `then_read` appends a copy of `(offset, bytes)` of the GPU space to the
+    /// moves' landing buffer first. A move between host and GPU must see every earlier instruction's
+    /// effect on the GPU and none of a later one's.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn flush(&mut self, then_read: Option<(u64, u64)>) -> Result<(), ExecError> {
+        let gpu = &self.gpu;
+        let prep = self
+            .prep
+            .as_mut()
+            .ok_or(ExecError::BadPlan("the GPU backend has no prepared plan"))?;
+        prep.pass = None; // ends the pass
+        let mut enc = prep
+            .encoder
+            .take()
+            .ok_or(ExecError::BadPlan("a move outside a step"))?;
+        if let Some((off, bytes)) = then_read {
+            let moves = prep.moves.as_ref().ok_or(ExecError::BadPlan(
+                "a move to the host the plan did not prepare",
+            ))?;
+            if bytes > moves.size() {
+                return Err(ExecError::BadPlan("a move larger than the plan prepared"));
+            }
+            enc.copy_buffer_to_buffer(&prep.mem, off, moves, 0, bytes);
+        }
+        gpu.queue.write_buffer(&prep.params, 0, &prep.staging);
+        gpu.queue.submit([enc.finish()]);
+        self.submits += 1;
+        prep.encoder = Some(
+            gpu.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("step"),
+                }),
+        );
+        Ok(())
+    }
+
+    /// [`Phase::Move`] between the host arena and the GPU space: the work recorded so far is
+    /// submitted first; host to GPU is then a queue write (ordered after that work, before anything
+    /// recorded later), GPU to host a copy into the landing buffer, mapped and waited for.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn move_host_gpu(
+        &mut self,
+        host: &mut [u8],
+        from: Region,
+        to: Region,
+    ) -> Result<(), ExecError> {
+        let outside = ExecError::BadPlan("a move outside the arena");
+        let host_range = |r: Region| -> Result<std::ops::Range<usize>, ExecError> {
+            let end = r.end().ok_or(outside.clone())?;
+            if end > host.len() {
+                return Err(outside.clone());
+            }
+            Ok(r.offset..end)
+        };
+        let space = self.bytes.space;
+        let in_space = |r: Region| -> Result<(), ExecError> {
+            match r.end() {
+                Some(e)
+                    if (e as u64) <= space
+                        && r.offset.is_multiple_of(4)
+                        && r.bytes.is_multiple_of(4) =>
+                {
+                    Ok(())
+                }
+                _ => Err(ExecError::BadPlan("a move outside the GPU space")),
+            }
+        };
+        match (from.space, to.space) {
+            (SpaceId::HOST, GPU_SPACE) => {
+                let src = host_range(from)?;
+                in_space(to)?;
+                self.flush(None)?;
+                let prep = self.prepared()?;
+                let mem = prep.mem.clone();
+                self.gpu
+                    .queue
+                    .write_buffer(&mem, to.offset as u64, &host[src]);
+                Ok(())
+            }
+            (GPU_SPACE, SpaceId::HOST) => {
+                let dst = host_range(to)?;
+                in_space(from)?;
+                let bytes = from.bytes as u64;
+                self.flush(Some((from.offset as u64, bytes)))?;
+                let gpu = &self.gpu;
+                let prep = self
+                    .prep
+                    .as_mut()
+                    .ok_or(ExecError::BadPlan("the GPU backend has no prepared plan"))?;
+                let moves = prep.moves.as_ref().ok_or(ExecError::BadPlan(
+                    "a move to the host the plan did not prepare",
+                ))?;
+                let slice = moves.slice(..bytes);
+                let mapping = Mapping::start(&slice);
+                gpu.wait().map_err(gpu_err)?;
+                crate::block_on(mapping).map_err(gpu_err)?;
+                {
+                    let view = slice
+                        .get_mapped_range()
+                        .map_err(|e| gpu_err(GpuError::Readback(e.to_string())))?;
+                    host[dst].copy_from_slice(&view);
+                }
+                moves.unmap();
+                Ok(())
+            }
+            (a, _) if a != GPU_SPACE && a != SpaceId::HOST => Err(ExecError::Space(a.0)),
+            (_, b) if b != GPU_SPACE && b != SpaceId::HOST => Err(ExecError::Space(b.0)),
+            _ => Err(ExecError::BadPlan(
+                "a move within one space of a mixed plan",
+            )),
         }
     }
 
@@ -1422,11 +1603,42 @@ fn pipeline<'g>(gpu: &'g Gpu, k: &Kernel) -> &'g wgpu::ComputePipeline {
 }
 
 /// The checks `prepare` makes before creating anything.
-fn check(plan: &Plan) -> Result<(), ExecError> {
-    if let Some(i) = plan.program.iter().find(|i| i.placement != Placement::Gpu) {
+fn check(plan: &Plan, beside_cpu: bool) -> Result<(), ExecError> {
+    let served = |p: Placement| p == Placement::Gpu || (beside_cpu && p == Placement::Cpu);
+    if let Some(i) = plan.program.iter().find(|i| !served(i.placement)) {
         return Err(ExecError::Placement(i.placement));
     }
-    if let Some(l) = plan.lives.iter().find(|l| l.space != GPU_SPACE) {
+    let mixed = plan.program.iter().any(|i| i.placement != Placement::Gpu);
+    if mixed {
+        // The host arena and the GPU space; the loss on the CPU (policy::mixed), which rejects a
+        // non-finite step before any update of either device.
+        if let Some(l) = plan
+            .lives
+            .iter()
+            .find(|l| l.space != GPU_SPACE && l.space != SpaceId::HOST)
+        {
+            return Err(ExecError::Space(l.space.0));
+        }
+        if plan
+            .program
+            .iter()
+            .any(|i| i.phase == Phase::Loss && i.placement != Placement::Cpu)
+        {
+            return Err(ExecError::Unsupported(
+                "a loss on the GPU in a plan that also runs on the CPU (a mixed plan's loss runs on the CPU)",
+            ));
+        }
+        if plan.program.iter().any(|i| {
+            matches!(
+                i.phase,
+                Phase::SpillOut | Phase::SpillIn | Phase::Pack | Phase::Unpack
+            )
+        }) {
+            return Err(ExecError::Unsupported(
+                "swaps or fp16 storage in a mixed CPU/GPU plan",
+            ));
+        }
+    } else if let Some(l) = plan.lives.iter().find(|l| l.space != GPU_SPACE) {
         return Err(ExecError::Space(l.space.0));
     }
     if plan.graph.precision != frugal_core::model::Precision::F32 {
@@ -1461,7 +1673,7 @@ impl Backend for GpuBackend {
     }
 
     fn prepare(&mut self, plan: &Plan) -> Result<(), ExecError> {
-        check(plan)?;
+        check(plan, self.beside_cpu)?;
         // The same plan again (a host that keeps the backend between calls): keep what is on the GPU.
         let fp = fingerprint(plan);
         if self.prep.is_some() && self.fingerprint == Some(fp) {
@@ -1485,6 +1697,11 @@ impl Backend for GpuBackend {
         let mut first = Vec::with_capacity(plan.program.len());
         for (eo, ins) in plan.program.iter().enumerate() {
             let mut at = [(0u32, 0u8); 2];
+            if ins.placement != Placement::Gpu || ins.phase == Phase::Move {
+                // The CPU's (a mixed plan), or a move between spaces: no dispatch of its own.
+                first.push(at);
+                continue;
+            }
             for (k, eval) in [false, true].into_iter().enumerate() {
                 if eval && ins.phase != Phase::Forward {
                     at[1] = at[0];
@@ -1552,6 +1769,20 @@ impl Backend for GpuBackend {
             readback_bytes,
             wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
         );
+        // A mixed plan's moves to the host land here: its largest one.
+        let moves_bytes = (0..plan.n_eo())
+            .filter_map(|eo| plan.move_storages(eo))
+            .filter(|&(from, _)| plan.lives[from as usize].space == GPU_SPACE)
+            .map(|(from, _)| plan.lives[from as usize].bytes as u64)
+            .max()
+            .unwrap_or(0);
+        let moves = (moves_bytes > 0).then(|| {
+            buffer(
+                "frugal moves",
+                moves_bytes,
+                wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            )
+        });
         let max_bind = limits.max_storage_buffer_binding_size;
         let mut groups = Vec::with_capacity(ops.len());
         // Where an operand of a dispatch or copy of micro-batch `mb` at `eo` lives: (buffer, offset,
@@ -1677,6 +1908,7 @@ impl Backend for GpuBackend {
             io: io_layout.bytes as u64,
             params: params_bytes,
             readback: readback_bytes,
+            moves: moves_bytes,
         };
         self.prep = Some(Prepared {
             mem,
@@ -1696,6 +1928,7 @@ impl Backend for GpuBackend {
             loss_per_sample,
             kind,
             pending: None,
+            moves,
         });
         self.fingerprint = Some(fp);
         Ok(())
@@ -1762,7 +1995,15 @@ impl Backend for GpuBackend {
         }
         gpu.queue.write_buffer(&prep.params, 0, &prep.staging);
         gpu.queue.submit([enc.finish()]);
+        self.submits += 1;
         if ran == 0 {
+            // A mixed plan (its loss on the CPU) still waits for its last GPU updates, natively: the
+            // step is done when it returns, and wgpu frees the step's upload staging then, so every
+            // step ends with the same GPU objects alive.
+            #[cfg(not(target_arch = "wasm32"))]
+            if self.beside_cpu {
+                gpu.wait().map_err(gpu_err)?;
+            }
             return Ok(None);
         }
         let mapping = Mapping::start(&prep.readback.slice(..read));
@@ -1802,33 +2043,36 @@ impl Backend for GpuBackend {
         self.write(plan, t, data)
     }
 
-    fn init_params(&mut self, plan: &Plan, _host: &mut [u8], seed: u64) -> Result<(), ExecError> {
+    fn init_params(&mut self, plan: &Plan, host: &mut [u8], seed: u64) -> Result<(), ExecError> {
         // The CPU's initialisation (PyTorch's defaults, the same values for a seed) into a host copy
-        // laid out as the GPU space, uploaded whole.
-        let mut host_plan = plan.clone();
-        for l in &mut host_plan.lives {
-            l.space = SpaceId::HOST;
-        }
-        host_plan.spaces.clear();
-        host_plan.arena_bytes = plan.space_bytes(GPU_SPACE);
-        let mut shadow = vec![0u8; host_plan.arena_bytes.max(4).div_ceil(4) * 4];
-        frugal_core::backend::CpuBackend::new().init_params(&host_plan, &mut shadow, seed)?;
+        // of both spaces (the host arena's storages, then the GPU space's), whose GPU part is uploaded
+        // whole and whose host part (a mixed plan's) goes into the arena.
+        let (both, base) = frugal_core::policy::mixed::host_view(plan, GPU_SPACE);
+        let mut shadow = vec![0u8; both.arena_bytes.max(base + 4).div_ceil(4) * 4 + 64];
+        let at = shadow.as_ptr().align_offset(64);
+        let shadow = &mut shadow[at..];
+        frugal_core::backend::CpuBackend::new().init_params(&both, shadow, seed)?;
+        let h = plan.arena_bytes;
+        host.get_mut(..h)
+            .ok_or(ExecError::BadPlan("the arena is smaller than the plan"))?
+            .copy_from_slice(&shadow[..h]);
+        let gpu_part = &shadow[base..base + plan.space_bytes(GPU_SPACE).max(4).div_ceil(4) * 4];
         let prep = self.prepared()?;
         let mem = prep.mem.clone();
-        self.gpu.queue.write_buffer(&mem, 0, &shadow);
+        self.gpu.queue.write_buffer(&mem, 0, gpu_part);
         Ok(())
     }
 }
 
 impl LayerOps for GpuBackend {
     fn forward(&mut self, cx: &Cx<'_>, _host: &mut [u8]) -> Result<(), ExecError> {
-        self.record(cx.plan, run_of(cx, 0))
+        self.timed(cx.eo, |b| b.record(cx.plan, run_of(cx, 0)))
     }
     fn grad_w(&mut self, cx: &Cx<'_>, _host: &mut [u8]) -> Result<(), ExecError> {
-        self.record(cx.plan, run_of(cx, 0))
+        self.timed(cx.eo, |b| b.record(cx.plan, run_of(cx, 0)))
     }
     fn grad_x(&mut self, cx: &Cx<'_>, _host: &mut [u8]) -> Result<(), ExecError> {
-        self.record(cx.plan, run_of(cx, 0))
+        self.timed(cx.eo, |b| b.record(cx.plan, run_of(cx, 0)))
     }
 }
 
@@ -1902,13 +2146,26 @@ impl LossOps for GpuBackend {
 
 impl OptimOps for GpuBackend {
     fn apply(&mut self, cx: &Cx<'_>, _host: &mut [u8]) -> Result<(), ExecError> {
-        self.guard()?;
-        self.record(cx.plan, run_of(cx, 0))
+        self.timed(cx.eo, |b| {
+            b.guard()?;
+            b.record(cx.plan, run_of(cx, 0))
+        })
     }
 }
 
 impl MoveOps for GpuBackend {
     fn convert_half(&mut self, cx: &Cx<'_>, _host: &mut [u8]) -> Result<(), ExecError> {
         self.record(cx.plan, run_of(cx, 0))
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn move_between(
+        &mut self,
+        _cx: &Cx<'_>,
+        host: &mut [u8],
+        from: Region,
+        to: Region,
+    ) -> Result<(), ExecError> {
+        self.move_host_gpu(host, from, to)
     }
 }

@@ -8,6 +8,11 @@
 //! BatchNorm, Dropout — each also callable on its own (operands moved through the host) and checked
 //! against frugal-core's CPU ops on every adapter the tests can open.
 //!
+//! Mixed plans (natively): [`MixedBackend`] runs a plan whose layers are split between the CPU and the
+//! GPU ([`mixed_plan`], frugal-core's `policy::mixed`), moving values between the host arena and the
+//! GPU buffer where the plan says; [`auto`] measures per-layer costs and the host↔GPU link and places
+//! the layers by dynamic programming (`frugal train --device auto`).
+//!
 //! ```no_run
 //! let gpu = frugal_wgpu::Gpu::open().expect("a GPU adapter (or lavapipe)");
 //! let c = gpu.sgemm(2, 2, 3, &[1., 2., 3., 4., 5., 6.], &[1., 0., 0., 1., 1., 1.]).unwrap();
@@ -24,7 +29,13 @@ mod conv;
 mod elementwise;
 pub use backend::{gpu_plan, GpuBackend, GpuBytes, GPU_ALIGN, GPU_SPACE};
 pub use bn::{BnForward, BnGrads};
+#[cfg(not(target_arch = "wasm32"))]
+pub mod auto;
 mod linear;
+#[cfg(not(target_arch = "wasm32"))]
+mod mixed;
+#[cfg(not(target_arch = "wasm32"))]
+pub use mixed::{mixed_plan, MixedBackend};
 mod pool;
 
 /// A buffer mapping in flight: wgpu's map callback resolves it. Natively the host waits for the GPU and
