@@ -247,7 +247,9 @@ pub fn maxpool_grad_x<T: Real>(
 pub fn avgpool_fwd<T: Real>(g: &PoolGeom, n: usize, x: &[T], y: &mut [T]) {
     let (hw, ohow) = (g.h * g.w, g.oh * g.ow);
     let planes = n * g.c;
-    let cnt = T::from_usize(g.kh * g.kw);
+    // Multiplied by the reciprocal, not divided: a GPU's division need not round correctly, so the
+    // GPU backend multiplies by the same f32 reciprocal and matches bit for bit.
+    let inv = T::ONE / T::from_usize(g.kh * g.kw);
     let span = (g.ow - 1) * g.sw + 1;
     let xs = x[..planes * hw].chunks_exact(hw);
     let ys = y[..planes * ohow].chunks_exact_mut(ohow);
@@ -268,7 +270,7 @@ pub fn avgpool_fwd<T: Real>(g: &PoolGeom, n: usize, x: &[T], y: &mut [T]) {
                     }
                 }
             }
-            yr.iter_mut().for_each(|y| *y = *y / cnt);
+            yr.iter_mut().for_each(|y| *y = *y * inv);
         }
     }
 }
@@ -277,7 +279,9 @@ pub fn avgpool_fwd<T: Real>(g: &PoolGeom, n: usize, x: &[T], y: &mut [T]) {
 pub fn avgpool_grad_x<T: Real>(g: &PoolGeom, n: usize, dy: &[T], dx: &mut [T], accumulate: bool) {
     let (hw, ohow) = (g.h * g.w, g.oh * g.ow);
     let planes = n * g.c;
-    let cnt = T::from_usize(g.kh * g.kw);
+    // Multiplied by the reciprocal, not divided: a GPU's division need not round correctly, so the
+    // GPU backend multiplies by the same f32 reciprocal and matches bit for bit.
+    let inv = T::ONE / T::from_usize(g.kh * g.kw);
     let span = (g.ow - 1) * g.sw + 1;
     let dx = &mut dx[..planes * hw];
     if !accumulate {
@@ -292,12 +296,12 @@ pub fn avgpool_grad_x<T: Real>(g: &PoolGeom, n: usize, dy: &[T], dx: &mut [T], a
                     let base = row0 + i * g.w + j;
                     let xr = &mut xp[base..base + span];
                     if g.sw == 1 {
-                        xr.iter_mut().zip(dr).for_each(|(t, &d)| *t += d / cnt);
+                        xr.iter_mut().zip(dr).for_each(|(t, &d)| *t += d * inv);
                     } else {
                         xr.iter_mut()
                             .step_by(g.sw)
                             .zip(dr)
-                            .for_each(|(t, &d)| *t += d / cnt);
+                            .for_each(|(t, &d)| *t += d * inv);
                     }
                 }
             }
@@ -310,9 +314,9 @@ pub fn global_avgpool_fwd<T: Real>(n: usize, c: usize, hw: usize, x: &[T], y: &m
     if hw == 0 {
         return;
     }
-    let cnt = T::from_usize(hw);
+    let inv = T::ONE / T::from_usize(hw);
     for (xp, yo) in x[..n * c * hw].chunks_exact(hw).zip(&mut y[..n * c]) {
-        *yo = sum(xp) / cnt;
+        *yo = sum(xp) * inv;
     }
 }
 
@@ -328,9 +332,9 @@ pub fn global_avgpool_grad_x<T: Real>(
     if hw == 0 {
         return;
     }
-    let cnt = T::from_usize(hw);
+    let inv = T::ONE / T::from_usize(hw);
     for (xp, &d) in dx[..n * c * hw].chunks_exact_mut(hw).zip(&dy[..n * c]) {
-        let v = d / cnt;
+        let v = d * inv;
         if accumulate {
             xp.iter_mut().for_each(|t| *t += v);
         } else {

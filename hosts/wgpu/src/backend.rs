@@ -2106,6 +2106,7 @@ fn dropout_params(
         kind: (seed >> 32) as u32,
         accumulate: accumulate as u32,
         lr: if r.eval { 0.0 } else { p },
+        momentum: crate::elementwise::keep_scale(if r.eval { 0.0 } else { p }),
         beta2: f32::from_bits(u32_of(node.out_dims.numel())?),
         eps: f32::from_bits(u32_of(r.start)?),
         ..Default::default()

@@ -415,6 +415,7 @@ impl Gpu {
             kind: (seed >> 32) as u32,
             accumulate: old.is_some() as u32,
             lr: p,
+            momentum: keep_scale(p),
             ..Default::default()
         };
         let [out, _] = self.run_elementwise(7, params, x.len(), [x, &[], &y, &[]])?;
@@ -477,4 +478,11 @@ impl Gpu {
         s.extend_from_slice(&v);
         Ok((w, s))
     }
+}
+
+/// Dropout's scale for kept elements, `1/(1 − p)` in f32 as the CPU computes it (`ops::dropout`):
+/// computed here and passed to the kernel, because WGSL's `/` may be off by ulps on real GPUs (NVIDIA's
+/// Vulkan divides by a reciprocal), which broke bit-exactness with the CPU on an H200.
+pub(crate) fn keep_scale(p: f32) -> f32 {
+    1.0 / (1.0 - p)
 }

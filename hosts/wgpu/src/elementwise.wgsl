@@ -7,7 +7,7 @@ struct Params {
     kind: u32,     // activation: 0 relu, 1 relu6, 2 sigmoid, 3 tanh; loss: samples with a valid label
     accumulate: u32,
     lr: f32,
-    momentum: f32, // SGD momentum; Adam β1
+    momentum: f32, // SGD momentum; Adam β1; dropout: the keep scale 1/(1 − p)
     wd: f32,
     beta2: f32,
     eps: f32,
@@ -228,7 +228,7 @@ fn keep(i: u32) -> bool {
 fn dropout(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = index(gid);
     if (i < p.n) {
-        let s = 1.0 / (1.0 - p.lr);
+        let s = p.momentum; // 1/(1 − p), computed by the host as the CPU does (WGSL's division need not round correctly)
         var v = 0.0;
         if (keep(i)) {
             v = a[i] * s;
@@ -330,7 +330,7 @@ fn dropout_rows(@builtin(global_invocation_id) gid: vec3<u32>) {
         let sample = hash2v(vec2<u32>(p.classes, p.kind), start + i / per);
         let h = hash2v(sample, i % per);
         let kept = f32(h.y >> 8u) * (1.0 / 16777216.0) >= p.lr;
-        let s = 1.0 / (1.0 - p.lr);
+        let s = p.momentum; // 1/(1 − p), computed by the host as the CPU does (WGSL's division need not round correctly)
         var v = 0.0;
         if (kept) {
             v = a[i] * s;

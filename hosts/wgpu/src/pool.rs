@@ -27,7 +27,10 @@ pub(crate) struct Params {
     oh: u32,
     ow: u32,
     accumulate: u32,
-    pad: [u32; 2],
+    /// `1/(window size)`: average pools multiply by it, as the CPU does (`ops::pool`): WGSL's `/`
+    /// may be off by ulps on real GPUs.
+    inv: f32,
+    pad: u32,
 }
 
 pub(crate) fn params(g: &PoolGeom, n: usize, accumulate: bool) -> Result<Params, GpuError> {
@@ -45,7 +48,8 @@ pub(crate) fn params(g: &PoolGeom, n: usize, accumulate: bool) -> Result<Params,
         oh: u(g.oh)?,
         ow: u(g.ow)?,
         accumulate: accumulate as u32,
-        pad: [0; 2],
+        inv: 1.0 / (g.kh * g.kw) as f32,
+        pad: 0,
     })
 }
 
@@ -197,6 +201,7 @@ pub(crate) fn gap_params(planes: usize, hw: usize, accumulate: bool) -> Result<P
         oh: 1,
         ow: 1,
         accumulate: accumulate as u32,
-        pad: [0; 2],
+        inv: 1.0 / hw as f32,
+        pad: 0,
     })
 }

@@ -13,7 +13,7 @@ struct Params {
     oh: u32,
     ow: u32,
     accumulate: u32,
-    _pad0: u32,
+    inv: f32, // 1/(window size), from the host: averages multiply by it as the CPU does
     _pad1: u32,
 }
 
@@ -101,7 +101,7 @@ fn avg_fwd(@builtin(global_invocation_id) gid: vec3<u32>) {
             s = s + a[base + (oy * p.sh + i) * p.w + ox * p.sw + j];
         }
     }
-    c[o] = s / f32(p.kh * p.kw);
+    c[o] = s * p.inv;
 }
 
 // dy = a; dx = c. The CPU adds dy/cnt window row by window row (oy), then by window column j.
@@ -115,7 +115,6 @@ fn avg_grad(@builtin(global_invocation_id) gid: vec3<u32>) {
     let plane = e / hw;
     let y = (e % hw) / p.w;
     let x = e % p.w;
-    let cnt = f32(p.kh * p.kw);
     var acc = 0.0;
     if (p.accumulate != 0u) {
         acc = c[e];
@@ -130,7 +129,7 @@ fn avg_grad(@builtin(global_invocation_id) gid: vec3<u32>) {
             }
             let ox = (x - j) / p.sw;
             if (ox < p.ow) {
-                acc = acc + a[plane * p.oh * p.ow + oy * p.ow + ox] / cnt;
+                acc = acc + a[plane * p.oh * p.ow + oy * p.ow + ox] * p.inv;
             }
         }
     }
@@ -149,7 +148,7 @@ fn gap_fwd(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var i = 0u; i < hw; i++) {
         s = s + a[plane * hw + i];
     }
-    c[plane] = s / f32(hw);
+    c[plane] = s * p.inv;
 }
 
 // dy = a (one per plane); dx = c (+)= dy/(h·w).
@@ -160,7 +159,7 @@ fn gap_grad(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (e >= p.planes * hw) {
         return;
     }
-    let v = a[e / hw] / f32(hw);
+    let v = a[e / hw] * p.inv;
     if (p.accumulate != 0u) {
         c[e] = c[e] + v;
     } else {
