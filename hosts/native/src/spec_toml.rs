@@ -400,12 +400,6 @@ struct RawTrain {
     weights: Option<Spanned<String>>,
 }
 
-/// `"digits"` or a table of files.
-enum RawDataset {
-    Named(String),
-    Files(RawFiles),
-}
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawFiles {
@@ -413,26 +407,6 @@ struct RawFiles {
     label_column: Option<Spanned<Int>>,
     idx_images: Option<Spanned<String>>,
     idx_labels: Option<Spanned<String>>,
-}
-
-impl<'de> Deserialize<'de> for RawDataset {
-    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = RawDataset;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("\"digits\", { idx_images, idx_labels } or { csv, label_column }")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawDataset, E> {
-                Ok(RawDataset::Named(v.to_string()))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawDataset, A::Error> {
-                RawFiles::deserialize(de::value::MapAccessDeserializer::new(map))
-                    .map(RawDataset::Files)
-            }
-        }
-        d.deserialize_any(V)
-    }
 }
 
 /// A TOML table deserialised as `T`. A derived struct also accepts an array (its fields in order),
@@ -455,64 +429,56 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Table<T> {
     }
 }
 
+/// The integer `visit_*` methods of a visitor, each mapping its value through `$f` (an `i128`:
+/// toml hands over `i64`, beyond it `i128`/`u128`; a `u128` past `i128` saturates, which is out of
+/// every range this format has).
+macro_rules! visit_ints {
+    ($value:ty, $f:expr) => {
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<$value, E> {
+            Ok($f(i128::from(v)))
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<$value, E> {
+            Ok($f(i128::from(v)))
+        }
+        fn visit_i128<E: de::Error>(self, v: i128) -> Result<$value, E> {
+            Ok($f(v))
+        }
+        fn visit_u128<E: de::Error>(self, v: u128) -> Result<$value, E> {
+            Ok($f(i128::try_from(v).unwrap_or(i128::MAX)))
+        }
+    };
+}
+
+/// A scalar read by one visitor that says what it expected (`$what`) in a wrong-type message.
+macro_rules! scalar {
+    ($ty:ident, $what:literal; $($visits:tt)*) => {
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl<'de> Visitor<'de> for V {
+                    type Value = $ty;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str($what)
+                    }
+                    $($visits)*
+                }
+                d.deserialize_any(V)
+            }
+        }
+    };
+}
+
 /// An integer as written; its range is checked with its span ([`Doc::int`]).
 #[derive(Clone, Copy)]
 struct Int(i128);
-
-impl<'de> Deserialize<'de> for Int {
-    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = Int;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an integer")
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Int, E> {
-                Ok(Int(v.into()))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Int, E> {
-                Ok(Int(v.into()))
-            }
-            fn visit_i128<E: de::Error>(self, v: i128) -> Result<Int, E> {
-                Ok(Int(v))
-            }
-            fn visit_u128<E: de::Error>(self, v: u128) -> Result<Int, E> {
-                // Beyond i128: out of every range this format has.
-                Ok(Int(i128::try_from(v).unwrap_or(i128::MAX)))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
+scalar! { Int, "an integer"; visit_ints!(Int, Int); }
 
 /// A float field: a TOML float or integer (`lr = 1`); its range is checked in [`Doc::float`].
 struct Number(f64);
-
-impl<'de> Deserialize<'de> for Number {
-    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = Number;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a number")
-            }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Number, E> {
-                Ok(Number(v))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Number, E> {
-                Ok(Number(v as f64))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Number, E> {
-                Ok(Number(v as f64))
-            }
-            fn visit_i128<E: de::Error>(self, v: i128) -> Result<Number, E> {
-                Ok(Number(v as f64))
-            }
-            fn visit_u128<E: de::Error>(self, v: u128) -> Result<Number, E> {
-                Ok(Number(v as f64))
-            }
-        }
-        d.deserialize_any(V)
+scalar! { Number, "a number";
+    visit_ints!(Number, |v| Number(v as f64));
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Number, E> {
+        Ok(Number(v))
     }
 }
 
@@ -521,32 +487,24 @@ enum Pair {
     One(Int),
     List(Vec<Spanned<Int>>),
 }
+scalar! { Pair, "an integer or [h, w]";
+    visit_ints!(Pair, |v| Pair::One(Int(v)));
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Pair, A::Error> {
+        Ok(Pair::List(collect(seq)?))
+    }
+}
 
-impl<'de> Deserialize<'de> for Pair {
-    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Pair;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an integer or [h, w]")
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Pair, E> {
-                Ok(Pair::One(Int(v.into())))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Pair, E> {
-                Ok(Pair::One(Int(v.into())))
-            }
-            fn visit_i128<E: de::Error>(self, v: i128) -> Result<Pair, E> {
-                Ok(Pair::One(Int(v)))
-            }
-            fn visit_u128<E: de::Error>(self, v: u128) -> Result<Pair, E> {
-                Ok(Pair::One(Int(i128::try_from(v).unwrap_or(i128::MAX))))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Pair, A::Error> {
-                Ok(Pair::List(collect(seq)?))
-            }
-        }
-        d.deserialize_any(V)
+/// `"digits"` or a table of files.
+enum RawDataset {
+    Named(String),
+    Files(RawFiles),
+}
+scalar! { RawDataset, "\"digits\", { idx_images, idx_labels } or { csv, label_column }";
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<RawDataset, E> {
+        Ok(RawDataset::Named(v.to_string()))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawDataset, A::Error> {
+        RawFiles::deserialize(de::value::MapAccessDeserializer::new(map)).map(RawDataset::Files)
     }
 }
 
