@@ -2,6 +2,7 @@
 //! lets every op run in f32 (production) and f64 (the finite-difference reference path).
 //! Kernels know nothing of graphs or plans.
 
+mod blocked;
 pub mod gemm;
 pub mod int8;
 pub mod par;

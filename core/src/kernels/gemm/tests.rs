@@ -388,7 +388,7 @@ fn exact_scratch_gets_ideal_blocking() {
         let len = gemm_scratch_len(m, n, k);
         for shift in 0..16 {
             for spec in ALL_SPECS {
-                let ideal = Blocking::new(spec, n, k, KC, NC);
+                let ideal = blocking(spec, n, k, KC, NC);
                 let got = fit(spec, n, k, true, true, &buf[shift..shift + len]).map(|(b, _)| b);
                 assert_eq!(got, Some(ideal), "{m}×{n}×{k}, shift {shift}, {spec:?}");
             }

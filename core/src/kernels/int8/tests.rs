@@ -893,7 +893,7 @@ fn scratch_len_is_bounded_and_fits_every_kernel() {
         assert!(len <= cap);
         for shift in 0..64 {
             for spec in ALL_SPECS {
-                let ideal = Blocking::new(spec, n, k, KC, NC);
+                let ideal = blocking(spec, n, k, KC, NC);
                 let got = fit(spec, n, k, &buf[shift..shift + len]).map(|(b, _)| b);
                 assert_eq!(got, Some(ideal), "{m}×{n}×{k}, shift {shift}, {spec:?}");
             }
