@@ -7,6 +7,8 @@ pub mod gemm;
 pub mod int8;
 pub mod par;
 mod real;
+#[cfg(test)]
+mod testkit;
 
 pub use gemm::{gemm, gemm_par, gemm_scratch_len, gemm_scratch_len_threads, MatRef};
 pub use real::Real;
