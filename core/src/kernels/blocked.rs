@@ -154,6 +154,9 @@ pub(super) trait Micro: Copy + Sync {
     /// Whether [`Micro::tile`] can read A in place (then extra workers without an A region of their
     /// own read it in place; otherwise the worker count is capped by the A regions).
     const A_IN_PLACE: bool;
+    /// Scratch layout: `[B block | A regions …]` (f32: keeps B 64-byte aligned) rather than
+    /// `[A region | B block | further A regions]` (int8: its A region is a multiple of 64 bytes).
+    const B_FIRST: bool;
     /// Whether this product reads A in place instead of packing it.
     fn a_in_place(p: &Problem<'_, Self::E>) -> bool;
     /// Whether this product reads a row-major B in place instead of packing it.
@@ -206,8 +209,8 @@ const PAR_MIN_FMAS: usize = if cfg!(test) { 16 } else { 1 << 18 };
 /// The blocked product. With a pool of more than one worker, each (jc, pc) block is two fork-joins:
 /// the B block is packed panel range by panel range, then the register-tile rows of C are split into
 /// contiguous bands, one per task. Every tile is computed exactly as with one worker (same blocks, same
-/// kernel, same depth order), so the result does not depend on the worker count. Scratch layout:
-/// `[A region of task 0 | B block | A regions of tasks 1, 2, …]`; task `w ≥ 1` packs A into its region
+/// kernel, same depth order), so the result does not depend on the worker count. Scratch layout (see
+/// [`Micro::B_FIRST`]): the B block and the A regions of tasks 0, 1, …; task `w ≥ 1` packs A into its region
 /// when the scratch has it, else reads A in place (only a kernel with [`Micro::A_IN_PLACE`] gets such
 /// tasks; the SIMD kernels compute the same values either way).
 pub(super) fn drive<M: Micro>(
@@ -225,8 +228,15 @@ pub(super) fn drive<M: Micro>(
         return M::unpacked(p, c);
     };
     let mt = m.div_ceil(mr);
-    let (a_first, rest) = scratch[off..].split_at_mut(blk.a_len);
-    let (bpack, a_more) = rest.split_at_mut(blk.b_len);
+    let (a_first, bpack, a_more) = if M::B_FIRST {
+        let (bpack, rest) = scratch[off..].split_at_mut(blk.b_len);
+        let (a_first, a_more) = rest.split_at_mut(blk.a_len);
+        (a_first, bpack, a_more)
+    } else {
+        let (a_first, rest) = scratch[off..].split_at_mut(blk.a_len);
+        let (bpack, a_more) = rest.split_at_mut(blk.b_len);
+        (a_first, bpack, a_more)
+    };
     let extra_a = a_more.len().checked_div(blk.a_len).unwrap_or(usize::MAX);
     let mut tasks =
         par::tasks_for(pool, m.saturating_mul(n).saturating_mul(k), PAR_MIN_FMAS).min(mt);
@@ -333,7 +343,7 @@ pub(super) fn drive<M: Micro>(
                     let start = (r.start * ldc).min(c_end);
                     start..if r.end == m { c_end } else { r.end * ldc }
                 });
-                // Task 0's A region, then tasks 1.. in the regions after the B block.
+                // Task 0's A region, and those of tasks 1, 2, … (see `Micro::B_FIRST`).
                 let first = par::Shards::new(&mut a_first[..], 1, |_| 0..blk.a_len);
                 let more_n = a_regions.saturating_sub(1);
                 let more =

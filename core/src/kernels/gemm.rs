@@ -629,6 +629,7 @@ impl<K: Kernel> Micro for F32<K> {
     const MR: usize = K::SPEC.mr;
     const NR: usize = K::SPEC.nr;
     const A_IN_PLACE: bool = K::A_IN_PLACE;
+    const B_FIRST: bool = true;
     fn a_in_place(p: &Problem<'_, f32>) -> bool {
         K::A_IN_PLACE && (p.a.rs == 1 || p.a.cs == 1) && p.n <= A_IN_PLACE_MAX_N
     }

@@ -686,6 +686,7 @@ impl<K: Kernel + Sync> Micro for I8<K> {
     const MR: usize = K::SPEC.mr;
     const NR: usize = K::SPEC.nr;
     const A_IN_PLACE: bool = false;
+    const B_FIRST: bool = false;
     fn a_in_place(_: &Problem<'_, i8>) -> bool {
         false
     }
