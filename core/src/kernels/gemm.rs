@@ -4,6 +4,9 @@
 //!
 //! # Design (BLIS-style, loops mirrored so the broadcast operand A is the L1-resident one)
 //!
+//! The loops, edges, packing and threading are `kernels::blocked`'s driver, shared with the int8 GEMM;
+//! this module supplies the f32 layouts, block sizes, in-place rules and micro-kernels (`F32<K>`).
+//!
 //! ```text
 //! for jc in n by NC:                      B block (KC×NC, packed once per (jc, pc)) lives in L2
 //!   for pc in k by KC:
@@ -50,6 +53,7 @@
 //! `#[target_feature]` functions, allowed only through kernel values that exist after detection); every
 //! block states why its accesses are in bounds. Operand extents are checked once per call
 //! ([`sgemm_with`] panics on short operands), slices are re-checked per tile.
+use super::blocked::{self, balanced, round_up, Blocking, Micro, Problem};
 use super::par;
 use super::Real;
 use crate::pool::{SingleThread, WorkerPool};
@@ -156,44 +160,18 @@ const ALL_SPECS: [Spec; 5] = [
     SPEC_NEON,
 ];
 
-fn round_up(a: usize, b: usize) -> usize {
-    a.div_ceil(b) * b
-}
-/// Splits `len` into `ceil(len / cap)` near-equal blocks and returns the block size.
-fn balanced(len: usize, cap: usize) -> usize {
-    len.div_ceil(len.div_ceil(cap))
-}
-
-/// The block sizes used for one product.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Blocking {
-    /// Depth block (every k block but the last has exactly this size).
-    kc: usize,
-    /// Column block, a multiple of NR (every n block but the last has exactly this size).
-    nc: usize,
-    /// Elements of the packed A region (`mr·kc` rounded up to [`ALIGN`]).
-    a_len: usize,
-    /// Elements of the packed B region.
-    b_len: usize,
-}
-
-impl Blocking {
-    /// Block sizes for `n×k` with caps `kc_cap`, `nc_cap` (`nc_cap` a multiple of `spec.nr`).
-    fn new(spec: Spec, n: usize, k: usize, kc_cap: usize, nc_cap: usize) -> Self {
-        let kc = balanced(k, kc_cap);
-        let nc = round_up(balanced(n, nc_cap), spec.nr);
-        // The widest block is min(nc, n) columns: full panels of nr, then one panel rounded up to vl.
-        let b_len = kc * round_up(nc.min(n), spec.vl);
-        let a_len = round_up(spec.mr * kc, ALIGN);
-        Self {
-            kc,
-            nc,
-            a_len,
-            b_len,
-        }
-    }
-    fn len(&self) -> usize {
-        self.a_len + self.b_len
+/// Block sizes for `n×k` with caps `kc_cap`, `nc_cap` (`nc_cap` a multiple of `spec.nr`).
+fn blocking(spec: Spec, n: usize, k: usize, kc_cap: usize, nc_cap: usize) -> Blocking {
+    let kc = balanced(k, kc_cap);
+    let nc = round_up(balanced(n, nc_cap), spec.nr);
+    // The widest block is min(nc, n) columns: full panels of nr, then one panel rounded up to vl.
+    let b_len = kc * round_up(nc.min(n), spec.vl);
+    let a_len = round_up(spec.mr * kc, ALIGN);
+    Blocking {
+        kc,
+        nc,
+        a_len,
+        b_len,
     }
 }
 
@@ -202,7 +180,7 @@ fn spec_scratch_len(spec: Spec, m: usize, n: usize, k: usize) -> usize {
     if m == 0 || n == 0 || k == 0 {
         return 0;
     }
-    (ALIGN - 1) + Blocking::new(spec, n, k, KC, NC).len()
+    (ALIGN - 1) + blocking(spec, n, k, KC, NC).len()
 }
 
 /// Scratch elements (f32) that [`gemm`] needs for an `m×n×k` product; the plan reserves this much.
@@ -237,7 +215,7 @@ pub fn gemm_scratch_len_threads(m: usize, n: usize, k: usize, threads: usize) ->
     }
     let a_len = ALL_SPECS
         .iter()
-        .map(|&s| Blocking::new(s, n, k, KC, NC).a_len)
+        .map(|&s| blocking(s, n, k, KC, NC).a_len)
         .max()
         .unwrap_or(0);
     base + (threads.min(par::MAX_TASKS) - 1) * a_len
@@ -497,64 +475,29 @@ pub fn sgemm_with_pool(
     accumulate: bool,
     scratch: &mut [f32],
 ) {
-    if m == 0 || n == 0 {
+    let Some(p) = blocked::validate("sgemm", m, n, k, a, b, c, ldc, accumulate) else {
         return;
-    }
-    assert!(m == 1 || ldc >= n, "sgemm: ldc ({ldc}) < n ({n})");
-    let c_need = (m - 1).checked_mul(ldc).and_then(|x| x.checked_add(n));
-    assert!(
-        c_need.is_some_and(|need| c.len() >= need),
-        "sgemm: C too short"
-    );
-    if k == 0 {
-        if !accumulate {
-            for i in 0..m {
-                c[i * ldc..i * ldc + n].fill(0.0);
-            }
-        }
-        return;
-    }
-    // These two checks are what makes every packing read below in bounds: any element (i, p) with
-    // i < m, p < k has index ≤ (m-1)·rs + (k-1)·cs < len, and that sum does not overflow.
-    assert!(addressable(a, m, k), "sgemm: A too short for its strides");
-    assert!(addressable(b, k, n), "sgemm: B too short for its strides");
-    let p = Problem {
-        m,
-        n,
-        k,
-        a,
-        b,
-        ldc,
-        accumulate,
     };
     match kernel {
         #[cfg(all(target_arch = "x86_64", not(miri)))]
         SgemmKernel::Avx512 => {
             if let Some(kern) = x86::Avx512::new() {
-                return drive(kern, &p, c, scratch, pool);
+                return blocked::drive(F32(kern), &p, c, scratch, pool);
             }
         }
         #[cfg(all(target_arch = "x86_64", not(miri)))]
         SgemmKernel::Avx2 => {
             if let Some(kern) = x86::Avx2::new() {
-                return drive(kern, &p, c, scratch, pool);
+                return blocked::drive(F32(kern), &p, c, scratch, pool);
             }
         }
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128", not(miri)))]
-        SgemmKernel::Simd128 => return drive(wasm::Simd128, &p, c, scratch, pool),
+        SgemmKernel::Simd128 => return blocked::drive(F32(wasm::Simd128), &p, c, scratch, pool),
         #[cfg(all(target_arch = "aarch64", not(miri)))]
-        SgemmKernel::Neon => return drive(aarch64::Neon, &p, c, scratch, pool),
+        SgemmKernel::Neon => return blocked::drive(F32(aarch64::Neon), &p, c, scratch, pool),
         _ => {}
     }
-    drive(Portable, &p, c, scratch, pool)
-}
-
-/// Whether every element (i < rows, j < cols) of `x` is inside `x.data` (rows, cols ≥ 1).
-fn addressable(x: MatRef<'_, f32>, rows: usize, cols: usize) -> bool {
-    (rows - 1)
-        .checked_mul(x.rs)
-        .and_then(|r| (cols - 1).checked_mul(x.cs).and_then(|c| r.checked_add(c)))
-        .is_some_and(|last| last < x.data.len())
+    blocked::drive(F32(Portable), &p, c, scratch, pool)
 }
 
 /// Plain triple loop, the oracle for every fast kernel and the f64 path.
@@ -585,37 +528,8 @@ pub fn gemm_reference<T: Real>(
 // The blocked driver, generic over the micro-kernel family
 // ---------------------------------------------------------------------------------------------------------
 
-/// One validated product (`m, n, k ≥ 1`, operands addressable, `C` long enough, `ldc ≥ n` if `m > 1`).
-struct Problem<'a> {
-    m: usize,
-    n: usize,
-    k: usize,
-    a: MatRef<'a, f32>,
-    b: MatRef<'a, f32>,
-    ldc: usize,
-    accumulate: bool,
-}
-
-/// One register tile's operands: `C[rows×cols] (+)= A·B` over `kc` depth steps, where `C` (passed
-/// alongside) starts at the tile's first element with row stride `ldc`.
-#[derive(Clone, Copy, Debug)]
-struct Tile<'a> {
-    kc: usize,
-    /// A rows: element (r, p) at `r·a_rs + p·a_ps`; a packed panel (`a_rs = 1`, `a_ps = mr`) or A in place.
-    a: &'a [f32],
-    a_rs: usize,
-    a_ps: usize,
-    /// B rows: element (p, j) at `p·ldb + j`; either a packed panel (`ldb` its width) or B in place.
-    b: &'a [f32],
-    ldb: usize,
-    /// Whether every B row holds `round_up(cols, vl)` readable elements (a zero-padded packed panel).
-    b_padded: bool,
-    ldc: usize,
-    rows: usize,
-    cols: usize,
-    /// Add to C instead of overwriting it.
-    acc: bool,
-}
+/// One register tile (see [`blocked::Tile`]).
+type Tile<'a> = blocked::Tile<'a, f32>;
 
 /// A micro-kernel family: packing routines plus the register-tile kernel.
 ///
@@ -705,156 +619,72 @@ const B_IN_PLACE_L1: usize = 8192;
 /// A panel then feeds at most two register tiles, too few to pay for copying it.
 const A_IN_PLACE_MAX_N: usize = 96;
 
-/// Products with fewer multiply-adds than this per task are not split across workers (the fork-join
-/// costs a few microseconds).
-const PAR_MIN_FMAS: usize = if cfg!(test) { 16 } else { 1 << 18 };
+/// An f32 kernel family as the shared driver ([`blocked::drive`]) sees it.
+#[derive(Clone, Copy)]
+struct F32<K>(K);
 
-/// The blocked product. With a pool of more than one worker, each (jc, pc) block is two fork-joins:
-/// the B block is packed panel range by panel range, then the register-tile rows of C are split into
-/// contiguous bands, one per task. Every tile is computed exactly as with one worker (same blocks, same
-/// kernel, same depth order), so the result does not depend on the worker count. Task 0 packs A into
-/// the block's A region; task `w ≥ 1` into the `w`-th extra A region after the block when the scratch
-/// has it, else it reads A in place (the SIMD kernels compute the same values either way).
-fn drive<K: Kernel>(
-    kern: K,
-    p: &Problem<'_>,
-    c: &mut [f32],
-    scratch: &mut [f32],
-    pool: &dyn WorkerPool,
-) {
-    let spec = K::SPEC;
-    let (m, n, k, a, b, ldc) = (p.m, p.n, p.k, p.a, p.b, p.ldc);
-    let b_in_place = K::B_IN_PLACE
-        && b.cs == 1
-        && (k.saturating_mul(n) <= B_IN_PLACE_L1
-            || (m <= B_IN_PLACE_MAX_M && (m <= 8 || b.rs <= B_IN_PLACE_MAX_RS)));
-    let a_in_place = K::A_IN_PLACE && (a.rs == 1 || a.cs == 1) && n <= A_IN_PLACE_MAX_N;
-    let Some((blk, off)) = fit(spec, n, k, !a_in_place, !b_in_place, scratch) else {
-        return unpacked(p, c);
-    };
-    let mr = spec.mr;
-    let mt = m.div_ceil(mr);
-    // Layout: [B block | A region of task 0 | extra A regions …]; B first keeps it 64-byte aligned.
-    let (bpack, a_all) = scratch[off..].split_at_mut(blk.b_len);
-    let extra_a = a_all
-        .len()
-        .checked_div(blk.a_len)
-        .map_or(usize::MAX, |r| r - 1);
-    let mut tasks =
-        par::tasks_for(pool, m.saturating_mul(n).saturating_mul(k), PAR_MIN_FMAS).min(mt);
-    if !K::A_IN_PLACE {
-        tasks = tasks.min(extra_a.saturating_add(1));
+impl<K: Kernel> Micro for F32<K> {
+    type E = f32;
+    type C = f32;
+    const MR: usize = K::SPEC.mr;
+    const NR: usize = K::SPEC.nr;
+    const A_IN_PLACE: bool = K::A_IN_PLACE;
+    const B_FIRST: bool = true;
+    fn a_in_place(p: &Problem<'_, f32>) -> bool {
+        K::A_IN_PLACE && (p.a.rs == 1 || p.a.cs == 1) && p.n <= A_IN_PLACE_MAX_N
     }
-    let a_regions = if blk.a_len == 0 {
-        0
-    } else {
-        tasks.min(extra_a.saturating_add(1))
-    };
-    let c_end = (m - 1) * ldc + n;
-    let rows_of = |w: usize| {
-        let t = crate::pool::chunk(mt, tasks, 1, w);
-        (t.start * mr).min(m)..(t.end * mr).min(m)
-    };
-    for jc in (0..n).step_by(blk.nc) {
-        let nc = blk.nc.min(n - jc);
-        let npanels = nc.div_ceil(spec.nr);
-        for (pi, pc) in (0..k).step_by(blk.kc).enumerate() {
-            let kc = blk.kc.min(k - pc);
-            if !b_in_place {
-                let ptasks = tasks.min(npanels);
-                // Panel q starts at element q·nr·kc of the block; the last one may be narrower.
-                let width =
-                    (npanels - 1) * spec.nr + panel_width(spec, nc, (npanels - 1) * spec.nr);
-                let at = |q: usize| kc * if q < npanels { q * spec.nr } else { width };
-                let span = |w: usize| {
-                    let q = crate::pool::chunk(npanels, ptasks, 1, w);
-                    let j0 = (q.start * spec.nr).min(nc);
-                    let j1 = (q.end * spec.nr).min(nc);
-                    (j0, j1, at(q.start)..at(q.end))
-                };
-                let pack = |w: usize, dst: &mut [f32]| {
-                    let (j0, j1, _) = span(w);
-                    if j1 > j0 {
-                        let base = pc * b.rs + (jc + j0) * b.cs;
-                        kern.pack_b(b.data, base, b.cs, b.rs, j1 - j0, kc, dst);
-                    }
-                };
-                if ptasks == 1 {
-                    pack(0, &mut bpack[..]);
-                } else {
-                    let sh = par::Shards::new(&mut bpack[..], ptasks, |w| span(w).2);
-                    pool.run(ptasks, &|w| pack(w, sh.take(w)));
-                }
-            }
-            let bpack = &*bpack;
-            let acc = p.accumulate || pi > 0;
-            // Rows `rows` of C (its band `cb` starts at row `rows.start`), A packed into `ap` if given.
-            let body =
-                |rows: core::ops::Range<usize>, cb: &mut [f32], mut ap: Option<&mut [f32]>| {
-                    for ir in rows.clone().step_by(mr) {
-                        let rows_t = mr.min(m - ir);
-                        let a0 = ir * a.rs + pc * a.cs;
-                        let (at, a_rs, a_ps) = match ap.as_deref_mut() {
-                            Some(ap) if !a_in_place => {
-                                let ap = &mut ap[..spec.mr * kc];
-                                kern.pack_a(a.data, a0, a.rs, a.cs, rows_t, kc, ap);
-                                (&*ap, 1, spec.mr)
-                            }
-                            _ => (
-                                &a.data[a0..a0 + (rows_t - 1) * a.rs + (kc - 1) * a.cs + 1],
-                                a.rs,
-                                a.cs,
-                            ),
-                        };
-                        for jr in (0..nc).step_by(spec.nr) {
-                            let cols = spec.nr.min(nc - jr);
-                            let (bt, ldb) = if b_in_place {
-                                let b0 = pc * b.rs + jc + jr;
-                                (&b.data[b0..b0 + (kc - 1) * b.rs + cols], b.rs)
-                            } else {
-                                let w = panel_width(spec, nc, jr);
-                                (&bpack[jr * kc..jr * kc + w * kc], w)
-                            };
-                            let t = Tile {
-                                kc,
-                                a: at,
-                                a_rs,
-                                a_ps,
-                                b: bt,
-                                ldb,
-                                b_padded: !b_in_place,
-                                ldc,
-                                rows: rows_t,
-                                cols,
-                                acc,
-                            };
-                            let c0 = (ir - rows.start) * ldc + jc + jr;
-                            kern.tile(&t, &mut cb[c0..c0 + (rows_t - 1) * ldc + cols]);
-                        }
-                    }
-                };
-            if tasks == 1 {
-                body(0..m, &mut c[..c_end], Some(&mut a_all[..blk.a_len]));
-            } else {
-                let cs = par::Shards::new(&mut c[..c_end], tasks, |w| {
-                    let r = rows_of(w);
-                    let start = (r.start * ldc).min(c_end);
-                    start..if r.end == m { c_end } else { r.end * ldc }
-                });
-                let asl =
-                    par::Shards::new(&mut a_all[..a_regions * blk.a_len], a_regions.max(1), |w| {
-                        if a_regions == 0 {
-                            0..0
-                        } else {
-                            w * blk.a_len..(w + 1) * blk.a_len
-                        }
-                    });
-                pool.run(tasks, &|w| {
-                    let ap = (w < a_regions).then(|| asl.take(w));
-                    body(rows_of(w), cs.take(w), ap);
-                });
-            }
-        }
+    fn b_in_place(p: &Problem<'_, f32>) -> bool {
+        K::B_IN_PLACE
+            && p.b.cs == 1
+            && (p.k.saturating_mul(p.n) <= B_IN_PLACE_L1
+                || (p.m <= B_IN_PLACE_MAX_M && (p.m <= 8 || p.b.rs <= B_IN_PLACE_MAX_RS)))
+    }
+    fn fit(
+        n: usize,
+        k: usize,
+        pack_a: bool,
+        pack_b: bool,
+        scratch: &[f32],
+    ) -> Option<(Blocking, usize)> {
+        fit(K::SPEC, n, k, pack_a, pack_b, scratch)
+    }
+    fn a_panel(kc: usize) -> usize {
+        K::SPEC.mr * kc
+    }
+    fn b_panel(nc: usize, j: usize, kc: usize) -> (core::ops::Range<usize>, usize) {
+        // Panel q starts at element q·nr·kc of the block; the last one may be narrower.
+        let w = panel_width(K::SPEC, nc, j);
+        (j * kc..j * kc + w * kc, w)
+    }
+    fn pack_a(
+        self,
+        a: MatRef<'_, f32>,
+        i0: usize,
+        p0: usize,
+        rows: usize,
+        kc: usize,
+        dst: &mut [f32],
+    ) {
+        let base = i0 * a.rs + p0 * a.cs;
+        self.0.pack_a(a.data, base, a.rs, a.cs, rows, kc, dst)
+    }
+    fn pack_b(
+        self,
+        b: MatRef<'_, f32>,
+        p0: usize,
+        j0: usize,
+        cols: usize,
+        kc: usize,
+        dst: &mut [f32],
+    ) {
+        let base = p0 * b.rs + j0 * b.cs;
+        self.0.pack_b(b.data, base, b.cs, b.rs, cols, kc, dst)
+    }
+    fn tile(self, t: &Tile<'_>, c: &mut [f32]) {
+        self.0.tile(t, c)
+    }
+    fn unpacked(p: &Problem<'_, f32>, c: &mut [f32]) {
+        unpacked(p, c)
     }
 }
 
@@ -883,7 +713,7 @@ fn fit(
         }
         blk
     };
-    let ideal = strip(Blocking::new(spec, n, k, KC, NC));
+    let ideal = strip(blocking(spec, n, k, KC, NC));
     for o in [off, 0] {
         if o + ideal.len() <= len {
             return Some((ideal, o));
@@ -896,12 +726,12 @@ fn fit(
     if kc_cap == 0 {
         return None;
     }
-    let blk = strip(Blocking::new(spec, n, k, kc_cap, spec.nr));
+    let blk = strip(blocking(spec, n, k, kc_cap, spec.nr));
     (blk.len() <= len).then_some((blk, 0))
 }
 
 /// Correct, slower product without packing, for a scratch too short to hold even one panel pair.
-fn unpacked(p: &Problem<'_>, c: &mut [f32]) {
+fn unpacked(p: &Problem<'_, f32>, c: &mut [f32]) {
     let (a, b) = (p.a, p.b);
     for i in 0..p.m {
         let row = &mut c[i * p.ldc..i * p.ldc + p.n];

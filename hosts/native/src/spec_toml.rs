@@ -1,13 +1,19 @@
 //! The TOML model description (`docs/model-format.md`) → [`ModelSpec`] + [`TrainConfig`].
 //!
-//! The document is walked by hand over toml's spanned tree (not deserialised into structs) so that
-//! every error carries a line and column, names the field (`layers[3] ("conv2").kernel`) and says
-//! what is wrong; unknown keys are rejected per layer type.
+//! Two steps. serde deserialises the document into typed structs (`Raw*` below: `deny_unknown_fields`,
+//! every value that a later check needs to point at kept as a [`Spanned`]), which settles the shape:
+//! unknown keys, missing keys, TOML types. Code over those structs then does what a schema cannot:
+//! keys that depend on a layer's or the optimizer's `type`, ranges, names and references between
+//! layers. Every error carries a line and column and names the field (`layers[3] ("conv2").kernel`);
+//! the field is found from the error's position in toml's spanned document tree ([`Doc::field_at`]).
 use std::fmt;
 use std::io;
+use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
 use frugal_core::model::{Dims, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpec, Src};
+use serde::de::{self, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
@@ -86,14 +92,10 @@ pub enum SpecErrorKind {
         allowed: &'static [&'static str],
     },
     /// A required key is absent.
-    Missing(&'static str),
-    /// A value of the wrong TOML type.
-    WrongType {
-        /// What was expected, e.g. `"a positive integer or [h, w]"`.
-        expected: &'static str,
-        /// The TOML type found, e.g. `"string"`.
-        found: &'static str,
-    },
+    Missing(String),
+    /// A value of the wrong TOML type, in serde's words (`invalid type: string "8", expected an
+    /// integer`).
+    WrongType(String),
     /// An unknown name for an enumerated value (layer type, loss, optimizer, dataset).
     UnknownValue {
         /// The value as written.
@@ -144,9 +146,7 @@ impl fmt::Display for SpecErrorKind {
                 write!(f, "unknown key \"{key}\" (allowed: {})", allowed.join(", "))
             }
             SpecErrorKind::Missing(key) => write!(f, "missing key \"{key}\""),
-            SpecErrorKind::WrongType { expected, found } => {
-                write!(f, "expected {expected}, found {found}")
-            }
+            SpecErrorKind::WrongType(m) | SpecErrorKind::Invalid(m) => f.write_str(m),
             SpecErrorKind::UnknownValue { value, known } => {
                 write!(f, "unknown value \"{value}\" (known: {})", known.join(", "))
             }
@@ -173,7 +173,6 @@ impl fmt::Display for SpecErrorKind {
             SpecErrorKind::InputCount { expected, found } => {
                 write!(f, "takes exactly {expected} input(s), got {found}")
             }
-            SpecErrorKind::Invalid(m) => write!(f, "{m}"),
         }
     }
 }
@@ -248,10 +247,9 @@ pub fn load_model(path: &Path) -> Result<ModelFile, SpecError> {
 
 /// Parses a model description. Paths in `[train]` are returned as written. Never panics.
 pub fn parse_model(text: &str) -> Result<ModelFile, SpecError> {
-    let cx = Cx { text };
     let doc = DeTable::parse(text).map_err(|e| {
         let (line, column) = e.span().map_or((None, None), |s| {
-            let (l, c) = cx.pos(s.start);
+            let (l, c) = pos(text, s.start);
             (Some(l), Some(c))
         });
         SpecError {
@@ -262,27 +260,39 @@ pub fn parse_model(text: &str) -> Result<ModelFile, SpecError> {
             kind: SpecErrorKind::Syntax(e.message().to_string()),
         }
     })?;
-    let root = Tbl {
-        cx: &cx,
-        t: doc.get_ref(),
-        path: String::new(),
-        span: doc.span(),
-    };
-    root.check_keys(&["model", "optimizer", "layers", "train"])?;
+    let cx = Doc { text, doc: &doc };
+    let raw = RawFile::deserialize(toml::de::Deserializer::from(doc.clone()))
+        .map_err(|e| cx.serde_error(&e))?;
 
-    let model = root.req_table("model")?;
-    model.check_keys(&["input", "seed", "loss"])?;
-    let input = model.req_dims("input")?;
-    let seed = model.opt_int("seed", 0, i64::MAX as u128, "a non-negative integer")?;
-    let loss = match model.req_enum("loss", &["cross_entropy", "mse"])? {
+    let Some(model) = raw.model else {
+        return Err(cx.err_in(0..0, "", missing_section("model")));
+    };
+    let Some(optimizer) = raw.optimizer else {
+        return Err(cx.err_in(0..0, "", missing_section("optimizer")));
+    };
+    let model = model.into_inner().0;
+    let input = cx.dims(&model.input)?;
+    let seed = match &model.seed {
+        Some(s) => cx.int(s, 0, i64::MAX as u128, "a non-negative integer")? as u64,
+        None => 0,
+    };
+    let loss = match cx.pick(&model.loss, &["cross_entropy", "mse"])? {
         0 => LossKind::SoftmaxCrossEntropy,
         _ => LossKind::Mse,
     };
-
-    let optimizer = parse_optimizer(&root.req_table("optimizer")?)?;
-    let layers = parse_layers(&root)?;
-    let train = match root.opt_table("train")? {
-        Some(t) => parse_train(&t)?,
+    let optimizer = cx.optimizer(&optimizer.get_ref().0)?;
+    let layers = match &raw.layers {
+        Some(list) => cx.layers(list)?,
+        None => {
+            return Err(cx.err_in(
+                0..0,
+                "layers",
+                SpecErrorKind::Invalid("no [[layers]]: a model needs at least one layer".into()),
+            ))
+        }
+    };
+    let train = match &raw.train {
+        Some(t) => cx.train(&t.get_ref().0)?,
         None => TrainConfig::default(),
     };
     Ok(ModelFile {
@@ -291,37 +301,277 @@ pub fn parse_model(text: &str) -> Result<ModelFile, SpecError> {
             layers,
             loss,
             optimizer,
-            seed: seed.unwrap_or(0) as u64,
+            seed,
         },
         train,
     })
 }
 
-fn parse_optimizer(t: &Tbl<'_, '_>) -> Result<OptimizerSpec, SpecError> {
-    const ADAM: &[&str] = &["type", "lr", "beta1", "beta2", "eps", "weight_decay"];
-    const SGD: &[&str] = &["type", "lr", "momentum", "weight_decay"];
-    let adam = t.req_enum("type", &["adam", "sgd"])? == 0;
-    t.check_keys(if adam { ADAM } else { SGD })?;
-    let lr = t.req_float("lr", Limit::Positive)?.expect("required");
-    let wd = t
-        .opt_float("weight_decay", Limit::NonNegative)?
-        .unwrap_or(0.0);
-    Ok(if adam {
-        OptimizerSpec::Adam {
-            lr,
-            beta1: t.opt_float("beta1", Limit::UnitOpen)?.unwrap_or(0.9),
-            beta2: t.opt_float("beta2", Limit::UnitOpen)?.unwrap_or(0.999),
-            eps: t.opt_float("eps", Limit::Positive)?.unwrap_or(1e-8),
-            weight_decay: wd,
-        }
-    } else {
-        OptimizerSpec::Sgd {
-            lr,
-            momentum: t.opt_float("momentum", Limit::UnitOpen)?.unwrap_or(0.0),
-            weight_decay: wd,
-        }
-    })
+fn missing_section(name: &str) -> SpecErrorKind {
+    SpecErrorKind::Invalid(format!("missing section [{name}]"))
 }
+
+// ---- The typed document (serde) ----
+
+type Span = std::ops::Range<usize>;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    model: Option<Spanned<Table<RawModel>>>,
+    optimizer: Option<Spanned<Table<RawOptimizer>>>,
+    layers: Option<Spanned<Seq<Spanned<Table<RawLayer>>, LayerList>>>,
+    train: Option<Spanned<Table<RawTrain>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModel {
+    input: Spanned<DimsList>,
+    seed: Option<Spanned<Int>>,
+    loss: Spanned<String>,
+}
+
+/// Adam and SGD in one struct; which keys each type takes is checked in code
+/// ([`Doc::only_keys`]).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOptimizer {
+    #[serde(rename = "type")]
+    ty: Spanned<String>,
+    lr: Spanned<Number>,
+    beta1: Option<Spanned<Number>>,
+    beta2: Option<Spanned<Number>>,
+    eps: Option<Spanned<Number>>,
+    momentum: Option<Spanned<Number>>,
+    weight_decay: Option<Spanned<Number>>,
+}
+
+/// Every layer type's keys in one struct: an internally tagged enum would make serde buffer the
+/// table, which loses toml's positions (and [`Spanned`] does not survive it). Which keys each type
+/// takes is checked in code ([`layer_keys`], [`Doc::only_keys`]).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLayer {
+    name: Option<Spanned<String>>,
+    #[serde(rename = "type")]
+    ty: Spanned<String>,
+    inputs: Option<Spanned<Seq<Spanned<String>, NameList>>>,
+    trainable: Option<Spanned<bool>>,
+    out: Option<Spanned<Int>>,
+    kernel: Option<Spanned<Pair>>,
+    stride: Option<Spanned<Pair>>,
+    padding: Option<Spanned<Pair>>,
+    groups: Option<Spanned<Int>>,
+    bias: Option<Spanned<bool>>,
+    to: Option<Spanned<DimsList>>,
+    eps: Option<Spanned<Number>>,
+    momentum: Option<Spanned<Number>>,
+    p: Option<Spanned<Number>>,
+}
+
+impl RawLayer {
+    /// The type-specific keys present, with their value spans.
+    fn present(&self) -> [(&'static str, Option<Span>); 10] {
+        fn s<T>(v: &Option<Spanned<T>>) -> Option<Span> {
+            v.as_ref().map(Spanned::span)
+        }
+        [
+            ("out", s(&self.out)),
+            ("kernel", s(&self.kernel)),
+            ("stride", s(&self.stride)),
+            ("padding", s(&self.padding)),
+            ("groups", s(&self.groups)),
+            ("bias", s(&self.bias)),
+            ("to", s(&self.to)),
+            ("eps", s(&self.eps)),
+            ("momentum", s(&self.momentum)),
+            ("p", s(&self.p)),
+        ]
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTrain {
+    batch: Option<Spanned<Int>>,
+    epochs: Option<Spanned<Int>>,
+    dataset: Option<Spanned<RawDataset>>,
+    weights: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFiles {
+    csv: Option<Spanned<String>>,
+    label_column: Option<Spanned<Int>>,
+    idx_images: Option<Spanned<String>>,
+    idx_labels: Option<Spanned<String>>,
+}
+
+/// A TOML table deserialised as `T`. A derived struct also accepts an array (its fields in order),
+/// which would read `[[model]]` as a model; this takes tables only.
+struct Table<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Table<T> {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = Table<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a table")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Table<T>, A::Error> {
+                T::deserialize(de::value::MapAccessDeserializer::new(map)).map(Table)
+            }
+        }
+        d.deserialize_any(V(PhantomData))
+    }
+}
+
+/// The integer `visit_*` methods of a visitor, each mapping its value through `$f` (an `i128`:
+/// toml hands over `i64`, beyond it `i128`/`u128`; a `u128` past `i128` saturates, which is out of
+/// every range this format has).
+macro_rules! visit_ints {
+    ($value:ty, $f:expr) => {
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<$value, E> {
+            Ok($f(i128::from(v)))
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<$value, E> {
+            Ok($f(i128::from(v)))
+        }
+        fn visit_i128<E: de::Error>(self, v: i128) -> Result<$value, E> {
+            Ok($f(v))
+        }
+        fn visit_u128<E: de::Error>(self, v: u128) -> Result<$value, E> {
+            Ok($f(i128::try_from(v).unwrap_or(i128::MAX)))
+        }
+    };
+}
+
+/// A scalar read by one visitor that says what it expected (`$what`) in a wrong-type message.
+macro_rules! scalar {
+    ($ty:ident, $what:literal; $($visits:tt)*) => {
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl<'de> Visitor<'de> for V {
+                    type Value = $ty;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str($what)
+                    }
+                    $($visits)*
+                }
+                d.deserialize_any(V)
+            }
+        }
+    };
+}
+
+/// An integer as written; its range is checked with its span ([`Doc::int`]).
+#[derive(Clone, Copy)]
+struct Int(i128);
+scalar! { Int, "an integer"; visit_ints!(Int, Int); }
+
+/// A float field: a TOML float or integer (`lr = 1`); its range is checked in [`Doc::float`].
+struct Number(f64);
+scalar! { Number, "a number";
+    visit_ints!(Number, |v| Number(v as f64));
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Number, E> {
+        Ok(Number(v))
+    }
+}
+
+/// `n` or `[h, w]` (the element count is checked in [`Doc::pair`], to say how many there were).
+enum Pair {
+    One(Int),
+    List(Vec<Spanned<Int>>),
+}
+scalar! { Pair, "an integer or [h, w]";
+    visit_ints!(Pair, |v| Pair::One(Int(v)));
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Pair, A::Error> {
+        Ok(Pair::List(collect(seq)?))
+    }
+}
+
+/// `"digits"` or a table of files.
+enum RawDataset {
+    Named(String),
+    Files(RawFiles),
+}
+scalar! { RawDataset, "\"digits\", { idx_images, idx_labels } or { csv, label_column }";
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<RawDataset, E> {
+        Ok(RawDataset::Named(v.to_string()))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawDataset, A::Error> {
+        RawFiles::deserialize(de::value::MapAccessDeserializer::new(map)).map(RawDataset::Files)
+    }
+}
+
+fn collect<'de, T: Deserialize<'de>, A: SeqAccess<'de>>(mut seq: A) -> Result<Vec<T>, A::Error> {
+    let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+    while let Some(x) = seq.next_element()? {
+        v.push(x);
+    }
+    Ok(v)
+}
+
+/// What a [`Seq`] is called in a wrong-type message.
+trait SeqName {
+    const EXPECTING: &'static str;
+}
+struct LayerList;
+impl SeqName for LayerList {
+    const EXPECTING: &'static str = "an array of tables ([[layers]])";
+}
+struct NameList;
+impl SeqName for NameList {
+    const EXPECTING: &'static str = "an array of layer names";
+}
+struct DimsName;
+impl SeqName for DimsName {
+    const EXPECTING: &'static str = "[C, H, W] or [F] of positive integers";
+}
+type DimsList = Seq<Spanned<Int>, DimsName>;
+
+/// An array that names itself in a wrong-type message (`Vec` says "a sequence").
+struct Seq<T, N>(Vec<T>, PhantomData<N>);
+
+impl<'de, T: Deserialize<'de>, N: SeqName> Deserialize<'de> for Seq<T, N> {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T, N>(PhantomData<(T, N)>);
+        impl<'de, T: Deserialize<'de>, N: SeqName> Visitor<'de> for V<T, N> {
+            type Value = Seq<T, N>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(N::EXPECTING)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+                Ok(Seq(collect(seq)?, PhantomData))
+            }
+        }
+        d.deserialize_any(V(PhantomData))
+    }
+}
+
+// ---- Key lists for the per-type checks and unknown-key messages ----
+
+const ROOT_KEYS: &[&str] = &["model", "optimizer", "layers", "train"];
+const MODEL_KEYS: &[&str] = &["input", "seed", "loss"];
+const TRAIN_KEYS: &[&str] = &["batch", "epochs", "dataset", "weights"];
+const CSV_KEYS: &[&str] = &["csv", "label_column"];
+const IDX_KEYS: &[&str] = &["idx_images", "idx_labels"];
+const FILES_KEYS: &[&str] = &["csv", "label_column", "idx_images", "idx_labels"];
+const ADAM_KEYS: &[&str] = &["type", "lr", "beta1", "beta2", "eps", "weight_decay"];
+const SGD_KEYS: &[&str] = &["type", "lr", "momentum", "weight_decay"];
+const OPTIMIZER_KEYS: &[&str] = &[
+    "type",
+    "lr",
+    "beta1",
+    "beta2",
+    "eps",
+    "momentum",
+    "weight_decay",
+];
 
 const LAYER_TYPES: &[&str] = &[
     "linear",
@@ -340,7 +590,8 @@ const LAYER_TYPES: &[&str] = &[
     "dropout",
 ];
 
-/// The keys a layer of type `ty` takes: those every layer takes, then its own.
+/// The keys a layer of type `ty` takes: those every layer takes, then its own; for an unknown type,
+/// every layer key.
 fn layer_keys(ty: &str) -> &'static [&'static str] {
     match ty {
         "linear" => &["name", "type", "inputs", "trainable", "out", "bias"],
@@ -360,339 +611,27 @@ fn layer_keys(ty: &str) -> &'static [&'static str] {
         "reshape" => &["name", "type", "inputs", "trainable", "to"],
         "batchnorm2d" => &["name", "type", "inputs", "trainable", "eps", "momentum"],
         "dropout" => &["name", "type", "inputs", "trainable", "p"],
-        _ => &["name", "type", "inputs", "trainable"],
-    }
-}
-
-fn parse_layers(root: &Tbl<'_, '_>) -> Result<Vec<LayerSpec>, SpecError> {
-    let Some(list) = root.get("layers") else {
-        return Err(root.err(
-            root.span.start..root.span.start,
-            "layers",
-            SpecErrorKind::Invalid("no [[layers]]: a model needs at least one layer".into()),
-        ));
-    };
-    let DeValue::Array(items) = list.get_ref() else {
-        return Err(root.wrong_type(list, "layers", "an array of tables ([[layers]])"));
-    };
-    if items.is_empty() {
-        return Err(root.err(
-            list.span(),
-            "layers",
-            SpecErrorKind::Invalid("a model needs at least one layer".into()),
-        ));
-    }
-    // Every layer's name as far as it can be told up front, to tell forward references from typos.
-    let all_names: Vec<Option<String>> = items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| {
-            let t = item.get_ref().as_table()?;
-            let get = |k: &str| t.iter().find(|(key, _)| key.get_ref() == k).map(|(_, v)| v);
-            match get("name").map(|v| v.get_ref()) {
-                Some(DeValue::String(n)) => Some(n.to_string()),
-                Some(_) => None,
-                None => get("type")?.get_ref().as_str().map(|ty| format!("{ty}{i}")),
-            }
-        })
-        .collect();
-    let mut names: Vec<String> = Vec::with_capacity(items.len());
-    let mut layers = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let DeValue::Table(t) = item.get_ref() else {
-            return Err(root.wrong_type(item, &format!("layers[{i}]"), "a table"));
-        };
-        let mut lt = Tbl {
-            cx: root.cx,
-            t,
-            path: format!("layers[{i}]"),
-            span: item.span(),
-        };
-        if let Some(DeValue::String(n)) = lt.get("name").map(|v| v.get_ref()) {
-            lt.path = format!("layers[{i}] (\"{n}\")");
-        }
-        let ty_idx = lt.req_enum("type", LAYER_TYPES)?;
-        let ty = LAYER_TYPES[ty_idx];
-        let name = match lt.get("name") {
-            Some(v) => {
-                let n = lt.str_of(v, "name")?;
-                if n.is_empty() || n.trim() != n || n.chars().any(char::is_control) {
-                    return Err(lt.err(
-                        v.span(),
-                        "name",
-                        SpecErrorKind::Invalid(format!(
-                            "layer name \"{n}\" must be non-empty, without surrounding spaces or control characters"
-                        )),
-                    ));
-                }
-                if n == "input" {
-                    return Err(lt.err(
-                        v.span(),
-                        "name",
-                        SpecErrorKind::Invalid(
-                            "the name \"input\" is reserved for the model input".into(),
-                        ),
-                    ));
-                }
-                n.to_string()
-            }
-            None => format!("{ty}{i}"),
-        };
-        lt.path = format!("layers[{i}] (\"{name}\")");
-        lt.check_keys(layer_keys(ty))?;
-        if let Some(first) = names.iter().position(|n| *n == name) {
-            let span = lt.get("name").map_or(item.span(), |v| v.span());
-            return Err(lt.err(
-                span,
-                "name",
-                SpecErrorKind::DuplicateName {
-                    name: name.clone(),
-                    first,
-                },
-            ));
-        }
-
-        let kind = parse_kind(&lt, ty)?;
-        let inputs = parse_inputs(&lt, i, &names, &all_names, ty)?;
-        let trainable = lt.opt_bool("trainable")?.unwrap_or(true);
-        names.push(name.clone());
-        layers.push(LayerSpec {
-            name,
-            kind,
-            inputs,
-            trainable,
-        });
-    }
-    Ok(layers)
-}
-
-fn parse_kind(t: &Tbl<'_, '_>, ty: &str) -> Result<LayerKind, SpecError> {
-    let size = |key: &'static str| -> Result<u32, SpecError> {
-        Ok(t.req_int(key, 1, u32::MAX as u128, "a positive integer")? as u32)
-    };
-    let bias = || Ok::<bool, SpecError>(t.opt_bool("bias")?.unwrap_or(true));
-    Ok(match ty {
-        "linear" => LayerKind::Linear {
-            out: size("out")?,
-            bias: bias()?,
-        },
-        "conv2d" => {
-            let out = size("out")?;
-            let kernel = t.req_pair("kernel", 1)?;
-            let groups = t
-                .opt_int("groups", 1, u32::MAX as u128, "a positive integer")?
-                .unwrap_or(1) as u32;
-            if out % groups != 0 {
-                let span = t.get("groups").map_or(t.span.clone(), |v| v.span());
-                return Err(t.err(
-                    span,
-                    "groups",
-                    SpecErrorKind::Invalid(format!(
-                        "groups = {groups} does not divide out = {out}"
-                    )),
-                ));
-            }
-            LayerKind::Conv2d {
-                out,
-                kernel,
-                stride: t.opt_pair("stride", 1)?.unwrap_or([1, 1]),
-                padding: t.opt_pair("padding", 0)?.unwrap_or([0, 0]),
-                groups,
-                bias: bias()?,
-            }
-        }
-        "maxpool2d" | "avgpool2d" => {
-            let kernel = t.req_pair("kernel", 1)?;
-            let stride = t.opt_pair("stride", 1)?.unwrap_or(kernel);
-            if ty == "maxpool2d" {
-                LayerKind::MaxPool2d { kernel, stride }
-            } else {
-                LayerKind::AvgPool2d { kernel, stride }
-            }
-        }
-        "global_avgpool" => LayerKind::GlobalAvgPool,
-        "relu" => LayerKind::Relu,
-        "relu6" => LayerKind::Relu6,
-        "sigmoid" => LayerKind::Sigmoid,
-        "tanh" => LayerKind::Tanh,
-        "flatten" => LayerKind::Flatten,
-        "reshape" => LayerKind::Reshape {
-            to: t.req_dims("to")?,
-        },
-        "add" => LayerKind::Add,
-        "batchnorm2d" => LayerKind::BatchNorm2d {
-            eps: t.opt_float("eps", Limit::Positive)?.unwrap_or(1e-5),
-            momentum: t.opt_float("momentum", Limit::UnitClosed)?.unwrap_or(0.1),
-        },
-        "dropout" => LayerKind::Dropout {
-            p: t.opt_float("p", Limit::UnitOpen)?.unwrap_or(0.5),
-        },
-        _ => unreachable!("type checked against LAYER_TYPES"),
-    })
-}
-
-fn parse_inputs(
-    t: &Tbl<'_, '_>,
-    index: usize,
-    earlier: &[String],
-    all: &[Option<String>],
-    ty: &str,
-) -> Result<Vec<Src>, SpecError> {
-    let expected = if ty == "add" { 2 } else { 1 };
-    let Some(v) = t.get("inputs") else {
-        if expected != 1 {
-            return Err(t.err(
-                t.span.clone(),
-                "inputs",
-                SpecErrorKind::Invalid(format!(
-                    "{ty} needs inputs = [a, b] naming its {expected} inputs"
-                )),
-            ));
-        }
-        return Ok(vec![if index == 0 {
-            Src::Input
-        } else {
-            Src::Layer(index as u32 - 1)
-        }]);
-    };
-    let DeValue::Array(items) = v.get_ref() else {
-        return Err(t.wrong_type(v, "inputs", "an array of layer names"));
-    };
-    if items.len() != expected {
-        return Err(t.err(
-            v.span(),
+        t if LAYER_TYPES.contains(&t) => &["name", "type", "inputs", "trainable"],
+        _ => &[
+            "name",
+            "type",
             "inputs",
-            SpecErrorKind::InputCount {
-                expected,
-                found: items.len(),
-            },
-        ));
-    }
-    let mut srcs = Vec::with_capacity(items.len());
-    for item in items.iter() {
-        let name = t.str_of(item, "inputs")?;
-        if name == "input" {
-            srcs.push(Src::Input);
-        } else if let Some(j) = earlier.iter().position(|n| n == name) {
-            srcs.push(Src::Layer(j as u32));
-        } else {
-            // Not earlier: a later layer (or itself) is a forward reference, otherwise unknown.
-            let later = all.iter().position(|n| n.as_deref() == Some(name));
-            let kind = match later {
-                Some(j) => SpecErrorKind::LaterInput {
-                    name: name.to_string(),
-                    index: j,
-                },
-                None => SpecErrorKind::UnknownInput(name.to_string()),
-            };
-            return Err(t.err(item.span(), "inputs", kind));
-        }
-    }
-    Ok(srcs)
-}
-
-fn parse_train(t: &Tbl<'_, '_>) -> Result<TrainConfig, SpecError> {
-    t.check_keys(&["batch", "epochs", "dataset", "weights"])?;
-    let batch = t.opt_int("batch", 1, u32::MAX as u128, "a positive integer")?;
-    let epochs = t.opt_int("epochs", 1, u32::MAX as u128, "a positive integer")?;
-    let dataset = match t.get("dataset") {
-        None => None,
-        Some(v) => Some(match v.get_ref() {
-            DeValue::String(s) => {
-                if s.as_ref() != "digits" {
-                    return Err(t.err(
-                        v.span(),
-                        "dataset",
-                        SpecErrorKind::UnknownValue {
-                            value: s.to_string(),
-                            known: &[
-                                "digits",
-                                "{ idx_images, idx_labels }",
-                                "{ csv, label_column }",
-                            ],
-                        },
-                    ));
-                }
-                DatasetSource::Digits
-            }
-            DeValue::Table(d) => {
-                let dt = Tbl {
-                    cx: t.cx,
-                    t: d,
-                    path: t.field("dataset"),
-                    span: v.span(),
-                };
-                if dt.get("csv").is_some() {
-                    dt.check_keys(&["csv", "label_column"])?;
-                    DatasetSource::Csv {
-                        path: dt.req_path("csv")?,
-                        label_column: dt
-                            .opt_int(
-                                "label_column",
-                                0,
-                                u32::MAX as u128,
-                                "a non-negative integer",
-                            )?
-                            .unwrap_or(0) as usize,
-                    }
-                } else if dt.get("idx_images").is_some() || dt.get("idx_labels").is_some() {
-                    dt.check_keys(&["idx_images", "idx_labels"])?;
-                    DatasetSource::Idx {
-                        images: dt.req_path("idx_images")?,
-                        labels: dt.req_path("idx_labels")?,
-                    }
-                } else {
-                    return Err(t.err(
-                        v.span(),
-                        "dataset",
-                        SpecErrorKind::Invalid(
-                            "a dataset table needs either idx_images and idx_labels, or csv".into(),
-                        ),
-                    ));
-                }
-            }
-            _ => {
-                return Err(t.wrong_type(
-                    v,
-                    "dataset",
-                    "\"digits\", { idx_images, idx_labels } or { csv, label_column }",
-                ))
-            }
-        }),
-    };
-    let weights = match t.get("weights") {
-        Some(_) => Some(t.req_path("weights")?),
-        None => None,
-    };
-    Ok(TrainConfig {
-        batch: batch.map(|b| b as u32),
-        epochs: epochs.map(|e| e as u32),
-        dataset,
-        weights,
-    })
-}
-
-/// Source text, for turning byte offsets into line/column.
-struct Cx<'s> {
-    text: &'s str,
-}
-
-impl Cx<'_> {
-    fn pos(&self, offset: usize) -> (u32, u32) {
-        let mut offset = offset.min(self.text.len());
-        while !self.text.is_char_boundary(offset) {
-            offset -= 1;
-        }
-        let before = &self.text[..offset];
-        let line = before.matches('\n').count() + 1;
-        let line_start = before.rfind('\n').map_or(0, |p| p + 1);
-        let col = before[line_start..].chars().count() + 1;
-        (
-            u32::try_from(line).unwrap_or(u32::MAX),
-            u32::try_from(col).unwrap_or(u32::MAX),
-        )
+            "trainable",
+            "out",
+            "kernel",
+            "stride",
+            "padding",
+            "groups",
+            "bias",
+            "to",
+            "eps",
+            "momentum",
+            "p",
+        ],
     }
 }
+
+// ---- Checks over the typed document ----
 
 /// Valid ranges for floating-point fields (all must also be finite).
 #[derive(Clone, Copy)]
@@ -728,277 +667,311 @@ impl Limit {
     }
 }
 
-/// A table being read, with its path for messages.
-struct Tbl<'a, 'i> {
-    cx: &'a Cx<'a>,
-    t: &'a DeTable<'i>,
-    path: String,
-    span: std::ops::Range<usize>,
+/// 1-based line and column (in characters) of a byte offset.
+fn pos(text: &str, offset: usize) -> (u32, u32) {
+    let mut offset = offset.min(text.len());
+    while !text.is_char_boundary(offset) {
+        offset -= 1;
+    }
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |p| p + 1);
+    let col = before[line_start..].chars().count() + 1;
+    (
+        u32::try_from(line).unwrap_or(u32::MAX),
+        u32::try_from(col).unwrap_or(u32::MAX),
+    )
 }
 
-impl<'a, 'i> Tbl<'a, 'i> {
-    fn field(&self, key: &str) -> String {
-        if self.path.is_empty() {
-            key.to_string()
-        } else {
-            format!("{}.{key}", self.path)
-        }
+/// Where a byte offset lies in the document ([`Doc::field_at`]).
+struct Place<'d> {
+    /// For messages: `layers[3] ("conv2").kernel`; at a key, the path of its table.
+    field: String,
+    /// The same without layer indices and names (`layers.kernel`), to look up key lists.
+    schema: String,
+    /// The key the offset is in, or the innermost key whose value holds it.
+    key: Option<(&'d str, Span)>,
+    /// Whether the offset is in a key (rather than a value).
+    at_key: bool,
+    /// The table holding that key.
+    table: Option<&'d DeTable<'d>>,
+}
+
+/// The source and toml's spanned tree of it: positions and field paths for messages.
+struct Doc<'d> {
+    text: &'d str,
+    doc: &'d Spanned<DeTable<'d>>,
+}
+
+impl<'d> Doc<'d> {
+    /// The field at a byte offset: a generic walk of the tree (keys and layer indices), not of the
+    /// format. toml gives a `[section]` table the span of its header only, so every table is
+    /// searched, not just those whose span holds the offset.
+    fn field_at(&self, offset: usize) -> Place<'d> {
+        let mut place = Place {
+            field: String::new(),
+            schema: String::new(),
+            key: None,
+            at_key: false,
+            table: None,
+        };
+        Self::in_table(self.doc.get_ref(), offset, &mut place);
+        place
     }
 
-    fn err(&self, span: std::ops::Range<usize>, key: &str, kind: SpecErrorKind) -> SpecError {
-        let (line, column) = self.cx.pos(span.start);
+    fn in_table(t: &'d DeTable<'d>, offset: usize, place: &mut Place<'d>) -> bool {
+        for (k, v) in t.iter() {
+            if k.span().contains(&offset) {
+                place.key = Some((k.get_ref().as_ref(), k.span()));
+                place.at_key = true;
+                place.table = Some(t);
+                return true;
+            }
+            let (field, schema) = (place.field.len(), place.schema.len());
+            for p in [&mut place.field, &mut place.schema] {
+                if !p.is_empty() {
+                    p.push('.');
+                }
+                p.push_str(k.get_ref());
+            }
+            let prev = place.key.replace((k.get_ref().as_ref(), k.span()));
+            let prev_table = place.table.replace(t);
+            if Self::in_value(v, offset, place) {
+                return true;
+            }
+            place.field.truncate(field);
+            place.schema.truncate(schema);
+            place.key = prev;
+            place.table = prev_table;
+        }
+        false
+    }
+
+    fn in_value(v: &'d Spanned<DeValue<'d>>, offset: usize, place: &mut Place<'d>) -> bool {
+        match v.get_ref() {
+            DeValue::Table(t) if Self::in_table(t, offset, place) => return true,
+            // Only the layer list is indexed into: elsewhere an array is one field.
+            DeValue::Array(items) if place.field == "layers" => {
+                for (i, item) in items.iter().enumerate() {
+                    place.field = layer_label(i, item.get_ref());
+                    if Self::in_value(item, offset, place) {
+                        return true;
+                    }
+                }
+                place.field = "layers".into();
+            }
+            _ => {}
+        }
+        v.span().contains(&offset)
+    }
+
+    /// An error at `span`, naming the field found there.
+    fn err(&self, span: Span, kind: SpecErrorKind) -> SpecError {
+        let field = self.field_at(span.start).field;
+        self.err_in(span, &field, kind)
+    }
+
+    /// An error at `span` naming `field`.
+    fn err_in(&self, span: Span, field: &str, kind: SpecErrorKind) -> SpecError {
+        let (line, column) = pos(self.text, span.start);
         SpecError {
             file: None,
             line: Some(line),
             column: Some(column),
-            field: if key.is_empty() {
-                self.path.clone()
-            } else {
-                self.field(key)
-            },
+            field: field.to_string(),
             kind,
         }
     }
 
-    fn wrong_type(&self, v: &Spanned<DeValue<'_>>, key: &str, expected: &'static str) -> SpecError {
-        self.err(
-            v.span(),
-            key,
-            SpecErrorKind::WrongType {
-                expected,
-                found: v.get_ref().type_str(),
-            },
-        )
-    }
-
-    fn get(&self, key: &str) -> Option<&'a Spanned<DeValue<'i>>> {
-        self.t
-            .iter()
-            .find(|(k, _)| k.get_ref().as_ref() == key)
-            .map(|(_, v)| v)
-    }
-
-    /// Rejects the first (in source order) key not in `allowed`.
-    fn check_keys(&self, allowed: &'static [&'static str]) -> Result<(), SpecError> {
-        let bad = self
-            .t
-            .iter()
-            .filter(|(k, _)| !allowed.contains(&k.get_ref().as_ref()))
-            .min_by_key(|(k, _)| k.span().start);
-        match bad {
-            None => Ok(()),
-            Some((k, _)) => Err(self.err(
-                k.span(),
-                "",
-                SpecErrorKind::UnknownKey {
-                    key: k.get_ref().to_string(),
-                    allowed,
+    /// serde's error as a [`SpecError`]: its position, the field found there, and for unknown and
+    /// missing keys the same kinds as the checks in code (with the keys this table takes, which for
+    /// a layer or the optimizer depend on its `type`).
+    fn serde_error(&self, e: &toml::de::Error) -> SpecError {
+        let msg = e.message();
+        let Some(span) = e.span() else {
+            return SpecError {
+                file: None,
+                line: None,
+                column: None,
+                field: String::new(),
+                kind: SpecErrorKind::WrongType(msg.to_string()),
+            };
+        };
+        let place = self.field_at(span.start);
+        let kind = if let Some(key) = msg
+            .strip_prefix("missing field `")
+            .and_then(|m| m.strip_suffix('`'))
+        {
+            SpecErrorKind::Missing(key.to_string())
+        } else if let (true, true, Some((key, _))) =
+            (msg.starts_with("unknown field `"), place.at_key, &place.key)
+        {
+            let ty = || {
+                place
+                    .table
+                    .and_then(|t| match t.get("type").map(Spanned::get_ref) {
+                        Some(DeValue::String(s)) => Some(s.as_ref()),
+                        _ => None,
+                    })
+            };
+            let has = |k: &str| place.table.is_some_and(|t| t.get(k).is_some());
+            let allowed: &'static [&'static str] = match place.schema.as_str() {
+                "" => ROOT_KEYS,
+                "model" => MODEL_KEYS,
+                "train" => TRAIN_KEYS,
+                "train.dataset" if has("csv") => CSV_KEYS,
+                "train.dataset" if has("idx_images") || has("idx_labels") => IDX_KEYS,
+                "train.dataset" => FILES_KEYS,
+                "optimizer" => match ty() {
+                    Some("adam") => ADAM_KEYS,
+                    Some("sgd") => SGD_KEYS,
+                    _ => OPTIMIZER_KEYS,
                 },
-            )),
-        }
+                _ => layer_keys(ty().unwrap_or("")),
+            };
+            SpecErrorKind::UnknownKey {
+                key: key.to_string(),
+                allowed,
+            }
+        } else {
+            SpecErrorKind::WrongType(msg.to_string())
+        };
+        self.err_in(span, &place.field, kind)
     }
 
-    fn missing(&self, key: &'static str) -> SpecError {
-        let mut e = self.err(self.span.clone(), "", SpecErrorKind::Missing(key));
-        if self.path.is_empty() {
-            e.field.clear();
-        }
-        e
+    /// The source text of a value, for "got …" in messages.
+    fn src(&self, span: &Span) -> String {
+        self.text.get(span.clone()).unwrap_or("").to_string()
     }
 
-    fn opt_table(&self, key: &str) -> Result<Option<Tbl<'a, 'i>>, SpecError> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => match v.get_ref() {
-                DeValue::Table(t) => Ok(Some(Tbl {
-                    cx: self.cx,
-                    t,
-                    path: self.field(key),
-                    span: v.span(),
-                })),
-                _ => Err(self.wrong_type(v, key, "a table")),
-            },
-        }
-    }
-
-    fn req_table(&self, key: &'static str) -> Result<Tbl<'a, 'i>, SpecError> {
-        self.opt_table(key)?.ok_or_else(|| {
-            let mut e = self.missing(key);
-            e.kind = SpecErrorKind::Invalid(format!("missing section [{key}]"));
-            e
-        })
-    }
-
-    fn str_of<'v>(&self, v: &'v Spanned<DeValue<'i>>, key: &str) -> Result<&'v str, SpecError> {
-        match v.get_ref() {
-            DeValue::String(s) => Ok(s.as_ref()),
-            _ => Err(self.wrong_type(v, key, "a string")),
-        }
-    }
-
-    fn req_path(&self, key: &'static str) -> Result<PathBuf, SpecError> {
-        let v = self.get(key).ok_or_else(|| self.missing(key))?;
-        let s = self.str_of(v, key)?;
-        if s.is_empty() {
-            return Err(self.err(v.span(), key, SpecErrorKind::Invalid("empty path".into())));
-        }
-        Ok(PathBuf::from(s))
-    }
-
-    fn opt_bool(&self, key: &str) -> Result<Option<bool>, SpecError> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => match v.get_ref() {
-                DeValue::Boolean(b) => Ok(Some(*b)),
-                _ => Err(self.wrong_type(v, key, "true or false")),
-            },
-        }
-    }
-
-    /// Index into `known` of the string value of a required key.
-    fn req_enum(
+    /// Rejects the first (in source order) of the `present` keys that is not `allowed`, at its key.
+    fn only_keys(
         &self,
-        key: &'static str,
+        present: &[(&'static str, Option<Span>)],
+        allowed: &'static [&'static str],
+    ) -> Result<(), SpecError> {
+        let bad = present
+            .iter()
+            .filter_map(|(k, s)| Some((*k, s.clone()?)))
+            .filter(|(k, _)| !allowed.contains(k))
+            .min_by_key(|(_, s)| s.start);
+        let Some((key, value)) = bad else {
+            return Ok(());
+        };
+        let span = match self.field_at(value.start).key {
+            Some((k, span)) if k == key => span,
+            _ => value,
+        };
+        Err(self.err(
+            span,
+            SpecErrorKind::UnknownKey {
+                key: key.to_string(),
+                allowed,
+            },
+        ))
+    }
+
+    /// Index into `known` of a string value.
+    fn pick(
+        &self,
+        v: &Spanned<String>,
         known: &'static [&'static str],
     ) -> Result<usize, SpecError> {
-        let v = self.get(key).ok_or_else(|| self.missing(key))?;
-        let s = self.str_of(v, key)?;
-        known.iter().position(|k| *k == s).ok_or_else(|| {
+        known.iter().position(|k| k == v.get_ref()).ok_or_else(|| {
             self.err(
                 v.span(),
-                key,
                 SpecErrorKind::UnknownValue {
-                    value: s.to_string(),
+                    value: v.get_ref().clone(),
                     known,
                 },
             )
         })
     }
 
-    /// An integer value in `[lo, hi]`.
-    fn int_of(
+    /// An integer in `[lo, hi]`.
+    fn int(
         &self,
-        v: &Spanned<DeValue<'_>>,
-        key: &str,
+        v: &Spanned<Int>,
         lo: u128,
         hi: u128,
         what: &'static str,
     ) -> Result<u128, SpecError> {
-        let DeValue::Integer(i) = v.get_ref() else {
-            return Err(self.wrong_type(v, key, what));
-        };
-        let parsed = i128::from_str_radix(i.as_str(), i.radix()).ok();
-        match parsed {
-            Some(n) if n >= 0 && (lo..=hi).contains(&(n as u128)) => Ok(n as u128),
+        match u128::try_from(v.get_ref().0) {
+            Ok(n) if (lo..=hi).contains(&n) => Ok(n),
             _ => Err(self.err(
                 v.span(),
-                key,
                 SpecErrorKind::OutOfRange {
-                    value: i.to_string(),
+                    value: self.src(&v.span()),
                     must_be: what,
                 },
             )),
         }
     }
 
-    fn opt_int(
-        &self,
-        key: &str,
-        lo: u128,
-        hi: u128,
-        what: &'static str,
-    ) -> Result<Option<u128>, SpecError> {
-        self.get(key)
-            .map(|v| self.int_of(v, key, lo, hi, what))
-            .transpose()
+    fn size(&self, v: &Spanned<Int>) -> Result<u32, SpecError> {
+        Ok(self.int(v, 1, u32::MAX as u128, "a positive integer")? as u32)
     }
 
-    fn req_int(
-        &self,
-        key: &'static str,
-        lo: u128,
-        hi: u128,
-        what: &'static str,
-    ) -> Result<u128, SpecError> {
-        let v = self.get(key).ok_or_else(|| self.missing(key))?;
-        self.int_of(v, key, lo, hi, what)
+    fn opt_size(&self, v: &Option<Spanned<Int>>) -> Result<Option<u32>, SpecError> {
+        v.as_ref().map(|v| self.size(v)).transpose()
     }
 
-    fn opt_float(&self, key: &str, range: Limit) -> Result<Option<f32>, SpecError> {
-        let Some(v) = self.get(key) else {
-            return Ok(None);
-        };
-        let (x, text) = match v.get_ref() {
-            DeValue::Float(f) => (f.as_str().parse::<f64>().unwrap_or(f64::NAN), f.to_string()),
-            DeValue::Integer(i) => (
-                i128::from_str_radix(i.as_str(), i.radix()).map_or(f64::NAN, |n| n as f64),
-                i.to_string(),
-            ),
-            _ => return Err(self.wrong_type(v, key, "a number")),
-        };
-        if !range.ok(x) {
-            return Err(self.err(
+    fn float(&self, v: &Spanned<Number>, range: Limit) -> Result<f32, SpecError> {
+        if range.ok(v.get_ref().0) {
+            Ok(v.get_ref().0 as f32)
+        } else {
+            Err(self.err(
                 v.span(),
-                key,
                 SpecErrorKind::OutOfRange {
-                    value: text,
+                    value: self.src(&v.span()),
                     must_be: range.text(),
                 },
-            ));
+            ))
         }
-        Ok(Some(x as f32))
     }
 
-    fn req_float(&self, key: &'static str, range: Limit) -> Result<Option<f32>, SpecError> {
-        if self.get(key).is_none() {
-            return Err(self.missing(key));
-        }
-        self.opt_float(key, range)
+    fn opt_float(
+        &self,
+        v: &Option<Spanned<Number>>,
+        range: Limit,
+        default: f32,
+    ) -> Result<f32, SpecError> {
+        v.as_ref().map_or(Ok(default), |v| self.float(v, range))
+    }
+
+    /// A required key of a table at `table`.
+    fn need<'v, T>(&self, v: &'v Option<T>, table: &Span, key: &str) -> Result<&'v T, SpecError> {
+        v.as_ref()
+            .ok_or_else(|| self.err(table.clone(), SpecErrorKind::Missing(key.to_string())))
     }
 
     /// `n` or `[h, w]`, each ≥ `min`.
-    fn opt_pair(&self, key: &str, min: u128) -> Result<Option<[u32; 2]>, SpecError> {
-        let Some(v) = self.get(key) else {
-            return Ok(None);
-        };
+    fn pair(&self, v: &Spanned<Pair>, min: u128) -> Result<[u32; 2], SpecError> {
         let what = if min == 0 {
             "a non-negative integer or [h, w]"
         } else {
             "a positive integer or [h, w]"
         };
+        let one = |i: &Spanned<Int>| Ok(self.int(i, min, u32::MAX as u128, what)? as u32);
         match v.get_ref() {
-            DeValue::Integer(_) => {
-                let n = self.int_of(v, key, min, u32::MAX as u128, what)? as u32;
-                Ok(Some([n, n]))
+            Pair::One(n) => {
+                let n = one(&Spanned::new(v.span(), *n))?;
+                Ok([n, n])
             }
-            DeValue::Array(a) if a.len() == 2 => {
-                let h = self.int_of(&a[0], key, min, u32::MAX as u128, what)? as u32;
-                let w = self.int_of(&a[1], key, min, u32::MAX as u128, what)? as u32;
-                Ok(Some([h, w]))
-            }
-            DeValue::Array(a) => Err(self.err(
+            Pair::List(a) if a.len() == 2 => Ok([one(&a[0])?, one(&a[1])?]),
+            Pair::List(a) => Err(self.err(
                 v.span(),
-                key,
                 SpecErrorKind::Invalid(format!("expected [h, w], got {} elements", a.len())),
             )),
-            _ => Err(self.wrong_type(v, key, what)),
         }
     }
 
-    fn req_pair(&self, key: &'static str, min: u128) -> Result<[u32; 2], SpecError> {
-        self.opt_pair(key, min)?.ok_or_else(|| self.missing(key))
-    }
-
     /// `[C, H, W]` or `[F]`, positive, with a product that fits in u32.
-    fn req_dims(&self, key: &'static str) -> Result<Dims, SpecError> {
-        let v = self.get(key).ok_or_else(|| self.missing(key))?;
-        let what = "[C, H, W] or [F] of positive integers";
-        let DeValue::Array(a) = v.get_ref() else {
-            return Err(self.wrong_type(v, key, what));
-        };
+    fn dims(&self, v: &Spanned<DimsList>) -> Result<Dims, SpecError> {
+        let items = &v.get_ref().0;
         let mut d = Vec::with_capacity(3);
-        for item in a.iter() {
-            d.push(self.int_of(item, key, 1, u32::MAX as u128, "a positive integer")? as u32);
+        for item in items {
+            d.push(self.size(item)?);
         }
         let dims = match d[..] {
             [f] => Dims::flat(f),
@@ -1006,7 +979,6 @@ impl<'a, 'i> Tbl<'a, 'i> {
             _ => {
                 return Err(self.err(
                     v.span(),
-                    key,
                     SpecErrorKind::Invalid(format!(
                         "expected [C, H, W] or [F], got {} elements",
                         d.len()
@@ -1017,11 +989,326 @@ impl<'a, 'i> Tbl<'a, 'i> {
         if dims.c as u128 * dims.h as u128 * dims.w as u128 > u32::MAX as u128 {
             return Err(self.err(
                 v.span(),
-                key,
                 SpecErrorKind::Invalid(format!("{dims} has more than 2^32 - 1 elements")),
             ));
         }
         Ok(dims)
+    }
+
+    fn path(&self, v: &Spanned<String>) -> Result<PathBuf, SpecError> {
+        if v.get_ref().is_empty() {
+            return Err(self.err(v.span(), SpecErrorKind::Invalid("empty path".into())));
+        }
+        Ok(PathBuf::from(v.get_ref()))
+    }
+
+    fn optimizer(&self, o: &RawOptimizer) -> Result<OptimizerSpec, SpecError> {
+        let adam = self.pick(&o.ty, &["adam", "sgd"])? == 0;
+        let s = |v: &Option<Spanned<Number>>| v.as_ref().map(Spanned::span);
+        let present = [
+            ("beta1", s(&o.beta1)),
+            ("beta2", s(&o.beta2)),
+            ("eps", s(&o.eps)),
+            ("momentum", s(&o.momentum)),
+        ];
+        self.only_keys(&present, if adam { ADAM_KEYS } else { SGD_KEYS })?;
+        let lr = self.float(&o.lr, Limit::Positive)?;
+        let weight_decay = self.opt_float(&o.weight_decay, Limit::NonNegative, 0.0)?;
+        Ok(if adam {
+            OptimizerSpec::Adam {
+                lr,
+                beta1: self.opt_float(&o.beta1, Limit::UnitOpen, 0.9)?,
+                beta2: self.opt_float(&o.beta2, Limit::UnitOpen, 0.999)?,
+                eps: self.opt_float(&o.eps, Limit::Positive, 1e-8)?,
+                weight_decay,
+            }
+        } else {
+            OptimizerSpec::Sgd {
+                lr,
+                momentum: self.opt_float(&o.momentum, Limit::UnitOpen, 0.0)?,
+                weight_decay,
+            }
+        })
+    }
+
+    fn layers(
+        &self,
+        list: &Spanned<Seq<Spanned<Table<RawLayer>>, LayerList>>,
+    ) -> Result<Vec<LayerSpec>, SpecError> {
+        let items = &list.get_ref().0;
+        if items.is_empty() {
+            return Err(self.err(
+                list.span(),
+                SpecErrorKind::Invalid("a model needs at least one layer".into()),
+            ));
+        }
+        // Every layer's name, to tell forward references from typos.
+        let all_names: Vec<String> = items
+            .iter()
+            .enumerate()
+            .map(|(i, l)| default_name(i, &l.get_ref().0))
+            .collect();
+        let mut layers: Vec<LayerSpec> = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let l = &item.get_ref().0;
+            let ty = LAYER_TYPES[self.pick(&l.ty, LAYER_TYPES)?];
+            if let Some(n) = &l.name {
+                let n = n.get_ref();
+                let bad = if n.is_empty() || n.trim() != n || n.chars().any(char::is_control) {
+                    Some(format!(
+                        "layer name \"{n}\" must be non-empty, without surrounding spaces or control characters"
+                    ))
+                } else if n == "input" {
+                    Some("the name \"input\" is reserved for the model input".into())
+                } else {
+                    None
+                };
+                if let Some(m) = bad {
+                    return Err(self.err(
+                        l.name.as_ref().map_or(item.span(), Spanned::span),
+                        SpecErrorKind::Invalid(m),
+                    ));
+                }
+            }
+            self.only_keys(&l.present(), layer_keys(ty))?;
+            let name = &all_names[i];
+            if let Some(first) = layers.iter().position(|p| p.name == *name) {
+                let span = l.name.as_ref().map_or(item.span(), Spanned::span);
+                return Err(self.err_in(
+                    span,
+                    &format!("{}.name", layer_label_of(i, name)),
+                    SpecErrorKind::DuplicateName {
+                        name: name.clone(),
+                        first,
+                    },
+                ));
+            }
+            let kind = self.layer_kind(item, ty)?;
+            let inputs = self.inputs(item, i, &layers, &all_names, ty)?;
+            layers.push(LayerSpec {
+                name: name.clone(),
+                kind,
+                inputs,
+                trainable: l.trainable.as_ref().is_none_or(|t| *t.get_ref()),
+            });
+        }
+        Ok(layers)
+    }
+
+    fn layer_kind(
+        &self,
+        item: &Spanned<Table<RawLayer>>,
+        ty: &str,
+    ) -> Result<LayerKind, SpecError> {
+        let l = &item.get_ref().0;
+        let span = item.span();
+        let bias = l.bias.as_ref().is_none_or(|b| *b.get_ref());
+        Ok(match ty {
+            "linear" => LayerKind::Linear {
+                out: self.size(self.need(&l.out, &span, "out")?)?,
+                bias,
+            },
+            "conv2d" => {
+                let out = self.size(self.need(&l.out, &span, "out")?)?;
+                let kernel = self.pair(self.need(&l.kernel, &span, "kernel")?, 1)?;
+                let groups = self.opt_size(&l.groups)?.unwrap_or(1);
+                if out % groups != 0 {
+                    let at = l.groups.as_ref().map_or(span, Spanned::span);
+                    return Err(self.err(
+                        at,
+                        SpecErrorKind::Invalid(format!(
+                            "groups = {groups} does not divide out = {out}"
+                        )),
+                    ));
+                }
+                LayerKind::Conv2d {
+                    out,
+                    kernel,
+                    stride: l.stride.as_ref().map_or(Ok([1, 1]), |s| self.pair(s, 1))?,
+                    padding: l.padding.as_ref().map_or(Ok([0, 0]), |s| self.pair(s, 0))?,
+                    groups,
+                    bias,
+                }
+            }
+            "maxpool2d" | "avgpool2d" => {
+                let kernel = self.pair(self.need(&l.kernel, &span, "kernel")?, 1)?;
+                let stride = l.stride.as_ref().map_or(Ok(kernel), |s| self.pair(s, 1))?;
+                if ty == "maxpool2d" {
+                    LayerKind::MaxPool2d { kernel, stride }
+                } else {
+                    LayerKind::AvgPool2d { kernel, stride }
+                }
+            }
+            "global_avgpool" => LayerKind::GlobalAvgPool,
+            "relu" => LayerKind::Relu,
+            "relu6" => LayerKind::Relu6,
+            "sigmoid" => LayerKind::Sigmoid,
+            "tanh" => LayerKind::Tanh,
+            "flatten" => LayerKind::Flatten,
+            "reshape" => LayerKind::Reshape {
+                to: self.dims(self.need(&l.to, &span, "to")?)?,
+            },
+            "add" => LayerKind::Add,
+            "batchnorm2d" => LayerKind::BatchNorm2d {
+                eps: self.opt_float(&l.eps, Limit::Positive, 1e-5)?,
+                momentum: self.opt_float(&l.momentum, Limit::UnitClosed, 0.1)?,
+            },
+            "dropout" => LayerKind::Dropout {
+                p: self.opt_float(&l.p, Limit::UnitOpen, 0.5)?,
+            },
+            _ => unreachable!("type checked against LAYER_TYPES"),
+        })
+    }
+
+    fn inputs(
+        &self,
+        item: &Spanned<Table<RawLayer>>,
+        index: usize,
+        earlier: &[LayerSpec],
+        all: &[String],
+        ty: &str,
+    ) -> Result<Vec<Src>, SpecError> {
+        let expected = if ty == "add" { 2 } else { 1 };
+        let Some(v) = &item.get_ref().0.inputs else {
+            if expected != 1 {
+                return Err(self.err_in(
+                    item.span(),
+                    &format!("{}.inputs", layer_label_of(index, &all[index])),
+                    SpecErrorKind::Invalid(format!(
+                        "{ty} needs inputs = [a, b] naming its {expected} inputs"
+                    )),
+                ));
+            }
+            return Ok(vec![if index == 0 {
+                Src::Input
+            } else {
+                Src::Layer(index as u32 - 1)
+            }]);
+        };
+        let names = &v.get_ref().0;
+        if names.len() != expected {
+            return Err(self.err(
+                v.span(),
+                SpecErrorKind::InputCount {
+                    expected,
+                    found: names.len(),
+                },
+            ));
+        }
+        names
+            .iter()
+            .map(|n| {
+                let name = n.get_ref();
+                if name == "input" {
+                    return Ok(Src::Input);
+                }
+                if let Some(j) = earlier.iter().position(|l| l.name == *name) {
+                    return Ok(Src::Layer(j as u32));
+                }
+                // Not earlier: a later layer (or itself) is a forward reference, otherwise unknown.
+                let kind = match all.iter().position(|a| a == name) {
+                    Some(j) => SpecErrorKind::LaterInput {
+                        name: name.clone(),
+                        index: j,
+                    },
+                    None => SpecErrorKind::UnknownInput(name.clone()),
+                };
+                Err(self.err(n.span(), kind))
+            })
+            .collect()
+    }
+
+    fn train(&self, t: &RawTrain) -> Result<TrainConfig, SpecError> {
+        let dataset = match &t.dataset {
+            None => None,
+            Some(v) => Some(match v.get_ref() {
+                RawDataset::Named(s) if s == "digits" => DatasetSource::Digits,
+                RawDataset::Named(s) => {
+                    return Err(self.err(
+                        v.span(),
+                        SpecErrorKind::UnknownValue {
+                            value: s.clone(),
+                            known: &[
+                                "digits",
+                                "{ idx_images, idx_labels }",
+                                "{ csv, label_column }",
+                            ],
+                        },
+                    ))
+                }
+                RawDataset::Files(f) => {
+                    let s = |v: &Option<Spanned<String>>| v.as_ref().map(Spanned::span);
+                    let present = [
+                        ("csv", s(&f.csv)),
+                        ("label_column", f.label_column.as_ref().map(Spanned::span)),
+                        ("idx_images", s(&f.idx_images)),
+                        ("idx_labels", s(&f.idx_labels)),
+                    ];
+                    let span = v.span();
+                    if let Some(csv) = &f.csv {
+                        self.only_keys(&present, CSV_KEYS)?;
+                        DatasetSource::Csv {
+                            path: self.path(csv)?,
+                            label_column: match &f.label_column {
+                                Some(c) => {
+                                    self.int(c, 0, u32::MAX as u128, "a non-negative integer")?
+                                        as usize
+                                }
+                                None => 0,
+                            },
+                        }
+                    } else if f.idx_images.is_some() || f.idx_labels.is_some() {
+                        self.only_keys(&present, IDX_KEYS)?;
+                        DatasetSource::Idx {
+                            images: self.path(self.need(&f.idx_images, &span, "idx_images")?)?,
+                            labels: self.path(self.need(&f.idx_labels, &span, "idx_labels")?)?,
+                        }
+                    } else {
+                        return Err(self.err(
+                            span,
+                            SpecErrorKind::Invalid(
+                                "a dataset table needs either idx_images and idx_labels, or csv"
+                                    .into(),
+                            ),
+                        ));
+                    }
+                }
+            }),
+        };
+        Ok(TrainConfig {
+            batch: self.opt_size(&t.batch)?,
+            epochs: self.opt_size(&t.epochs)?,
+            dataset,
+            weights: t.weights.as_ref().map(|w| self.path(w)).transpose()?,
+        })
+    }
+}
+
+/// A layer's name: as written, or `{type}{index}`.
+fn default_name(index: usize, l: &RawLayer) -> String {
+    match &l.name {
+        Some(n) => n.get_ref().clone(),
+        None => format!("{}{index}", l.ty.get_ref()),
+    }
+}
+
+fn layer_label_of(index: usize, name: &str) -> String {
+    format!("layers[{index}] (\"{name}\")")
+}
+
+/// `layers[i] ("name")` from the document tree: the name as written, else the default name when
+/// the type is known, else `layers[i]`.
+fn layer_label(index: usize, item: &DeValue<'_>) -> String {
+    let get = |k: &str| match item {
+        DeValue::Table(t) => t.get(k).map(Spanned::get_ref),
+        _ => None,
+    };
+    match (get("name"), get("type")) {
+        (Some(DeValue::String(n)), _) => layer_label_of(index, n),
+        (None, Some(DeValue::String(ty))) if LAYER_TYPES.contains(&ty.as_ref()) => {
+            layer_label_of(index, &format!("{ty}{index}"))
+        }
+        _ => format!("layers[{index}]"),
     }
 }
 
@@ -1417,12 +1704,13 @@ weights = "w/backbone.safetensors"
                 .contains("must be non-empty")
         );
         assert!(
-            err_body(&with("[[layers]]\ntype = \"relu\"\ninputs = \"input\"\n"))
-                .contains("inputs: expected an array of layer names, found string")
+            err_body(&with("[[layers]]\ntype = \"relu\"\ninputs = \"input\"\n")).contains(
+                "inputs: invalid type: string \"input\", expected an array of layer names"
+            )
         );
         assert!(
             err_body(&with("[[layers]]\ntype = \"relu\"\ninputs = [3]\n"))
-                .contains("inputs: expected a string, found integer")
+                .contains("inputs: invalid type: integer `3`, expected a string")
         );
     }
 
@@ -1451,9 +1739,9 @@ weights = "w/backbone.safetensors"
         assert!(layer("type = \"conv2d\"\nout = 6\nkernel = 3\ngroups = 4")
             .contains("groups: groups = 4 does not divide out = 6"));
         assert!(layer("type = \"conv2d\"\nout = \"8\"\nkernel = 3")
-            .contains("out: expected a positive integer, found string"));
+            .contains("out: invalid type: string \"8\", expected an integer"));
         assert!(layer("type = \"linear\"\nout = 2\nbias = 1")
-            .contains("bias: expected true or false, found integer"));
+            .contains("bias: invalid type: integer `1`, expected a boolean"));
         assert!(layer("type = \"maxpool2d\"").contains("missing key \"kernel\""));
         assert_eq!(
             layer("type = \"dropout\"\np = 1.0"),
@@ -1472,7 +1760,7 @@ weights = "w/backbone.safetensors"
         assert!(layer("type = \"reshape\"\nto = [2, 2]")
             .contains("to: expected [C, H, W] or [F], got 2 elements"));
         assert!(layer("type = \"relu\"\ntrainable = \"no\"")
-            .contains("trainable: expected true or false"));
+            .contains("trainable: invalid type: string \"no\", expected a boolean"));
 
         let opt = |lr: &str| {
             err_body(
@@ -1496,7 +1784,8 @@ weights = "w/backbone.safetensors"
             opt("lr = 1e-50").contains("optimizer.lr: must be a finite number > 0"),
             "underflows f32"
         );
-        assert!(opt("lr = \"fast\"").contains("optimizer.lr: expected a number, found string"));
+        assert!(opt("lr = \"fast\"")
+            .contains("optimizer.lr: invalid type: string \"fast\", expected a number"));
         assert!(opt("beta1 = 1.0\nlr = 0.1").contains("optimizer.beta1: must be in [0, 1)"));
         assert!(opt("weight_decay = -1\nlr = 0.1")
             .contains("optimizer.weight_decay: must be a finite number ≥ 0"));
@@ -1515,7 +1804,7 @@ weights = "w/backbone.safetensors"
             .contains("model.input: expected [C, H, W] or [F], got 2 elements"));
         assert!(model("input = []").contains("got 0 elements"));
         assert!(model("input = 64").contains(
-            "model.input: expected [C, H, W] or [F] of positive integers, found integer"
+            "model.input: invalid type: integer `64`, expected [C, H, W] or [F] of positive integers"
         ));
         assert!(model("input = [65536, 65536, 2]").contains("more than 2^32 - 1 elements"));
         assert!(model("input = [1]\nseed = -1")
@@ -1525,13 +1814,52 @@ weights = "w/backbone.safetensors"
             |t: &str| err_body(&with(&format!("[[layers]]\ntype=\"relu\"\n[train]\n{t}\n")));
         assert!(train("batch = 0").contains("train.batch: must be a positive integer, got 0"));
         assert!(train("epochs = 1.5")
-            .contains("train.epochs: expected a positive integer, found float"));
-        assert!(train("weights = 3").contains("train.weights: expected a string, found integer"));
+            .contains("train.epochs: invalid type: floating point `1.5`, expected an integer"));
+        assert!(train("weights = 3")
+            .contains("train.weights: invalid type: integer `3`, expected a string"));
         assert!(train("weights = \"\"").contains("train.weights: empty path"));
         assert!(train("dataset = { csv = \"a.csv\", label_column = -1 }")
             .contains("train.dataset.label_column: must be a non-negative integer"));
         assert!(train("dataset = { idx_images = \"a\" }")
             .contains("train.dataset: missing key \"idx_labels\""));
+    }
+
+    /// serde's errors (wrong TOML types, keys no table of that kind takes) get the same position and
+    /// field path as the checks in code, and unknown keys list what this layer or optimizer type takes.
+    #[test]
+    fn serde_errors_name_the_field() {
+        let layer = |body: &str| err(&with(&format!("[[layers]]\n{body}\n")));
+        assert_eq!(
+            layer("type = \"conv2d\"\nout = 4\nkernel = [1, \"a\"]"),
+            "line 12, column 14: layers[0] (\"conv2d0\").kernel: invalid type: string \"a\", expected an integer"
+        );
+        assert_eq!(
+            layer("type = \"conv2d\"\nout = 4\nkernel = { h = 1 }"),
+            "line 12, column 10: layers[0] (\"conv2d0\").kernel: invalid type: map, expected an integer or [h, w]"
+        );
+        assert_eq!(
+            layer("type = \"relu\"\nstart = 1979-05-27"),
+            "line 11, column 1: layers[0] (\"relu0\"): unknown key \"start\" (allowed: name, type, inputs, trainable)"
+        );
+        assert!(layer("type = \"linear\"\nout = 99999999999999999999")
+            .contains("out: must be a positive integer, got 99999999999999999999"));
+        assert_eq!(
+            err(&with("[[layers]]\ntype = \"relu\"\n[optimizer.x]\n")),
+            "line 11, column 12: optimizer: unknown key \"x\" (allowed: type, lr, beta1, beta2, eps, weight_decay)"
+        );
+        assert_eq!(
+            err(&with("[[layers]]\ntype = \"relu\"\n[train]\ndataset = { foo = 1 }\n")),
+            "line 12, column 13: train.dataset: unknown key \"foo\" (allowed: csv, label_column, idx_images, idx_labels)"
+        );
+        assert_eq!(
+            err(&with("[[layers]]\ntype = \"relu\"\n[train]\ndataset = 3\n")),
+            "line 12, column 11: train.dataset: invalid type: integer `3`, expected \"digits\", { idx_images, idx_labels } or { csv, label_column }"
+        );
+        // The second of two layers, with a name: the path names it.
+        assert_eq!(
+            err(&with("[[layers]]\ntype = \"relu\"\n[[layers]]\nname = \"c\"\ntype = \"conv2d\"\nout = 2.0\n")),
+            "line 14, column 7: layers[1] (\"c\").out: invalid type: floating point `2.0`, expected an integer"
+        );
     }
 
     #[test]
@@ -1547,17 +1875,18 @@ weights = "w/backbone.safetensors"
         assert!(err(HEAD).contains("layers: no [[layers]]: a model needs at least one layer"));
         assert!(err(&format!("layers = []\n{HEAD}"))
             .contains("layers: a model needs at least one layer"));
-        assert!(err(&format!("layers = 3\n{HEAD}"))
-            .contains("layers: expected an array of tables ([[layers]]), found integer"));
+        assert!(err(&format!("layers = 3\n{HEAD}")).contains(
+            "layers: invalid type: integer `3`, expected an array of tables ([[layers]])"
+        ));
         assert!(err(&format!("layers = [1]\n{HEAD}"))
-            .contains("layers[0]: expected a table, found integer"));
-        assert!(err("model = 3\n").contains("model: expected a table, found integer"));
+            .contains("layers[0]: invalid type: integer `1`, expected a table"));
+        assert!(err("model = 3\n").contains("model: invalid type: integer `3`, expected a table"));
         assert!(err(&HEAD.replace("loss = \"cross_entropy\"\n", ""))
             .contains("model: missing key \"loss\""));
         assert!(err(&with("[[layers]]\nname = \"x\"\n"))
             .contains("layers[0] (\"x\"): missing key \"type\""));
         assert!(err(&with("[[layers]]\ntype = 3\n"))
-            .contains("layers[0].type: expected a string, found integer"));
+            .contains("layers[0].type: invalid type: integer `3`, expected a string"));
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! Conformance suite: the same tests for every kernel family (skipped at run time when the CPU lacks
-//! it), against [`gemm_reference`].
+//! Conformance suite: the GEMM suite shared with int8 (`kernels/testkit.rs`) for every f32 kernel family
+//! (skipped at run time when the CPU lacks it), against [`gemm_reference`], plus the f32-only tests.
 //!
 //! Tolerance. Any order of summing k products (blocked, FMA-fused or not) has, by the standard bound for
 //! floating-point dot products, `|ŝ - s| ≤ γ_k · Σ|a_ip·b_pj|` with `γ_k = k·ε/(1 - k·ε)`, ε = 2⁻²⁴;
@@ -9,38 +9,14 @@
 //! wrong index or a missed/extra term is off by O(|a||b|), far above this, and the integer-valued cases
 //! (all sums exact in f32) are compared for exact equality.
 use super::*;
-use proptest::prelude::*;
+use crate::kernels::testkit::{gemm_conformance, operand, Case, GemmUnderTest, Layout, Lcg};
 
-/// How an operand is laid out in memory.
-#[derive(Clone, Copy, Debug)]
-enum Layout {
-    /// Row-major, rows padded by `pad`.
-    Row(usize),
-    /// Column-major (the transpose of a row-major matrix), columns padded by `pad`.
-    Col(usize),
-    /// Neither stride is 1: element (i, j) at `i·(2·cols + 1) + 2·j`.
-    Strided,
-}
-
-fn layout_strategy() -> impl Strategy<Value = Layout> {
-    prop_oneof![
-        (0usize..3).prop_map(Layout::Row),
-        (0usize..3).prop_map(Layout::Col),
-        Just(Layout::Strided),
-    ]
-}
-
-/// Tiny deterministic generator for operand values (keeps proptest's inputs small).
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> u32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) as u32
-    }
+/// f32 operand values.
+trait F32Values {
     /// Uniform in [-1, 1), or an integer in -2..=2 when `ints`.
+    fn value(&mut self, ints: bool) -> f32;
+}
+impl F32Values for Lcg {
     fn value(&mut self, ints: bool) -> f32 {
         if ints {
             (self.next() % 5) as f32 - 2.0
@@ -50,146 +26,87 @@ impl Lcg {
     }
 }
 
-/// An operand of `rows×cols` in `layout`, with `data` holding only what the layout addresses (plus the
-/// padding between rows/columns, filled with NaN so a stray read shows).
-fn operand(
-    rows: usize,
-    cols: usize,
-    layout: Layout,
-    rng: &mut Lcg,
-    ints: bool,
-) -> (Vec<f32>, usize, usize) {
-    let (rs, cs) = match layout {
-        Layout::Row(pad) => (cols + pad, 1),
-        Layout::Col(pad) => (1, rows + pad),
-        Layout::Strided => (2 * cols + 1, 2),
-    };
-    let len = if rows == 0 || cols == 0 {
-        0
-    } else {
-        (rows - 1) * rs + (cols - 1) * cs + 1
-    };
-    let mut data = vec![f32::NAN; len];
-    for i in 0..rows {
-        for j in 0..cols {
-            data[i * rs + j * cs] = rng.value(ints);
+impl GemmUnderTest for SgemmKernel {
+    type E = f32;
+    type C = f32;
+    // NaN padding and scratch: a stray read shows.
+    const PAD: f32 = f32::NAN;
+    const SCRATCH_FILL: f32 = f32::NAN;
+    const C_SENTINEL: f32 = -1234.5;
+    fn name(self) -> &'static str {
+        SgemmKernel::name(self)
+    }
+    fn is_available(self) -> bool {
+        SgemmKernel::is_available(self)
+    }
+    fn value(rng: &mut Lcg, ints: bool) -> f32 {
+        rng.value(ints)
+    }
+    fn c_value(rng: &mut Lcg, ints: bool) -> f32 {
+        rng.value(ints)
+    }
+    fn c_of(v: i8) -> f32 {
+        f32::from(v)
+    }
+    fn scratch_len(m: usize, n: usize, k: usize) -> usize {
+        gemm_scratch_len(m, n, k)
+    }
+    fn gemm(
+        self,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: MatRef<'_, f32>,
+        b: MatRef<'_, f32>,
+        c: &mut [f32],
+        ldc: usize,
+        accumulate: bool,
+        scratch: &mut [f32],
+    ) {
+        sgemm_with(self, m, n, k, a, b, c, ldc, accumulate, scratch)
+    }
+    fn reference(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: MatRef<'_, f32>,
+        b: MatRef<'_, f32>,
+        c: &mut [f32],
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        gemm_reference(m, n, k, a, b, c, ldc, accumulate)
+    }
+    /// Within the tolerance of the module doc (exact for the integer-valued cases).
+    fn agrees(
+        case: &Case,
+        a: MatRef<'_, f32>,
+        b: MatRef<'_, f32>,
+        i: usize,
+        j: usize,
+        c0: f32,
+        got: f32,
+        exp: f32,
+    ) -> Result<(), String> {
+        let k = case.k;
+        let s: f32 = (0..k)
+            .map(|p| (a.data[i * a.rs + p * a.cs] * b.data[p * b.rs + j * b.cs]).abs())
+            .sum::<f32>()
+            + if case.accumulate { c0.abs() } else { 0.0 };
+        let tol = if case.special {
+            0.0
+        } else {
+            2.01 * (k + 1) as f32 * f32::EPSILON / 2.0 * s + f32::MIN_POSITIVE
+        };
+        let within = (got - exp).abs() <= tol; // false for NaN too
+        if within {
+            Ok(())
+        } else {
+            Err(format!(
+                "C[{i},{j}] = {got}, reference {exp}, tolerance {tol}"
+            ))
         }
     }
-    (data, rs, cs)
-}
-
-/// One conformance case; `scratch_len = None` means exactly [`gemm_scratch_len`].
-#[derive(Clone, Copy, Debug)]
-struct Case {
-    m: usize,
-    n: usize,
-    k: usize,
-    la: Layout,
-    lb: Layout,
-    ldc_pad: usize,
-    accumulate: bool,
-    ints: bool,
-    scratch_len: Option<usize>,
-    seed: u64,
-}
-
-/// Runs `case` through `kernel` and checks it against the reference; `Err` describes the first mismatch.
-fn check(kernel: SgemmKernel, case: Case) -> Result<(), String> {
-    let Case {
-        m,
-        n,
-        k,
-        la,
-        lb,
-        ldc_pad,
-        accumulate,
-        ints,
-        scratch_len,
-        seed,
-    } = case;
-    let mut rng = Lcg(seed);
-    let (a, ars, acs) = operand(m, k, la, &mut rng, ints);
-    let (b, brs, bcs) = operand(k, n, lb, &mut rng, ints);
-    let a = MatRef {
-        data: &a,
-        rs: ars,
-        cs: acs,
-    };
-    let b = MatRef {
-        data: &b,
-        rs: brs,
-        cs: bcs,
-    };
-    let ldc = n + ldc_pad;
-    // C has one extra row's worth of sentinel after the last row, and sentinels in the row padding.
-    let sentinel = -1234.5f32;
-    let mut c: Vec<f32> = (0..m * ldc + 3).map(|_| sentinel).collect();
-    for i in 0..m {
-        for j in 0..n {
-            c[i * ldc + j] = rng.value(ints);
-        }
-    }
-    let c0 = c.clone();
-    let mut want = c.clone();
-    gemm_reference(m, n, k, a, b, &mut want, ldc, accumulate);
-    let full = gemm_scratch_len(m, n, k);
-    let mut scratch = vec![f32::NAN; scratch_len.unwrap_or(full).min(full)];
-    sgemm_with(kernel, m, n, k, a, b, &mut c, ldc, accumulate, &mut scratch);
-    for i in 0..m {
-        for j in 0..n {
-            let (got, exp) = (c[i * ldc + j], want[i * ldc + j]);
-            let s: f32 = (0..k)
-                .map(|p| (a.data[i * ars + p * acs] * b.data[p * brs + j * bcs]).abs())
-                .sum::<f32>()
-                + if accumulate {
-                    c0[i * ldc + j].abs()
-                } else {
-                    0.0
-                };
-            let tol = if ints {
-                0.0
-            } else {
-                2.01 * (k + 1) as f32 * f32::EPSILON / 2.0 * s + f32::MIN_POSITIVE
-            };
-            let within = (got - exp).abs() <= tol; // false for NaN too
-            if !within {
-                return Err(format!(
-                    "C[{i},{j}] = {got}, reference {exp}, tolerance {tol}"
-                ));
-            }
-        }
-    }
-    for (idx, (&got, &orig)) in c.iter().zip(&c0).enumerate() {
-        let (i, j) = (idx / ldc.max(1), idx % ldc.max(1));
-        if (i >= m || j >= n) && got.to_bits() != orig.to_bits() {
-            return Err(format!("wrote outside C at element {idx}"));
-        }
-    }
-    Ok(())
-}
-
-fn case_strategy(max_dim: usize) -> impl Strategy<Value = Case> {
-    (
-        (0..=max_dim, 0..=max_dim, 0..=max_dim),
-        (layout_strategy(), layout_strategy(), 0usize..4),
-        (any::<bool>(), prop::bool::weighted(0.25)),
-        prop_oneof![3 => Just(None), 1 => (0usize..4000).prop_map(Some)],
-        any::<u64>(),
-    )
-        .prop_map(
-            |((m, n, k), (la, lb, ldc_pad), (accumulate, ints), scratch_len, seed)| Case {
-                m,
-                n,
-                k,
-                la,
-                lb,
-                ldc_pad,
-                accumulate,
-                ints,
-                scratch_len,
-                seed,
-            },
-        )
 }
 
 /// Larger fixed shapes: several k blocks (k > 256), several n blocks (n > 1008), every edge.
@@ -203,97 +120,27 @@ const LARGE: &[(usize, usize, usize)] = &[
     (75, 1, 260),
 ];
 
-/// Whether the comma-separated kernel names in `FRUGAL_REQUIRE_KERNELS` include `k`: `cargo xtask cross`
-/// sets it (e.g. `simd128` on wasm32) so a kernel that should run there cannot be skipped silently.
-fn required(k: SgemmKernel) -> bool {
-    std::env::var("FRUGAL_REQUIRE_KERNELS")
-        .is_ok_and(|v| v.split(',').any(|n| n.trim() == k.name()))
-}
-
-macro_rules! conformance {
-    ($($name:ident => $kernel:expr;)*) => {$(
-        mod $name {
-            use super::*;
-
-            fn kernel() -> Option<SgemmKernel> {
-                let k = $kernel;
-                if k.is_available() {
-                    Some(k)
-                } else {
-                    assert!(!required(k), "{} is required here (FRUGAL_REQUIRE_KERNELS) but not available", k.name());
-                    // Straight to stderr, past the test harness's capture, once per suite: a skip shows
-                    // in every `cargo test` run, not only with --nocapture.
-                    static SAID: std::sync::Once = std::sync::Once::new();
-                    SAID.call_once(|| {
-                        use std::io::Write;
-                        let _ = writeln!(std::io::stderr(), "skipped: {:?} kernel suite (not available on this CPU)", k);
-                    });
-                    None
-                }
-            }
-
-            proptest! {
-                #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
-                #[test]
-                fn matches_reference(case in case_strategy(70)) {
-                    if let Some(kern) = kernel() {
-                        prop_assert_eq!(check(kern, case), Ok(()));
-                    }
-                }
-            }
-
-            #[test]
-            fn large_shapes_all_layouts() {
-                let Some(kern) = kernel() else { return };
-                let layouts = [Layout::Row(0), Layout::Col(1), Layout::Strided];
-                for (s, &(m, n, k)) in LARGE.iter().enumerate() {
-                    for (t, (&la, &lb)) in layouts.iter().zip(layouts.iter().rev()).enumerate() {
-                        for (accumulate, scratch_len) in [(false, None), (true, None), (false, Some(100))] {
-                            let case = Case {
-                                m, n, k, la, lb, ldc_pad: t, accumulate, ints: t == 1, scratch_len,
-                                seed: (s * 7 + t) as u64,
-                            };
-                            assert_eq!(check(kern, case), Ok(()), "{case:?}");
-                        }
-                    }
-                }
-            }
-
-            #[test]
-            fn threads_give_identical_bits() {
-                let Some(kern) = kernel() else { return };
-                threads_match_one_thread(kern);
-            }
-
-            #[test]
-            fn k_zero_zeroes_or_keeps() {
-                let Some(kern) = kernel() else { return };
-                let mut c = [5.0f32; 12];
-                let e: [f32; 0] = [];
-                sgemm_with(kern, 3, 3, 0, MatRef::row_major(&e, 0), MatRef::row_major(&e, 3), &mut c, 4, true, &mut []);
-                assert_eq!(c, [5.0; 12]);
-                sgemm_with(kern, 3, 3, 0, MatRef::row_major(&e, 0), MatRef::row_major(&e, 3), &mut c, 4, false, &mut []);
-                assert_eq!(c, [0.0, 0.0, 0.0, 5.0, 0.0, 0.0, 0.0, 5.0, 0.0, 0.0, 0.0, 5.0]);
-            }
-
-            #[test]
-            fn empty_m_or_n_touches_nothing() {
-                let Some(kern) = kernel() else { return };
-                let a = [1.0f32; 6];
-                let mut c: [f32; 0] = [];
-                sgemm_with(kern, 0, 3, 2, MatRef::row_major(&a, 2), MatRef::row_major(&a, 3), &mut c, 3, false, &mut []);
-                sgemm_with(kern, 3, 0, 2, MatRef::row_major(&a, 2), MatRef::row_major(&a, 0), &mut c, 0, false, &mut []);
-            }
+gemm_conformance! {
+    cases: 200,
+    // m, n from 0; k up to 70; integer-valued (exact) cases a quarter of the time; scratch < 4000.
+    random: (0, 70, 0.25, 4000),
+    large: LARGE,
+    small_scratch: 100,
+    kind: SgemmKernel,
+    extra: {
+        #[test]
+        fn threads_give_identical_bits() {
+            let Some(kern) = kernel() else { return };
+            threads_match_one_thread(kern);
         }
-    )*};
-}
-
-conformance! {
-    portable => SgemmKernel::Portable;
-    avx2 => SgemmKernel::Avx2;
-    avx512 => SgemmKernel::Avx512;
-    simd128 => SgemmKernel::Simd128;
-    neon => SgemmKernel::Neon;
+    },
+    kernels: {
+        portable => SgemmKernel::Portable;
+        avx2 => SgemmKernel::Avx2;
+        avx512 => SgemmKernel::Avx512;
+        simd128 => SgemmKernel::Simd128;
+        neon => SgemmKernel::Neon;
+    }
 }
 
 #[test]
@@ -388,7 +235,7 @@ fn exact_scratch_gets_ideal_blocking() {
         let len = gemm_scratch_len(m, n, k);
         for shift in 0..16 {
             for spec in ALL_SPECS {
-                let ideal = Blocking::new(spec, n, k, KC, NC);
+                let ideal = blocking(spec, n, k, KC, NC);
                 let got = fit(spec, n, k, true, true, &buf[shift..shift + len]).map(|(b, _)| b);
                 assert_eq!(got, Some(ideal), "{m}×{n}×{k}, shift {shift}, {spec:?}");
             }
@@ -418,8 +265,8 @@ fn threads_match_one_thread(kernel: SgemmKernel) {
             (Layout::Col(0), Layout::Col(2)),
             (Layout::Strided, Layout::Row(0)),
         ] {
-            let (a, ars, acs) = operand(m, k, la, &mut rng, false);
-            let (b, brs, bcs) = operand(k, n, lb, &mut rng, false);
+            let (a, ars, acs) = operand(m, k, la, f32::NAN, || rng.value(false));
+            let (b, brs, bcs) = operand(k, n, lb, f32::NAN, || rng.value(false));
             let a = MatRef {
                 data: &a,
                 rs: ars,

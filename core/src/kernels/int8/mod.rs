@@ -18,7 +18,8 @@
 //!
 //! # GEMM design
 //!
-//! The same BLIS-style blocking as the f32 [`sgemm`](super::gemm::sgemm): `k` blocks of at most
+//! The f32 [`sgemm`](super::gemm::sgemm)'s blocked driver (`kernels::blocked`, shared: the loops, edges,
+//! packing into scratch; always single-threaded here), with this module's block caps: `k` blocks of at most
 //! [`KC`] and `n` blocks of at most [`NC`] are packed into caller scratch ([`igemm_scratch_len`]), then a
 //! register-tile micro-kernel runs over `MR × NR` tiles. Packed panels group `G` consecutive depth steps
 //! per lane (the unit one SIMD dot-product instruction consumes), zero-padded in `k`, rows and columns:
@@ -62,6 +63,9 @@ pub use pool::{maxpool2x2, maxpool2x2_grad};
 
 /// Strided read-only matrix view (the f32 GEMM's, generic over the element type).
 pub use super::gemm::MatRef;
+
+use super::blocked::{self, balanced, round_up, Blocking, Micro, Problem};
+use crate::pool::SingleThread;
 
 /// Largest `k` for which `A·B` is exact in `i32` whatever the int8 values: `k · 128 · 128 ≤ i32::MAX`.
 pub const MAX_K: usize = (i32::MAX as usize) / (128 * 128);
@@ -165,41 +169,17 @@ const ALL_SPECS: [Spec; 6] = [
     SPEC_SIMD128,
 ];
 
-fn round_up(a: usize, b: usize) -> usize {
-    a.div_ceil(b) * b
-}
-/// Splits `len` into `ceil(len / cap)` near-equal blocks and returns the block size.
-fn balanced(len: usize, cap: usize) -> usize {
-    len.div_ceil(len.div_ceil(cap))
-}
-
-/// Block sizes of one product.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Blocking {
-    /// Depth block, a multiple of 4 unless it is all of `k`.
-    kc: usize,
-    /// Column block, a multiple of NR.
-    nc: usize,
-    /// Bytes of the packed A region (one panel, rounded up to [`ALIGN`]).
-    a_len: usize,
-    /// Bytes of the packed B region (one block of panels).
-    b_len: usize,
-}
-
-impl Blocking {
-    fn new(spec: Spec, n: usize, k: usize, kc_cap: usize, nc_cap: usize) -> Self {
-        let kc = round_up(balanced(k, kc_cap), 4).min(k);
-        let nc = round_up(balanced(n, nc_cap), spec.nr);
-        let panels = nc.min(n).div_ceil(spec.nr);
-        Self {
-            kc,
-            nc,
-            a_len: round_up(spec.a_panel(kc), ALIGN),
-            b_len: panels * spec.b_panel(kc),
-        }
-    }
-    fn len(&self) -> usize {
-        self.a_len + self.b_len
+/// Block sizes for `n×k` with caps `kc_cap`, `nc_cap` (`nc_cap` a multiple of `spec.nr`): `kc` a
+/// multiple of 4 unless it is all of `k`, `a_len` one A panel rounded up to [`ALIGN`] bytes.
+fn blocking(spec: Spec, n: usize, k: usize, kc_cap: usize, nc_cap: usize) -> Blocking {
+    let kc = round_up(balanced(k, kc_cap), 4).min(k);
+    let nc = round_up(balanced(n, nc_cap), spec.nr);
+    let panels = nc.min(n).div_ceil(spec.nr);
+    Blocking {
+        kc,
+        nc,
+        a_len: round_up(spec.a_panel(kc), ALIGN),
+        b_len: panels * spec.b_panel(kc),
     }
 }
 
@@ -207,7 +187,7 @@ fn spec_scratch_len(spec: Spec, m: usize, n: usize, k: usize) -> usize {
     if m == 0 || n == 0 || k == 0 {
         return 0;
     }
-    (ALIGN - 1) + Blocking::new(spec, n, k, KC, NC).len()
+    (ALIGN - 1) + blocking(spec, n, k, KC, NC).len()
 }
 
 /// Which int8 GEMM kernels a packing scratch is sized for: a plan records it, because its arena holds
@@ -449,74 +429,43 @@ pub fn igemm_with(
     scratch: &mut [i8],
 ) {
     assert!(k <= MAX_K, "igemm: k ({k}) > MAX_K ({MAX_K})");
-    if m == 0 || n == 0 {
+    let Some(p) = blocked::validate("igemm", m, n, k, a, b, c, ldc, accumulate) else {
         return;
-    }
-    assert!(m == 1 || ldc >= n, "igemm: ldc ({ldc}) < n ({n})");
-    let c_need = (m - 1).checked_mul(ldc).and_then(|x| x.checked_add(n));
-    assert!(
-        c_need.is_some_and(|need| c.len() >= need),
-        "igemm: C too short"
-    );
-    if k == 0 {
-        if !accumulate {
-            for i in 0..m {
-                c[i * ldc..i * ldc + n].fill(0);
-            }
-        }
-        return;
-    }
-    // These two checks make every packing read in bounds: element (i, p) with i < m, p < k has index
-    // ≤ (m-1)·rs + (k-1)·cs < len, and the sum does not overflow.
-    assert!(addressable(a, m, k), "igemm: A too short for its strides");
-    assert!(addressable(b, k, n), "igemm: B too short for its strides");
+    };
     #[cfg(any(test, feature = "std"))]
     if offload::with(|o| o.igemm(m, n, k, a, b, c, ldc, accumulate)) == Some(true) {
         return;
     }
-    let p = Problem {
-        m,
-        n,
-        k,
-        a,
-        b,
-        ldc,
-        accumulate,
-    };
     match kernel {
         #[cfg(all(target_arch = "x86_64", not(miri)))]
         IgemmKernel::Avx2 => {
             if let Some(kern) = x86::Avx2::new() {
-                return drive(kern, &p, c, scratch);
+                return blocked::drive(I8(kern), &p, c, scratch, &SingleThread);
             }
         }
         #[cfg(all(target_arch = "x86_64", not(miri)))]
         IgemmKernel::Avx512Vnni => {
             if let Some(kern) = x86::Vnni::new() {
-                return drive(kern, &p, c, scratch);
+                return blocked::drive(I8(kern), &p, c, scratch, &SingleThread);
             }
         }
         #[cfg(all(target_arch = "aarch64", not(miri)))]
-        IgemmKernel::Neon => return drive(aarch64::Neon, &p, c, scratch),
+        IgemmKernel::Neon => {
+            return blocked::drive(I8(aarch64::Neon), &p, c, scratch, &SingleThread)
+        }
         #[cfg(all(target_arch = "aarch64", not(miri)))]
         IgemmKernel::NeonDot => {
             if let Some(kern) = aarch64::Dot::new() {
-                return drive(kern, &p, c, scratch);
+                return blocked::drive(I8(kern), &p, c, scratch, &SingleThread);
             }
         }
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128", not(miri)))]
-        IgemmKernel::Simd128 => return drive(wasm::Simd128, &p, c, scratch),
+        IgemmKernel::Simd128 => {
+            return blocked::drive(I8(wasm::Simd128), &p, c, scratch, &SingleThread)
+        }
         _ => {}
     }
-    drive(Portable, &p, c, scratch)
-}
-
-/// Whether every element (i < rows, j < cols) of `x` is inside `x.data` (rows, cols ≥ 1).
-fn addressable(x: MatRef<'_, i8>, rows: usize, cols: usize) -> bool {
-    (rows - 1)
-        .checked_mul(x.rs)
-        .and_then(|r| (cols - 1).checked_mul(x.cs).and_then(|c| r.checked_add(c)))
-        .is_some_and(|last| last < x.data.len())
+    blocked::drive(I8(Portable), &p, c, scratch, &SingleThread)
 }
 
 /// Naive oracle: `C = (accumulate ? C : 0) + A·B`, wrapping like [`igemm`]; for tests and references.
@@ -549,31 +498,9 @@ pub fn igemm_reference(
 // The blocked driver
 // ---------------------------------------------------------------------------------------------------------
 
-/// One validated product (`m, n, k ≥ 1`, operands addressable, `C` long enough).
-struct Problem<'a> {
-    m: usize,
-    n: usize,
-    k: usize,
-    a: MatRef<'a, i8>,
-    b: MatRef<'a, i8>,
-    ldc: usize,
-    accumulate: bool,
-}
-
-/// One register tile: `C[rows×cols] (+)= Apanel·Bpanel` over `kc` depth steps. `c` starts at the tile's
-/// first element and holds `(rows-1)·ldc + cols` elements.
-#[derive(Clone, Copy, Debug)]
-struct Tile<'a> {
-    kc: usize,
-    /// Packed A panel (`spec.a_panel(kc)` bytes).
-    a: &'a [i8],
-    /// Packed B panel (`spec.b_panel(kc)` bytes, column sums included).
-    b: &'a [i8],
-    ldc: usize,
-    rows: usize,
-    cols: usize,
-    acc: bool,
-}
+/// One register tile (see [`blocked::Tile`]): `a` is a packed A panel (`spec.a_panel(kc)` bytes), `b`
+/// a packed B panel (`spec.b_panel(kc)` bytes, column sums included); the in-place fields are unused.
+type Tile<'a> = blocked::Tile<'a, i8>;
 
 /// A micro-kernel family. Packing defaults to the generic (scalar) packers of [`Spec`]'s layout:
 /// an A panel holds element (r, p) of the block at byte `((p/G)·MR + r)·G + p%G` (times EW); a B panel
@@ -759,40 +686,61 @@ fn col_sums(spec: Spec, data: &[i8], sums: &mut [i8]) {
     }
 }
 
-fn drive<K: Kernel>(kern: K, p: &Problem<'_>, c: &mut [i32], scratch: &mut [i8]) {
-    let spec = K::SPEC;
-    let (m, n, k, ldc) = (p.m, p.n, p.k, p.ldc);
-    let Some((blk, off)) = fit(spec, n, k, scratch) else {
-        return unpacked(p, c);
-    };
-    let (apack, rest) = scratch[off..].split_at_mut(blk.a_len);
-    let bpack = &mut rest[..blk.b_len];
-    for jc in (0..n).step_by(blk.nc) {
-        let nc = blk.nc.min(n - jc);
-        for (pi, pc) in (0..k).step_by(blk.kc).enumerate() {
-            let kc = blk.kc.min(k - pc);
-            kern.pack_b(p.b, pc, jc, nc, kc, bpack);
-            let bpanel = spec.b_panel(kc);
-            for ir in (0..m).step_by(spec.mr) {
-                let rows = spec.mr.min(m - ir);
-                let ap = &mut apack[..spec.a_panel(kc)];
-                kern.pack_a(p.a, ir, pc, rows, kc, ap);
-                for (q, jr) in (0..nc).step_by(spec.nr).enumerate() {
-                    let cols = spec.nr.min(nc - jr);
-                    let t = Tile {
-                        kc,
-                        a: ap,
-                        b: &bpack[q * bpanel..(q + 1) * bpanel],
-                        ldc,
-                        rows,
-                        cols,
-                        acc: p.accumulate || pi > 0,
-                    };
-                    let c0 = ir * ldc + jc + jr;
-                    kern.tile(&t, &mut c[c0..c0 + (rows - 1) * ldc + cols]);
-                }
-            }
-        }
+/// An int8 kernel family as the shared driver ([`blocked::drive`]) sees it: both operands always
+/// packed (the grouped layouts are what the dot-product instructions consume).
+#[derive(Clone, Copy)]
+struct I8<K>(K);
+
+impl<K: Kernel + Sync> Micro for I8<K> {
+    type E = i8;
+    type C = i32;
+    const MR: usize = K::SPEC.mr;
+    const NR: usize = K::SPEC.nr;
+    const A_IN_PLACE: bool = false;
+    const B_FIRST: bool = false;
+    fn a_in_place(_: &Problem<'_, i8>) -> bool {
+        false
+    }
+    fn b_in_place(_: &Problem<'_, i8>) -> bool {
+        false
+    }
+    fn fit(n: usize, k: usize, _: bool, _: bool, scratch: &[i8]) -> Option<(Blocking, usize)> {
+        fit(K::SPEC, n, k, scratch)
+    }
+    fn a_panel(kc: usize) -> usize {
+        K::SPEC.a_panel(kc)
+    }
+    fn b_panel(_nc: usize, j: usize, kc: usize) -> (core::ops::Range<usize>, usize) {
+        let (panel, q) = (K::SPEC.b_panel(kc), j / K::SPEC.nr);
+        (q * panel..(q + 1) * panel, K::SPEC.nr)
+    }
+    fn pack_a(
+        self,
+        a: MatRef<'_, i8>,
+        i0: usize,
+        p0: usize,
+        rows: usize,
+        kc: usize,
+        dst: &mut [i8],
+    ) {
+        self.0.pack_a(a, i0, p0, rows, kc, dst)
+    }
+    fn pack_b(
+        self,
+        b: MatRef<'_, i8>,
+        p0: usize,
+        j0: usize,
+        cols: usize,
+        kc: usize,
+        dst: &mut [i8],
+    ) {
+        self.0.pack_b(b, p0, j0, cols, kc, dst)
+    }
+    fn tile(self, t: &Tile<'_>, c: &mut [i32]) {
+        self.0.tile(t, c)
+    }
+    fn unpacked(p: &Problem<'_, i8>, c: &mut [i32]) {
+        unpacked(p, c)
     }
 }
 
@@ -804,7 +752,7 @@ fn fit(spec: Spec, n: usize, k: usize, scratch: &[i8]) -> Option<(Blocking, usiz
         o if o < ALIGN => o,
         _ => 0,
     };
-    let ideal = Blocking::new(spec, n, k, KC, NC);
+    let ideal = blocking(spec, n, k, KC, NC);
     for o in [off, 0] {
         if o + ideal.len() <= len {
             return Some((ideal, o));
@@ -817,12 +765,12 @@ fn fit(spec: Spec, n: usize, k: usize, scratch: &[i8]) -> Option<(Blocking, usiz
     if kc_cap == 0 {
         return None;
     }
-    let blk = Blocking::new(spec, n, k, kc_cap, spec.nr);
+    let blk = blocking(spec, n, k, kc_cap, spec.nr);
     (blk.len() <= len).then_some((blk, 0))
 }
 
 /// Correct, slow product without packing, for a scratch too short to hold a panel pair.
-fn unpacked(p: &Problem<'_>, c: &mut [i32]) {
+fn unpacked(p: &Problem<'_, i8>, c: &mut [i32]) {
     let (a, b) = (p.a, p.b);
     for i in 0..p.m {
         for j in 0..p.n {

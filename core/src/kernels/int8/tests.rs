@@ -1,41 +1,18 @@
 //! Conformance suite: the same tests for every kernel (skipped at run time when unavailable), all exact:
-//! the GEMM against the naive i64 [`igemm_reference`], the rescaling and `max_abs` of every SIMD flavour
+//! the GEMM suite shared with f32 (`kernels/testkit.rs`) against the naive i64 [`igemm_reference`], the rescaling and `max_abs` of every SIMD flavour
 //! against the portable code bit for bit, and the portable rescaling against an i64/f64-free reference
 //! written from the definition.
 use super::*;
+use crate::kernels::testkit::{gemm_conformance, Case, GemmUnderTest, Lcg};
 use proptest::prelude::*;
 use std::{format, string::String, vec, vec::Vec};
 
-/// How an operand is laid out in memory.
-#[derive(Clone, Copy, Debug)]
-enum Layout {
-    /// Row-major, rows padded by `pad`.
-    Row(usize),
-    /// Column-major (a transposed row-major matrix), columns padded by `pad`.
-    Col(usize),
-    /// Neither stride is 1.
-    Strided,
-}
-
-fn layout_strategy() -> impl Strategy<Value = Layout> {
-    prop_oneof![
-        (0usize..3).prop_map(Layout::Row),
-        (0usize..3).prop_map(Layout::Col),
-        Just(Layout::Strided),
-    ]
-}
-
-/// Tiny deterministic generator for operand values.
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> u32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) as u32
-    }
+/// int8 operand values.
+trait I8Values {
     /// Any i8, with the extremes −128, −127 and 127 over-represented (they stress exactness).
+    fn value(&mut self, extremes: bool) -> i8;
+}
+impl I8Values for Lcg {
     fn value(&mut self, extremes: bool) -> i8 {
         let r = self.next();
         if extremes {
@@ -48,124 +25,74 @@ impl Lcg {
     }
 }
 
-/// An operand of `rows×cols` in `layout`, padding filled with a sentinel (its products would show).
-fn operand(
-    rows: usize,
-    cols: usize,
-    layout: Layout,
-    rng: &mut Lcg,
-    extremes: bool,
-) -> (Vec<i8>, usize, usize) {
-    let (rs, cs) = match layout {
-        Layout::Row(pad) => (cols + pad, 1),
-        Layout::Col(pad) => (1, rows + pad),
-        Layout::Strided => (2 * cols + 1, 2),
-    };
-    let len = if rows == 0 || cols == 0 {
-        0
-    } else {
-        (rows - 1) * rs + (cols - 1) * cs + 1
-    };
-    let mut data = vec![99i8; len];
-    for i in 0..rows {
-        for j in 0..cols {
-            data[i * rs + j * cs] = rng.value(extremes);
+impl GemmUnderTest for IgemmKernel {
+    type E = i8;
+    type C = i32;
+    // Padding and scratch filled with values whose products would show.
+    const PAD: i8 = 99;
+    const SCRATCH_FILL: i8 = 77;
+    const C_SENTINEL: i32 = -123_456_789;
+    fn name(self) -> &'static str {
+        IgemmKernel::name(self)
+    }
+    fn is_available(self) -> bool {
+        IgemmKernel::is_available(self)
+    }
+    fn value(rng: &mut Lcg, extremes: bool) -> i8 {
+        rng.value(extremes)
+    }
+    fn c_value(rng: &mut Lcg, _: bool) -> i32 {
+        (rng.next() as i32) >> 8
+    }
+    fn c_of(v: i8) -> i32 {
+        i32::from(v)
+    }
+    fn scratch_len(m: usize, n: usize, k: usize) -> usize {
+        igemm_scratch_len(m, n, k)
+    }
+    fn gemm(
+        self,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: MatRef<'_, i8>,
+        b: MatRef<'_, i8>,
+        c: &mut [i32],
+        ldc: usize,
+        accumulate: bool,
+        scratch: &mut [i8],
+    ) {
+        igemm_with(self, m, n, k, a, b, c, ldc, accumulate, scratch)
+    }
+    fn reference(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: MatRef<'_, i8>,
+        b: MatRef<'_, i8>,
+        c: &mut [i32],
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        igemm_reference(m, n, k, a, b, c, ldc, accumulate)
+    }
+    /// Bit-exact.
+    fn agrees(
+        _: &Case,
+        _: MatRef<'_, i8>,
+        _: MatRef<'_, i8>,
+        i: usize,
+        j: usize,
+        c0: i32,
+        got: i32,
+        exp: i32,
+    ) -> Result<(), String> {
+        if got == exp {
+            Ok(())
+        } else {
+            Err(format!("C[{i},{j}] = {got}, reference {exp} (was {c0})"))
         }
     }
-    (data, rs, cs)
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Case {
-    m: usize,
-    n: usize,
-    k: usize,
-    la: Layout,
-    lb: Layout,
-    ldc_pad: usize,
-    accumulate: bool,
-    extremes: bool,
-    /// `None`: exactly [`igemm_scratch_len`]; else at most this many bytes.
-    scratch_len: Option<usize>,
-    seed: u64,
-}
-
-fn check(kernel: IgemmKernel, case: Case) -> Result<(), String> {
-    let Case {
-        m,
-        n,
-        k,
-        la,
-        lb,
-        ldc_pad,
-        accumulate,
-        extremes,
-        scratch_len,
-        seed,
-    } = case;
-    let mut rng = Lcg(seed);
-    let (a, ars, acs) = operand(m, k, la, &mut rng, extremes);
-    let (b, brs, bcs) = operand(k, n, lb, &mut rng, extremes);
-    let a = MatRef {
-        data: &a,
-        rs: ars,
-        cs: acs,
-    };
-    let b = MatRef {
-        data: &b,
-        rs: brs,
-        cs: bcs,
-    };
-    let ldc = n + ldc_pad;
-    let sentinel = -123_456_789i32;
-    let mut c = vec![sentinel; m * ldc + 3];
-    for i in 0..m {
-        for j in 0..n {
-            c[i * ldc + j] = (rng.next() as i32) >> 8;
-        }
-    }
-    let c0 = c.clone();
-    let mut want = c.clone();
-    igemm_reference(m, n, k, a, b, &mut want, ldc, accumulate);
-    let full = igemm_scratch_len(m, n, k);
-    let mut scratch = vec![77i8; scratch_len.unwrap_or(full).min(full)];
-    igemm_with(kernel, m, n, k, a, b, &mut c, ldc, accumulate, &mut scratch);
-    for (idx, (&got, &exp)) in c.iter().zip(&want).enumerate() {
-        if got != exp {
-            let (i, j) = (idx / ldc.max(1), idx % ldc.max(1));
-            let inside = i < m && j < n;
-            return Err(format!(
-                "C[{i},{j}] = {got}, reference {exp} ({}; was {})",
-                if inside { "inside" } else { "outside C" },
-                c0[idx]
-            ));
-        }
-    }
-    Ok(())
-}
-
-fn case_strategy(max_dim: usize) -> impl Strategy<Value = Case> {
-    (
-        (1..=max_dim, 1..=max_dim, 0..=max_dim),
-        (layout_strategy(), layout_strategy(), 0usize..4),
-        (any::<bool>(), prop::bool::weighted(0.2)),
-        prop_oneof![3 => Just(None), 1 => (0usize..3000).prop_map(Some)],
-        any::<u64>(),
-    )
-        .prop_map(
-            |((m, n, k), (la, lb, ldc_pad), (accumulate, extremes), scratch_len, seed)| Case {
-                m,
-                n,
-                k,
-                la,
-                lb,
-                ldc_pad,
-                accumulate,
-                extremes,
-                scratch_len,
-                seed,
-            },
-        )
 }
 
 /// Shapes with several k blocks (k > 512), several n blocks (n > 768), every edge, vectors.
@@ -454,44 +381,16 @@ fn rescale_case_strategy() -> impl Strategy<Value = (Vec<i32>, u32, Rounding, u6
     )
 }
 
-/// Whether the comma-separated kernel names in `FRUGAL_REQUIRE_KERNELS` include `k`: `cargo xtask cross`
-/// sets it so a kernel that should run on the (emulated) CPU cannot be skipped silently.
-fn required(k: IgemmKernel) -> bool {
-    std::env::var("FRUGAL_REQUIRE_KERNELS")
-        .is_ok_and(|v| v.split(',').any(|n| n.trim() == k.name()))
-}
-
-macro_rules! conformance {
-    ($($name:ident => $kernel:expr;)*) => {$(
-        mod $name {
-            use super::*;
-
-            fn kernel() -> Option<IgemmKernel> {
-                let k = $kernel;
-                if k.is_available() {
-                    Some(k)
-                } else {
-                    assert!(!required(k), "{} is required here (FRUGAL_REQUIRE_KERNELS) but not available", k.name());
-                    // Straight to stderr, past the test harness's capture, once per suite: a skip shows
-                    // in every `cargo test` run, not only with --nocapture.
-                    static SAID: std::sync::Once = std::sync::Once::new();
-                    SAID.call_once(|| {
-                        use std::io::Write;
-                        let _ = writeln!(std::io::stderr(), "skipped: {:?} kernel suite (not available here)", k);
-                    });
-                    None
-                }
-            }
-
+gemm_conformance! {
+    cases: 256,
+    // m, n from 1; k up to 60; all-extreme values a fifth of the time; scratch < 3000 bytes.
+    random: (1, 60, 0.2, 3000),
+    large: LARGE,
+    small_scratch: 300,
+    kind: IgemmKernel,
+    extra: {
             proptest! {
                 #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
-                #[test]
-                fn igemm_matches_reference(case in case_strategy(60)) {
-                    if let Some(kern) = kernel() {
-                        prop_assert_eq!(check(kern, case), Ok(()));
-                    }
-                }
-
                 #[test]
                 fn pairs_match_reference(case in pairs_case_strategy(40)) {
                     if let Some(kern) = kernel() {
@@ -571,23 +470,6 @@ macro_rules! conformance {
             }
 
             #[test]
-            fn igemm_large_shapes_all_layouts() {
-                let Some(kern) = kernel() else { return };
-                let layouts = [Layout::Row(0), Layout::Col(1), Layout::Strided];
-                for (s, &(m, n, k)) in LARGE.iter().enumerate() {
-                    for (t, (&la, &lb)) in layouts.iter().zip(layouts.iter().rev()).enumerate() {
-                        for (accumulate, scratch_len) in [(false, None), (true, None), (false, Some(300))] {
-                            let case = Case {
-                                m, n, k, la, lb, ldc_pad: t, accumulate, extremes: t == 1, scratch_len,
-                                seed: (s * 7 + t) as u64,
-                            };
-                            assert_eq!(check(kern, case), Ok(()), "{case:?}");
-                        }
-                    }
-                }
-            }
-
-            #[test]
             fn pairs_and_dot_conv_shapes_and_max_depth() {
                 let Some(kern) = kernel() else { return };
                 // The digits CNN's shapes (4×16 tiles with 8- and 16-column edges, 16-, 64- and odd-length
@@ -619,17 +501,6 @@ macro_rules! conformance {
                 if let Some(kern) = kernel() {
                     near_max_k(kern);
                 }
-            }
-
-            #[test]
-            fn igemm_k_zero_zeroes_or_keeps() {
-                let Some(kern) = kernel() else { return };
-                let mut c = [5i32; 12];
-                let e: [i8; 0] = [];
-                igemm_with(kern, 3, 3, 0, MatRef::row_major(&e, 0), MatRef::row_major(&e, 3), &mut c, 4, true, &mut []);
-                assert_eq!(c, [5; 12]);
-                igemm_with(kern, 3, 3, 0, MatRef::row_major(&e, 0), MatRef::row_major(&e, 3), &mut c, 4, false, &mut []);
-                assert_eq!(c, [0, 0, 0, 5, 0, 0, 0, 5, 0, 0, 0, 5]);
             }
 
             #[test]
@@ -677,17 +548,15 @@ macro_rules! conformance {
                     assert!(n_whole > 0, "the data has values beyond 127·2^13");
                 }
             }
-        }
-    )*};
-}
-
-conformance! {
-    portable => IgemmKernel::Portable;
-    avx2 => IgemmKernel::Avx2;
-    avx512_vnni => IgemmKernel::Avx512Vnni;
-    neon => IgemmKernel::Neon;
-    neon_dot => IgemmKernel::NeonDot;
-    simd128 => IgemmKernel::Simd128;
+    },
+    kernels: {
+        portable => IgemmKernel::Portable;
+        avx2 => IgemmKernel::Avx2;
+        avx512_vnni => IgemmKernel::Avx512Vnni;
+        neon => IgemmKernel::Neon;
+        neon_dot => IgemmKernel::NeonDot;
+        simd128 => IgemmKernel::Simd128;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -893,7 +762,7 @@ fn scratch_len_is_bounded_and_fits_every_kernel() {
         assert!(len <= cap);
         for shift in 0..64 {
             for spec in ALL_SPECS {
-                let ideal = Blocking::new(spec, n, k, KC, NC);
+                let ideal = blocking(spec, n, k, KC, NC);
                 let got = fit(spec, n, k, &buf[shift..shift + len]).map(|(b, _)| b);
                 assert_eq!(got, Some(ideal), "{m}×{n}×{k}, shift {shift}, {spec:?}");
             }
