@@ -16,7 +16,7 @@ use frugal_core::policy::{plan_for_budget, Chosen, CostModel, PolicyKind};
 
 use crate::error::WebError;
 use crate::weights::{self, NamedTensor};
-use frugal_host::load;
+use frugal_host::{load, persistent, SampleError, Samples};
 
 /// Largest batch a trainer accepts (samples per step).
 pub const MAX_BATCH: usize = 4096;
@@ -87,12 +87,8 @@ pub struct Session {
     steps: u32,
     per: usize,
     classes: usize,
-    xs: Vec<f32>,
-    ys: Vec<u32>,
-    /// First sample of the next step when there are more samples than the batch.
-    cursor: usize,
-    xbuf: Vec<f32>,
-    ybuf: Vec<u32>,
+    /// The samples and each step's batch (shared with the Android host).
+    samples: Samples,
     loaded: usize,
 }
 
@@ -114,46 +110,6 @@ fn zeroed<T: Clone + Default>(n: usize) -> Result<Vec<T>, WebError> {
         .map_err(|_| WebError::OutOfMemory(n.saturating_mul(core::mem::size_of::<T>())))?;
     v.resize(n, T::default());
     Ok(v)
-}
-
-/// The tensors that live across steps, in a fixed order: parameters with their optimizer state, then
-/// statistics, node by node. Two plans of one spec list corresponding tensors at the same positions.
-fn persistent(g: &Graph) -> Vec<TensorId> {
-    let mut out = Vec::new();
-    for n in &g.nodes {
-        for p in &n.params {
-            out.push(p.value);
-            out.extend_from_slice(&p.state);
-        }
-        out.extend_from_slice(&n.stats);
-    }
-    out
-}
-
-/// Fills the step's batch buffers with the next window of samples (from `cursor`, wrapping around, when
-/// there are more than a batch); returns its size.
-fn next_batch(
-    (xs, ys): (&[f32], &[u32]),
-    cursor: &mut usize,
-    batch: usize,
-    per: usize,
-    (xbuf, ybuf): (&mut [f32], &mut [u32]),
-) -> usize {
-    let total = ys.len();
-    let m = total.min(batch);
-    for j in 0..m {
-        let i = if total <= batch {
-            j
-        } else {
-            (*cursor + j) % total
-        };
-        xbuf[j * per..(j + 1) * per].copy_from_slice(&xs[i * per..(i + 1) * per]);
-        ybuf[j] = ys[i];
-    }
-    if total > batch {
-        *cursor = (*cursor + m) % total;
-    }
-    m
 }
 
 /// Plans `spec` at `batch` within `budget` with `policy`.
@@ -218,8 +174,7 @@ impl Session {
         let classes = chosen.plan.graph.pred_dims().numel();
         let mut s = Session {
             arena: zeroed(chosen.plan.needed_bytes())?,
-            xbuf: zeroed(opts.batch.saturating_mul(per))?,
-            ybuf: zeroed(opts.batch)?,
+            samples: Samples::new(per, classes, opts.batch),
             spec,
             batch: opts.batch,
             policy: opts.policy,
@@ -228,9 +183,6 @@ impl Session {
             steps: 0,
             per,
             classes,
-            xs: Vec::new(),
-            ys: Vec::new(),
-            cursor: 0,
             loaded: 0,
         };
         let seed = opts.seed.unwrap_or(s.spec.seed);
@@ -248,40 +200,33 @@ impl Session {
 
     /// Adds one training sample: `x` of the model's input size, finite, and a class label.
     pub fn add_sample(&mut self, x: &[f32], label: f64) -> Result<(), WebError> {
-        if x.len() != self.per {
-            return Err(WebError::Argument(
+        // A label `integer` refuses goes to the store as u32::MAX, which no model has (at most
+        // MAX_CLASSES classes): the store refuses it after checking the input, and `integer`'s error is
+        // the one reported.
+        let label = integer("label", label, 0, self.classes as u64 - 1);
+        let l = label.as_ref().map_or(u32::MAX, |&v| v as u32);
+        self.samples.add(x, l).map_err(|e| match (e, label) {
+            (SampleError::Length { got, per }, _) => WebError::Argument(
                 "input",
                 format!(
-                    "has {} values but the model's input {} has {}",
-                    x.len(),
-                    self.spec.input,
-                    self.per
+                    "has {got} values but the model's input {} has {per}",
+                    self.spec.input
                 ),
-            ));
-        }
-        if let Some(i) = x.iter().position(|v| !v.is_finite()) {
-            return Err(WebError::Argument(
+            ),
+            (SampleError::NonFinite { index, value }, _) => WebError::Argument(
                 "input",
-                format!("value {i} is {} (must be finite)", x[i]),
-            ));
-        }
-        let label = integer("label", label, 0, self.classes as u64 - 1)? as u32;
-        self.xs
-            .try_reserve(x.len())
-            .map_err(|_| WebError::OutOfMemory(x.len() * 4))?;
-        self.ys
-            .try_reserve(1)
-            .map_err(|_| WebError::OutOfMemory(4))?;
-        self.xs.extend_from_slice(x);
-        self.ys.push(label);
-        Ok(())
+                format!("value {index} is {value} (must be finite)"),
+            ),
+            (_, Err(e)) => e,
+            (SampleError::OutOfMemory(n), _) => WebError::OutOfMemory(n),
+            // `integer` accepted the label, so the store did too.
+            (SampleError::Label { .. }, Ok(_)) => WebError::OutOfMemory(0),
+        })
     }
 
     /// Forgets all samples (the weights stay).
     pub fn clear_samples(&mut self) {
-        self.xs.clear();
-        self.ys.clear();
-        self.cursor = 0;
+        self.samples.clear();
     }
 
     /// Runs `n` training steps and appends their losses to `losses`. With at most `batch` samples, every
@@ -290,22 +235,11 @@ impl Session {
     /// without touching the weights and ends the call; earlier steps of the call stand.
     pub fn train_steps(&mut self, n: u32, losses: &mut Vec<f32>) -> Result<(), WebError> {
         self.check_steps(n, losses)?;
-        let per = self.per;
         let mut ex = Executor::new(&self.chosen.plan, &self.arena)?;
         ex.set_steps(self.steps);
         for _ in 0..n {
-            let m = next_batch(
-                (&self.xs, &self.ys),
-                &mut self.cursor,
-                self.batch,
-                per,
-                (&mut self.xbuf, &mut self.ybuf),
-            );
-            let r = ex.train_step(
-                &mut self.arena,
-                &self.xbuf[..m * per],
-                Target::Classes(&self.ybuf[..m]),
-            );
+            let (x, y) = self.samples.next_batch();
+            let r = ex.train_step(&mut self.arena, x, Target::Classes(y));
             self.steps = ex.steps();
             losses.push(r?.loss);
         }
@@ -314,7 +248,7 @@ impl Session {
 
     /// Checks a `trainSteps` call: samples exist, `n` is not too many, room for the losses.
     fn check_steps(&self, n: u32, losses: &mut Vec<f32>) -> Result<(), WebError> {
-        if self.ys.is_empty() {
+        if self.samples.is_empty() {
             return Err(WebError::Argument(
                 "trainSteps",
                 "there are no samples: add some with addSample first".into(),
@@ -368,15 +302,9 @@ impl Session {
                 at += len;
             }
             for _ in 0..n {
-                let m = next_batch(
-                    (&self.xs, &self.ys),
-                    &mut self.cursor,
-                    self.batch,
-                    self.per,
-                    (&mut self.xbuf, &mut self.ybuf),
-                );
-                let x = &self.xbuf[..m * self.per];
-                ex.train_step(&mut host, x, Target::Classes(&self.ybuf[..m]))?;
+                let (x, y) = self.samples.next_batch();
+                let m = y.len();
+                ex.train_step(&mut host, x, Target::Classes(y))?;
                 match ex.backend_mut().loss().await {
                     Ok(l) => losses.push(l.map_or(0.0, |l| (l.sum / m as f64) as f32)),
                     Err(e) => {
@@ -538,7 +466,7 @@ impl Session {
 
     /// Samples added so far.
     pub fn sample_count(&self) -> usize {
-        self.ys.len()
+        self.samples.len()
     }
     /// Classes the model predicts.
     pub fn classes(&self) -> usize {
@@ -579,7 +507,7 @@ impl core::fmt::Debug for Session {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Session")
             .field("batch", &self.batch)
-            .field("samples", &self.ys.len())
+            .field("samples", &self.samples.len())
             .field("steps", &self.steps)
             .field("plan", &self.plan_info())
             .finish()

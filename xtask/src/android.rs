@@ -10,7 +10,10 @@
 //! 4. the `aarch64-linux-android` staticlib (`cargo rustc --crate-type staticlib`: the crate's
 //!    `cdylib` needs the NDK's linker, which these machines do not have).
 //!
-//! `--bench`: the C-ABI overhead per `train_steps(1)` call against the Rust executor (release).
+//! `--bench`: the C-ABI overhead per `train_steps(1)` call against the Rust executor (release), timed
+//! (`examples/capi_overhead.rs`: alternating rounds, median and spread of the per-round overhead, thread
+//! CPU time) and counted: the instructions of [`COUNTED_STEPS`] steps of each path under `valgrind
+//! --tool=callgrind`, which do not depend on the machine's load (skipped, and said so, without valgrind).
 //! Needs the aarch64 cross linker and glibc, `qemu-aarch64`, a JDK and the two Rust targets:
 //! `cargo xtask setup` installs them (the table in `setup.rs`).
 use std::path::{Path, PathBuf};
@@ -134,18 +137,64 @@ fn jni_test() -> Result<(), String> {
         .args(data_args()))
 }
 
+/// Steps per path callgrind counts.
+const COUNTED_STEPS: u64 = 20;
+
+/// Instructions callgrind counts inside `counted_steps` for `COUNTED_STEPS` steps of `path`.
+fn callgrind(exe: &Path, path: &str) -> Result<u64, String> {
+    let out = target_dir().join(format!("xtask-android/callgrind.{path}.out"));
+    std::fs::create_dir_all(out.parent().expect("has a parent")).map_err(|e| e.to_string())?;
+    let st = Command::new("valgrind")
+        .args(["--tool=callgrind", "--toggle-collect=*counted_steps*"])
+        .arg(format!("--callgrind-out-file={}", out.display()))
+        .arg(exe)
+        .args(["count", path, &COUNTED_STEPS.to_string()])
+        .output()
+        .map_err(|e| format!("cannot run valgrind: {e}"))?;
+    if !st.status.success() {
+        return Err(format!(
+            "valgrind on {path} failed: {}",
+            String::from_utf8_lossy(&st.stderr)
+        ));
+    }
+    let text = std::fs::read_to_string(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("totals: "))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| format!("no totals line in {}", out.display()))
+}
+
+fn bench() -> Result<(), String> {
+    run(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "frugal-android",
+        "--example",
+        "capi_overhead",
+    ]))?;
+    let exe = target_dir().join("release/examples/capi_overhead");
+    run(&mut Command::new(&exe))?;
+    if Command::new("valgrind").arg("--version").output().is_err() {
+        println!("\ninstruction counts: skipped (valgrind not found)");
+        return Ok(());
+    }
+    let capi = callgrind(&exe, "capi")? as f64 / COUNTED_STEPS as f64;
+    let rust = callgrind(&exe, "rust")? as f64 / COUNTED_STEPS as f64;
+    println!(
+        "\n| path (valgrind --tool=callgrind, {COUNTED_STEPS} steps each) | instructions/step |\n|---|---:|\n\
+         | Rust executor | {rust:.0} |\n| C ABI frugal_train_steps(h, 1) | {capi:.0} |\n\n\
+         instruction overhead: {:.0} per call = {:.3} % of a step (target ≤ 1 %)",
+        capi - rust,
+        100.0 * (capi - rust) / rust
+    );
+    println!("command: cargo xtask android --bench");
+    Ok(())
+}
+
 pub fn main(args: &[String]) -> Result<(), String> {
     match args.first().map(String::as_str) {
-        Some("--bench") => {
-            return run(cargo().args([
-                "run",
-                "--release",
-                "-p",
-                "frugal-android",
-                "--example",
-                "capi_overhead",
-            ]))
-        }
+        Some("--bench") => return bench(),
         Some(a) => return Err(format!("usage: cargo xtask android [--bench] (got `{a}`)")),
         None => {}
     }

@@ -7,7 +7,7 @@
 //!
 //! Layers, bottom to top:
 //! - [`arena`]: the arena, one aligned heap block that grows and shrinks with the plan in force;
-//! - [`weights`]: safetensors in and out (the browser host's code; see below);
+//! - [`weights`]: safetensors in and out (`frugal-host`'s; see below);
 //! - [`trainer`]: the trainer in plain Rust — the browser `Session`'s surface over a ladder of plans and
 //!   the adaptive executor, so a budget stored by another thread takes effect in the step in flight;
 //! - [`memory`]: the documented policy mapping Android's memory signals (`onTrimMemory` levels,
@@ -17,8 +17,10 @@
 //!   `catch_unwind` at every entry. No panic crosses the boundary; no argument causes undefined
 //!   behaviour short of a pointer that lies about its length.
 //!
-//! `weights.rs`, the sample bookkeeping and the softmax are the same as in `wasm/src` (`frugal-wasm`):
-//! they belong in one shared host crate both depend on.
+//! What the browser host (`frugal-wasm`) does the same way lives in `frugal-host` (`hosts/common`),
+//! which both use: the weights' safetensors reader and writer and their loading, the persistent
+//! tensors' list, and the sample store with each step's batch (`frugal_host::Samples`). The softmax
+//! of `predict` is still a copy in each (`frugal-host` is `no_std`, without `exp`).
 #![warn(missing_docs)]
 
 pub mod arena;

@@ -13,10 +13,11 @@
 //!   its next instruction and switches plans there (the adaptive executor), and the arena shrinks
 //!   when that step ends. Whoever releases the trainer lock applies a budget stored meanwhile that
 //!   the last step did not see ([`settle`]), so no budget is lost.
-//! - `plan_info` reads a snapshot the lock holder refreshes after every step.
+//! - `plan_info` reads a snapshot the lock holder refreshes when it changes (a step that switched
+//!   plans or resized the arena, a budget applied) and the step count, stored after every step.
 //! - `destroy` removes the handle at once; a call already running on another thread finishes on its
 //!   own reference and the trainer is freed when it returns.
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use crate::error::Error;
@@ -31,7 +32,10 @@ pub struct Entry {
     /// The smallest budget any plan of the trainer's ladder fits.
     floor: usize,
     trainer: Mutex<Trainer>,
+    /// The plan info as of its last change (`steps` aside: see `steps`).
     info: Mutex<PlanInfo>,
+    /// Training steps taken, stored after every step.
+    steps: AtomicU32,
 }
 
 struct Slot {
@@ -87,6 +91,7 @@ pub fn insert(trainer: Trainer, budget: u64) -> Result<u64, Error> {
         live: AtomicU64::new(budget),
         applied: AtomicU64::new(budget),
         floor,
+        steps: AtomicU32::new(info.steps),
         trainer: Mutex::new(trainer),
         info: Mutex::new(info),
     });
@@ -159,11 +164,14 @@ impl Entry {
         }
     }
 
-    fn publish(&self, t: &Trainer) {
-        let mut info = t.plan_info();
-        let b = self.live.load(Ordering::Acquire);
-        info.budget = (b != UNLIMITED).then(|| usize::try_from(b).unwrap_or(usize::MAX));
-        *self.info.lock().unwrap_or_else(|e| e.into_inner()) = info;
+    /// Refreshes what [`plan_info`] reads: the step count always (one store), the snapshot only when
+    /// it changed (a plan switch, an arena resize, a budget applied), so a step that changes nothing
+    /// takes no lock here.
+    fn publish(&self, t: &mut Trainer) {
+        self.steps.store(t.steps(), Ordering::Release);
+        if let Some(info) = t.plan_info_if_changed() {
+            *self.info.lock().unwrap_or_else(|e| e.into_inner()) = info;
+        }
     }
 }
 
@@ -183,7 +191,7 @@ fn settle(e: &Entry) -> Result<(), Error> {
         };
         t.set_budget(want)?;
         e.applied.store(want, Ordering::Release);
-        e.publish(&t);
+        e.publish(&mut t);
     }
 }
 
@@ -197,7 +205,7 @@ pub fn with_trainer<R>(
     let r = {
         let mut t = e.try_trainer()?;
         let r = f(&mut t, &e);
-        e.publish(&t);
+        e.publish(&mut t);
         r
     };
     let s = settle(&e);
@@ -248,8 +256,8 @@ pub fn set_budget(h: u64, budget: u64) -> Result<(), Error> {
     let old = e.live.swap(budget, Ordering::AcqRel);
     match settle(&e) {
         Ok(()) => {
-            if let Ok(t) = e.try_trainer() {
-                e.publish(&t);
+            if let Ok(mut t) = e.try_trainer() {
+                e.publish(&mut t);
             }
             Ok(())
         }
@@ -263,13 +271,69 @@ pub fn set_budget(h: u64, budget: u64) -> Result<(), Error> {
     }
 }
 
-/// The plan info of `h`: the plan as of the last step (a snapshot refreshed after every step) and the
-/// budget set last; never [`Error::Busy`].
+/// The plan info of `h`: the plan as of the last step (a snapshot refreshed when it changes), the
+/// steps taken and the budget set last; never [`Error::Busy`].
 pub fn plan_info(h: u64) -> Result<PlanInfo, Error> {
     let e = lookup(h)?;
     let mut info = *e.info.lock().unwrap_or_else(|p| p.into_inner());
+    info.steps = e.steps.load(Ordering::Acquire);
     // The budget asked for, even when the step in flight has not read it yet.
     let b = e.live.load(Ordering::Acquire);
     info.budget = (b != UNLIMITED).then(|| usize::try_from(b).unwrap_or(usize::MAX));
     Ok(info)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MLP: &[u8] = include_bytes!("../../../examples/digits-mlp.frgm");
+    const X: &[u8] = include_bytes!("../../../data/digits/digits-train-images.idx");
+    const Y: &[u8] = include_bytes!("../../../data/digits/digits-train-labels.idx");
+
+    /// What `plan_info` answers equals the trainer's own plan info at that moment (the snapshot is
+    /// republished only on changes: a missed change shows here).
+    fn matches_trainer(h: u64) -> PlanInfo {
+        let snap = plan_info(h).unwrap();
+        let own = with_trainer(h, |t, _| Ok(t.plan_info())).unwrap();
+        assert_eq!(snap, own);
+        snap
+    }
+
+    #[test]
+    fn plan_info_follows_steps_switches_and_budgets() {
+        let h = create(MLP, &[], UNLIMITED, Options::default()).unwrap();
+        with_trainer(h, |t, _| {
+            for i in 0..40 {
+                let x: Vec<f32> = X[16 + i * 64..16 + (i + 1) * 64]
+                    .iter()
+                    .map(|&p| f32::from(p) / 16.0)
+                    .collect();
+                t.add_sample(&x, u32::from(Y[8 + i]))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        let first = matches_trainer(h);
+        assert_eq!((first.steps, first.rung), (0, first.rungs - 1));
+        assert_eq!(train_steps(h, 3, |_, _| ()).0, 3);
+        assert_eq!(matches_trainer(h).steps, 3);
+        set_budget(h, first.floor_bytes as u64).unwrap();
+        let low = matches_trainer(h);
+        assert_eq!((low.rung, low.switches), (0, 1));
+        assert_eq!(low.allocated_bytes, first.floor_bytes);
+        assert_eq!(low.budget, Some(first.floor_bytes));
+        assert_eq!(train_steps(h, 2, |_, _| ()).0, 2);
+        let after = matches_trainer(h);
+        assert_eq!((after.steps, after.rung, after.switches), (5, 0, 1));
+        set_budget(h, UNLIMITED).unwrap();
+        let back = matches_trainer(h);
+        assert_eq!(
+            (back.rung, back.switches, back.budget),
+            (first.rung, 2, None)
+        );
+        assert_eq!(back.allocated_bytes, first.allocated_bytes);
+        remove(h).unwrap();
+        assert!(matches!(plan_info(h), Err(Error::Handle(_))));
+    }
 }

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use frugal_core::budget::{Budget, BudgetError};
 use frugal_core::exec::{ExecError, Executor, Target};
 use frugal_core::format::decode_model;
-use frugal_core::graph::{Graph, TensorId};
+use frugal_core::graph::Graph;
 use frugal_core::model::{LayerKind, LossKind, ModelSpec};
 use frugal_core::plan::table::PlanTable;
 use frugal_core::plan::{Phase, Plan};
@@ -24,7 +24,7 @@ use frugal_core::policy::{recompute, CostModel};
 use crate::arena::Arena;
 use crate::error::Error;
 use crate::weights::{self, NamedTensor};
-use frugal_host::load;
+use frugal_host::{load, persistent, SampleError, Samples};
 
 /// Largest batch a trainer accepts (samples per step).
 pub const MAX_BATCH: usize = 4096;
@@ -119,11 +119,14 @@ pub struct Trainer {
     batch: usize,
     per: usize,
     classes: usize,
-    xs: Vec<f32>,
-    ys: Vec<u32>,
-    cursor: usize,
-    xbuf: Vec<f32>,
-    ybuf: Vec<u32>,
+    /// The samples and each step's batch (shared with the browser host).
+    samples: Samples,
+    /// The smallest plan's bytes, and each rung's recompute instructions per step (fixed at creation).
+    floor: usize,
+    recomputes: Vec<usize>,
+    /// What [`Trainer::plan_info_if_changed`] reported last: rung, allocated bytes, switches,
+    /// mid-step switches, budget.
+    published: Option<(usize, usize, u64, u64, u64)>,
     loaded: usize,
     /// Optimizer steps taken (Adam's t).
     steps: u32,
@@ -138,19 +141,6 @@ fn zeroed<T: Clone + Default>(n: usize) -> Result<Vec<T>, Error> {
         .map_err(|_| Error::OutOfMemory(n.saturating_mul(std::mem::size_of::<T>())))?;
     v.resize(n, T::default());
     Ok(v)
-}
-
-/// The tensors that live across steps: parameters with their optimizer state, then statistics.
-fn persistent(g: &Graph) -> Vec<TensorId> {
-    let mut out = Vec::new();
-    for n in &g.nodes {
-        for p in &n.params {
-            out.push(p.value);
-            out.extend_from_slice(&p.state);
-        }
-        out.extend_from_slice(&n.stats);
-    }
-    out
 }
 
 /// The ladder for `spec` at `batch`: [`RUNGS`] budgets evenly spaced from the smallest plan
@@ -269,10 +259,23 @@ impl Trainer {
             )?
         };
         drop(ex);
+        let recomputes = table
+            .entries
+            .iter()
+            .map(|e| {
+                e.plan
+                    .program
+                    .iter()
+                    .filter(|i| i.phase == Phase::Recompute)
+                    .count()
+            })
+            .collect();
         Ok(Trainer {
             ex: None,
-            xbuf: zeroed(opts.batch.saturating_mul(per))?,
-            ybuf: zeroed(opts.batch)?,
+            samples: Samples::new(per, classes, opts.batch),
+            floor: floor(&table),
+            recomputes,
+            published: None,
             spec,
             table,
             current,
@@ -281,9 +284,6 @@ impl Trainer {
             batch: opts.batch,
             per,
             classes,
-            xs: Vec::new(),
-            ys: Vec::new(),
-            cursor: 0,
             loaded,
             steps: 0,
             switches: 0,
@@ -298,43 +298,29 @@ impl Trainer {
 
     /// Adds one training sample: `x` of the model's input size, finite, and a class label.
     pub fn add_sample(&mut self, x: &[f32], label: u32) -> Result<(), Error> {
-        if x.len() != self.per {
-            return Err(Error::Argument(
+        self.samples.add(x, label).map_err(|e| match e {
+            SampleError::Length { got, per } => Error::Argument(
                 "input",
                 format!(
-                    "has {} values but the model's input {} has {}",
-                    x.len(),
-                    self.spec.input,
-                    self.per
+                    "has {got} values but the model's input {} has {per}",
+                    self.spec.input
                 ),
-            ));
-        }
-        if let Some(i) = x.iter().position(|v| !v.is_finite()) {
-            return Err(Error::Argument(
+            ),
+            SampleError::NonFinite { index, value } => Error::Argument(
                 "input",
-                format!("value {i} is {} (must be finite)", x[i]),
-            ));
-        }
-        if label as usize >= self.classes {
-            return Err(Error::Argument(
+                format!("value {index} is {value} (must be finite)"),
+            ),
+            SampleError::Label { label, classes } => Error::Argument(
                 "label",
-                format!("must be from 0 to {}, got {label}", self.classes - 1),
-            ));
-        }
-        self.xs
-            .try_reserve(x.len())
-            .map_err(|_| Error::OutOfMemory(x.len() * 4))?;
-        self.ys.try_reserve(1).map_err(|_| Error::OutOfMemory(4))?;
-        self.xs.extend_from_slice(x);
-        self.ys.push(label);
-        Ok(())
+                format!("must be from 0 to {}, got {label}", classes - 1),
+            ),
+            SampleError::OutOfMemory(n) => Error::OutOfMemory(n),
+        })
     }
 
     /// Forgets all samples (the weights stay).
     pub fn clear_samples(&mut self) {
-        self.xs.clear();
-        self.ys.clear();
-        self.cursor = 0;
+        self.samples.clear();
     }
 
     /// Runs `n` training steps, appending their losses to `losses` (see [`Trainer::train_step`]). A
@@ -374,32 +360,13 @@ impl Trainer {
 
     /// Whether the trainer can train: it has samples.
     pub fn ready(&self) -> Result<(), Error> {
-        if self.ys.is_empty() {
+        if self.samples.is_empty() {
             return Err(Error::Argument(
                 "train_steps",
                 "there are no samples: add some with add_sample first".into(),
             ));
         }
         Ok(())
-    }
-
-    /// Fills the step's batch buffers from the samples.
-    fn fill_batch(&mut self) -> usize {
-        let (per, total) = (self.per, self.ys.len());
-        let m = total.min(self.batch);
-        for j in 0..m {
-            let i = if total <= self.batch {
-                j
-            } else {
-                (self.cursor + j) % total
-            };
-            self.xbuf[j * per..(j + 1) * per].copy_from_slice(&self.xs[i * per..(i + 1) * per]);
-            self.ybuf[j] = self.ys[i];
-        }
-        if total > self.batch {
-            self.cursor = (self.cursor + m) % total;
-        }
-        m
     }
 
     /// One adaptive step: grows the arena first when the budget now allows a larger plan, runs the
@@ -413,8 +380,8 @@ impl Trainer {
             // instruction (only the persistent tensors are live there).
             self.arena.resize(want_bytes).map_err(Error::OutOfMemory)?;
         }
-        let m = self.fill_batch();
-        let per = self.per;
+        // Borrowed from the sample store (copied only when the window wraps past its end).
+        let (x, y) = self.samples.next_batch();
         // SAFETY: `table` is a Box that is never mutated, moved out of or replaced after `new`, so the
         // PlanTable stays at this address and unchanged for the trainer's life; the only references
         // made from this one live in `self.ex` (and locals of this call), which is declared before
@@ -452,8 +419,8 @@ impl Trainer {
         };
         let r = ex.train_step_adaptive(
             self.arena.as_mut_slice(),
-            &self.xbuf[..m * per],
-            Target::Classes(&self.ybuf[..m]),
+            x,
+            Target::Classes(y),
             table,
             &mut budget_at,
             &mut (),
@@ -602,21 +569,35 @@ impl Trainer {
             arena_bytes: p.arena_bytes,
             allocated_bytes: self.arena.len(),
             lower_bound: p.lower_bound,
-            floor_bytes: floor(&self.table),
+            floor_bytes: self.floor,
             budget: (self.budget != UNLIMITED).then(|| bytes(self.budget)),
             micro_batch: p.graph.batch,
             micro_batches: p.micro_batches as usize,
-            recomputes: p
-                .program
-                .iter()
-                .filter(|i| i.phase == Phase::Recompute)
-                .count(),
+            recomputes: self.recomputes[self.current],
             rung: self.current,
             rungs: self.table.entries.len(),
             steps: self.steps,
             switches: self.switches,
             mid_step_switches: self.mid_step_switches,
         }
+    }
+
+    /// [`Trainer::plan_info`] when anything in it but `steps` changed since the last call that
+    /// returned one (the first call always does): the plan, the arena's size, the switches or the
+    /// budget. Lets a host republish the snapshot only when the plan changes.
+    pub fn plan_info_if_changed(&mut self) -> Option<PlanInfo> {
+        let key = (
+            self.current,
+            self.arena.len(),
+            self.switches,
+            self.mid_step_switches,
+            self.budget,
+        );
+        if self.published == Some(key) {
+            return None;
+        }
+        self.published = Some(key);
+        Some(self.plan_info())
     }
 
     /// The parameters and statistics as F32 safetensors bytes (PyTorch `state_dict` names).
@@ -637,7 +618,7 @@ impl Trainer {
     }
     /// Samples added so far.
     pub fn sample_count(&self) -> usize {
-        self.ys.len()
+        self.samples.len()
     }
     /// Classes the model predicts.
     pub fn classes(&self) -> usize {
@@ -665,7 +646,7 @@ impl std::fmt::Debug for Trainer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Trainer")
             .field("batch", &self.batch)
-            .field("samples", &self.ys.len())
+            .field("samples", &self.samples.len())
             .field("plan", &self.plan_info())
             .finish()
     }

@@ -1,12 +1,14 @@
 //! # frugal-host
 //!
 //! What frugal's embedding hosts share — the browser (`frugal-wasm`) and Android (`frugal-android`) —
-//! beside the core: weights as safetensors bytes in and out ([`weights`]) and loading them into a
-//! plan's persistent tensors ([`load`]). Like the hosts, it decides no maths and no memory.
+//! beside the core: weights as safetensors bytes in and out ([`weights`]), loading them into a plan's
+//! persistent tensors ([`load`]), the tensors that live across steps ([`persistent`]) and the training
+//! samples with each step's batch ([`samples`]). Like the hosts, it decides no maths and no memory.
 #![cfg_attr(not(test), no_std)]
 
 extern crate alloc;
 
+pub mod samples;
 pub mod weights;
 
 use alloc::format;
@@ -15,6 +17,8 @@ use alloc::vec::Vec;
 
 use frugal_core::backend::Backend;
 use frugal_core::exec::{ExecError, Executor};
+use frugal_core::graph::{Graph, TensorId};
+pub use samples::{SampleError, Samples};
 pub use weights::NamedTensor;
 
 /// Why loading weights failed.
@@ -59,4 +63,18 @@ pub fn load<B: Backend>(
         }
     }
     Ok(loaded)
+}
+
+/// The tensors that live across steps, in a fixed order: parameters with their optimizer state, then
+/// statistics, node by node. Two plans of one model list corresponding tensors at the same positions.
+pub fn persistent(g: &Graph) -> Vec<TensorId> {
+    let mut out = Vec::new();
+    for n in &g.nodes {
+        for p in &n.params {
+            out.push(p.value);
+            out.extend_from_slice(&p.state);
+        }
+        out.extend_from_slice(&n.stats);
+    }
+    out
 }

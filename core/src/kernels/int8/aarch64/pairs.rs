@@ -58,9 +58,11 @@ fn pairs_neon(p: &Pairs, a: &[i32], b: &[i8], c: &mut [i32]) {
 }
 
 /// One `R × 8·NV` tile over all `kp` pairs: `a` starts at the tile's first row, `b` at its first
-/// column's pair, `c` at its first element. `t` = (kp ≥ 1, lda, ldb, ldc, accumulate). Per 16 bytes of
-/// B (8 columns): `smull` and `smull2` with the row's `[lo, hi]` bytes, then `sadalp` adds each column's
-/// two products to its i32 lane.
+/// column's pair, `c` at its first element. `t` = (kp ≥ 1, lda, ldb, ldc, accumulate). Four pairs at a
+/// time, each row's four words are loaded once and narrowed (`xtn`) to the bytes `[lo, hi]` of each pair;
+/// per pair, `dup` (by 16-bit lane) spreads a row's `[lo, hi]` over a register, and per 16 bytes of B
+/// (8 columns) `smull` and `smull2` multiply it, `sadalp` adding each column's two products to its i32
+/// lane. The last `kp % 4` pairs load their word with `ld1r`.
 #[inline]
 #[target_feature(enable = "neon")]
 fn pairs_tile<const R: usize, const NV: usize>(
@@ -80,23 +82,32 @@ fn pairs_tile<const R: usize, const NV: usize>(
     // acc[r][2v + h]: row r, columns 8v + 4h .. 8v + 4h + 4.
     let mut s = [[vdupq_n_s32(0); 4]; R];
     let (ap, bp) = (a.as_ptr(), b.as_ptr());
-    for q in 0..kp {
-        let mut bv = [vdupq_n_s8(0); NV];
-        for (v, x) in bv.iter_mut().enumerate() {
-            // SAFETY: reads the 16 bytes at q·ldb + 16v, which end by (kp−1)·ldb + 16·NV ≤ b.len()
-            // (asserted above).
-            *x = unsafe { vld1q_s8(bp.add(q * ldb + 16 * v)) };
+    let k4 = kp / 4 * 4;
+    for q in (0..k4).step_by(4) {
+        // Row r's words q .. q + 4 narrowed to bytes: [lo, hi] of pair q + u in 16-bit lane u.
+        let w: [int16x4_t; R] = core::array::from_fn(|r| {
+            // SAFETY: the 4 i32 at r·lda + q end by r·lda + k4 ≤ (R−1)·lda + kp ≤ a.len() (asserted).
+            let v = unsafe { vld1q_s32(ap.add(r * lda + q)) };
+            vreinterpret_s16_s8(vmovn_s16(vreinterpretq_s16_s32(v)))
+        });
+        // SAFETY (each): pair q + u < kp, so `pair_step`'s B reads end by (kp−1)·ldb + 16·NV ≤ b.len().
+        unsafe {
+            pair_step::<R, NV>(&mut s, bp.add(q * ldb), |r| vdupq_lane_s16::<0>(w[r]));
+            pair_step::<R, NV>(&mut s, bp.add((q + 1) * ldb), |r| vdupq_lane_s16::<1>(w[r]));
+            pair_step::<R, NV>(&mut s, bp.add((q + 2) * ldb), |r| vdupq_lane_s16::<2>(w[r]));
+            pair_step::<R, NV>(&mut s, bp.add((q + 3) * ldb), |r| vdupq_lane_s16::<3>(w[r]));
         }
-        for (r, row) in s.iter_mut().enumerate() {
-            // SAFETY: the i32 at r·lda + q < (R−1)·lda + kp ≤ a.len() (asserted above).
-            let w = unsafe { ap.add(r * lda + q).read() };
-            // [lo, hi] as i16 lanes, narrowed: the bytes lo, hi, lo, hi, … (both fit i8).
-            let x = vmovn_s16(vreinterpretq_s16_s32(vdupq_n_s32(w)));
-            let xx = vcombine_s8(x, x);
-            for (v, &y) in bv.iter().enumerate() {
-                row[2 * v] = vpadalq_s16(row[2 * v], vmull_s8(x, vget_low_s8(y)));
-                row[2 * v + 1] = vpadalq_s16(row[2 * v + 1], vmull_high_s8(xx, y));
-            }
+    }
+    for q in k4..kp {
+        // SAFETY: the i32 at r·lda + q < (R−1)·lda + kp ≤ a.len(), and B as in the loop above.
+        unsafe {
+            pair_step::<R, NV>(&mut s, bp.add(q * ldb), |r| {
+                let v = vld1q_dup_s32(ap.add(r * lda + q));
+                vreinterpretq_s16_s8(vcombine_s8(
+                    vmovn_s16(vreinterpretq_s16_s32(v)),
+                    vmovn_s16(vreinterpretq_s16_s32(v)),
+                ))
+            });
         }
     }
     for (r, row) in s.iter().enumerate() {
@@ -110,6 +121,31 @@ fn pairs_tile<const R: usize, const NV: usize>(
                     x
                 };
                 vst1q_s32(pc, x);
+            }
+        }
+    }
+}
+
+/// One depth pair of [`pairs_tile`]: `s[r] += [lo, hi] of row r · the 8·NV pairs at `bp``, with
+/// `pair(r)` row r's `[lo, hi]` spread over 16-bit lanes.
+///
+/// # Safety
+/// `bp` readable for `16·NV` bytes.
+#[inline(always)]
+unsafe fn pair_step<const R: usize, const NV: usize>(
+    s: &mut [[int32x4_t; 4]; R],
+    bp: *const i8,
+    pair: impl Fn(usize) -> int16x8_t,
+) {
+    // SAFETY: NEON is part of the aarch64 baseline (this helper is always inlined into `pairs_tile`,
+    // which enables it); the loads read the caller's 16·NV bytes at `bp`, the rest is registers only.
+    unsafe {
+        let bv: [int8x16_t; NV] = core::array::from_fn(|v| vld1q_s8(bp.add(16 * v)));
+        for (r, row) in s.iter_mut().enumerate() {
+            let x = vreinterpretq_s8_s16(pair(r));
+            for (v, &y) in bv.iter().enumerate() {
+                row[2 * v] = vpadalq_s16(row[2 * v], vmull_s8(vget_low_s8(x), vget_low_s8(y)));
+                row[2 * v + 1] = vpadalq_s16(row[2 * v + 1], vmull_high_s8(x, y));
             }
         }
     }
