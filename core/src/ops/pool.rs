@@ -270,7 +270,7 @@ pub fn avgpool_fwd<T: Real>(g: &PoolGeom, n: usize, x: &[T], y: &mut [T]) {
                     }
                 }
             }
-            yr.iter_mut().for_each(|y| *y = *y * inv);
+            yr.iter_mut().for_each(|y| *y *= inv);
         }
     }
 }
