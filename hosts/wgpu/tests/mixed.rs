@@ -8,60 +8,12 @@
 mod common;
 mod models;
 
-use frugal_core::backend::{Backend, CpuBackend, ExecError, Placement};
+use frugal_core::backend::{CpuBackend, ExecError, Placement};
 use frugal_core::exec::{Executor, Target};
 use frugal_core::model::{LossKind, ModelSpec, OptimizerSpec};
 use frugal_core::plan::{Phase, Plan, SpaceId};
 use frugal_wgpu::{mixed_plan, MixedBackend, GPU_SPACE};
-use models::{batch, bn_cnn, cnn, mlp, plan, target, ADAM, SGD};
-
-struct Trained {
-    losses: Vec<f32>,
-    correct: Vec<usize>,
-    state: Vec<Vec<f32>>,
-    eval: (f32, usize),
-}
-
-/// As `tests/backend.rs`: `steps` steps with batch sizes from `sizes` in turn, an evaluation, every
-/// persistent tensor read through the executor from wherever it lives.
-fn train<B: Backend>(
-    p: &Plan,
-    backend: B,
-    spec: &ModelSpec,
-    sizes: &[usize],
-    steps: usize,
-    outs: usize,
-) -> Trained {
-    let mut arena = vec![0u8; p.needed_bytes()];
-    let mut ex = Executor::with_backend(p, &arena, backend).unwrap();
-    ex.init_params(&mut arena, 3).unwrap();
-    let (mut losses, mut correct) = (Vec::new(), Vec::new());
-    for s in 0..steps {
-        let n = sizes[s % sizes.len()];
-        let (x, y, t) = batch(spec, n, s as u64, outs);
-        let st = ex
-            .train_step(&mut arena, &x, target(spec.loss, &y, &t))
-            .unwrap();
-        losses.push(st.loss);
-        correct.push(st.correct);
-    }
-    let (x, y, t) = batch(spec, p.graph.batch, 99, outs);
-    let ev = ex
-        .evaluate(&mut arena, &x, target(spec.loss, &y, &t))
-        .unwrap();
-    let state = ex
-        .state_tensors()
-        .collect::<Vec<_>>()
-        .into_iter()
-        .map(|(_, _, t)| ex.read_vec(&mut arena, t).unwrap())
-        .collect();
-    Trained {
-        losses,
-        correct,
-        state,
-        eval: (ev.loss, ev.correct),
-    }
-}
+use models::{batch, bn_cnn, cnn, mlp, plan, train, Trained, ADAM, SGD};
 
 /// Mixed and all-CPU training agree within `tests/backend.rs`'s bound (1e-5 norm-wise; see its
 /// `agree`: the GPU layers differ from the CPU's by a few ULP per step, the CPU layers and the moves

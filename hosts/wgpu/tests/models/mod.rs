@@ -2,7 +2,8 @@
 //! step runs among them.
 #![allow(dead_code)] // each suite uses a part
 
-use frugal_core::exec::Target;
+use frugal_core::backend::Backend;
+use frugal_core::exec::{Executor, Target};
 use frugal_core::graph::Graph;
 use frugal_core::model::{Dims, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpec, Src};
 use frugal_core::plan::{Plan, PlanShape};
@@ -210,5 +211,55 @@ pub fn bn_cnn() -> ModelSpec {
         loss: LossKind::SoftmaxCrossEntropy,
         optimizer: ADAM,
         seed: 9,
+    }
+}
+
+/// What training measured: the loss of every step and every persistent tensor at the end.
+pub struct Trained {
+    pub losses: Vec<f32>,
+    pub correct: Vec<usize>,
+    pub state: Vec<Vec<f32>>,
+    pub eval: (f32, usize),
+}
+
+/// `steps` steps of `p` on `backend` (a GPU backend gets the plan moved to the GPU); batch sizes from
+/// `sizes` in turn (a partial batch among them); then an evaluation and every persistent tensor, read
+/// through the executor from wherever it lives.
+pub fn train<B: Backend>(
+    p: &Plan,
+    backend: B,
+    spec: &ModelSpec,
+    sizes: &[usize],
+    steps: usize,
+    outs: usize,
+) -> Trained {
+    let mut arena = vec![0u8; p.needed_bytes()];
+    let mut ex = Executor::with_backend(p, &arena, backend).unwrap();
+    ex.init_params(&mut arena, 3).unwrap();
+    let (mut losses, mut correct) = (Vec::new(), Vec::new());
+    for s in 0..steps {
+        let n = sizes[s % sizes.len()];
+        let (x, y, t) = batch(spec, n, s as u64, outs);
+        let st = ex
+            .train_step(&mut arena, &x, target(spec.loss, &y, &t))
+            .unwrap();
+        losses.push(st.loss);
+        correct.push(st.correct);
+    }
+    let (x, y, t) = batch(spec, p.graph.batch, 99, outs);
+    let ev = ex
+        .evaluate(&mut arena, &x, target(spec.loss, &y, &t))
+        .unwrap();
+    let state = ex
+        .state_tensors()
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|(_, _, t)| ex.read_vec(&mut arena, t).unwrap())
+        .collect();
+    Trained {
+        losses,
+        correct,
+        state,
+        eval: (ev.loss, ev.correct),
     }
 }
