@@ -280,7 +280,9 @@ pub(super) fn drive<M: Micro>(
                         kern.pack_b(b, pc, jc + j0, j1 - j0, kc, dst);
                     }
                 };
-                if ptasks == 1 {
+                // `!SPLITS` is a constant: where threads cannot run (Cortex-M0), the split path and its
+                // `Shards` (hundreds of bytes each) leave the frame: 1.6 KB of stack on the micro:bit.
+                if ptasks == 1 || !par::SPLITS {
                     pack(0, &mut bpack[..]);
                 } else {
                     let sh = par::Shards::new(&mut bpack[..], ptasks, |w| span(w).2);
@@ -335,7 +337,7 @@ pub(super) fn drive<M: Micro>(
                     }
                 }
             };
-            if tasks == 1 {
+            if tasks == 1 || !par::SPLITS {
                 body(0..m, &mut c[..c_end], Some(&mut a_first[..]));
             } else {
                 let cs = par::Shards::new(&mut c[..c_end], tasks, |w| {

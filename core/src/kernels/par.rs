@@ -102,7 +102,7 @@ fn take_flag(flag: &AtomicBool) -> bool {
 /// Whether this target can run tasks on several threads at once: not without compare-and-swap
 /// (Cortex-M0), and not on wasm32 without the `atomics` feature (no shared memory, so no threads; the
 /// constant lets the compiler drop the split paths from the browser's `.wasm`).
-const SPLITS: bool = cfg!(target_has_atomic = "8")
+pub(crate) const SPLITS: bool = cfg!(target_has_atomic = "8")
     && !cfg!(all(target_family = "wasm", not(target_feature = "atomics")));
 
 /// Tasks to split `work` units into on `pool`: one per `min_per_task` units, at most the pool's
