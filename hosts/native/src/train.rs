@@ -388,6 +388,15 @@ fn train_auto(
     run(ex, &mut arena, how, model, data, opts, weights)
 }
 
+/// `--device DEVICE` asked of a frugal built without the GPU backend.
+#[cfg(not(feature = "gpu"))]
+fn no_gpu(device: &str) -> TrainError {
+    TrainError::Mismatch(format!(
+        "this frugal was built without the GPU backend: build it with `--features gpu` \
+         (cargo run --release -p frugal-cli --features gpu -- train … --device {device})"
+    ))
+}
+
 #[cfg(not(feature = "gpu"))]
 fn train_auto(
     _: Plan,
@@ -397,11 +406,7 @@ fn train_auto(
     _: &TrainOptions,
     _: Option<&PathBuf>,
 ) -> Result<TrainReport, TrainError> {
-    Err(TrainError::Mismatch(
-        "this frugal was built without the GPU backend: build it with `--features gpu` \
-         (cargo run --release -p frugal-cli --features gpu -- train … --device auto)"
-            .into(),
-    ))
+    Err(no_gpu("auto"))
 }
 
 #[cfg(feature = "gpu")]
@@ -445,11 +450,7 @@ fn train_gpu(
     _: &TrainOptions,
     _: Option<&PathBuf>,
 ) -> Result<TrainReport, TrainError> {
-    Err(TrainError::Mismatch(
-        "this frugal was built without the GPU backend: build it with `--features gpu` \
-         (cargo run --release -p frugal-cli --features gpu -- train … --device gpu)"
-            .into(),
-    ))
+    Err(no_gpu("gpu"))
 }
 
 /// The training loop on any backend.

@@ -259,35 +259,11 @@ fn steps_create_no_gpu_objects_and_the_gpu_holds_the_planned_bytes() {
     ex.init_params(&mut arena, 3).unwrap();
     let (x, y, _) = batch(&spec, 32, 1, 5);
     ex.train_step(&mut arena, &x, Target::Classes(&y)).unwrap();
-    let after_first = ex.backend().counters().hal;
+    let after_first = ex.backend().counters();
     for _ in 0..5 {
         ex.train_step(&mut arena, &x, Target::Classes(&y)).unwrap();
         ex.evaluate(&mut arena, &x[..16 * 20], Target::Classes(&y[..16]))
             .unwrap();
     }
-    let later = ex.backend().counters().hal;
-    let same =
-        |what: &str, a: isize, b: isize| assert_eq!(a, b, "{what} after the first step vs later");
-    same("buffers", after_first.buffers.read(), later.buffers.read());
-    same(
-        "bind groups",
-        after_first.bind_groups.read(),
-        later.bind_groups.read(),
-    );
-    same(
-        "compute pipelines",
-        after_first.compute_pipelines.read(),
-        later.compute_pipelines.read(),
-    );
-    same(
-        "pipeline layouts",
-        after_first.pipeline_layouts.read(),
-        later.pipeline_layouts.read(),
-    );
-    same(
-        "buffer memory",
-        after_first.buffer_memory.read(),
-        later.buffer_memory.read(),
-    );
-    assert!(after_first.bind_groups.read() > 0, "wgpu's counters are on");
+    common::assert_no_new_gpu_objects(&after_first, &ex.backend().counters());
 }

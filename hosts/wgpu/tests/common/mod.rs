@@ -64,3 +64,29 @@ pub fn backend() -> Option<frugal_wgpu::GpuBackend> {
     gpu()?;
     Some(frugal_wgpu::GpuBackend::open().expect("a second device on the adapter that opened"))
 }
+
+/// Asserts that between two readings of wgpu's own counters no buffer, bind group, compute pipeline or
+/// pipeline layout was created and no buffer memory allocated — and that the counters are on.
+pub fn assert_no_new_gpu_objects(before: &wgpu::InternalCounters, after: &wgpu::InternalCounters) {
+    let (a, b) = (&before.hal, &after.hal);
+    let same =
+        |what: &str, x: isize, y: isize| assert_eq!(x, y, "{what} after the first step vs later");
+    same("buffers", a.buffers.read(), b.buffers.read());
+    same("bind groups", a.bind_groups.read(), b.bind_groups.read());
+    same(
+        "compute pipelines",
+        a.compute_pipelines.read(),
+        b.compute_pipelines.read(),
+    );
+    same(
+        "pipeline layouts",
+        a.pipeline_layouts.read(),
+        b.pipeline_layouts.read(),
+    );
+    same(
+        "buffer memory",
+        a.buffer_memory.read(),
+        b.buffer_memory.read(),
+    );
+    assert!(a.bind_groups.read() > 0, "wgpu's counters are on");
+}
