@@ -12,6 +12,7 @@ use frugal_core::backend::{CpuBackend, ExecError, Placement};
 use frugal_core::exec::{Executor, Target};
 use frugal_core::model::{LossKind, ModelSpec, OptimizerSpec};
 use frugal_core::plan::{Phase, Plan, SpaceId};
+use frugal_core::pool::ThreadPool;
 use frugal_wgpu::{mixed_plan, MixedBackend, GPU_SPACE};
 use models::{batch, bn_cnn, cnn, mlp, plan, train, Trained, ADAM, SGD};
 
@@ -73,9 +74,12 @@ fn placements(n: usize) -> Vec<(String, Vec<Placement>)> {
     out
 }
 
-/// Trains `p` placed every way of [`placements`] on the GPU and the CPU, against the CPU alone.
+/// Trains `p` placed every way of [`placements`] on the GPU and the CPU, against the CPU alone. The
+/// random placements run their CPU side on a 2-worker pool (`--threads` beside a GPU), the alternating
+/// ones on one thread.
 fn check_model(spec: &ModelSpec, p: &Plan, sizes: &[usize], steps: usize, outs: usize, what: &str) {
     let cpu = train(p, CpuBackend::new(), spec, sizes, steps, outs);
+    let pool = ThreadPool::new(2).unwrap();
     for (how, devices) in placements(p.graph.nodes.len()) {
         let Some(backend) = common::backend() else {
             return;
@@ -90,7 +94,12 @@ fn check_model(spec: &ModelSpec, p: &Plan, sizes: &[usize], steps: usize, outs: 
             on_gpu > 0 || !devices.contains(&Placement::Gpu),
             "{what}, {how}"
         );
-        let got = train(&mp, MixedBackend::new(backend), spec, sizes, steps, outs);
+        let got = if how.starts_with("random") {
+            let mixed = MixedBackend::with_cpu(CpuBackend::with_pool(&pool), backend);
+            train(&mp, mixed, spec, sizes, steps, outs)
+        } else {
+            train(&mp, MixedBackend::new(backend), spec, sizes, steps, outs)
+        };
         agree(&got, &cpu, &format!("{what}, {how} {devices:?}"));
     }
 }
