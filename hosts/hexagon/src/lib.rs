@@ -16,9 +16,10 @@ mod dsp;
 mod error;
 pub mod fastrpc;
 pub mod proto;
+mod space;
 mod transport;
 
-pub use backend::DspBackend;
+pub use backend::{DspBackend, DspPlan, DSP_ALIGN, DSP_SPACE};
 pub use dsp::{Calls, Dsp};
 pub use error::{status_name, DspError};
 pub use transport::{skel_path, QemuHexagon, Transport};
