@@ -22,7 +22,7 @@ mod transport;
 pub use backend::{DspBackend, DspPlan, DSP_ALIGN, DSP_SPACE};
 pub use dsp::{Calls, Dsp};
 pub use error::{status_name, DspError};
-pub use transport::{skel_path, QemuHexagon, Transport};
+pub use transport::{skel_path, QemuHexagon, Transport, DEFAULT_TIMEOUT};
 
 /// The shared DSP for tests: `Ok(Some)` when the skel and qemu-hexagon are here, `Ok(None)` when not
 /// (the caller reports *skipped*), `Err` when `FRUGAL_REQUIRE_DSP=1` and they are not.

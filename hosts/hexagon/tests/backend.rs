@@ -380,3 +380,69 @@ fn a_new_plan_maps_a_new_dsp_space_and_frees_the_old() {
     }
     assert_ne!(sizes[0], sizes[1], "the two plans' DSP layouts");
 }
+
+#[test]
+fn a_hung_dsp_times_out_and_keeps_the_weights() {
+    let Some(_) = qemu_or_skip().expect("DSP required") else {
+        return;
+    };
+    let data = batches();
+    let base = plan(Int8Update::FloatMaster);
+    let (want, want_w) = cpu_run(&base, &data[..2]);
+    let nodes = base.graph.nodes.len();
+    let dp = DspPlan::new(base, &vec![Placement::Dsp; nodes]).unwrap();
+    let p = &dp.plan;
+    let mut arena = vec![0u8; p.needed_bytes()];
+    let mut q = QemuHexagon::new().unwrap();
+    let timeout = std::time::Duration::from_secs(2);
+    q.timeout = timeout;
+    let dsp = DspBackend::planned(&dp, q).unwrap();
+    let mut ex = Executor::with_backend(p, &arena, dsp).unwrap();
+    ex.init_params(&mut arena, 1).unwrap();
+    let s0 = ex
+        .train_step(&mut arena, &data[0].0, Target::Classes(&data[0].1))
+        .unwrap();
+    assert_eq!(s0.loss.to_bits(), want[0]);
+    let mut before = Vec::new();
+    ex.backend_mut()
+        .persistent_bytes(aligned(&arena), &mut before);
+    let calls = ex.backend_mut().with_transport(|t| t.calls);
+    let per_step = calls - 2; // the preparation's ping and space
+                              // Hang late in the next step: after its first updates (the backward pass interleaves them).
+    ex.backend_mut()
+        .with_transport(|t| t.hang_at_call = Some(calls + per_step * 9 / 10));
+    let t0 = std::time::Instant::now();
+    let r = ex.train_step(&mut arena, &data[1].0, Target::Classes(&data[1].1));
+    let waited = t0.elapsed();
+    assert!(
+        matches!(r, Err(ExecError::Device(_))),
+        "a hung DSP must fail the step: {r:?}"
+    );
+    // Waited the time-out, not forever (the margin: the rest of the step's work before the hang).
+    assert!(waited >= timeout && waited < timeout * 10, "{waited:?}");
+    let b = ex.backend_mut();
+    assert!(
+        matches!(
+            b.last_error(),
+            Some(frugal_hexagon::DspError::TimedOut { .. })
+        ),
+        "{:?}",
+        b.last_error()
+    );
+    let mut after = Vec::new();
+    b.persistent_bytes(aligned(&arena), &mut after);
+    assert!(after == before, "weights changed by a timed-out step");
+    // The next step starts a fresh DSP (its space mapped again) and gives the CPU's bits.
+    let s1 = ex
+        .train_step(&mut arena, &data[1].0, Target::Classes(&data[1].1))
+        .unwrap();
+    assert_eq!(s1.loss.to_bits(), want[1], "the step after the time-out");
+    let b = ex.backend_mut();
+    b.persistent_bytes(aligned(&arena), &mut after);
+    assert!(
+        after == want_w[1],
+        "weights after the step after the time-out"
+    );
+    assert_eq!(b.with_transport(|t| t.starts), 2);
+    assert_eq!(b.verify_space().unwrap(), dp.space_bytes());
+}
