@@ -20,7 +20,7 @@ pub struct Calls {
     pub quantize: u64,
     /// Everything else (pings, im2col, max-abs, space preparations and checksums).
     pub other: u64,
-    /// Calls whose operands were already in the DSP space (no operand bytes sent with them).
+    /// Of those, calls on operands in the DSP space (no operand bytes sent with them).
     pub in_space: u64,
     /// Writes into the DSP space (the operand bytes it did not hold yet).
     pub space_writes: u64,

@@ -98,6 +98,7 @@ impl Resident {
             self.at(cb.as_ptr(), 4 * cl)?,
         );
         let mut run = || {
+            dsp.calls.gemm += 1;
             let params = gemm_params(m, n, k, &a, &b, accumulate)?;
             self.sync(dsp, oa, ab)?;
             self.sync(dsp, ob, bb)?;
@@ -135,6 +136,7 @@ impl Resident {
         let os = self.at(sb.as_ptr(), 4 * n)?;
         let od = self.at(bytes_of(dst.get(..n)?).as_ptr(), n)?;
         let mut run = || {
+            dsp.calls.rescale += 1;
             let params = rescale_params(n, shift, rounding, offset)?;
             self.sync(dsp, os, sb)?;
             let r = dsp.in_space(
@@ -172,6 +174,7 @@ impl Resident {
         let oy = self.at(bytes_of(y.get(..outn)?).as_ptr(), outn)?;
         let oi = self.at(idx.get(..outn)?.as_ptr(), outn)?;
         let mut run = || {
+            dsp.calls.pool += 1;
             let params = [w as u32, pairs as u32];
             self.sync(dsp, ox, xb)?;
             let r = dsp.in_space(
@@ -210,6 +213,7 @@ impl Resident {
         let (ody, oi) = (self.at(dyb.as_ptr(), outn)?, self.at(ib.as_ptr(), outn)?);
         let odx = self.at(bytes_of(dx.get(..xn)?).as_ptr(), xn)?;
         let mut run = || {
+            dsp.calls.pool += 1;
             let params = [w as u32, pairs as u32];
             self.sync(dsp, ody, dyb)?;
             self.sync(dsp, oi, ib)?;
