@@ -14,6 +14,7 @@
 #define FHX_RSP 0x41584846u /* "FHXA" */
 #define FHX_HEADER_WORDS 6u
 #define FHX_MAX_PARAMS 32u
+#define FHX_QUIET 0x80000000u /* IN_SPACE: keep the output in the space, send none back */
 
 enum fhx_op {
     FHX_OP_PING = 1,         /* results: [protocol version] */
@@ -30,7 +31,8 @@ enum fhx_op {
     FHX_OP_WRITE = 11,       /* params nspans, (off, len) x nspans; payload the spans' bytes back to back -> space */
     FHX_OP_IN_SPACE = 12,    /* params inner_op nsrc ndst, (off rowlen rows stride) x (nsrc + ndst), inner params;
                                 no payload: the sources are gathered from the space in order as the inner op's
-                                payload; its output is scattered to the destinations in order and returned */
+                                payload; its output is scattered to the destinations in order and returned
+                                (not returned when inner_op has FHX_QUIET set: the host computes it too) */
     FHX_OP_SPACE_SUM = 13,   /* results [FNV-1a of the whole space, its bytes] */
     FHX_OP_HANG = 14         /* test only: never answers (a hung DSP, for the host's time-out) */
 };

@@ -287,7 +287,7 @@ static uint32_t serve_space(uint32_t op, uint32_t np, uint32_t len, const uint8_
         return FHX_OK;
     case FHX_OP_IN_SPACE: {
         if (np < 3 || len) return FHX_BAD_PARAMS;
-        uint32_t inner = params[0], nsrc = params[1], ndst = params[2];
+        uint32_t inner = params[0] & ~FHX_QUIET, quiet = params[0] & FHX_QUIET, nsrc = params[1], ndst = params[2];
         if (inner == FHX_OP_PING || inner == FHX_OP_EXIT || inner >= FHX_OP_PREPARE) return FHX_BAD_OP;
         uint64_t head = 3 + 4 * ((uint64_t)nsrc + ndst);
         if (head > np) return FHX_BAD_PARAMS;
@@ -324,6 +324,7 @@ static uint32_t serve_space(uint32_t op, uint32_t np, uint32_t len, const uint8_
                 at += sp[1];
             }
         }
+        if (quiet) *out_len = 0;
         return FHX_OK;
     }
     case FHX_OP_HANG:

@@ -15,7 +15,7 @@ use frugal_core::model::{Int8Update, Precision};
 use frugal_core::plan::{Phase, Plan, LOSS_NODE};
 use frugal_core::policy::placement::{place, Problem};
 use frugal_hexagon::cost::{self, dsp_seconds};
-use frugal_hexagon::{DspBackend, QemuHexagon};
+use frugal_hexagon::{DspBackend, DspPlan, QemuHexagon};
 
 /// Times every instruction of a backend (the fastest of all steps), or counts the DSP calls it makes.
 struct Probe<B> {
@@ -120,6 +120,118 @@ fn dsp_capable(plan: &Plan, i: usize) -> bool {
     )
 }
 
+/// A MobileNet-class model for the int8 path: MobileNet v1's depthwise 3×3 + pointwise 1×1 blocks
+/// with strides, at 3×32×32 and 10 classes (small enough for int8's exact i32 sums at batch 8).
+const MOBILENET_CLASS: &str = r#"
+[model]
+input = [3, 32, 32]
+loss = "cross_entropy"
+
+[optimizer]
+type = "sgd"
+lr = 0.01
+
+[[layers]]
+name = "stem"
+type = "conv2d"
+out = 16
+kernel = 3
+stride = 2
+padding = 1
+
+[[layers]]
+name = "relu0"
+type = "relu"
+
+[[layers]]
+name = "dw1"
+type = "conv2d"
+out = 16
+kernel = 3
+padding = 1
+groups = 16
+
+[[layers]]
+name = "pw1"
+type = "conv2d"
+out = 32
+kernel = 1
+
+[[layers]]
+name = "relu1"
+type = "relu"
+
+[[layers]]
+name = "dw2"
+type = "conv2d"
+out = 32
+kernel = 3
+stride = 2
+padding = 1
+groups = 32
+
+[[layers]]
+name = "pw2"
+type = "conv2d"
+out = 64
+kernel = 1
+
+[[layers]]
+name = "relu2"
+type = "relu"
+
+[[layers]]
+name = "dw3"
+type = "conv2d"
+out = 64
+kernel = 3
+padding = 1
+groups = 64
+
+[[layers]]
+name = "pw3"
+type = "conv2d"
+out = 64
+kernel = 1
+
+[[layers]]
+name = "relu3"
+type = "relu"
+
+[[layers]]
+name = "dw4"
+type = "conv2d"
+out = 64
+kernel = 3
+stride = 2
+padding = 1
+groups = 64
+
+[[layers]]
+name = "pw4"
+type = "conv2d"
+out = 128
+kernel = 1
+
+[[layers]]
+name = "relu4"
+type = "relu"
+
+[[layers]]
+name = "pool"
+type = "maxpool2d"
+kernel = 2
+
+[[layers]]
+name = "flat"
+type = "flatten"
+
+[[layers]]
+name = "fc"
+type = "linear"
+out = 10
+"#;
+
 fn main() -> Result<(), String> {
     let batch: usize = std::env::var("FRUGAL_DSP_BATCH")
         .ok()
@@ -127,33 +239,162 @@ fn main() -> Result<(), String> {
         .unwrap_or(32);
     let plugin = std::env::var("FRUGAL_DSP_PLUGIN")
         .map_err(|_| "FRUGAL_DSP_PLUGIN (the counting plugin; run `cargo xtask bench dsp`)")?;
+    let update = Int8Update::FloatMaster;
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/digits-cnn.toml");
     let m = load_model(&path).map_err(|e| e.to_string())?;
-    let update = Int8Update::FloatMaster;
     let plan = Plan::new(
         Graph::with_precision(&m.spec, batch, Precision::Int8(update))
             .map_err(|e| e.to_string())?,
     );
-    let n = plan.program.len();
     let (tr, _) = frugal_cli::data::digits();
     let per = tr.x.len() / tr.len();
     let idx: Vec<usize> = (0..batch).collect();
     let (mut x, mut y) = (vec![0f32; batch * per], vec![0u32; batch]);
     tr.batch(&idx, &mut x, &mut y);
+    report(
+        &format!("digits CNN, int8 (float master), batch {batch}"),
+        &plan,
+        &x,
+        &y,
+        &plugin,
+    )?;
+
+    // The MobileNet-class model at batch 8 (int8's exact i32 sums), on random inputs.
+    let mb = 8;
+    let m = frugal_cli::spec_toml::parse_model(MOBILENET_CLASS).map_err(|e| e.to_string())?;
+    let plan = Plan::new(
+        Graph::with_precision(&m.spec, mb, Precision::Int8(update)).map_err(|e| e.to_string())?,
+    );
+    let mut rng = frugal_core::rng::Rng::new(3);
+    let x: Vec<f32> = (0..mb * 3 * 32 * 32)
+        .map(|_| rng.below(2001) as f32 / 1000.0 - 1.0)
+        .collect();
+    let y: Vec<u32> = (0..mb).map(|_| rng.below(10) as u32).collect();
+    println!();
+    report(
+        &format!(
+            "MobileNet-class (depthwise 3×3 + pointwise 1×1 blocks, strides 2; 3×32×32), int8 (float master), batch {mb}"
+        ),
+        &plan,
+        &x,
+        &y,
+        &plugin,
+    )
+}
+
+/// The least total of `prob` by a shortest path over the explicit graph of (instruction, device)
+/// states (Dijkstra over a binary heap): an exact method independent of the DP's code, for instances
+/// too large for brute force.
+fn shortest_path(prob: &Problem<'_>) -> f64 {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let (n, d) = (prob.cost.len() / prob.devices, prob.devices);
+    let tr = |b: usize, from: usize, to: usize| prob.transfer[b * d * d + from * d + to];
+    // State s = i·d + x: instructions 0..i done, the last on x; s = n·d + end: the sink.
+    let mut dist = vec![f64::INFINITY; (n + 1) * d];
+    let mut heap = BinaryHeap::new();
+    // Total-order key on non-negative finite times.
+    let key = |t: f64| Reverse(t.to_bits());
+    for x in 0..d {
+        let t = tr(0, prob.start, x) + prob.cost[x];
+        if t.is_finite() && t < dist[x] {
+            dist[x] = t;
+            heap.push((key(t), x));
+        }
+    }
+    while let Some((Reverse(bits), s)) = heap.pop() {
+        let t = f64::from_bits(bits);
+        if t > dist[s] {
+            continue;
+        }
+        let (i, x) = (s / d, s % d);
+        if i == n {
+            return t;
+        }
+        if i + 1 == n {
+            let u = t + tr(n, x, prob.end);
+            let sink = n * d + prob.end;
+            if u < dist[sink] {
+                dist[sink] = u;
+                heap.push((key(u), sink));
+            }
+            continue;
+        }
+        for y in 0..d {
+            let u = t + tr(i + 1, x, y) + prob.cost[(i + 1) * d + y];
+            let s2 = (i + 1) * d + y;
+            if u.is_finite() && u < dist[s2] {
+                dist[s2] = u;
+                heap.push((key(u), s2));
+            }
+        }
+    }
+    f64::INFINITY
+}
+
+/// Pipe bytes (to and from the DSP) of the second of two steps with nodes placed by `devs`: the
+/// operands copied per call, and with a planned DSP space.
+fn bytes_per_step(
+    base: &Plan,
+    devs: &[Placement],
+    x: &[f32],
+    y: &[u32],
+) -> Result<(u64, u64), String> {
+    let err = |e: ExecError| e.to_string();
+    let pipe = |c: frugal_hexagon::Calls| c.bytes_in + c.bytes_out;
+    let mut copying = base.clone();
+    for ins in copying.program.iter_mut() {
+        let on = ins.node != LOSS_NODE
+            && ins.phase != Phase::Apply
+            && devs.get(ins.node as usize) == Some(&Placement::Dsp);
+        ins.placement = if on { Placement::Dsp } else { Placement::Cpu };
+    }
+    let mut arena = vec![0u8; copying.needed_bytes()];
+    let q = QemuHexagon::new().map_err(|e| e.to_string())?;
+    let mut ex =
+        Executor::with_backend(&copying, &arena, DspBackend::new(&copying, q).map_err(err)?)
+            .map_err(err)?;
+    ex.init_params(&mut arena, 1).map_err(err)?;
+    ex.train_step(&mut arena, x, Target::Classes(y))
+        .map_err(err)?;
+    let c0 = pipe(ex.backend().calls());
+    ex.train_step(&mut arena, x, Target::Classes(y))
+        .map_err(err)?;
+    let old = pipe(ex.backend().calls()) - c0;
+    drop(ex);
+    let dp = DspPlan::new(base.clone(), devs).map_err(|e| e.to_string())?;
+    let mut arena = vec![0u8; dp.plan.needed_bytes()];
+    let q = QemuHexagon::new().map_err(|e| e.to_string())?;
+    let mut ex =
+        Executor::with_backend(&dp.plan, &arena, DspBackend::planned(&dp, q).map_err(err)?)
+            .map_err(err)?;
+    ex.init_params(&mut arena, 1).map_err(err)?;
+    ex.train_step(&mut arena, x, Target::Classes(y))
+        .map_err(err)?;
+    let c0 = pipe(ex.backend().calls());
+    ex.train_step(&mut arena, x, Target::Classes(y))
+        .map_err(err)?;
+    let new = pipe(ex.backend().calls()) - c0;
+    Ok((old, new))
+}
+
+fn report(title: &str, plan: &Plan, x: &[f32], y: &[u32], plugin: &str) -> Result<(), String> {
+    let plugin = plugin.to_string();
+    let n = plan.program.len();
     let err = |e: ExecError| e.to_string();
 
     // CPU: the fastest of 30 steps per instruction.
     let mut arena = vec![0u8; plan.needed_bytes()];
     let probe = Probe {
-        inner: CpuInt8::new(&plan).map_err(err)?,
+        inner: CpuInt8::new(plan).map_err(err)?,
         secs: vec![f64::INFINITY; n],
         calls: vec![(0, 0); n],
         count: None,
     };
-    let mut ex = Executor::with_backend(&plan, &arena, probe).map_err(err)?;
+    let mut ex = Executor::with_backend(plan, &arena, probe).map_err(err)?;
     ex.init_params(&mut arena, 1).map_err(err)?;
     for _ in 0..30 {
-        ex.train_step(&mut arena, &x, Target::Classes(&y))
+        ex.train_step(&mut arena, x, Target::Classes(y))
             .map_err(err)?;
     }
     let cpu = ex.backend().secs.clone();
@@ -183,9 +424,9 @@ fn main() -> Result<(), String> {
     };
     let mut ex = Executor::with_backend(&dp, &arena, probe).map_err(err)?;
     ex.init_params(&mut arena, 1).map_err(err)?;
-    ex.train_step(&mut arena, &x, Target::Classes(&y))
+    ex.train_step(&mut arena, x, Target::Classes(y))
         .map_err(err)?;
-    ex.train_step(&mut arena, &x, Target::Classes(&y))
+    ex.train_step(&mut arena, x, Target::Classes(y))
         .map_err(err)?;
     let calls = ex.backend().calls.clone();
     let dsp_calls = ex.backend().inner.calls();
@@ -202,7 +443,7 @@ fn main() -> Result<(), String> {
     let mut dsp = vec![f64::INFINITY; n];
     let (mut packets, mut overhead) = (vec![0u64; n], vec![0u64; n]);
     for i in 0..n {
-        if !dsp_capable(&plan, i) {
+        if !dsp_capable(plan, i) {
             continue;
         }
         let (c0, c1) = calls[i];
@@ -219,7 +460,7 @@ fn main() -> Result<(), String> {
     }
 
     println!(
-        "digits CNN, int8 (float master), batch {batch}: {n} instructions; DSP model {:.1} GHz, 1 packet/cycle; switch = {:.0} µs + live bytes / {:.0} GB/s",
+        "{title}: {n} instructions; DSP model {:.1} GHz, 1 packet/cycle; switch = {:.0} µs + live bytes / {:.0} GB/s",
         cost::DSP_HZ / 1e9,
         cost::RPC_SECONDS * 1e6,
         cost::COPY_BYTES_PER_SECOND / 1e9
@@ -250,7 +491,7 @@ fn main() -> Result<(), String> {
         };
         println!(
             "{:<16} {:>10.1} {:>14} {:>14} {:>10} {:>9}",
-            label(&plan, i),
+            label(plan, i),
             cpu[i] * 1e6,
             packets[i],
             overhead[i],
@@ -264,7 +505,7 @@ fn main() -> Result<(), String> {
         costv[2 * i] = cpu[i];
         costv[2 * i + 1] = dsp[i];
     }
-    let transfer = cost::transfers(&plan);
+    let transfer = cost::transfers(plan);
     let prob = Problem {
         devices: 2,
         cost: &costv,
@@ -313,9 +554,56 @@ fn main() -> Result<(), String> {
     }
     let on: Vec<String> = (0..n)
         .filter(|&i| placement[i] == 1)
-        .map(|i| label(&plan, i))
+        .map(|i| label(plan, i))
         .collect();
     println!("  DP places on the DSP: {}", on.join(", "));
+    let sp = shortest_path(&prob);
+    println!(
+        "  shortest path (Dijkstra, exact)  {:>10.1} µs  (DP / shortest path = {:.6})",
+        sp * 1e6,
+        best / sp
+    );
+
+    // Bytes over the pipe per step (the second of two), per node placement: every call's operands
+    // copied (no DSP space) vs a planned DSP space.
+    let nodes = plan.graph.nodes.len();
+    let mut dp_nodes = vec![Placement::Cpu; nodes];
+    for i in 0..n {
+        let ins = &plan.program[i];
+        if ins.phase == Phase::Forward && placement[i] == 1 {
+            dp_nodes[ins.node as usize] = Placement::Dsp;
+        }
+    }
+    let heavy: Vec<Placement> = plan
+        .graph
+        .nodes
+        .iter()
+        .map(|nd| match nd.op {
+            NodeOp::Linear { .. } | NodeOp::Conv(_) | NodeOp::MaxPool(_) => Placement::Dsp,
+            _ => Placement::Cpu,
+        })
+        .collect();
+    println!();
+    println!("bytes to + from the DSP per step (second step), node placements:");
+    println!(
+        "{:<36} {:>14} {:>14} {:>8}",
+        "placement", "copied/call", "planned space", "ratio"
+    );
+    for (name, devs) in [
+        ("all nodes on the DSP", vec![Placement::Dsp; nodes]),
+        ("conv/linear/pool on the DSP", heavy),
+        ("the DP's (nodes whose forward it puts there)", dp_nodes),
+    ] {
+        if devs.iter().all(|&d| d == Placement::Cpu) {
+            println!("{name:<36} {:>14} {:>14} {:>8}", 0, 0, "-");
+            continue;
+        }
+        let (old, new) = bytes_per_step(plan, &devs, x, y)?;
+        println!(
+            "{name:<36} {old:>14} {new:>14} {:>8.3}",
+            new as f64 / old as f64
+        );
+    }
     println!();
     println!("Mandheling Table 3 (DSP-unfriendly ops, DSP/CPU latency): Transpose 25/3 = 8.3, WeightRotate 20/4 = 5.0, Slice 17/4 = 4.3");
     let ratio = |pred: &dyn Fn(&NodeOp) -> bool| {

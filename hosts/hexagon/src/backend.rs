@@ -189,6 +189,24 @@ impl<T: Transport> offload::Offload for Shared<T> {
             .run(|d, _, _| d.quantize(src, k, dst))
             .is_some()
     }
+    fn im2col(
+        &mut self,
+        geom: [usize; 13],
+        x: &[i8],
+        samples: usize,
+        grp: usize,
+        cols: &mut [i8],
+        ld: usize,
+    ) -> bool {
+        self.0.borrow_mut().run(
+            |d, _, sp| match sp.im2col(d, geom, x, samples, grp, cols, ld) {
+                Some(r) => r.map(|()| true),
+                // Not worth a call without a DSP space: the columns (kh·kw times the input) would
+                // come back only to be sent again with the GEMM.
+                None => Ok(false),
+            },
+        ) == Some(true)
+    }
 }
 
 /// Puts the hook back into its slot when the instruction returns (or unwinds).

@@ -337,10 +337,13 @@ impl<T: Transport> Dsp<T> {
 
     /// `inner` with its operands gathered from the DSP space (`srcs`, in the order its payload takes
     /// them) and its output scattered there (`dsts`, in order); each span is `[offset, row bytes,
-    /// rows, row stride]`. The output also comes back in the reply.
+    /// rows, row stride]`. The output also comes back in the reply, unless `quiet` (`want_len` 0: the
+    /// host computes the same bytes itself).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn in_space(
         &mut self,
         inner: Op,
+        quiet: bool,
         srcs: &[[usize; 4]],
         dsts: &[[usize; 4]],
         inner_params: &[u32],
@@ -357,7 +360,7 @@ impl<T: Transport> Dsp<T> {
                 bytes: 4 * np as u64,
             });
         }
-        params[0] = inner as u32;
+        params[0] = inner as u32 | if quiet { crate::proto::QUIET } else { 0 };
         params[1] = srcs.len() as u32;
         params[2] = dsts.len() as u32;
         let mut at = 3;
@@ -380,29 +383,56 @@ impl<T: Transport> Dsp<T> {
         grp: usize,
         cols: &mut [i8],
     ) -> Result<(), DspError> {
-        const OP: &str = "im2col";
+        let span = samples * g.oh * g.ow;
+        self.im2col_ld(geom_of(g), x, samples, grp, cols, span)
+    }
+
+    /// [`Self::im2col`] into rows `ld` apart (`ld ≥ samples·oh·ow`; the rest of each row untouched),
+    /// the geometry as [`im2col_params`] takes it.
+    pub fn im2col_ld(
+        &mut self,
+        geom: [usize; 13],
+        x: &[i8],
+        samples: usize,
+        grp: usize,
+        cols: &mut [i8],
+        ld: usize,
+    ) -> Result<(), DspError> {
         self.calls.other += 1;
-        let dims = [
-            g.cin, g.h, g.w, g.cout, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.groups, g.oh, g.ow,
-            samples, grp,
-        ];
-        let mut params = [0u32; 15];
-        for (p, &d) in params.iter_mut().zip(&dims) {
-            *p = u32_of(OP, d)?;
-        }
-        let per_in = g.cin * g.h * g.w;
-        let kg = g.cin / g.groups.max(1) * g.kh * g.kw;
-        let want = kg * samples * g.oh * g.ow;
-        let r = self.call(
-            Op::Im2col,
-            &params,
-            &[as_bytes(&x[..samples * per_in])],
-            want,
-            0,
-        )?;
-        for (d, &v) in cols[..want].iter_mut().zip(&r.payload) {
-            *d = v as i8;
+        let (params, xn, kg, span) = im2col_params(geom, samples, grp)?;
+        let r = self.call(Op::Im2col, &params, &[as_bytes(&x[..xn])], kg * span, 0)?;
+        for (row, src) in cols
+            .chunks_mut(ld.max(1))
+            .zip(r.payload.chunks_exact(span.max(1)))
+        {
+            for (d, &v) in row[..span].iter_mut().zip(src) {
+                *d = v as i8;
+            }
         }
         Ok(())
     }
+}
+
+/// `[cin, h, w, cout, kh, kw, sh, sw, ph, pw, groups, oh, ow]` of `g`.
+pub(crate) fn geom_of(g: &ConvGeom) -> [usize; 13] {
+    [
+        g.cin, g.h, g.w, g.cout, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.groups, g.oh, g.ow,
+    ]
+}
+
+/// The parameters of an im2col request, the input bytes it reads, and its output rows and row
+/// length.
+pub(crate) fn im2col_params(
+    geom: [usize; 13],
+    samples: usize,
+    grp: usize,
+) -> Result<([u32; 15], usize, usize, usize), DspError> {
+    const OP: &str = "im2col";
+    let [cin, h, w, _, kh, kw, _, _, _, _, groups, oh, ow] = geom;
+    let mut params = [0u32; 15];
+    for (p, &d) in params.iter_mut().zip(geom.iter().chain(&[samples, grp])) {
+        *p = u32_of(OP, d)?;
+    }
+    let kg = cin / groups.max(1) * kh * kw;
+    Ok((params, samples * cin * h * w, kg, samples * oh * ow))
 }

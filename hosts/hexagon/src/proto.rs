@@ -12,6 +12,8 @@ pub const RSP_MAGIC: u32 = 0x4158_4846;
 pub const HEADER_WORDS: usize = 6;
 /// Most parameters a request carries.
 pub const MAX_PARAMS: usize = 32;
+/// [`Op::InSpace`]: set in the inner op's word, the output stays in the DSP space (none comes back).
+pub const QUIET: u32 = 0x8000_0000;
 /// Most results a reply carries.
 pub const MAX_RESULTS: usize = 4;
 /// The protocol version the skel answers to a ping.

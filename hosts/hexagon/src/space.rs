@@ -12,8 +12,9 @@
 //! output the DSP produced is not sent back to it. Operands outside the mirror (the host's f32 batch)
 //! go inline as before.
 use frugal_core::kernels::int8::{MatRef, Rounding};
+use frugal_core::ops::ConvGeom;
 
-use crate::dsp::{extent, gemm_params, rescale_params, Dsp};
+use crate::dsp::{extent, gemm_params, im2col_params, rescale_params, Dsp};
 use crate::error::DspError;
 use crate::proto::Op;
 use crate::transport::Transport;
@@ -108,7 +109,7 @@ impl Resident {
             let cs = [oc, 4 * n, m, 4 * ldc];
             let srcs = [[oa, al, 1, al], [ob, bl, 1, bl], cs];
             let srcs = if accumulate { &srcs[..] } else { &srcs[..2] };
-            let r = dsp.in_space(Op::Gemm, srcs, &[cs], &params, 4 * m * n, 0)?;
+            let r = dsp.in_space(Op::Gemm, false, srcs, &[cs], &params, 4 * m * n, 0)?;
             for (i, row) in r.payload.chunks_exact(4 * n).enumerate() {
                 for (d, v) in c[i * ldc..i * ldc + n].iter_mut().zip(row.chunks_exact(4)) {
                     *d = i32::from_le_bytes([v[0], v[1], v[2], v[3]]);
@@ -141,6 +142,7 @@ impl Resident {
             self.sync(dsp, os, sb)?;
             let r = dsp.in_space(
                 Op::Rescale,
+                false,
                 &[[os, 4 * n, 1, 4 * n]],
                 &[[od, n, 1, n]],
                 &params,
@@ -179,6 +181,7 @@ impl Resident {
             self.sync(dsp, ox, xb)?;
             let r = dsp.in_space(
                 Op::MaxPool,
+                false,
                 &[[ox, xn, 1, xn]],
                 &[[oy, outn, 1, outn], [oi, outn, 1, outn]],
                 &params,
@@ -220,6 +223,7 @@ impl Resident {
             self.sync(dsp, odx, bytes_of(&dx[..xn]))?;
             let r = dsp.in_space(
                 Op::MaxPoolGrad,
+                false,
                 &[[ody, outn, 1, outn], [oi, outn, 1, outn], [odx, xn, 1, xn]],
                 &[[odx, xn, 1, xn]],
                 &params,
@@ -230,6 +234,59 @@ impl Resident {
                 *d = v as i8;
             }
             self.record(odx, bytes_of(&dx[..xn]));
+            Ok(())
+        };
+        Some(run())
+    }
+
+    /// [`Dsp::im2col_ld`] from the space's copy of `x` into its `cols`, the columns staying there:
+    /// the host lays out the same columns in its mirror with the CPU's im2col (bit-exact with the
+    /// DSP's, the conformance suite) instead of receiving them — they are `kh·kw` times the input.
+    #[allow(clippy::too_many_arguments)]
+    pub fn im2col<T: Transport>(
+        &mut self,
+        dsp: &mut Dsp<T>,
+        geom: [usize; 13],
+        x: &[i8],
+        samples: usize,
+        grp: usize,
+        cols: &mut [i8],
+        ld: usize,
+    ) -> Option<Result<(), DspError>> {
+        let [cin, h, w, cout, kh, kw, sh, sw, ph, pw, groups, ..] = geom;
+        let g = ConvGeom::new(cin, h, w, cout, kh, kw, sh, sw, ph, pw, groups)?;
+        if crate::dsp::geom_of(&g) != geom {
+            return None;
+        }
+        let (params, xn, kg, span) = match im2col_params(geom, samples, grp) {
+            Ok(p) => p,
+            Err(e) => return Some(Err(e)),
+        };
+        if kg == 0 || span == 0 || ld < span {
+            return None;
+        }
+        let xb = bytes_of(x.get(..xn)?);
+        let ox = self.at(xb.as_ptr(), xn)?;
+        let cl = (kg - 1) * ld + span;
+        let oc = self.at(bytes_of(cols.get(..cl)?).as_ptr(), cl)?;
+        let mut run = || {
+            dsp.calls.other += 1;
+            self.sync(dsp, ox, xb)?;
+            dsp.in_space(
+                Op::Im2col,
+                true,
+                &[[ox, xn, 1, xn]],
+                &[[oc, span, kg, ld]],
+                &params,
+                0,
+                0,
+            )?;
+            // The CPU's im2col (the offload is busy serving this call, so it runs on the CPU).
+            frugal_core::quant::ops::im2col(&g, x, samples, grp, cols, ld);
+            for i in 0..kg {
+                let at = oc + i * ld;
+                self.shadow[at..at + span].copy_from_slice(bytes_of(&cols[i * ld..i * ld + span]));
+            }
             Ok(())
         };
         Some(run())
