@@ -5,20 +5,33 @@
 //!
 //! How: the integer bookkeeping (exponents, rescale sites, batch splitting) stays in
 //! [`CpuInt8`]; around a DSP instruction the backend installs its DSP as the int8 kernels'
-//! [`offload`](frugal_core::kernels::int8::offload) hook, so every product, rescale and pooling of
-//! that instruction goes to the DSP, bit-exact with the CPU (the conformance suite).
+//! [`offload`](frugal_core::kernels::int8::offload) hook, so every product, rescale, pooling and
+//! (with a planned space) im2col of that instruction goes to the DSP, bit-exact with the CPU (the
+//! conformance suite). Loss and updates run on the host's CPU wherever they are placed.
 //!
-//! Memory: the DSP's operands stay in the host arena and the transport copies them per call (no
-//! planned DSP space yet: the core's transform for mixed placements, which inserts moves where a
-//! storage crosses devices, is not merged). The DSP session and the host's staging buffers are set up
-//! once per plan in [`Backend::prepare`] ([`DspBackend::preparations`]); a step sets up nothing.
-//! With a planned DSP space (`Plan::spaces`, as the GPU backend's), `prepare` would size the skel's
-//! arena once and the moves would be the only copies.
+//! Memory, two ways:
 //!
-//! Faults: a DSP that dies or answers garbage mid-step fails the step with
-//! [`ExecError::Device`] (details in [`DspBackend::last_error`]); the persistent bytes of the arena
-//! (weights, optimizer state) and the integer state, saved at the step's first instruction, are put
-//! back, and the next step starts a fresh DSP.
+//! - [`DspBackend::new`]: a plan whose storages all live in the host arena (placements set per
+//!   instruction); the transport copies every call's operands and results.
+//! - [`DspBackend::planned`] with a [`DspPlan`]: the DSP-placed nodes' storages (weights, their
+//!   gradients and optimizer state, activations passed between DSP nodes, scratch) live in
+//!   [`DSP_SPACE`], laid out by the planner with their own lifetimes; values crossing CPU ↔ DSP move
+//!   through the plan's `Phase::Move`s. `prepare` (once per plan) allocates the host's mirror of the
+//!   space and has the skel map the DSP's copy (`PREPARE`; a new plan maps a new one and frees the
+//!   old). The DSP side of an instruction runs as a second [`CpuInt8`] on the plan's DSP view and the
+//!   mirror (the integer state handed between the two when the side changes); its kernels run on the
+//!   DSP's copy (`IN_SPACE`), and only the bytes the DSP does not hold yet travel (`crate::space`).
+//!   A move in copies into the mirror, a move out from it (the DSP's outputs came back with their
+//!   calls); a DSP-placed update changes the mirror's weights, which reach the DSP at their next use.
+//!
+//! The DSP session, the staging buffers and the space are set up once per plan in
+//! [`Backend::prepare`] ([`DspBackend::preparations`]); a step sets up and allocates nothing.
+//!
+//! Faults: a DSP that dies, answers garbage or does not answer within the transport's time-out
+//! ([`QemuHexagon::timeout`](crate::QemuHexagon::timeout)) mid-step fails the step with
+//! [`ExecError::Device`] (details in [`DspBackend::last_error`]); the persistent bytes (weights,
+//! optimizer state — in the arena and the mirror) and the integer state, saved at the step's first
+//! instruction, are put back, and the next step starts a fresh DSP (its space mapped again).
 use std::cell::RefCell;
 use std::rc::Rc;
 

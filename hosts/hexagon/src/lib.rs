@@ -8,7 +8,9 @@
 //! * [`Transport`]: how requests reach it — [`QemuHexagon`] (the skel under `qemu-hexagon`, here) and
 //!   [`fastrpc::FastRpc`] (a phone's `libcdsprpc.so`, opened at run time).
 //! * [`Dsp`]: the kernels as typed calls; [`DspBackend`]: a frugal [`Backend`](frugal_core::backend::Backend)
-//!   serving `Placement::Dsp` (and `Cpu`) for int8 plans.
+//!   serving `Placement::Dsp` (and `Cpu`) for int8 plans — with a planned DSP memory space
+//!   ([`DspPlan`], [`DSP_SPACE`]: mapped once per plan by the skel, the DSP nodes' tensors resident
+//!   there across calls and steps) or copying each call's operands.
 //! * [`cost`]: per-op DSP and CPU costs for the co-scheduling DP (`cargo xtask bench dsp`).
 pub mod backend;
 pub mod cost;
