@@ -301,10 +301,10 @@ fn shortest_path(prob: &Problem<'_>) -> f64 {
     let mut heap = BinaryHeap::new();
     // Total-order key on non-negative finite times.
     let key = |t: f64| Reverse(t.to_bits());
-    for x in 0..d {
+    for (x, slot) in dist.iter_mut().enumerate().take(d) {
         let t = tr(0, prob.start, x) + prob.cost[x];
-        if t.is_finite() && t < dist[x] {
-            dist[x] = t;
+        if t.is_finite() && t < *slot {
+            *slot = t;
             heap.push((key(t), x));
         }
     }
@@ -588,9 +588,8 @@ fn report(title: &str, plan: &Plan, x: &[f32], y: &[u32], plugin: &str) -> Resul
     // copied (no DSP space) vs a planned DSP space.
     let nodes = plan.graph.nodes.len();
     let mut dp_nodes = vec![Placement::Cpu; nodes];
-    for i in 0..n {
-        let ins = &plan.program[i];
-        if ins.node != LOSS_NODE && placement[i] == 1 {
+    for (ins, &p) in plan.program.iter().zip(&placement) {
+        if ins.node != LOSS_NODE && p == 1 {
             dp_nodes[ins.node as usize] = Placement::Dsp;
         }
     }

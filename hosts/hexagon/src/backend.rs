@@ -39,6 +39,7 @@ use frugal_core::backend::{
     check_placements, Backend, CpuInt8, Cx, ExecError, Int8State, LayerOps, LossOps, LossOut,
     MoveOps, OptimOps, Placement, Region, StepStart, Target,
 };
+use frugal_core::graph::TensorId;
 use frugal_core::kernels::int8::{offload, MatRef, Rounding};
 use frugal_core::plan::{Plan, SpaceId, ALIGN};
 use frugal_core::policy::mixed::{device_view, host_view, mixed, MixedError};
@@ -390,6 +391,21 @@ impl<'p, T: Transport + 'static> DspBackend<'p, T> {
         }
     }
 
+    /// The f32 values of tensor `t` (`len` of them) in the mirror of the DSP space.
+    fn dsp_tensor(&mut self, t: TensorId, len: usize) -> Result<&mut [f32], ExecError> {
+        let d = self.dev.as_mut().ok_or(ExecError::Tensor(
+            "the tensor is in a memory space this backend does not own",
+        ))?;
+        let (off, bytes) = d
+            .view
+            .region(t)
+            .ok_or(ExecError::Tensor("the tensor is in no memory space"))?;
+        if bytes != 4 * len {
+            return Err(ExecError::Tensor("the tensor's length differs"));
+        }
+        frugal_core::backend::arena::f32s(&mut d.mem()[off..off + bytes])
+    }
+
     /// Moves the integer state to the side that runs next (the DSP side or the CPU).
     fn use_side(&mut self, dev: bool) {
         let Some(d) = self.dev.as_mut() else {
@@ -622,20 +638,22 @@ impl<T: Transport + 'static> Backend for DspBackend<'_, T> {
                 if let Some(s) = plan.spaces.iter().find(|s| s.space != DSP_SPACE) {
                     return Err(ExecError::Space(s.space.0));
                 }
-                // The mirror of the DSP space (allocated here, once per plan).
-                let n = d.view.arena_bytes;
-                d.mem.clear();
-                d.mem.resize(n + ALIGN, 0);
-                d.base = d.mem.as_ptr().align_offset(ALIGN);
-                let base = d.mem()[..].as_ptr() as usize;
-                let mut h = self.shared.borrow_mut();
-                h.space = crate::space::Resident {
-                    base,
-                    len: n,
-                    shadow: vec![0; n],
-                    ready: false,
-                    prepared: (0, 0),
-                };
+                // The mirror of the DSP space, allocated once per plan: a second executor over the
+                // same plan (`Executor::into_backend`) keeps it, the weights in it and the DSP's copy.
+                if d.mem.is_empty() {
+                    let n = d.view.arena_bytes;
+                    d.mem.resize(n + ALIGN, 0);
+                    d.base = d.mem.as_ptr().align_offset(ALIGN);
+                    let base = d.mem()[..].as_ptr() as usize;
+                    let mut h = self.shared.borrow_mut();
+                    h.space = crate::space::Resident {
+                        base,
+                        len: n,
+                        shadow: vec![0; n],
+                        ready: false,
+                        prepared: (0, 0),
+                    };
+                }
             }
         }
         self.persist.clear();
@@ -677,7 +695,7 @@ impl<T: Transport + 'static> Backend for DspBackend<'_, T> {
                 .transport
                 .restart()
                 .and_then(|_| h.dsp.ping().map(|_| ()));
-            if up.is_ok() && self.dev.is_some() {
+            if up.is_ok() && self.dev.is_some() && !h.space.ready {
                 up = h.prepare_space();
             }
             if let Err(e) = up {
@@ -697,6 +715,18 @@ impl<T: Transport + 'static> Backend for DspBackend<'_, T> {
             d.int8.begin_step(d.view, step)?;
         }
         self.inner.begin_step(plan, step)
+    }
+    /// A persistent tensor in the DSP space, from the mirror (the DSP's copy holds the same bytes
+    /// wherever it read them).
+    fn read_tensor(&mut self, _: &Plan, t: TensorId, out: &mut [f32]) -> Result<(), ExecError> {
+        out.copy_from_slice(self.dsp_tensor(t, out.len())?);
+        Ok(())
+    }
+    /// Writes a persistent tensor in the DSP space into the mirror; the bytes reach the DSP with the
+    /// first kernel that reads them.
+    fn write_tensor(&mut self, _: &Plan, t: TensorId, data: &[f32]) -> Result<(), ExecError> {
+        self.dsp_tensor(t, data.len())?.copy_from_slice(data);
+        Ok(())
     }
     fn init_params(&mut self, plan: &Plan, host: &mut [u8], seed: u64) -> Result<(), ExecError> {
         let Some(d) = self.dev.as_mut() else {

@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 
 use frugal_cli::spec_toml::load_model;
+use frugal_core::backend::Backend;
 use frugal_core::backend::{CpuInt8, ExecError, Placement, Target};
 use frugal_core::exec::Executor;
 use frugal_core::graph::Graph;
@@ -295,6 +296,31 @@ fn a_planned_dsp_space_gives_the_cpu_loss_bits_and_moves_fewer_bytes() {
         assert_eq!(b.space_prepared(), Some((1, 1)), "{name}: spaces mapped");
         assert!(b.calls().in_space > 0, "{name}: no call ran on the space");
         assert_eq!(b.with_transport(|t| t.starts), 1, "{name}: DSP processes");
+        // A second executor over the same plan and backend keeps the DSP space and its weights; the
+        // executor reads a tensor that lives there through the backend.
+        let mut ex = Executor::with_backend(p, &arena, ex.into_backend()).unwrap();
+        let mut again = Vec::new();
+        ex.backend_mut()
+            .persistent_bytes(aligned(&arena), &mut again);
+        assert!(again == w, "{name}: weights after a second prepare");
+        assert_eq!(ex.backend().space_prepared(), Some((1, 1)), "{name}");
+        let on_dsp = p
+            .graph
+            .nodes
+            .iter()
+            .zip(devs)
+            .find(|(n, &d)| d == Placement::Dsp && !n.params.is_empty())
+            .map(|(n, _)| n.params[0].value);
+        if let Some(t) = on_dsp {
+            // (A float-master plan: the weight's value is its f32 master.)
+            let len = p.graph.tensors[t as usize].bytes / 4;
+            let mut v = vec![0f32; len];
+            ex.backend_mut().read_tensor(p, t, &mut v).unwrap();
+            assert!(
+                v.iter().any(|&x| x != 0.0),
+                "{name}: a DSP-resident weight reads as zeros"
+            );
+        }
         // The same placement without a planned space copies every call's operands.
         let unplanned = {
             let mut up = base.clone();
