@@ -244,6 +244,17 @@ fn a_planned_dsp_space_gives_the_cpu_loss_bits_and_moves_fewer_bytes() {
     let data = batches();
     let base = plan(Int8Update::FloatMaster);
     let (want, want_w) = cpu_run(&base, &data[..STEPS]);
+    let want_eval = {
+        let mut arena = vec![0u8; base.needed_bytes()];
+        let mut ex = Executor::with_backend(&base, &arena, CpuInt8::new(&base).unwrap()).unwrap();
+        ex.init_params(&mut arena, 1).unwrap();
+        for (x, y) in &data[..STEPS] {
+            ex.train_step(&mut arena, x, Target::Classes(y)).unwrap();
+        }
+        let (x, y) = &data[STEPS];
+        let e = ex.evaluate(&mut arena, x, Target::Classes(y)).unwrap();
+        (e.loss.to_bits(), e.correct)
+    };
     let nodes = base.graph.nodes.len();
     let mut rng = Rng::new(7);
     let coin: Vec<bool> = (0..nodes).map(|_| rng.below(2) == 1).collect();
@@ -288,6 +299,16 @@ fn a_planned_dsp_space_gives_the_cpu_loss_bits_and_moves_fewer_bytes() {
             assert!(w == want_w[s], "{name}: weights after step {s}");
         }
         assert_eq!(got, want, "{name}: loss bits");
+        // Evaluation runs the plan's forward moves too.
+        let (ex_x, ex_y) = &data[STEPS];
+        let ev = ex
+            .evaluate(&mut arena, ex_x, Target::Classes(ex_y))
+            .unwrap();
+        assert_eq!(
+            (ev.loss.to_bits(), ev.correct),
+            want_eval,
+            "{name}: evaluation"
+        );
         let b = ex.backend_mut();
         // The DSP's space holds exactly what the host's record says it holds.
         assert_eq!(b.verify_space().unwrap(), dp.space_bytes(), "{name}");
