@@ -338,6 +338,24 @@ fn shortest_path(prob: &Problem<'_>) -> f64 {
     f64::INFINITY
 }
 
+/// Pipe bytes (to the DSP, from it) of the second of two steps of `plan` on `backend`.
+fn second_step_bytes(
+    plan: &Plan,
+    backend: DspBackend<'_, QemuHexagon>,
+    x: &[f32],
+    y: &[u32],
+) -> Result<[u64; 2], ExecError> {
+    let pipe = |c: frugal_hexagon::Calls| [c.bytes_in, c.bytes_out];
+    let mut arena = vec![0u8; plan.needed_bytes()];
+    let mut ex = Executor::with_backend(plan, &arena, backend)?;
+    ex.init_params(&mut arena, 1)?;
+    ex.train_step(&mut arena, x, Target::Classes(y))?;
+    let c0 = pipe(ex.backend().calls());
+    ex.train_step(&mut arena, x, Target::Classes(y))?;
+    let c1 = pipe(ex.backend().calls());
+    Ok([c1[0] - c0[0], c1[1] - c0[1]])
+}
+
 /// Pipe bytes (to the DSP, from it) of the second of two steps with nodes placed by `devs`: the
 /// operands copied per call, and with a planned DSP space.
 fn bytes_per_step(
@@ -347,8 +365,7 @@ fn bytes_per_step(
     y: &[u32],
 ) -> Result<([u64; 2], [u64; 2]), String> {
     let err = |e: ExecError| e.to_string();
-    let pipe = |c: frugal_hexagon::Calls| [c.bytes_in, c.bytes_out];
-    let diff = |a: [u64; 2], b: [u64; 2]| [a[0] - b[0], a[1] - b[1]];
+    let qemu = || QemuHexagon::new().map_err(|e| e.to_string());
     let mut copying = base.clone();
     for ins in copying.program.iter_mut() {
         let on = ins.node != LOSS_NODE
@@ -356,32 +373,11 @@ fn bytes_per_step(
             && devs.get(ins.node as usize) == Some(&Placement::Dsp);
         ins.placement = if on { Placement::Dsp } else { Placement::Cpu };
     }
-    let mut arena = vec![0u8; copying.needed_bytes()];
-    let q = QemuHexagon::new().map_err(|e| e.to_string())?;
-    let mut ex =
-        Executor::with_backend(&copying, &arena, DspBackend::new(&copying, q).map_err(err)?)
-            .map_err(err)?;
-    ex.init_params(&mut arena, 1).map_err(err)?;
-    ex.train_step(&mut arena, x, Target::Classes(y))
-        .map_err(err)?;
-    let c0 = pipe(ex.backend().calls());
-    ex.train_step(&mut arena, x, Target::Classes(y))
-        .map_err(err)?;
-    let old = diff(pipe(ex.backend().calls()), c0);
-    drop(ex);
+    let b = DspBackend::new(&copying, qemu()?).map_err(err)?;
+    let old = second_step_bytes(&copying, b, x, y).map_err(err)?;
     let dp = DspPlan::new(base.clone(), devs).map_err(|e| e.to_string())?;
-    let mut arena = vec![0u8; dp.plan.needed_bytes()];
-    let q = QemuHexagon::new().map_err(|e| e.to_string())?;
-    let mut ex =
-        Executor::with_backend(&dp.plan, &arena, DspBackend::planned(&dp, q).map_err(err)?)
-            .map_err(err)?;
-    ex.init_params(&mut arena, 1).map_err(err)?;
-    ex.train_step(&mut arena, x, Target::Classes(y))
-        .map_err(err)?;
-    let c0 = pipe(ex.backend().calls());
-    ex.train_step(&mut arena, x, Target::Classes(y))
-        .map_err(err)?;
-    let new = diff(pipe(ex.backend().calls()), c0);
+    let b = DspBackend::planned(&dp, qemu()?).map_err(err)?;
+    let new = second_step_bytes(&dp.plan, b, x, y).map_err(err)?;
     Ok((old, new))
 }
 
