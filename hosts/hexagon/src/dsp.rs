@@ -340,7 +340,7 @@ impl<T: Transport> Dsp<T> {
     /// rows, row stride]`. The output also comes back in the reply, unless `quiet` (`want_len` 0: the
     /// host computes the same bytes itself).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn in_space(
+    pub fn in_space(
         &mut self,
         inner: Op,
         quiet: bool,
