@@ -5,7 +5,7 @@
 //!
 //! How: the integer bookkeeping (exponents, rescale sites, batch splitting) stays in
 //! [`CpuInt8`]; around a DSP instruction the backend installs its DSP as the int8 kernels'
-//! [`offload`](frugal_core::kernels::int8::offload) hook, so every product, rescale, pooling and
+//! [`offload`] hook, so every product, rescale, pooling and
 //! (with a planned space) im2col of that instruction goes to the DSP, bit-exact with the CPU (the
 //! conformance suite). Loss and updates run on the host's CPU wherever they are placed.
 //!

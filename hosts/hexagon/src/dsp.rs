@@ -388,7 +388,7 @@ impl<T: Transport> Dsp<T> {
     }
 
     /// [`Self::im2col`] into rows `ld` apart (`ld ≥ samples·oh·ow`; the rest of each row untouched),
-    /// the geometry as [`im2col_params`] takes it.
+    /// the geometry as `[cin, h, w, cout, kh, kw, sh, sw, ph, pw, groups, oh, ow]`.
     pub fn im2col_ld(
         &mut self,
         geom: [usize; 13],
