@@ -131,6 +131,7 @@ pub struct QemuHexagon {
     pub hang_at_call: Option<u64>,
     /// How long a call waits for its reply before the DSP counts as hung
     /// ([`DspError::TimedOut`]; the process is killed and the next call starts a fresh one).
+    /// [`Duration::MAX`] waits for ever.
     pub timeout: Duration,
 }
 
@@ -348,7 +349,8 @@ impl Transport for QemuHexagon {
         };
         let watch = self.proc.as_ref().map(|p| p.watch.clone());
         if let Some(w) = &watch {
-            w.set(Some(Instant::now() + self.timeout));
+            // A time-out too long to represent waits for ever.
+            w.set(Instant::now().checked_add(self.timeout));
         }
         let mut r = self.exchange(sent, reply);
         if watch.is_some_and(|w| w.set(None)) {
