@@ -13,7 +13,7 @@ use frugal_core::graph::Graph;
 use frugal_core::model::{Int8Update, Precision};
 use frugal_core::plan::{Phase, Plan};
 use frugal_core::rng::Rng;
-use frugal_hexagon::{qemu_or_skip, DspBackend, DspPlan, QemuHexagon};
+use frugal_hexagon::{qemu_or_skip, DspBackend, DspPlan, QemuHexagon, DSP_SPACE};
 
 const BATCH: usize = 16;
 const STEPS: usize = 3;
@@ -380,6 +380,9 @@ fn a_planned_dsp_space_gives_the_cpu_loss_bits_and_moves_fewer_bytes() {
     }
 }
 
+/// A budget change: the DSP space of the plan in force is over the DSP's budget, the re-planned step
+/// (two micro-batches) fits it; its backend, on the same DSP process, maps the new (smaller) layout and
+/// the skel frees the old one.
 #[test]
 fn a_new_plan_maps_a_new_dsp_space_and_frees_the_old() {
     let Some(_) = qemu_or_skip().expect("DSP required") else {
@@ -403,11 +406,19 @@ fn a_new_plan_maps_a_new_dsp_space_and_frees_the_old() {
     ];
     let mut transport = Some(QemuHexagon::new().unwrap());
     let mut sizes = Vec::new();
+    // The DSP's budget: what the first plan's space needs, less one byte.
+    let mut dsp_budget = None;
     for (k, base) in plans.into_iter().enumerate() {
         let (want, _) = cpu_run(&base, &data[..2]);
         let nodes = base.graph.nodes.len();
         let dp = DspPlan::new(base, &vec![Placement::Dsp; nodes]).unwrap();
         sizes.push(dp.space_bytes());
+        let budget = *dsp_budget.get_or_insert(dp.space_bytes() - 1);
+        let fits = dp
+            .plan
+            .check_budgets(&[(DSP_SPACE, frugal_core::budget::Budget::new(budget))]);
+        // The first plan is over the DSP's budget, the re-planned one within it.
+        assert_eq!(fits.is_ok(), k == 1, "plan {k}: {fits:?}");
         let p = &dp.plan;
         let mut arena = vec![0u8; p.needed_bytes()];
         let dsp = DspBackend::planned(&dp, transport.take().unwrap()).unwrap();
@@ -425,7 +436,7 @@ fn a_new_plan_maps_a_new_dsp_space_and_frees_the_old() {
         transport = ex.into_backend().into_transport();
         assert!(transport.is_some());
     }
-    assert_ne!(sizes[0], sizes[1], "the two plans' DSP layouts");
+    assert!(sizes[1] < sizes[0], "the two plans' DSP layouts: {sizes:?}");
 }
 
 #[test]
