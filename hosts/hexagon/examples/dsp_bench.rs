@@ -537,6 +537,17 @@ fn report(title: &str, plan: &Plan, x: &[f32], y: &[u32], plugin: &str) -> Resul
             "  all-DSP (every op it can run)   {:>10.1} µs",
             prob.total(&all_dsp) * 1e6
         );
+        // Not in the model: every request is one FastRPC call on a phone (here, one pipe round
+        // trip); an instruction makes several (GEMM tiles, one per convolution group).
+        let requests: u64 = (0..n)
+            .filter(|&i| dsp[i].is_finite())
+            .map(|i| calls[i].1 - calls[i].0)
+            .sum();
+        println!(
+            "  all-DSP + {:.0} µs per request     {:>10.1} µs  ({requests} requests: the model charges one call per device switch only)",
+            cost::RPC_SECONDS * 1e6,
+            (prob.total(&all_dsp) + requests as f64 * cost::RPC_SECONDS) * 1e6
+        );
         println!(
             "  co-scheduled (DP)               {:>10.1} µs  ({} of {} instructions on the DSP)",
             best * 1e6,
