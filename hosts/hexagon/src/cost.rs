@@ -18,6 +18,9 @@
 //!   [`DspPlan`](crate::DspPlan); the bytes the host's integer bookkeeping exchanges with the DSP
 //!   inside an instruction are not modelled — `cargo xtask bench dsp` measures the total per step).
 //!
+//! * Not charged: the calls *within* a DSP instruction (one per GEMM tile, per convolution group, per
+//!   rescale…) — one FastRPC round trip each on a phone; the bench prints what they would add.
+//!
 //! The placement is `frugal_core::policy::placement::place` (the DP the GPU placement shares).
 use frugal_core::graph::TensorKind;
 use frugal_core::plan::Plan;
