@@ -36,17 +36,7 @@ fn space_of(d: Placement) -> Option<(SpaceId, usize)> {
 /// The plan as the device's kernels see it: its space is the arena, the host's storages are out of
 /// reach.
 fn device_view(plan: &Plan) -> Plan {
-    let mut v = plan.clone();
-    for l in &mut v.lives {
-        l.space = if l.space == DEVICE {
-            SpaceId::HOST
-        } else {
-            ELSEWHERE
-        };
-    }
-    v.arena_bytes = plan.space_bytes(DEVICE);
-    v.spaces.clear();
-    v
+    crate::policy::mixed::device_view(plan, DEVICE, ELSEWHERE)
 }
 
 /// Two devices: the CPU on the host arena, and the device on its own memory.

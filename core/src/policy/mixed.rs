@@ -249,6 +249,24 @@ pub fn node_devices(plan: &Plan) -> Vec<Placement> {
     out
 }
 
+/// `plan` as the kernels of the device owning `space` see it: that space is the arena (its storages at
+/// their offsets there), every other storage is in `elsewhere` (a space nobody serves: out of reach, so
+/// an instruction that touched one fails instead of reading the wrong bytes). A device backend that
+/// computes with the CPU's kernels on its own memory runs its instructions through this view.
+pub fn device_view(plan: &Plan, space: SpaceId, elsewhere: SpaceId) -> Plan {
+    let mut v = plan.clone();
+    for l in &mut v.lives {
+        l.space = if l.space == space {
+            SpaceId::HOST
+        } else {
+            elsewhere
+        };
+    }
+    v.arena_bytes = plan.space_bytes(space);
+    v.spaces.clear();
+    v
+}
+
 /// `plan` with every storage in the host arena: the host storages where they are, the storages of
 /// `space` after them (at the returned offset, a multiple of that space's alignment). Initialising
 /// the parameters of a mixed plan through this view gives every tensor the values the all-CPU plan
