@@ -16,6 +16,8 @@ mod permute;
 mod record_tests;
 #[cfg(test)]
 mod space_tests;
+#[cfg(test)]
+pub(crate) mod sparse_tests;
 
 pub use crate::backend::arena::carve;
 use crate::backend::arena::f32s_ro;

@@ -257,16 +257,53 @@ pub fn bn_grad_w<T: Real>(
     dbeta: &mut [T],
     accumulate: bool,
 ) {
-    for ch in 0..c {
-        let (sdy, sdxm) = chan_grad_sums(n, c, hw, x, dy, ch, mean[ch]);
-        let (g, b) = (sdxm * invstd[ch], sdy);
-        if accumulate {
-            dgamma[ch] += g;
-            dbeta[ch] += b;
-        } else {
-            dgamma[ch] = g;
-            dbeta[ch] = b;
+    bn_grad_w_rows(
+        n,
+        c,
+        hw,
+        x,
+        dy,
+        mean,
+        invstd,
+        Some(&mut dgamma[..c]),
+        Some(&mut dbeta[..c]),
+        accumulate,
+    )
+}
+
+/// [`bn_grad_w`] for a sparse update: `dgamma` and `dbeta` hold the leading channels that train (their
+/// lengths say how many), either may be absent (frozen); the channels' values are the full gradient's.
+#[allow(clippy::too_many_arguments)]
+pub fn bn_grad_w_rows<T: Real>(
+    n: usize,
+    c: usize,
+    hw: usize,
+    x: &[T],
+    dy: &[T],
+    mean: &[T],
+    invstd: &[T],
+    mut dgamma: Option<&mut [T]>,
+    mut dbeta: Option<&mut [T]>,
+    accumulate: bool,
+) {
+    let rows = dgamma
+        .as_deref()
+        .map_or(0, <[T]>::len)
+        .max(dbeta.as_deref().map_or(0, <[T]>::len))
+        .min(c);
+    let put = |d: &mut Option<&mut [T]>, ch: usize, v: T| {
+        if let Some(slot) = d.as_deref_mut().and_then(|d| d.get_mut(ch)) {
+            if accumulate {
+                *slot += v;
+            } else {
+                *slot = v;
+            }
         }
+    };
+    for ch in 0..rows {
+        let (sdy, sdxm) = chan_grad_sums(n, c, hw, x, dy, ch, mean[ch]);
+        put(&mut dgamma, ch, sdxm * invstd[ch]);
+        put(&mut dbeta, ch, sdy);
     }
 }
 

@@ -27,6 +27,7 @@ pub(crate) fn random_model(
             kind,
             inputs,
             trainable,
+            update: crate::model::Update::All,
         });
         Src::Layer(layers.len() as u32 - 1)
     };
@@ -270,24 +271,28 @@ fn in_place_is_refused_when_the_input_is_still_needed() {
         kind: LayerKind::Relu,
         inputs: vec![Src::Layer(0)],
         trainable: true,
+        update: crate::model::Update::All,
     });
     spec.layers.push(LayerSpec {
         name: "a".into(),
         kind: LayerKind::Add,
         inputs: vec![Src::Layer(0), Src::Layer(1)],
         trainable: true,
+        update: crate::model::Update::All,
     });
     spec.layers.push(LayerSpec {
         name: "f".into(),
         kind: LayerKind::Flatten,
         inputs: vec![Src::Layer(2)],
         trainable: true,
+        update: crate::model::Update::All,
     });
     spec.layers.push(LayerSpec {
         name: "fc".into(),
         kind: LayerKind::Linear { out: 3, bias: true },
         inputs: vec![Src::Layer(3)],
         trainable: true,
+        update: crate::model::Update::All,
     });
     let p = Plan::new(Graph::new(&spec, 2).unwrap());
     let (c, r) = (&p.graph.nodes[0], &p.graph.nodes[1]);
