@@ -101,7 +101,11 @@ fn check_case(name: &str) {
     for (pname, _, t) in &state {
         if let Some(g) = grads.get(pname) {
             let want = &data[&format!("grad0.{pname}")].1;
-            assert_eq!(g.len(), updated[pname.as_str()], "{name}: gradient of {pname}");
+            assert_eq!(
+                g.len(),
+                updated[pname.as_str()],
+                "{name}: gradient of {pname}"
+            );
             assert!(
                 want[g.len()..].iter().all(|&v| v == 0.0),
                 "{name}: PyTorch's gradient of {pname} is not zero beyond the updated rows"

@@ -618,7 +618,9 @@ fn sparse_update_steps_allocate_nothing() {
     }
     let batch = 8;
     let g = Graph::new(&spec, batch).unwrap();
-    assert!(g.params().any(|(_, p)| p.grad.is_some() && p.updated < p.shape.iter().product()));
+    assert!(g
+        .params()
+        .any(|(_, p)| p.grad.is_some() && p.updated < p.shape.iter().product()));
     let shape = frugal_core::plan::PlanShape {
         micro_batches: 2,
         ..Default::default()

@@ -109,7 +109,10 @@ fn configs() -> Vec<(&'static str, Vec<Option<Update>>)> {
             }
             u
         }),
-        ("quarter of every layer's channels", from_layer(0, Update::Channels(0.25))),
+        (
+            "quarter of every layer's channels",
+            from_layer(0, Update::Channels(0.25))
+        ),
         ("mix", mix),
     ]
 }
@@ -131,10 +134,8 @@ fn needed_across_loss(g: &Graph) -> BTreeSet<TensorId> {
     for n in &g.nodes {
         let wants_dx = n.d_in.iter().any(|d| d.is_some());
         match n.op {
-            NodeOp::Linear { .. } | NodeOp::Conv(_) => {
-                if n.params[0].grad.is_some() {
-                    need.insert(n.inputs[0]);
-                }
+            NodeOp::Linear { .. } | NodeOp::Conv(_) if n.params[0].grad.is_some() => {
+                need.insert(n.inputs[0]);
             }
             NodeOp::BatchNorm { train: true, .. } if n.d_out.is_some() => {
                 need.insert(n.inputs[0]);
@@ -187,7 +188,11 @@ fn a_sparse_plan_holds_only_what_the_update_needs() {
         let n_grad = g.tensors.iter().filter(|t| t.kind == TensorKind::Gradient);
         assert_eq!(n_grad.count(), grads, "{what}: stray gradient tensors");
         let n_state = g.tensors.iter().filter(|t| t.kind == TensorKind::OptState);
-        assert_eq!(n_state.count(), grads * slots, "{what}: stray optimizer state");
+        assert_eq!(
+            n_state.count(),
+            grads * slots,
+            "{what}: stray optimizer state"
+        );
         // No input derivative below the lowest updated layer.
         for n in &g.nodes[..=lowest] {
             assert!(
@@ -349,7 +354,10 @@ fn one_sparse_step_moves_updated_rows_as_the_full_step_does() {
             );
         }
     }
-    assert!(compared >= 2, "too few configurations without a frozen BatchNorm");
+    assert!(
+        compared >= 2,
+        "too few configurations without a frozen BatchNorm"
+    );
 }
 
 #[test]

@@ -626,14 +626,26 @@ mod tests {
         b[at + 1..at + 5].copy_from_slice(&2.0f32.to_le_bytes());
         let e = decode_model(&repair(b)).unwrap_err();
         assert!(
-            matches!(e, FormatError::BadValue { field: "update.channels", .. }),
+            matches!(
+                e,
+                FormatError::BadValue {
+                    field: "update.channels",
+                    ..
+                }
+            ),
             "{e:?}"
         );
         let mut b = bytes.clone();
         b[at] = 4;
         let e = decode_model(&repair(b)).unwrap_err();
         assert!(
-            matches!(e, FormatError::BadValue { field: "trainable", .. }),
+            matches!(
+                e,
+                FormatError::BadValue {
+                    field: "trainable",
+                    ..
+                }
+            ),
             "{e:?}"
         );
     }

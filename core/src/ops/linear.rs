@@ -145,12 +145,9 @@ pub fn linear_grad_w_rows_par<T: Real>(
     let rows = rows.min(fout);
     match dw {
         None => {}
-        Some(dw) if n == 0 => {
-            // Do not rely on the GEMM's k = 0 convention: the gradient of an empty batch is zero.
-            if !accumulate {
-                dw[..rows * fin].iter_mut().for_each(|v| *v = T::ZERO);
-            }
-        }
+        // Do not rely on the GEMM's k = 0 convention: the gradient of an empty batch is zero.
+        Some(dw) if n == 0 && !accumulate => dw[..rows * fin].iter_mut().for_each(|v| *v = T::ZERO),
+        Some(_) if n == 0 => {}
         Some(dw) => gemm_par(
             pool,
             rows,

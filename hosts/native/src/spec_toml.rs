@@ -609,7 +609,15 @@ const LAYER_TYPES: &[&str] = &[
 /// every layer key.
 fn layer_keys(ty: &str) -> &'static [&'static str] {
     match ty {
-        "linear" => &["name", "type", "inputs", "trainable", "update", "out", "bias"],
+        "linear" => &[
+            "name",
+            "type",
+            "inputs",
+            "trainable",
+            "update",
+            "out",
+            "bias",
+        ],
         "conv2d" => &[
             "name",
             "type",
@@ -1154,7 +1162,11 @@ impl<'d> Doc<'d> {
         if l.trainable.is_some() && trainable != on {
             return at(SpecErrorKind::Invalid(format!(
                 "update = {update_s} contradicts trainable = {trainable}",
-                update_s = if on { update.to_string() } else { "\"frozen\"".into() }
+                update_s = if on {
+                    update.to_string()
+                } else {
+                    "\"frozen\"".into()
+                }
             )));
         }
         Ok((on, update))
@@ -1671,7 +1683,7 @@ weights = "w/backbone.safetensors"
         assert_eq!(e.column, Some(1));
         assert!(
             e.to_string().starts_with(
-                "line 19, column 1: layers[3] (\"conv2\"): unknown key \"kernal\" (allowed: name, type, inputs, trainable, out, kernel, stride, padding, groups, bias)"
+                "line 19, column 1: layers[3] (\"conv2\"): unknown key \"kernal\" (allowed: name, type, inputs, trainable, update, out, kernel, stride, padding, groups, bias)"
             ),
             "{e}"
         );
@@ -1796,9 +1808,8 @@ weights = "w/backbone.safetensors"
         );
         let err = |extra: &str| one(extra).unwrap_err().to_string();
         assert!(
-            err("update = \"some\"").contains(
-                "layers[0] (\"conv2d0\").update: unknown value \"some\""
-            ),
+            err("update = \"some\"")
+                .contains("layers[0] (\"conv2d0\").update: unknown value \"some\""),
             "{}",
             err("update = \"some\"")
         );
