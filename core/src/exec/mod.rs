@@ -6,6 +6,7 @@
 pub mod adapt;
 #[cfg(test)]
 mod adapt_tests;
+pub mod importance;
 pub mod int8;
 #[cfg(test)]
 mod mixed_tests;

@@ -401,3 +401,63 @@ fn a_sparse_update_that_does_not_fit_its_layer_is_a_typed_error() {
     .unwrap_err();
     assert!(e.to_string().contains("sparse update"), "{e}");
 }
+
+/// The scores are the gradients' squared norms per output channel: checked against the gradients read
+/// directly, and the weights do not move while scoring.
+#[test]
+fn importance_is_the_summed_squared_gradient_per_channel() {
+    use crate::exec::importance::{gradient_importance, scoring_spec};
+    let spec = scoring_spec(&mbv2_like(&from_layer(14, Update::All)));
+    let plan = Plan::new(Graph::new(&spec, 4).unwrap());
+    let mut arena = alloc::vec![0u8; plan.needed_bytes()];
+    let mut ex = Executor::new(&plan, &arena).unwrap();
+    ex.init_params(&mut arena, 5).unwrap();
+    let before = params_bits(&ex, &plan, &mut arena);
+    let (x, y) = data(4);
+    let imp = gradient_importance(&mut ex, &mut arena, &[(&x, &y), (&x, &y)]).unwrap();
+    assert_eq!(
+        params_bits(&ex, &plan, &mut arena),
+        before,
+        "scoring moved weights"
+    );
+    // One more step, gradients read by hand: the scores of two identical batches are twice its.
+    let mut want: Vec<Vec<f64>> = plan
+        .graph
+        .nodes
+        .iter()
+        .map(|n| alloc::vec![0.0; n.params.first().map_or(0, |p| p.shape[0])])
+        .collect();
+    let mut obs = |eo: usize, ins: &crate::plan::Instr, a: &[u8]| {
+        if ins.phase == Phase::GradW {
+            for p in &plan.graph.nodes[ins.node as usize].params {
+                let g = view(&plan, a, p.grad.unwrap(), eo).unwrap();
+                let per = p.updated / p.shape[0];
+                for (r, w) in want[ins.node as usize].iter_mut().enumerate() {
+                    *w += g[r * per..(r + 1) * per]
+                        .iter()
+                        .map(|&v| (v as f64).powi(2))
+                        .sum::<f64>();
+                }
+            }
+        }
+    };
+    ex.train_step_observed(&mut arena, &x, Target::Classes(&y), &mut obs)
+        .unwrap();
+    for (i, (got, want)) in imp.rows.iter().zip(&want).enumerate() {
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(want) {
+            // The BatchNorm statistics moved between the scoring steps and this one: 1e-3 relative.
+            assert!(
+                (g - 2.0 * w).abs() <= 1e-3 * (2.0 * w).max(1e-12),
+                "layer {i}: {g} vs 2×{w}"
+            );
+        }
+    }
+    assert!(imp.rows[14].iter().all(|&v| v > 0.0));
+    assert!(imp.bias[14] > 0.0 && imp.bias[14] < imp.rows[14].iter().sum::<f64>());
+    // A plan that would move the weights is refused.
+    let plan = Plan::new(Graph::new(&mbv2_like(&[]), 4).unwrap());
+    let mut arena = alloc::vec![0u8; plan.needed_bytes()];
+    let mut ex = Executor::new(&plan, &arena).unwrap();
+    assert!(gradient_importance(&mut ex, &mut arena, &[(&x, &y)]).is_err());
+}
