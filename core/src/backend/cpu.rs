@@ -483,6 +483,36 @@ fn forward(
                 });
             }
         }
+        // A frozen BatchNorm merged in place with its input (the planner's choice).
+        NodeOp::BatchNorm {
+            c,
+            hw,
+            eps,
+            train: false,
+            ..
+        } if same(plan, eo, xin, node.out) => {
+            let [gb, bb, rmb, rvb, yb] = carve(
+                a,
+                [
+                    whole(plan, eo, w)?,
+                    whole(plan, eo, b)?,
+                    whole(plan, eo, node.stats.first().copied())?,
+                    whole(plan, eo, node.stats.get(1).copied())?,
+                    reg(plan, eo, Some(node.out), out_elems)?,
+                ],
+            )?;
+            ops::bn_fwd_eval_inplace(
+                n,
+                *c,
+                *hw,
+                f32s(gb)?,
+                f32s(bb)?,
+                f32s(rmb)?,
+                f32s(rvb)?,
+                *eps,
+                f32s(yb)?,
+            );
+        }
         NodeOp::BatchNorm {
             c,
             hw,

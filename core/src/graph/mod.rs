@@ -763,9 +763,12 @@ impl<'a> Builder<'a> {
             let out_elems = self.batched(out_dims, name)?;
             let share = match op {
                 NodeOp::View => Share::ReadView(inputs[0]),
-                NodeOp::Act(_) | NodeOp::Dropout { .. } | NodeOp::Add => {
-                    Share::ModifyView(inputs[0])
-                }
+                // A frozen BatchNorm is a per-channel affine map: it may overwrite its input (a
+                // sparse update keeps no copy of a frozen layer's output).
+                NodeOp::Act(_)
+                | NodeOp::Dropout { .. }
+                | NodeOp::Add
+                | NodeOp::BatchNorm { train: false, .. } => Share::ModifyView(inputs[0]),
                 _ => Share::Own,
             };
             // A view of the external input is itself external.

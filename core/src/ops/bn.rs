@@ -242,6 +242,32 @@ pub fn bn_fwd_eval<T: Real>(
     }
 }
 
+/// [`bn_fwd_eval`] over `x` in place (a frozen BatchNorm, merged with its input by the planner): the
+/// same bits.
+#[allow(clippy::too_many_arguments)]
+pub fn bn_fwd_eval_inplace<T: Real>(
+    n: usize,
+    c: usize,
+    hw: usize,
+    gamma: &[T],
+    beta: &[T],
+    run_mean: &[T],
+    run_var: &[T],
+    eps: T,
+    x: &mut [T],
+) {
+    for ch in 0..c {
+        let a = gamma[ch] / (run_var[ch] + eps).sqrt();
+        let (mu, b) = (run_mean[ch], beta[ch]);
+        for s in 0..n {
+            let o = (s * c + ch) * hw;
+            for v in &mut x[o..o + hw] {
+                *v = (*v - mu) * a + b;
+            }
+        }
+    }
+}
+
 /// Parameter gradients (overwritten): `dγ = Σ dy·(x−μ)·invstd`, `dβ = Σ dy`, with the `mean`/`invstd`
 /// saved by [`bn_fwd_train`].
 #[allow(clippy::too_many_arguments)]
