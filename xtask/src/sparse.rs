@@ -234,12 +234,17 @@ pub fn main(_args: &[String]) -> Result<(), String> {
         .map(|(x, y)| (x.as_slice(), y.as_slice()))
         .collect();
     let imp = gradient_importance(&mut sex, &mut sarena, &batches).map_err(|e| e.to_string())?;
+    let mut smallest: Option<(f64, Vec<Choice>)> = None;
     for frac in [0.1, 0.15, 0.2, 0.25, 0.35] {
         let budget = SparseBudget {
             arena_bytes: (full.arena as f64 * frac) as usize,
             backward_flops: full.flops,
         };
-        match sparse::select(&base, BATCH, &imp, budget) {
+        let picked = sparse::select(&base, BATCH, &imp, budget);
+        if let (Ok(c), None) = (&picked, &smallest) {
+            smallest = Some((frac, c.clone()));
+        }
+        match picked {
             Ok(c) => rows.push((
                 format!(
                     "policy, arena ≤ {frac:.2} of full ({})",
@@ -280,6 +285,36 @@ pub fn main(_args: &[String]) -> Result<(), String> {
     line("full fine-tuning", &full);
     for (name, r) in &rows {
         line(name, r);
+    }
+
+    // Microcontroller-sized batches: the same updates planned at small batches (planning only).
+    if let Some((frac, c)) = smallest {
+        println!(
+            "\n### Arena at microcontroller batch sizes (planned; f32 weights are in the arena)\n"
+        );
+        println!("| batch | full update | last 8 layers | policy of the {frac:.2} row | weights (all f32) |");
+        println!("|---:|---:|---:|---:|---:|");
+        let weights: usize = Graph::new(&base, 1)
+            .map_err(|e| e.to_string())?
+            .params()
+            .map(|(_, p)| p.shape.iter().product::<usize>() * 4)
+            .sum();
+        for b in [1, 4, 8, 16] {
+            let arena = |ch: &[Choice]| -> Result<String, String> {
+                let g = Graph::new(&sparse::apply(&base, ch), b).map_err(|e| e.to_string())?;
+                Ok(format!(
+                    "{:.1} KiB",
+                    Plan::new(g).needed_bytes() as f64 / 1024.0
+                ))
+            };
+            println!(
+                "| {b} | {} | {} | {} | {:.1} KiB |",
+                arena(&sparse::last_k(&base, n_param))?,
+                arena(&sparse::last_k(&base, 8))?,
+                arena(&c)?,
+                weights as f64 / 1024.0
+            );
+        }
     }
     Ok(())
 }
