@@ -91,9 +91,26 @@ fn check_case(name: &str) {
     let e = rel(&logits, &data["logits0"].1);
     assert!(e <= TOL, "{name}: first logits rel error {e:.2e}");
     let mut checked = 0;
+    // Under a sparse update a gradient holds only the updated rows: a prefix of the parameter, whose
+    // rest PyTorch's reference (gradients of frozen rows zeroed) leaves at zero.
+    let updated: HashMap<&str, usize> = plan
+        .graph
+        .params()
+        .map(|(_, p)| (p.name.as_str(), p.updated))
+        .collect();
     for (pname, _, t) in &state {
         if let Some(g) = grads.get(pname) {
-            let e = rel(g, &data[&format!("grad0.{pname}")].1);
+            let want = &data[&format!("grad0.{pname}")].1;
+            assert_eq!(
+                g.len(),
+                updated[pname.as_str()],
+                "{name}: gradient of {pname}"
+            );
+            assert!(
+                want[g.len()..].iter().all(|&v| v == 0.0),
+                "{name}: PyTorch's gradient of {pname} is not zero beyond the updated rows"
+            );
+            let e = rel(g, &want[..g.len()]);
             assert!(
                 e <= TOL,
                 "{name}: first-step gradient of {pname} rel error {e:.2e}"
@@ -103,6 +120,16 @@ fn check_case(name: &str) {
         let got = ex.read(&mut arena, *t).unwrap().to_vec();
         let e = rel(&got, &data[&format!("final.{pname}")].1);
         assert!(e <= TOL, "{name}: {pname} after 3 steps rel error {e:.2e}");
+        // What a sparse update does not train stays bit-identical: frozen parameters and rows.
+        if let Some(&u) = updated.get(pname.as_str()) {
+            let init = &data[&format!("init.{pname}")].1;
+            let frozen = |v: &[f32]| v[u..].iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                frozen(&got),
+                frozen(init),
+                "{name}: frozen part of {pname} changed"
+            );
+        }
     }
     assert!(checked > 0, "{name}: no gradient was checked");
 }
@@ -125,4 +152,12 @@ fn residual_bn_cnn_matches_pytorch() {
 #[test]
 fn small_cnn_with_sgd_momentum_and_weight_decay_matches_pytorch() {
     check_case("cnn_sgd");
+}
+
+/// A sparse update (channel subsets through the im2col, depthwise, pointwise and linear paths, BatchNorm
+/// β only, a bias-only convolution, a frozen BatchNorm in evaluation mode): updated parameters at
+/// 1e-5, frozen parameters and rows bit-identical.
+#[test]
+fn sparse_update_matches_pytorch() {
+    check_case("sparse");
 }

@@ -51,6 +51,7 @@ mod kernels;
 mod miri;
 mod setup;
 mod sgemm;
+mod sparse;
 mod swap;
 mod test;
 mod web;
@@ -68,6 +69,9 @@ fn main() -> ExitCode {
             budget::main(&args[2..])
         }
         Some("bench") if args.get(1).map(String::as_str) == Some("swap") => swap::main(&args[2..]),
+        Some("bench") if args.get(1).map(String::as_str) == Some("sparse") => {
+            sparse::main(&args[2..])
+        }
         Some("bench") if args.get(1).map(String::as_str) == Some("gpu") => gpu::main(&args[2..]),
         Some("bench") if args.get(1).map(String::as_str) == Some("dsp") => dsp::main(&args[2..]),
         Some("bench") if args.get(1).map(String::as_str) == Some("planning") => {
@@ -95,7 +99,7 @@ fn main() -> ExitCode {
         Some("miri") => ready(&[Leg::Miri]).and_then(|()| miri::main(&args[1..])),
         Some("fuzz") => ready(&[Leg::Fuzz]).and_then(|()| fuzz::main(&args[1..])),
         _ => {
-            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|planning|swap|int8|sgemm|igemm|gpu|aarch64|dsp … | cross | android [--bench] | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit | miri | fuzz [--time SECS] [TARGET…]");
+            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|planning|sparse|swap|int8|sgemm|igemm|gpu|aarch64|dsp … | cross | android [--bench] | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit | miri | fuzz [--time SECS] [TARGET…]");
             Err("unknown task".into())
         }
     };

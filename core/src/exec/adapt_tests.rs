@@ -21,6 +21,7 @@ fn layer(kind: LayerKind, inputs: Vec<Src>) -> LayerSpec {
         kind,
         inputs,
         trainable: true,
+        update: crate::model::Update::All,
     }
 }
 

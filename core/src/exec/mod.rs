@@ -6,6 +6,7 @@
 pub mod adapt;
 #[cfg(test)]
 mod adapt_tests;
+pub mod importance;
 pub mod int8;
 #[cfg(test)]
 mod mixed_tests;
@@ -16,6 +17,8 @@ mod permute;
 mod record_tests;
 #[cfg(test)]
 mod space_tests;
+#[cfg(test)]
+pub(crate) mod sparse_tests;
 
 pub use crate::backend::arena::carve;
 use crate::backend::arena::f32s_ro;

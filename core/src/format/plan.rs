@@ -694,6 +694,7 @@ mod tests {
             kind,
             inputs: vec![input],
             trainable: true,
+            update: crate::model::Update::All,
         };
         ModelSpec {
             input: Dims::new(1, 8, 8),

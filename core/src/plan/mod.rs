@@ -262,7 +262,13 @@ pub fn touches(g: &Graph, ins: &Instr, out: &mut Vec<TensorId>) {
             out.extend(n.d_out);
             out.extend(n.params.iter().filter_map(|p| p.grad));
             out.extend(n.saved.iter().copied());
-            out.extend(n.inputs.iter().copied());
+            // A bias-only update of a Linear/Conv2d (sparse update) sums dL/d(out) alone: its input
+            // need not be saved for it.
+            let bias_only = matches!(n.op, NodeOp::Linear { .. } | NodeOp::Conv(_))
+                && n.params.first().is_some_and(|p| p.grad.is_none());
+            if !bias_only {
+                out.extend(n.inputs.iter().copied());
+            }
             out.extend(n.scratch[scratch_slot::GRAD_W]);
         }
         Phase::GradX => {

@@ -22,11 +22,25 @@ pub(crate) fn random_model(
     let mut same_shape: Vec<(usize, Dims)> = Vec::new();
     let push = |layers: &mut Vec<LayerSpec>, kind: LayerKind, inputs: Vec<Src>, trainable: bool| {
         let name = format!("l{}", layers.len());
+        // Some trainable layers take a sparse update (a channel half, the bias alone), so every
+        // property over random models covers sparse plans too.
+        use crate::model::Update;
+        let bias = matches!(
+            kind,
+            LayerKind::Conv2d { bias: true, .. } | LayerKind::BatchNorm2d { .. }
+        );
+        let params = bias || matches!(kind, LayerKind::Conv2d { .. });
+        let update = match (layers.len() * 5 + 3) % 7 {
+            0 if params => Update::Channels(0.5),
+            1 if bias => Update::Bias,
+            _ => Update::All,
+        };
         layers.push(LayerSpec {
             name,
             kind,
             inputs,
             trainable,
+            update,
         });
         Src::Layer(layers.len() as u32 - 1)
     };
@@ -270,24 +284,28 @@ fn in_place_is_refused_when_the_input_is_still_needed() {
         kind: LayerKind::Relu,
         inputs: vec![Src::Layer(0)],
         trainable: true,
+        update: crate::model::Update::All,
     });
     spec.layers.push(LayerSpec {
         name: "a".into(),
         kind: LayerKind::Add,
         inputs: vec![Src::Layer(0), Src::Layer(1)],
         trainable: true,
+        update: crate::model::Update::All,
     });
     spec.layers.push(LayerSpec {
         name: "f".into(),
         kind: LayerKind::Flatten,
         inputs: vec![Src::Layer(2)],
         trainable: true,
+        update: crate::model::Update::All,
     });
     spec.layers.push(LayerSpec {
         name: "fc".into(),
         kind: LayerKind::Linear { out: 3, bias: true },
         inputs: vec![Src::Layer(3)],
         trainable: true,
+        update: crate::model::Update::All,
     });
     let p = Plan::new(Graph::new(&spec, 2).unwrap());
     let (c, r) = (&p.graph.nodes[0], &p.graph.nodes[1]);
@@ -435,4 +453,21 @@ fn a_second_memory_space_is_laid_out_on_its_own() {
         Executor::new(&p, &arena).map(|_| ()),
         Err(ExecError::Space(7))
     ));
+}
+
+/// Random models carry sparse updates (a channel half, a bias alone), so the properties above cover
+/// sparse plans.
+#[test]
+fn random_models_include_sparse_updates() {
+    let choices: Vec<(u8, u8, bool)> = (0..12).map(|i| (i % 3, 2, true)).collect();
+    let g = crate::graph::Graph::new(&random_model(&choices, 2, 6, 0), 2).unwrap();
+    let partial =
+        |p: &crate::graph::Param| p.grad.is_some() && p.updated < p.shape.iter().product();
+    assert!(g.params().any(|(_, p)| partial(p)), "no channel subset");
+    assert!(
+        g.nodes.iter().any(|n| n.params.len() == 2
+            && n.params[0].grad.is_none()
+            && n.params[1].grad.is_some()),
+        "no bias-only layer"
+    );
 }

@@ -10,6 +10,7 @@ pub mod mixed;
 mod oracle_tests;
 pub mod placement;
 pub mod spaces;
+pub mod sparse;
 pub mod swap;
 #[cfg(test)]
 mod tests;

@@ -250,6 +250,7 @@ fn chain(n: usize) -> ModelSpec {
                 Src::Layer(i as u32 - 1)
             }],
             trainable: true,
+            update: crate::model::Update::All,
         })
         .collect();
     ModelSpec {

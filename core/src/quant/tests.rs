@@ -682,6 +682,7 @@ fn unsupported_layers_and_losses_are_typed_errors() {
             },
             inputs: vec![Src::Layer(0)],
             trainable: true,
+            update: crate::model::Update::All,
         },
     );
     let p = Precision::Int8(Int8Update::FloatMaster);
@@ -708,6 +709,7 @@ fn layer(name: &str, kind: LayerKind, from: Src) -> LayerSpec {
         kind,
         inputs: vec![from],
         trainable: true,
+        update: crate::model::Update::All,
     }
 }
 

@@ -11,7 +11,9 @@ use std::io;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
-use frugal_core::model::{Dims, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpec, Src};
+use frugal_core::model::{
+    Dims, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpec, Src, Update,
+};
 use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use toml::de::{DeTable, DeValue};
@@ -358,6 +360,7 @@ struct RawLayer {
     ty: Spanned<String>,
     inputs: Option<Spanned<Seq<Spanned<String>, NameList>>>,
     trainable: Option<Spanned<bool>>,
+    update: Option<Spanned<RawUpdate>>,
     out: Option<Spanned<Int>>,
     kernel: Option<Spanned<Pair>>,
     stride: Option<Spanned<Pair>>,
@@ -370,13 +373,25 @@ struct RawLayer {
     p: Option<Spanned<Number>>,
 }
 
+/// A layer's `update` (sparse update): `"all"`, `"frozen"`, `"bias"` or `{ channels = f }`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawUpdate {
+    Name(String),
+    Channels { channels: f64 },
+}
+
+/// The values `update` takes by name.
+const UPDATE_NAMES: &[&str] = &["all", "frozen", "bias"];
+
 impl RawLayer {
     /// The type-specific keys present, with their value spans.
-    fn present(&self) -> [(&'static str, Option<Span>); 10] {
+    fn present(&self) -> [(&'static str, Option<Span>); 11] {
         fn s<T>(v: &Option<Spanned<T>>) -> Option<Span> {
             v.as_ref().map(Spanned::span)
         }
         [
+            ("update", s(&self.update)),
             ("out", s(&self.out)),
             ("kernel", s(&self.kernel)),
             ("stride", s(&self.stride)),
@@ -594,12 +609,21 @@ const LAYER_TYPES: &[&str] = &[
 /// every layer key.
 fn layer_keys(ty: &str) -> &'static [&'static str] {
     match ty {
-        "linear" => &["name", "type", "inputs", "trainable", "out", "bias"],
+        "linear" => &[
+            "name",
+            "type",
+            "inputs",
+            "trainable",
+            "update",
+            "out",
+            "bias",
+        ],
         "conv2d" => &[
             "name",
             "type",
             "inputs",
             "trainable",
+            "update",
             "out",
             "kernel",
             "stride",
@@ -609,7 +633,15 @@ fn layer_keys(ty: &str) -> &'static [&'static str] {
         ],
         "maxpool2d" | "avgpool2d" => &["name", "type", "inputs", "trainable", "kernel", "stride"],
         "reshape" => &["name", "type", "inputs", "trainable", "to"],
-        "batchnorm2d" => &["name", "type", "inputs", "trainable", "eps", "momentum"],
+        "batchnorm2d" => &[
+            "name",
+            "type",
+            "inputs",
+            "trainable",
+            "update",
+            "eps",
+            "momentum",
+        ],
         "dropout" => &["name", "type", "inputs", "trainable", "p"],
         t if LAYER_TYPES.contains(&t) => &["name", "type", "inputs", "trainable"],
         _ => &[
@@ -617,6 +649,7 @@ fn layer_keys(ty: &str) -> &'static [&'static str] {
             "type",
             "inputs",
             "trainable",
+            "update",
             "out",
             "kernel",
             "stride",
@@ -1085,14 +1118,58 @@ impl<'d> Doc<'d> {
             }
             let kind = self.layer_kind(item, ty)?;
             let inputs = self.inputs(item, i, &layers, &all_names, ty)?;
+            let (trainable, update) = self.update(l, &layer_label_of(i, name))?;
             layers.push(LayerSpec {
                 name: name.clone(),
                 kind,
                 inputs,
-                trainable: l.trainable.as_ref().is_none_or(|t| *t.get_ref()),
+                trainable,
+                update,
             });
         }
         Ok(layers)
+    }
+
+    /// A layer's `trainable` and `update` keys: whether it trains and which part (sparse update).
+    fn update(&self, l: &RawLayer, label: &str) -> Result<(bool, Update), SpecError> {
+        let trainable = l.trainable.as_ref().is_none_or(|t| *t.get_ref());
+        let Some(u) = &l.update else {
+            return Ok((trainable, Update::All));
+        };
+        let field = format!("{label}.update");
+        let at = |kind| Err(self.err_in(u.span(), &field, kind));
+        let (on, update) = match u.get_ref() {
+            RawUpdate::Name(n) if n == "all" => (true, Update::All),
+            RawUpdate::Name(n) if n == "frozen" => (false, Update::All),
+            RawUpdate::Name(n) if n == "bias" => (true, Update::Bias),
+            RawUpdate::Name(n) => {
+                return at(SpecErrorKind::UnknownValue {
+                    value: n.clone(),
+                    known: UPDATE_NAMES,
+                })
+            }
+            RawUpdate::Channels { channels } => {
+                let f = *channels as f32;
+                if !(Update::Channels(f).valid() && *channels > 0.0) {
+                    return at(SpecErrorKind::OutOfRange {
+                        value: channels.to_string(),
+                        must_be: "in (0, 1] (the fraction of output channels updated)",
+                    });
+                }
+                (true, Update::Channels(f))
+            }
+        };
+        if l.trainable.is_some() && trainable != on {
+            return at(SpecErrorKind::Invalid(format!(
+                "update = {update_s} contradicts trainable = {trainable}",
+                update_s = if on {
+                    update.to_string()
+                } else {
+                    "\"frozen\"".into()
+                }
+            )));
+        }
+        Ok((on, update))
     }
 
     fn layer_kind(
@@ -1606,7 +1683,7 @@ weights = "w/backbone.safetensors"
         assert_eq!(e.column, Some(1));
         assert!(
             e.to_string().starts_with(
-                "line 19, column 1: layers[3] (\"conv2\"): unknown key \"kernal\" (allowed: name, type, inputs, trainable, out, kernel, stride, padding, groups, bias)"
+                "line 19, column 1: layers[3] (\"conv2\"): unknown key \"kernal\" (allowed: name, type, inputs, trainable, update, out, kernel, stride, padding, groups, bias)"
             ),
             "{e}"
         );
@@ -1712,6 +1789,39 @@ weights = "w/backbone.safetensors"
             err_body(&with("[[layers]]\ntype = \"relu\"\ninputs = [3]\n"))
                 .contains("inputs: invalid type: integer `3`, expected a string")
         );
+    }
+
+    #[test]
+    fn sparse_updates_parse_and_bad_ones_are_named() {
+        let conv = "type = \"conv2d\"\nout = 4\nkernel = 3\npadding = 1";
+        let one = |extra: &str| {
+            parse_model(&with(&format!("[[layers]]\n{conv}\n{extra}\n")))
+                .map(|m| (m.spec.layers[0].trainable, m.spec.layers[0].update))
+        };
+        assert_eq!(one("").unwrap(), (true, Update::All));
+        assert_eq!(one("update = \"all\"").unwrap(), (true, Update::All));
+        assert_eq!(one("update = \"frozen\"").unwrap(), (false, Update::All));
+        assert_eq!(one("update = \"bias\"").unwrap(), (true, Update::Bias));
+        assert_eq!(
+            one("update = { channels = 0.25 }").unwrap(),
+            (true, Update::Channels(0.25))
+        );
+        let err = |extra: &str| one(extra).unwrap_err().to_string();
+        assert!(
+            err("update = \"some\"")
+                .contains("layers[0] (\"conv2d0\").update: unknown value \"some\""),
+            "{}",
+            err("update = \"some\"")
+        );
+        for bad in ["0", "0.0", "1.5", "-0.25"] {
+            let e = err(&format!("update = {{ channels = {bad} }}"));
+            assert!(e.contains("update: must be in (0, 1]"), "{e}");
+        }
+        let e = err("trainable = false\nupdate = \"bias\"");
+        assert!(e.contains("contradicts trainable = false"), "{e}");
+        // The key exists only for layers with parameters.
+        let e = err_body(&with("[[layers]]\ntype = \"relu\"\nupdate = \"bias\"\n"));
+        assert!(e.contains("unknown key \"update\""), "{e}");
     }
 
     #[test]

@@ -27,6 +27,7 @@ fn spec(seed: u64) -> ModelSpec {
             kind: LayerKind::Linear { out: 2, bias: true },
             inputs: vec![Src::Input],
             trainable: true,
+            update: frugal_core::model::Update::All,
         }],
         loss: LossKind::SoftmaxCrossEntropy,
         optimizer: OptimizerSpec::Sgd {

@@ -46,6 +46,7 @@ mod native {
             kind,
             inputs: vec![from],
             trainable: true,
+            update: frugal_core::model::Update::All,
         };
         use LayerKind as K;
         use Src::{Input, Layer};

@@ -1608,6 +1608,17 @@ fn check(plan: &Plan, beside_cpu: bool) -> Result<(), ExecError> {
     if let Some(i) = plan.program.iter().find(|i| !served(i.placement)) {
         return Err(ExecError::Placement(i.placement));
     }
+    // A sparse update of a channel subset (gradients of the leading rows only) has no GPU kernels.
+    if plan.graph.params().any(|(_, p)| {
+        p.grad.is_some()
+            && p.updated
+                < plan.graph.tensors[p.value as usize].bytes
+                    / plan.graph.tensors[p.value as usize].dtype.size()
+    }) {
+        return Err(ExecError::Unsupported(
+            "a sparse update of a channel subset (update = {channels = f}) on the GPU",
+        ));
+    }
     let mixed = plan.program.iter().any(|i| i.placement != Placement::Gpu);
     if mixed {
         // The host arena and the GPU space; the loss on the CPU (policy::mixed), which rejects a
