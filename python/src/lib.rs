@@ -141,14 +141,24 @@ fn inputs<'py>(
     };
     if !ok {
         return Err(PyValueError::new_err(format!(
-            "x: has shape {shape:?}; samples of the model's input must be (n, {per}) or (n, {})",
+            "x: has shape {}; samples of the model's input must be (n, {per}) or (n, {})",
+            py_shape(shape),
             dims.iter()
-                .map(|d| d.to_string())
+                .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join(", ")
         )));
     }
     Ok(a)
+}
+
+/// A shape as Python prints it: `(4, 63)`, `(10,)`.
+fn py_shape(shape: &[usize]) -> String {
+    let inner: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    match inner.len() {
+        1 => format!("({},)", inner[0]),
+        _ => format!("({})", inner.join(", ")),
+    }
 }
 
 /// `y` as class labels (uint32 arrays are read in place; other integer arrays are converted).
@@ -169,8 +179,8 @@ fn labels(y: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     let a: PyReadonlyArrayDyn<'_, i64> = arr.call_method1("astype", ("int64",))?.extract()?;
     if a.ndim() != 1 {
         return Err(PyValueError::new_err(format!(
-            "y: has shape {:?}; labels must be one-dimensional",
-            a.shape()
+            "y: has shape {}; labels must be one-dimensional",
+            py_shape(a.shape())
         )));
     }
     a.as_array()

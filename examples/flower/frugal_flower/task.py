@@ -15,7 +15,8 @@ import numpy as np
 import frugal
 from frugal import fl
 
-# A small MLP on the 8x8 digits (no BatchNorm), SGD with momentum: small enough for a 64 KiB client.
+# A small CNN on the 8x8 digits (no BatchNorm), SGD with momentum. At batch 14 its plain plan needs
+# 69,120 bytes and its smallest (recomputing) plan 62,015: a 64 KiB client trains, recomputing.
 MODEL = """
 [model]
 input = [1, 8, 8]
@@ -24,35 +25,58 @@ seed = 1
 
 [optimizer]
 type = "sgd"
-lr = 0.05
+lr = 0.02
 momentum = 0.9
 
 [[layers]]
-name = "flat"
-type = "flatten"
-
-[[layers]]
-name = "fc1"
-type = "linear"
-out = 64
+name = "conv1"
+type = "conv2d"
+out = 6
+kernel = 3
+padding = 1
 
 [[layers]]
 name = "relu1"
 type = "relu"
 
 [[layers]]
-name = "fc2"
+name = "pool1"
+type = "maxpool2d"
+kernel = 2
+
+[[layers]]
+name = "conv2"
+type = "conv2d"
+out = 12
+kernel = 3
+padding = 1
+
+[[layers]]
+name = "relu2"
+type = "relu"
+
+[[layers]]
+name = "pool2"
+type = "maxpool2d"
+kernel = 2
+
+[[layers]]
+name = "flat"
+type = "flatten"
+
+[[layers]]
+name = "fc"
 type = "linear"
 out = 10
 """
 
-BATCH = 32
+BATCH = 14
 
 # The run config's defaults (pyproject.toml's [tool.flwr.app.config] says the same).
 DEFAULTS = {
     "num-server-rounds": 3,
     "min-nodes": 10,
-    "local-epochs": 1,
+    "local-epochs": 10,
     "budget-mode": "classes",
     "results-path": "",
 }
@@ -77,7 +101,7 @@ def new_trainer(budget: Optional[int] = None) -> frugal.Trainer:
     return frugal.Trainer(MODEL, budget=budget, batch=BATCH)
 
 
-def partition(partition_id: int, num_partitions: int, alpha: float = 0.5, seed: int = 0):
+def partition(partition_id: int, num_partitions: int, alpha: float = 1.0, seed: int = 0):
     """Client ``partition_id``'s share of the digits' training set: a non-IID split where each class
     is divided among the clients in Dirichlet(``alpha``) proportions (smaller: more skewed), fixed by
     ``seed``. Every training sample belongs to exactly one client. Returns ``(x, y)``."""
@@ -102,7 +126,7 @@ def train_client(
     partition_id: int,
     num_partitions: int,
     budget: Optional[int],
-    epochs: int = 1,
+    epochs: int = 10,
     seed: int = 0,
 ):
     """One client's round: load the global ``weights``, train ``epochs`` local epochs on its partition
@@ -141,7 +165,7 @@ def initial_weights() -> dict[str, np.ndarray]:
 
 def centralised(epochs: int, seed: int = 0) -> dict[str, float]:
     """The baseline: one trainer on the whole training set for ``epochs`` passes (the same number of
-    sample-passes as ``epochs`` rounds of one local epoch on every client)."""
+    sample-passes as R rounds of E local epochs on every client when ``epochs`` = R x E)."""
     x, y, _, _ = frugal.digits()
     t = new_trainer()
     t.fit(x, y, epochs=epochs, seed=seed)
