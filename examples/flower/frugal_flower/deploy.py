@@ -65,12 +65,16 @@ def run_deployment(nodes: int, rounds: int, results: str, timeout: float = 300.0
     returns the ServerApp's JSON record. Raises ``RuntimeError`` (with the processes' logs) when the
     run fails or takes longer than ``timeout`` seconds; every process is stopped either way."""
     home = pathlib.Path(tempfile.mkdtemp(prefix="frugal-flwr-"))
-    fleet, control, link_rt, *node_rt = _free_ports(3 + nodes)
+    # Flower >= 1.2x serves the SuperLink's Fleet, Control and Runtime APIs on one HTTP port.
+    link, *node_rt = _free_ports(1 + nodes)
     (home / "config.toml").write_text(
         '[superlink]\ndefault = "deploy"\n\n[superlink.deploy]\n'
-        f'address = "127.0.0.1:{control}"\ninsecure = true\n'
+        f'address = "127.0.0.1:{link}"\ninsecure = true\n'
     )
-    env = dict(os.environ, FLWR_HOME=str(home))
+    # The SuperLink and SuperNodes start Flower's other commands (SuperExec, the app processes) by
+    # name: this interpreter's bin/ goes first on PATH.
+    path = os.pathsep.join([str(pathlib.Path(sys.executable).parent), os.environ.get("PATH", "")])
+    env = dict(os.environ, FLWR_HOME=str(home), PATH=path)
     logs = []
     procs: list[subprocess.Popen] = []
 
@@ -87,10 +91,8 @@ def run_deployment(nodes: int, rounds: int, results: str, timeout: float = 300.0
             [
                 _tool("flower-superlink"),
                 "--insecure",
-                f"--fleet-api-address=127.0.0.1:{fleet}",
-                f"--control-api-address=127.0.0.1:{control}",
                 "--host=127.0.0.1",
-                f"--port={link_rt}",
+                f"--port={link}",
             ],
         )
         for i in range(nodes):
@@ -99,7 +101,7 @@ def run_deployment(nodes: int, rounds: int, results: str, timeout: float = 300.0
                 [
                     _tool("flower-supernode"),
                     "--insecure",
-                    f"--superlink=127.0.0.1:{fleet}",
+                    f"--superlink=127.0.0.1:{link}",
                     "--host=127.0.0.1",
                     f"--port={node_rt[i]}",
                     f"--node-config=partition-id={i} num-partitions={nodes}",
