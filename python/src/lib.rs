@@ -12,13 +12,13 @@ use frugal_android::{Error, Options, Trainer as Core};
 use frugal_cli::data;
 use frugal_cli::spec_toml::{load_model, parse_model, ModelFile};
 use frugal_cli::train::parse_size;
+use frugal_core::budget::BudgetError as CoreBudgetError;
 use frugal_core::model::Precision;
 use numpy::{PyArray1, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-use frugal_core::budget::BudgetError as CoreBudgetError;
 
 create_exception!(
     _frugal,
@@ -245,9 +245,7 @@ impl Trainer {
         }
         let budget = budget_of(budget)?;
         let mf = model_of(model)?;
-        let batch = batch
-            .or(mf.train.batch.map(|b| b as usize))
-            .unwrap_or(32);
+        let batch = batch.or(mf.train.batch.map(|b| b as usize)).unwrap_or(32);
         let dims = [mf.spec.input.c, mf.spec.input.h, mf.spec.input.w]
             .map(|d| d as usize)
             .to_vec();
@@ -276,10 +274,17 @@ impl Trainer {
     /// One training step on `x` (float32, `(n, *input)` or `(n, features)`, 1 ≤ n ≤ batch) with
     /// integer labels `y` (n,); returns the step's mean loss. A C-contiguous float32 `x` is read in
     /// place.
-    fn train_step(&self, py: Python<'_>, x: &Bound<'_, PyAny>, y: &Bound<'_, PyAny>) -> PyResult<f32> {
+    fn train_step(
+        &self,
+        py: Python<'_>,
+        x: &Bound<'_, PyAny>,
+        y: &Bound<'_, PyAny>,
+    ) -> PyResult<f32> {
         let xa = inputs(x, self.per, &self.dims)?;
         let ya = labels(y)?;
-        let xs = xa.as_slice().map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let xs = xa
+            .as_slice()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         py.detach(|| {
             let mut t = self.lock()?;
             t.train_batch(xs, &ya, &self.live).map_err(py_err)
@@ -301,7 +306,9 @@ impl Trainer {
     ) -> PyResult<Vec<f32>> {
         let xa = inputs(x, self.per, &self.dims)?;
         let ya = labels(y)?;
-        let xs = xa.as_slice().map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let xs = xa
+            .as_slice()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let n = ya.len();
         if n == 0 || xs.len() != n * self.per {
             return Err(PyValueError::new_err(format!(
@@ -320,11 +327,9 @@ impl Trainer {
                 while i < n {
                     let k = batch.min(n - i);
                     let loss = match &order {
-                        None => t.train_batch(
-                            &xs[i * per..(i + k) * per],
-                            &ya[i..i + k],
-                            &self.live,
-                        ),
+                        None => {
+                            t.train_batch(&xs[i * per..(i + k) * per], &ya[i..i + k], &self.live)
+                        }
                         Some(o) => {
                             xb.clear();
                             yb.clear();
@@ -355,7 +360,9 @@ impl Trainer {
     ) -> PyResult<Bound<'py, PyDict>> {
         let xa = inputs(x, self.per, &self.dims)?;
         let ya = labels(y)?;
-        let xs = xa.as_slice().map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let xs = xa
+            .as_slice()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let (loss, correct) = py.detach(|| self.lock()?.evaluate(xs, &ya).map_err(py_err))?;
         let d = PyDict::new(py);
         d.set_item("loss", loss)?;
@@ -368,7 +375,9 @@ impl Trainer {
     /// Class probabilities (softmax), `(n, classes)` float32.
     fn predict<'py>(&self, py: Python<'py>, x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let xa = inputs(x, self.per, &self.dims)?;
-        let xs = xa.as_slice().map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let xs = xa
+            .as_slice()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let n = xs.len() / self.per.max(1);
         let p = py.detach(|| self.lock()?.predict(xs).map_err(py_err))?;
         Ok(PyArray1::from_vec(py, p)
@@ -393,9 +402,9 @@ impl Trainer {
     fn set_weights(&self, py: Python<'_>, weights: &Bound<'_, PyDict>) -> PyResult<usize> {
         let mut tensors = Vec::with_capacity(weights.len());
         for (k, v) in weights.iter() {
-            let name: String = k
-                .extract()
-                .map_err(|_| PyTypeError::new_err("set_weights: keys must be tensor names (str)"))?;
+            let name: String = k.extract().map_err(|_| {
+                PyTypeError::new_err("set_weights: keys must be tensor names (str)")
+            })?;
             let dtype = v
                 .getattr("dtype")
                 .and_then(|d| d.str().map(|s| s.to_string()))
@@ -405,7 +414,11 @@ impl Trainer {
                     "set_weights: tensor {name} is {dtype}; weights must be float32 arrays"
                 ))
             })?;
-            tensors.push((name, a.shape().to_vec(), a.as_array().iter().copied().collect()));
+            tensors.push((
+                name,
+                a.shape().to_vec(),
+                a.as_array().iter().copied().collect(),
+            ));
         }
         py.detach(|| self.lock()?.load_state(&tensors).map_err(py_err))
     }
@@ -467,7 +480,9 @@ impl Trainer {
     ) -> PyResult<f64> {
         let xa = inputs(x, self.per, &self.dims)?;
         let ya = labels(y)?;
-        let xs = xa.as_slice().map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let xs = xa
+            .as_slice()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         py.detach(|| {
             let mut t = self.lock()?;
             let start = std::time::Instant::now();

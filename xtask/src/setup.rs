@@ -531,7 +531,9 @@ impl Tool {
                 }
                 output(Command::new(&py).args(["-c", crate::python::MODULES]))
                     .map(|_| crate::python::venv().display().to_string())
-                    .ok_or_else(|| format!("`{}` fails in {}", crate::python::MODULES, py.display()))
+                    .ok_or_else(|| {
+                        format!("`{}` fails in {}", crate::python::MODULES, py.display())
+                    })
             }
             Probe::NpmDeps { dir, package } => {
                 let d = root().join(dir);
