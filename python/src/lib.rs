@@ -468,7 +468,7 @@ impl Trainer {
         }
     }
 
-    /// Benchmark support (`python/bench.py`): runs `n` steps on `x`, `y` from Rust — the same
+    /// Benchmark support (`python/bench/figures.py`): runs `n` steps on `x`, `y` from Rust — the same
     /// `train_batch` call `train_step` makes, without Python in between — and returns the seconds
     /// they took. The inputs are checked once, as one `train_step` checks them.
     fn _time_steps(

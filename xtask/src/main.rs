@@ -21,7 +21,7 @@
 //!   `qemu-hexagon` (a TCG plugin built on the fly), CPU times, the DP's placement and predicted step times.
 //! - `bench python [--rounds R] [--clients C] [--only fl|overhead]`: the Python package's figures — federated
 //!   (Flower) vs centralised held-out accuracy, each client's arena against its budget per device
-//!   class, and Python's per-call overhead on a digits-MLP step (see `python.rs`, `python/bench.py`).
+//!   class, and Python's per-call overhead on a digits-MLP step (see `python.rs`, `python/bench/figures.py`).
 //! - `bench budget`: the memory policies — Melon's headline, smallest budgets, Sage's orderings.
 //! - `bench planning [--reps R] [--batches B,B]`: how long planning for a budget takes, by model, batch and budget.
 //! - `bench swap [--scale S] [--lookahead L] [--budget-mib M] [--steps N] [--rounds R] [--keep-cache]`:

@@ -94,11 +94,11 @@ pub fn test() -> Result<(), String> {
         .current_dir(root()))
 }
 
-/// `cargo xtask bench python [ARGS…]`: builds and installs the wheel, then runs `python/bench.py`.
+/// `cargo xtask bench python [ARGS…]`: builds and installs the wheel, then runs `python/bench/figures.py`.
 pub fn bench(args: &[String]) -> Result<(), String> {
     build_and_install()?;
     run(Command::new(python())
-        .arg(root().join("python/bench.py"))
+        .arg(root().join("python/bench/figures.py"))
         .args(args)
         .current_dir(root()))
 }

@@ -23,7 +23,7 @@ import numpy as np
 
 import frugal
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "examples" / "flower"))
 
 
