@@ -117,11 +117,8 @@ fn inputs<'py>(
 ) -> PyResult<PyReadonlyArrayDyn<'py, f32>> {
     let py = x.py();
     let np = py.import("numpy")?;
-    let arr = if x.hasattr("dtype")? {
-        x.clone()
-    } else {
-        np.call_method1("asarray", (x,))?
-    };
+    // `asarray` returns an ndarray itself unchanged (no copy); scalars and lists become arrays.
+    let arr = np.call_method1("asarray", (x,))?;
     let dtype = arr.getattr("dtype")?.str()?.to_string();
     if dtype != "float32" {
         return Err(PyTypeError::new_err(format!(
@@ -139,6 +136,12 @@ fn inputs<'py>(
         2 => shape[1] == per,
         _ => shape[1..] == *dims,
     };
+    if ok && shape[0] == 0 {
+        return Err(PyValueError::new_err(format!(
+            "x: has shape {}: no samples",
+            py_shape(shape)
+        )));
+    }
     if !ok {
         return Err(PyValueError::new_err(format!(
             "x: has shape {}; samples of the model's input must be (n, {per}) or (n, {})",
@@ -164,11 +167,7 @@ fn py_shape(shape: &[usize]) -> String {
 /// `y` as class labels (uint32 arrays are read in place; other integer arrays are converted).
 fn labels(y: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     let py = y.py();
-    let arr = if y.hasattr("dtype")? {
-        y.clone()
-    } else {
-        py.import("numpy")?.call_method1("asarray", (y,))?
-    };
+    let arr = py.import("numpy")?.call_method1("asarray", (y,))?;
     let kind: String = arr.getattr("dtype")?.getattr("kind")?.extract()?;
     if kind != "i" && kind != "u" {
         let dtype = arr.getattr("dtype")?.str()?.to_string();

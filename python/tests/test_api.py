@@ -195,3 +195,26 @@ def test_a_budget_set_from_another_thread_applies_mid_training(mlp_path, digits)
     assert done.is_set()
     info = t.plan_info()
     assert info["rung"] == 0 and info["allocated_bytes"] <= floor and info["switches"] >= 1
+
+
+def test_odd_arguments_are_exceptions_not_crashes(mlp_path, digits):
+    xtr, ytr, _, _ = digits
+    with pytest.raises(ValueError, match="batch"):
+        frugal.Trainer(mlp_path, batch=0)
+    with pytest.raises(OverflowError):
+        frugal.Trainer(mlp_path, batch=-1)
+    t = frugal.Trainer(mlp_path)
+    with pytest.raises(ValueError, match=r"shape \(\)"):
+        t.predict(np.float32(1.0))
+    with pytest.raises(ValueError, match=r"shape \(0, 64\): no samples"):
+        t.predict(np.zeros((0, 64), np.float32))
+    with pytest.raises(TypeError, match="labels must be integers"):
+        t.train_step(xtr[:2], np.array(["a", "b"]))
+    with pytest.raises(TypeError, match="float32"):
+        t.train_step([[0.0] * 64], [1])
+    with pytest.raises(ValueError, match="no samples"):
+        t.fit(np.zeros((0, 64), np.float32), np.zeros(0, np.uint32))
+    assert t.fit(xtr[:64], ytr[:64], epochs=0) == []
+    with pytest.raises(TypeError, match="keys must be tensor names"):
+        t.set_weights({1: np.zeros(3, np.float32)})
+    assert t.plan_info()["steps"] == 0
