@@ -52,7 +52,8 @@ class Evaluation(TypedDict):
 class Trainer:
     """A trainer that fits a memory budget.
 
-    ``model`` is TOML text (docs/model-format.md) or the path of a ``.toml`` model file; ``budget`` a
+    ``model`` is TOML text (docs/model-format.md) or the path of a ``.toml`` model file (its ``[train]
+    weights`` checkpoint, when it names one, is loaded; relative paths are relative to the file); ``budget`` a
     size such as ``"512KiB"`` or a number of bytes (None: no limit); ``precision`` ``"f32"`` (``"int8"``
     and ``"int8-master"`` are recognised and refused: not available from Python yet); ``batch`` samples
     per step (None: the model file's ``[train] batch``, else 32); ``seed`` the weight initialisation's

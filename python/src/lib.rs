@@ -248,9 +248,15 @@ impl Trainer {
         let dims = [mf.spec.input.c, mf.spec.input.h, mf.spec.input.w]
             .map(|d| d as usize)
             .to_vec();
+        // The model file's `[train] weights` (a safetensors checkpoint), as `frugal train` loads them.
+        let tensors = match &mf.train.weights {
+            Some(w) => frugal_cli::checkpoint::load_safetensors(w)
+                .map_err(|e| WeightsError::new_err(e.to_string()))?,
+            None => Vec::new(),
+        };
         let t = Core::from_spec(
             mf.spec,
-            &[],
+            &tensors,
             budget,
             Options {
                 batch,

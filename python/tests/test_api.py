@@ -218,3 +218,16 @@ def test_odd_arguments_are_exceptions_not_crashes(mlp_path, digits):
     with pytest.raises(TypeError, match="keys must be tensor names"):
         t.set_weights({1: np.zeros(3, np.float32)})
     assert t.plan_info()["steps"] == 0
+
+
+def test_a_model_files_weights_are_loaded():
+    from conftest import REPO
+
+    path = REPO / "examples" / "transfer.toml"
+    loaded = frugal.Trainer(str(path)).get_weights()
+    text = path.read_text().replace('weights = "digits-backbone.safetensors"', "")
+    fresh = frugal.Trainer(text).get_weights()
+    assert list(loaded) == list(fresh)
+    assert any(not np.array_equal(loaded[k], fresh[k]) for k in loaded)
+    with pytest.raises(frugal.WeightsError, match="nope.safetensors"):
+        frugal.Trainer(text.replace("[train]", '[train]\nweights = "nope.safetensors"'))
