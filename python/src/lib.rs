@@ -115,6 +115,12 @@ fn inputs<'py>(
     per: usize,
     dims: &[usize],
 ) -> PyResult<PyReadonlyArrayDyn<'py, f32>> {
+    // The common case first, without calling into NumPy: a C-contiguous float32 array.
+    if let Ok(a) = x.extract::<PyReadonlyArrayDyn<'py, f32>>() {
+        if a.is_c_contiguous() && sample_shape_ok(a.shape(), per, dims) && a.shape()[0] > 0 {
+            return Ok(a);
+        }
+    }
     let py = x.py();
     let np = py.import("numpy")?;
     // `asarray` returns an ndarray itself unchanged (no copy); scalars and lists become arrays.
@@ -130,12 +136,7 @@ fn inputs<'py>(
         a = np.call_method1("ascontiguousarray", (arr,))?.extract()?;
     }
     let shape = a.shape();
-    let ok = match shape.len() {
-        0 => false,
-        1 => per == 1 || shape[0] == per,
-        2 => shape[1] == per,
-        _ => shape[1..] == *dims,
-    };
+    let ok = sample_shape_ok(shape, per, dims);
     if ok && shape[0] == 0 {
         return Err(PyValueError::new_err(format!(
             "x: has shape {}: no samples",
@@ -155,6 +156,15 @@ fn inputs<'py>(
     Ok(a)
 }
 
+/// Whether `shape` is `n` samples of the model's input: `(n, per)` or `(n, *dims)`.
+fn sample_shape_ok(shape: &[usize], per: usize, dims: &[usize]) -> bool {
+    match shape.len() {
+        0 | 1 => false,
+        2 => shape[1] == per,
+        _ => shape[1..] == *dims,
+    }
+}
+
 /// A shape as Python prints it: `(4, 63)`, `(10,)`.
 fn py_shape(shape: &[usize]) -> String {
     let inner: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
@@ -164,8 +174,31 @@ fn py_shape(shape: &[usize]) -> String {
     }
 }
 
-/// `y` as class labels (uint32 arrays are read in place; other integer arrays are converted).
-fn labels(y: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+/// Class labels: a contiguous one-dimensional uint32 array read in place, or converted ones.
+enum Labels<'py> {
+    View(PyReadonlyArrayDyn<'py, u32>),
+    Owned(Vec<u32>),
+}
+
+impl std::ops::Deref for Labels<'_> {
+    type Target = [u32];
+    fn deref(&self) -> &[u32] {
+        match self {
+            // Contiguity was checked when the view was taken (`labels`).
+            Labels::View(a) => a.as_slice().unwrap_or(&[]),
+            Labels::Owned(v) => v,
+        }
+    }
+}
+
+/// `y` as class labels (contiguous uint32 arrays are read in place; other integer arrays and
+/// sequences are converted).
+fn labels<'py>(y: &Bound<'py, PyAny>) -> PyResult<Labels<'py>> {
+    if let Ok(a) = y.extract::<PyReadonlyArrayDyn<'py, u32>>() {
+        if a.ndim() == 1 && a.is_c_contiguous() {
+            return Ok(Labels::View(a));
+        }
+    }
     let py = y.py();
     let arr = py.import("numpy")?.call_method1("asarray", (y,))?;
     let kind: String = arr.getattr("dtype")?.getattr("kind")?.extract()?;
@@ -192,7 +225,8 @@ fn labels(y: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
                 ))
             })
         })
-        .collect()
+        .collect::<PyResult<Vec<u32>>>()
+        .map(Labels::Owned)
 }
 
 /// A trainer that fits a memory budget: the model's plans from the smallest to the plain one, and
@@ -287,12 +321,13 @@ impl Trainer {
     ) -> PyResult<f32> {
         let xa = inputs(x, self.per, &self.dims)?;
         let ya = labels(y)?;
+        let ya: &[u32] = &ya;
         let xs = xa
             .as_slice()
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         py.detach(|| {
             let mut t = self.lock()?;
-            t.train_batch(xs, &ya, &self.live).map_err(py_err)
+            t.train_batch(xs, &ya[..], &self.live).map_err(py_err)
         })
     }
 
@@ -311,6 +346,7 @@ impl Trainer {
     ) -> PyResult<Vec<f32>> {
         let xa = inputs(x, self.per, &self.dims)?;
         let ya = labels(y)?;
+        let ya: &[u32] = &ya;
         let xs = xa
             .as_slice()
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -365,10 +401,11 @@ impl Trainer {
     ) -> PyResult<Bound<'py, PyDict>> {
         let xa = inputs(x, self.per, &self.dims)?;
         let ya = labels(y)?;
+        let ya: &[u32] = &ya;
         let xs = xa
             .as_slice()
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let (loss, correct) = py.detach(|| self.lock()?.evaluate(xs, &ya).map_err(py_err))?;
+        let (loss, correct) = py.detach(|| self.lock()?.evaluate(xs, &ya[..]).map_err(py_err))?;
         let d = PyDict::new(py);
         d.set_item("loss", loss)?;
         d.set_item("accuracy", correct as f64 / ya.len() as f64)?;
@@ -485,6 +522,7 @@ impl Trainer {
     ) -> PyResult<f64> {
         let xa = inputs(x, self.per, &self.dims)?;
         let ya = labels(y)?;
+        let ya: &[u32] = &ya;
         let xs = xa
             .as_slice()
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -492,7 +530,7 @@ impl Trainer {
             let mut t = self.lock()?;
             let start = std::time::Instant::now();
             for _ in 0..n {
-                t.train_batch(xs, &ya, &self.live).map_err(py_err)?;
+                t.train_batch(xs, &ya[..], &self.live).map_err(py_err)?;
             }
             Ok(start.elapsed().as_secs_f64())
         })
