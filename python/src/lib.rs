@@ -327,7 +327,7 @@ impl Trainer {
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         py.detach(|| {
             let mut t = self.lock()?;
-            t.train_batch(xs, &ya[..], &self.live).map_err(py_err)
+            t.train_batch(xs, ya, &self.live).map_err(py_err)
         })
     }
 
@@ -405,7 +405,7 @@ impl Trainer {
         let xs = xa
             .as_slice()
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let (loss, correct) = py.detach(|| self.lock()?.evaluate(xs, &ya[..]).map_err(py_err))?;
+        let (loss, correct) = py.detach(|| self.lock()?.evaluate(xs, ya).map_err(py_err))?;
         let d = PyDict::new(py);
         d.set_item("loss", loss)?;
         d.set_item("accuracy", correct as f64 / ya.len() as f64)?;
@@ -530,7 +530,7 @@ impl Trainer {
             let mut t = self.lock()?;
             let start = std::time::Instant::now();
             for _ in 0..n {
-                t.train_batch(xs, &ya[..], &self.live).map_err(py_err)?;
+                t.train_batch(xs, ya, &self.live).map_err(py_err)?;
             }
             Ok(start.elapsed().as_secs_f64())
         })
