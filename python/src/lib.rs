@@ -20,6 +20,61 @@ use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
+mod int8;
+
+use int8::Int8Trainer;
+
+/// The trainer behind a Python `Trainer`: f32 (a plan ladder and a live budget) or int8 (one plan).
+enum Engine {
+    F32(Core),
+    Int8(Int8Trainer),
+}
+
+impl Engine {
+    fn train_batch(&mut self, x: &[f32], y: &[u32], live: &AtomicU64) -> Result<f32, Error> {
+        match self {
+            Engine::F32(t) => t.train_batch(x, y, live),
+            Engine::Int8(t) => t.train_batch(x, y),
+        }
+    }
+    fn evaluate(&mut self, x: &[f32], y: &[u32]) -> Result<(f32, usize), Error> {
+        match self {
+            Engine::F32(t) => t.evaluate(x, y),
+            Engine::Int8(t) => t.evaluate(x, y),
+        }
+    }
+    fn predict(&mut self, x: &[f32]) -> Result<Vec<f32>, Error> {
+        match self {
+            Engine::F32(t) => t.predict(x),
+            Engine::Int8(t) => t.predict(x),
+        }
+    }
+    fn state(&mut self) -> Result<Vec<frugal_host::NamedTensor>, Error> {
+        match self {
+            Engine::F32(t) => t.state(),
+            Engine::Int8(t) => t.state(),
+        }
+    }
+    fn load_state(&mut self, w: &[frugal_host::NamedTensor]) -> Result<usize, Error> {
+        match self {
+            Engine::F32(t) => t.load_state(w),
+            Engine::Int8(t) => t.load_state(w),
+        }
+    }
+    fn plan_info(&self) -> frugal_android::PlanInfo {
+        match self {
+            Engine::F32(t) => t.plan_info(),
+            Engine::Int8(t) => t.plan_info(),
+        }
+    }
+    fn set_budget(&mut self, b: u64) -> Result<(), Error> {
+        match self {
+            Engine::F32(t) => t.set_budget(b),
+            Engine::Int8(t) => t.set_budget(b),
+        }
+    }
+}
+
 create_exception!(
     _frugal,
     FrugalError,
@@ -238,7 +293,9 @@ fn labels<'py>(y: &Bound<'py, PyAny>) -> PyResult<Labels<'py>> {
 /// weight initialisation's seed (None: the model's).
 #[pyclass(module = "frugal._frugal", frozen)]
 struct Trainer {
-    inner: Mutex<Core>,
+    inner: Mutex<Engine>,
+    /// "f32", "int8" or "int8-master".
+    precision: String,
     /// The live budget (bytes; `UNLIMITED`: none), read before every instruction of a step.
     live: AtomicU64,
     /// The smallest budget any plan fits.
@@ -250,7 +307,7 @@ struct Trainer {
 }
 
 impl Trainer {
-    fn lock(&self) -> PyResult<MutexGuard<'_, Core>> {
+    fn lock(&self) -> PyResult<MutexGuard<'_, Engine>> {
         self.inner.lock().map_err(|_| {
             StepError::new_err("the trainer is unusable: a call on another thread panicked")
         })
@@ -268,14 +325,13 @@ impl Trainer {
         batch: Option<usize>,
         seed: Option<u64>,
     ) -> PyResult<Trainer> {
-        let precision = frugal_cli::train::parse_precision(precision, 4)
-            .map_err(|e| PyValueError::new_err(format!("precision: {e}")))?;
-        if precision != Precision::F32 {
-            return Err(PyValueError::new_err(
-                "precision: int8 training is not available from Python yet (f32 only; the CLI's \
-                 `frugal train --precision int8` trains int8)",
-            ));
-        }
+        let precision_name = match precision {
+            "int8-integer" => "int8".to_string(),
+            p => p.to_string(),
+        };
+        let precision =
+            frugal_cli::train::parse_precision(precision, frugal_cli::train::DEFAULT_UPDATE_BITS)
+                .map_err(|e| PyValueError::new_err(format!("precision: {e}")))?;
         let budget = budget_of(budget)?;
         let mf = model_of(model)?;
         let batch = batch.or(mf.train.batch.map(|b| b as usize)).unwrap_or(32);
@@ -288,24 +344,40 @@ impl Trainer {
                 .map_err(|e| WeightsError::new_err(e.to_string()))?,
             None => Vec::new(),
         };
-        let t = Core::from_spec(
-            mf.spec,
-            &tensors,
-            budget,
-            Options {
-                batch,
-                seed,
-                classes: None,
-            },
-        )
-        .map_err(py_err)?;
+        let name = precision_name;
+        let t = if precision == Precision::F32 {
+            Engine::F32(
+                Core::from_spec(
+                    mf.spec,
+                    &tensors,
+                    budget,
+                    Options {
+                        batch,
+                        seed,
+                        classes: None,
+                    },
+                )
+                .map_err(py_err)?,
+            )
+        } else {
+            Engine::Int8(
+                Int8Trainer::new(mf.spec, &tensors, budget, batch, seed, precision)
+                    .map_err(py_err)?,
+            )
+        };
+        let info = t.plan_info();
+        let (per, classes) = match &t {
+            Engine::F32(c) => (c.input_size(), c.classes()),
+            Engine::Int8(c) => (dims.iter().product(), c.classes()),
+        };
         Ok(Trainer {
             live: AtomicU64::new(budget),
-            floor: t.plan_info().floor_bytes,
-            per: t.input_size(),
+            floor: info.floor_bytes,
+            per,
             dims,
-            classes: t.classes(),
+            classes,
             batch,
+            precision: name,
             inner: Mutex::new(t),
         })
     }
@@ -485,7 +557,7 @@ impl Trainer {
         d.set_item("switches", i.switches)?;
         d.set_item("mid_step_switches", i.mid_step_switches)?;
         d.set_item("batch", self.batch)?;
-        d.set_item("precision", "f32")?;
+        d.set_item("precision", &self.precision)?;
         Ok(d)
     }
 

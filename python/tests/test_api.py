@@ -142,8 +142,6 @@ def test_bad_models_precisions_and_budgets(mlp_path):
         frugal.Trainer("/nonexistent/model.toml")
     with pytest.raises(ValueError, match='unknown precision "f33"'):
         frugal.Trainer(mlp_path, precision="f33")
-    with pytest.raises(ValueError, match="not available from Python"):
-        frugal.Trainer(mlp_path, precision="int8")
     with pytest.raises(ValueError, match="unknown size unit"):
         frugal.Trainer(mlp_path, budget="2 parsecs")
     with pytest.raises(TypeError, match="budget must be"):
@@ -231,3 +229,33 @@ def test_a_model_files_weights_are_loaded():
     assert any(not np.array_equal(loaded[k], fresh[k]) for k in loaded)
     with pytest.raises(frugal.WeightsError, match="nope.safetensors"):
         frugal.Trainer(text.replace("[train]", '[train]\nweights = "nope.safetensors"'))
+
+
+@pytest.mark.parametrize("precision", ["int8", "int8-master"])
+def test_int8_trains_within_its_plan(mlp_path, digits, precision):
+    xtr, ytr, xte, yte = digits
+    f32 = frugal.Trainer(mlp_path).plan_info()
+    t = frugal.Trainer(mlp_path, precision=precision)
+    info = t.plan_info()
+    assert info["precision"] == precision and info["rungs"] == 1 and info["recomputes"] == 0
+    # int8 tensors: a smaller arena than the f32 plan's.
+    assert info["arena_bytes"] < f32["arena_bytes"], (info, f32)
+    before = t.evaluate(xte, yte)["accuracy"]
+    losses = t.fit(xtr, ytr, epochs=3)
+    after = t.evaluate(xte, yte)["accuracy"]
+    assert losses[-1] < losses[0] and after > 0.8 > before, (losses, before, after)
+    w = t.get_weights()
+    assert list(w) == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"]
+    u = frugal.Trainer(mlp_path, precision=precision, seed=5)
+    assert u.set_weights(w) == 6
+    # Weights go in as f32 and are quantised again: the same accuracy within a few samples.
+    assert abs(u.evaluate(xte, yte)["accuracy"] - after) < 0.03
+    with pytest.raises(ValueError, match="not available for int8"):
+        t.predict(xte[:2])
+    with pytest.raises(frugal.BudgetError) as e:
+        frugal.Trainer(mlp_path, precision=precision, budget=info["floor_bytes"] - 1)
+    assert e.value.needed_bytes == info["floor_bytes"]
+    with pytest.raises(frugal.BudgetError):
+        t.set_budget(info["floor_bytes"] - 1)
+    with pytest.raises(ValueError, match="value 0 is NaN"):
+        t.train_step(np.full((2, 64), np.nan, np.float32), ytr[:2])

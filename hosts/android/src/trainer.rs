@@ -15,7 +15,7 @@ use frugal_core::budget::{Budget, BudgetError};
 use frugal_core::exec::{ExecError, Executor, Target};
 use frugal_core::format::decode_model;
 use frugal_core::graph::Graph;
-use frugal_core::model::{LayerKind, LossKind, ModelSpec};
+use frugal_core::model::{Dims, LayerKind, LossKind, ModelSpec};
 use frugal_core::plan::table::PlanTable;
 use frugal_core::plan::{Phase, Plan};
 use frugal_core::policy::ladder::{ladder, pick};
@@ -188,6 +188,52 @@ fn index_of(table: &PlanTable, plan: &Plan) -> usize {
         .iter()
         .position(|e| ptr::eq(&e.plan, plan))
         .expect("the plan is one of the table's")
+}
+
+/// Checks a batch a caller gives a trainer: `y.len()` samples (1 to `max`), `x` holding that many
+/// inputs of `input`, every input finite, every label below `classes`.
+pub fn check_batch(
+    x: &[f32],
+    y: &[u32],
+    max: usize,
+    input: Dims,
+    classes: usize,
+) -> Result<(), Error> {
+    let per = input.numel();
+    if y.is_empty() || y.len() > max {
+        return Err(Error::Argument(
+            "labels",
+            format!("has {} samples; must be from 1 to {max}", y.len()),
+        ));
+    }
+    if x.len() != y.len().saturating_mul(per) {
+        return Err(Error::Argument(
+            "input",
+            format!(
+                "has {} values but {} samples of the model's input {input} need {}",
+                x.len(),
+                y.len(),
+                y.len().saturating_mul(per)
+            ),
+        ));
+    }
+    if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+        return Err(Error::Argument(
+            "input",
+            format!("value {i} is {} (must be finite)", x[i]),
+        ));
+    }
+    if let Some(i) = y.iter().position(|&l| l as usize >= classes) {
+        return Err(Error::Argument(
+            "labels",
+            format!(
+                "label {i} is {}; must be from 0 to {}",
+                y[i],
+                classes.saturating_sub(1)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Numerically stable softmax of `z` into `out`.
@@ -403,44 +449,9 @@ impl Trainer {
         Ok(((loss / y.len() as f64) as f32, correct))
     }
 
-    /// Checks a batch given by the caller: `y.len()` samples (1 to `max`), `x` holding that many inputs,
-    /// every input finite, every label a class.
+    /// Checks a batch given by the caller (see [`check_batch`]).
     fn check_batch(&self, x: &[f32], y: &[u32], max: usize) -> Result<(), Error> {
-        if y.is_empty() || y.len() > max {
-            return Err(Error::Argument(
-                "labels",
-                format!("has {} samples; must be from 1 to {max}", y.len()),
-            ));
-        }
-        if x.len() != y.len().saturating_mul(self.per) {
-            return Err(Error::Argument(
-                "input",
-                format!(
-                    "has {} values but {} samples of the model's input {} need {}",
-                    x.len(),
-                    y.len(),
-                    self.spec.input,
-                    y.len().saturating_mul(self.per)
-                ),
-            ));
-        }
-        if let Some(i) = x.iter().position(|v| !v.is_finite()) {
-            return Err(Error::Argument(
-                "input",
-                format!("value {i} is {} (must be finite)", x[i]),
-            ));
-        }
-        if let Some(i) = y.iter().position(|&l| l as usize >= self.classes) {
-            return Err(Error::Argument(
-                "labels",
-                format!(
-                    "label {i} is {}; must be from 0 to {}",
-                    y[i],
-                    self.classes - 1
-                ),
-            ));
-        }
-        Ok(())
+        check_batch(x, y, max, self.spec.input, self.classes)
     }
 
     /// Whether the trainer can train: it has samples.
