@@ -54,8 +54,10 @@ class Trainer:
 
     ``model`` is TOML text (docs/model-format.md) or the path of a ``.toml`` model file (its ``[train]
     weights`` checkpoint, when it names one, is loaded; relative paths are relative to the file); ``budget`` a
-    size such as ``"512KiB"`` or a number of bytes (None: no limit); ``precision`` ``"f32"`` (``"int8"``
-    and ``"int8-master"`` are recognised and refused: not available from Python yet); ``batch`` samples
+    size such as ``"512KiB"`` or a number of bytes (None: no limit); ``precision`` ``"f32"`` (a ladder
+    of plans: the budget picks one, recomputing when small), ``"int8"`` (pure integer training, NITI
+    update) or ``"int8-master"`` (int8 compute, f32 master weights) — int8 runs its one plain plan, which
+    the budget must fit, and has no ``predict`` yet; ``batch`` samples
     per step (None: the model file's ``[train] batch``, else 32); ``seed`` the weight initialisation's
     seed (None: the model's).
 
@@ -88,7 +90,7 @@ class Trainer:
     def evaluate(self, x: npt.NDArray[np.float32], y: ArrayLike) -> Evaluation:
         """Mean loss and accuracy over any number of samples (no update)."""
     def predict(self, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-        """Class probabilities (softmax), ``(n, classes)``."""
+        """Class probabilities (softmax), ``(n, classes)`` (f32 trainers; ``ValueError`` in int8)."""
     def get_weights(self) -> dict[str, npt.NDArray[np.float32]]:
         """Parameters and statistics (PyTorch ``state_dict`` names, the model's order)."""
     def set_weights(self, weights: dict[str, npt.NDArray[np.float32]]) -> int:
