@@ -2,7 +2,7 @@
 //! and `Int8Executor`, as `frugal train --precision int8` runs it. The memory policies plan f32 graphs,
 //! so there is one plan: a budget below it is refused, never met by recomputation.
 use frugal_android::arena::Arena;
-use frugal_android::trainer::{check_batch, UNLIMITED};
+use frugal_android::trainer::{check_batch, evaluate_in_batches, UNLIMITED};
 use frugal_android::{Error, PlanInfo};
 use frugal_core::budget::BudgetError;
 use frugal_core::exec::int8::Int8Executor;
@@ -10,7 +10,7 @@ use frugal_core::exec::Target;
 use frugal_core::graph::Graph;
 use frugal_core::model::{ModelSpec, Precision};
 use frugal_core::plan::Plan;
-use frugal_host::NamedTensor;
+use frugal_host::{check_tensors, NamedTensor};
 
 /// An int8 trainer: the plan, its arena and the executor with its integer state (exponents, rescale
 /// counters), kept across calls.
@@ -88,20 +88,11 @@ impl Int8Trainer {
     /// Mean loss and samples classified correctly over `x`, `y`, one batch at a time (no update).
     pub fn evaluate(&mut self, x: &[f32], y: &[u32]) -> Result<(f32, usize), Error> {
         check_batch(x, y, usize::MAX, self.spec.input, self.classes())?;
-        let per = self.spec.input.numel();
-        let (mut loss, mut correct, mut i) = (0f64, 0usize, 0usize);
-        while i < y.len() {
-            let k = self.batch.min(y.len() - i);
-            let s = self.ex.evaluate(
-                self.arena.as_mut_slice(),
-                &x[i * per..(i + k) * per],
-                Target::Classes(&y[i..i + k]),
-            )?;
-            loss += f64::from(s.loss) * k as f64;
-            correct += s.correct;
-            i += k;
-        }
-        Ok(((loss / y.len() as f64) as f32, correct))
+        let arena = self.arena.as_mut_slice();
+        let ex = &mut self.ex;
+        evaluate_in_batches(x, y, self.spec.input.numel(), self.batch, |x, t| {
+            ex.evaluate(arena, x, t)
+        })
     }
 
     /// The parameters as f32 (dequantised), `state_dict` names, the model's order.
@@ -118,30 +109,16 @@ impl Int8Trainer {
     /// written. Returns how many.
     pub fn load_state(&mut self, tensors: &[NamedTensor]) -> Result<usize, Error> {
         let known: Vec<_> = self.ex.state_tensors().collect();
+        let shapes: Vec<(String, Vec<usize>)> = known
+            .iter()
+            .map(|(n, s, _)| (n.clone(), s.clone()))
+            .collect();
+        check_tensors(&shapes, tensors).map_err(Error::Weights)?;
         let mut writes = Vec::with_capacity(tensors.len());
-        for (name, shape, v) in tensors {
-            let Some((_, s, t)) = known.iter().find(|(n, _, _)| n == name) else {
-                return Err(Error::Weights(format!(
-                    "tensor {name}: the model has no such tensor (it has {})",
-                    known
-                        .iter()
-                        .map(|(n, _, _)| n.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )));
-            };
-            if s != shape {
-                return Err(Error::Weights(format!(
-                    "tensor {name} has shape {shape:?}, the model needs {s:?}"
-                )));
+        for (name, _, v) in tensors {
+            if let Some((_, _, t)) = known.iter().find(|(n, _, _)| n == name) {
+                writes.push((*t, v));
             }
-            if let Some(i) = v.iter().position(|x| !x.is_finite()) {
-                return Err(Error::Weights(format!(
-                    "tensor {name}: value {i} is {} (must be finite)",
-                    v[i]
-                )));
-            }
-            writes.push((*t, v));
         }
         for (t, v) in &writes {
             self.ex.write_f32(self.arena.as_mut_slice(), *t, v)?;

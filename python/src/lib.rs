@@ -211,6 +211,12 @@ fn inputs<'py>(
     Ok(a)
 }
 
+/// The samples of a checked input array (C-contiguous by construction).
+fn samples<'a>(xa: &'a PyReadonlyArrayDyn<'_, f32>) -> PyResult<&'a [f32]> {
+    xa.as_slice()
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 /// Whether `shape` is `n` samples of the model's input: `(n, per)` or `(n, *dims)`.
 fn sample_shape_ok(shape: &[usize], per: usize, dims: &[usize]) -> bool {
     match shape.len() {
@@ -307,6 +313,30 @@ struct Trainer {
 }
 
 impl Trainer {
+    /// `n` training steps on one batch (checked once), the GIL released: the last loss and the
+    /// seconds the steps took. `train_step` is `n = 1`; the bench's Rust loop is the same call.
+    fn steps(
+        &self,
+        py: Python<'_>,
+        x: &Bound<'_, PyAny>,
+        y: &Bound<'_, PyAny>,
+        n: u32,
+    ) -> PyResult<(f32, f64)> {
+        let xa = inputs(x, self.per, &self.dims)?;
+        let ya = labels(y)?;
+        let ya: &[u32] = &ya;
+        let xs = samples(&xa)?;
+        py.detach(|| {
+            let mut t = self.lock()?;
+            let start = std::time::Instant::now();
+            let mut loss = 0.0;
+            for _ in 0..n {
+                loss = t.train_batch(xs, ya, &self.live).map_err(py_err)?;
+            }
+            Ok((loss, start.elapsed().as_secs_f64()))
+        })
+    }
+
     fn lock(&self) -> PyResult<MutexGuard<'_, Engine>> {
         self.inner.lock().map_err(|_| {
             StepError::new_err("the trainer is unusable: a call on another thread panicked")
@@ -391,16 +421,7 @@ impl Trainer {
         x: &Bound<'_, PyAny>,
         y: &Bound<'_, PyAny>,
     ) -> PyResult<f32> {
-        let xa = inputs(x, self.per, &self.dims)?;
-        let ya = labels(y)?;
-        let ya: &[u32] = &ya;
-        let xs = xa
-            .as_slice()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        py.detach(|| {
-            let mut t = self.lock()?;
-            t.train_batch(xs, ya, &self.live).map_err(py_err)
-        })
+        self.steps(py, x, y, 1).map(|(loss, _)| loss)
     }
 
     /// Trains `epochs` passes over `x`, `y` in batches of the trainer's batch (the last may be
@@ -419,9 +440,7 @@ impl Trainer {
         let xa = inputs(x, self.per, &self.dims)?;
         let ya = labels(y)?;
         let ya: &[u32] = &ya;
-        let xs = xa
-            .as_slice()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let xs = samples(&xa)?;
         let n = ya.len();
         if n == 0 || xs.len() != n * self.per {
             return Err(PyValueError::new_err(format!(
@@ -474,9 +493,7 @@ impl Trainer {
         let xa = inputs(x, self.per, &self.dims)?;
         let ya = labels(y)?;
         let ya: &[u32] = &ya;
-        let xs = xa
-            .as_slice()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let xs = samples(&xa)?;
         let (loss, correct) = py.detach(|| self.lock()?.evaluate(xs, ya).map_err(py_err))?;
         let d = PyDict::new(py);
         d.set_item("loss", loss)?;
@@ -489,9 +506,7 @@ impl Trainer {
     /// Class probabilities (softmax), `(n, classes)` float32.
     fn predict<'py>(&self, py: Python<'py>, x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let xa = inputs(x, self.per, &self.dims)?;
-        let xs = xa
-            .as_slice()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let xs = samples(&xa)?;
         let n = xs.len() / self.per.max(1);
         let p = py.detach(|| self.lock()?.predict(xs).map_err(py_err))?;
         Ok(PyArray1::from_vec(py, p)
@@ -592,20 +607,7 @@ impl Trainer {
         y: &Bound<'_, PyAny>,
         n: u32,
     ) -> PyResult<f64> {
-        let xa = inputs(x, self.per, &self.dims)?;
-        let ya = labels(y)?;
-        let ya: &[u32] = &ya;
-        let xs = xa
-            .as_slice()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        py.detach(|| {
-            let mut t = self.lock()?;
-            let start = std::time::Instant::now();
-            for _ in 0..n {
-                t.train_batch(xs, ya, &self.live).map_err(py_err)?;
-            }
-            Ok(start.elapsed().as_secs_f64())
-        })
+        self.steps(py, x, y, n).map(|(_, secs)| secs)
     }
 
     /// Samples per step.

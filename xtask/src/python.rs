@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use crate::setup::root;
+use crate::setup::{root, run};
 
 /// The venv's directory.
 pub fn venv() -> PathBuf {
@@ -27,18 +27,6 @@ pub fn python() -> PathBuf {
 
 /// The modules the checks import (one per line of `requirements-dev.txt`).
 pub const MODULES: &str = "import maturin, numpy, pytest, flwr, ray";
-
-fn run(cmd: &mut Command) -> Result<(), String> {
-    eprintln!("$ {cmd:?}");
-    let st = cmd
-        .status()
-        .map_err(|e| format!("cannot run {:?}: {e}", cmd.get_program()))?;
-    if st.success() {
-        Ok(())
-    } else {
-        Err(format!("{cmd:?} failed ({st})"))
-    }
-}
 
 /// Creates the venv with `python3 -m venv` (when it is not there) and installs the requirements.
 pub fn install_venv() -> Result<(), String> {

@@ -656,7 +656,8 @@ fn is_root() -> bool {
     output(Command::new("id").arg("-u")).is_some_and(|s| s.trim() == "0")
 }
 
-fn run(cmd: &mut Command) -> Result<(), String> {
+/// Runs `cmd` (no standard input), echoing it; an error names it and its exit status.
+pub(crate) fn run(cmd: &mut Command) -> Result<(), String> {
     eprintln!("$ {cmd:?}");
     let st = cmd
         .stdin(Stdio::null())

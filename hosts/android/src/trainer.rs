@@ -12,7 +12,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use frugal_core::budget::{Budget, BudgetError};
-use frugal_core::exec::{ExecError, Executor, Target};
+use frugal_core::exec::{ExecError, Executor, StepStats, Target};
 use frugal_core::format::decode_model;
 use frugal_core::graph::Graph;
 use frugal_core::model::{Dims, LayerKind, LossKind, ModelSpec};
@@ -24,7 +24,7 @@ use frugal_core::policy::{recompute, CostModel};
 use crate::arena::Arena;
 use crate::error::Error;
 use crate::weights::{self, NamedTensor};
-use frugal_host::{load, persistent, SampleError, Samples};
+use frugal_host::{check_tensors, load, persistent, SampleError, Samples};
 
 /// Largest batch a trainer accepts (samples per step).
 pub const MAX_BATCH: usize = 4096;
@@ -236,6 +236,26 @@ pub fn check_batch(
     Ok(())
 }
 
+/// Mean loss and samples classified correctly over `x`, `y` (checked), evaluated `batch` samples at a
+/// time by `eval` (an executor's `evaluate`), the loss weighted by each chunk's samples.
+pub fn evaluate_in_batches(
+    x: &[f32],
+    y: &[u32],
+    per: usize,
+    batch: usize,
+    mut eval: impl FnMut(&[f32], Target<'_>) -> Result<StepStats, ExecError>,
+) -> Result<(f32, usize), Error> {
+    let (mut loss, mut correct, mut i) = (0f64, 0usize, 0usize);
+    while i < y.len() {
+        let k = batch.max(1).min(y.len() - i);
+        let s = eval(&x[i * per..(i + k) * per], Target::Classes(&y[i..i + k]))?;
+        loss += f64::from(s.loss) * k as f64;
+        correct += s.correct;
+        i += k;
+    }
+    Ok(((loss / y.len().max(1) as f64) as f32, correct))
+}
+
 /// Numerically stable softmax of `z` into `out`.
 fn softmax(z: &[f32], out: &mut [f32]) {
     let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -433,20 +453,8 @@ impl Trainer {
         let mb = plan.graph.batch;
         let mut ex = Executor::new(plan, self.arena.as_slice())?;
         ex.set_steps(self.steps);
-        let (mut loss, mut correct) = (0f64, 0usize);
-        let mut i = 0;
-        while i < y.len() {
-            let k = mb.min(y.len() - i);
-            let s = ex.evaluate(
-                self.arena.as_mut_slice(),
-                &x[i * self.per..(i + k) * self.per],
-                Target::Classes(&y[i..i + k]),
-            )?;
-            loss += f64::from(s.loss) * k as f64;
-            correct += s.correct;
-            i += k;
-        }
-        Ok(((loss / y.len() as f64) as f32, correct))
+        let arena = self.arena.as_mut_slice();
+        evaluate_in_batches(x, y, self.per, mb, |x, t| ex.evaluate(arena, x, t))
     }
 
     /// Checks a batch given by the caller (see [`check_batch`]).
@@ -728,33 +736,8 @@ impl Trainer {
     pub fn load_state(&mut self, tensors: &[NamedTensor]) -> Result<usize, Error> {
         let plan = &self.table.entries[self.current].plan;
         let mut ex = Executor::new(plan, self.arena.as_slice())?;
-        let names: Vec<(String, Vec<usize>)> = ex.state_tensors().map(|(n, s, _)| (n, s)).collect();
-        for (name, shape, v) in tensors {
-            match names.iter().find(|(n, _)| n == name) {
-                None => {
-                    return Err(Error::Weights(format!(
-                        "tensor {name}: the model has no such tensor (it has {})",
-                        names
-                            .iter()
-                            .map(|(n, _)| n.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )))
-                }
-                Some((_, s)) if s != shape => {
-                    return Err(Error::Weights(format!(
-                        "tensor {name} has shape {shape:?}, the model needs {s:?}"
-                    )))
-                }
-                Some(_) => {}
-            }
-            if let Some(i) = v.iter().position(|x| !x.is_finite()) {
-                return Err(Error::Weights(format!(
-                    "tensor {name}: value {i} is {} (must be finite)",
-                    v[i]
-                )));
-            }
-        }
+        let known: Vec<(String, Vec<usize>)> = ex.state_tensors().map(|(n, s, _)| (n, s)).collect();
+        check_tensors(&known, tensors).map_err(Error::Weights)?;
         Ok(load(&mut ex, self.arena.as_mut_slice(), tensors)?)
     }
 
