@@ -4,8 +4,9 @@
 //! The venv lives at `$FRUGAL_PY_VENV`, else `~/.cache/frugal-py-venv`, with the packages of
 //! `python/requirements-dev.txt` (maturin, NumPy, pytest, Flower with its Ray simulation engine);
 //! `cargo xtask setup` creates it (`setup::Install::PyVenv`). The `python` leg of `cargo xtask test`
-//! builds the abi3 release wheel with maturin, installs it into the venv and runs `python/tests`
-//! with Flower required (`FRUGAL_REQUIRE_FLOWER=1`: a Flower test may not skip there).
+//! checks the extension crate's formatting and clippy, builds the abi3 release wheel with maturin,
+//! installs it into the venv and runs `python/tests` with Flower required (`FRUGAL_REQUIRE_FLOWER=1`:
+//! a Flower test may not skip there).
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -71,8 +72,19 @@ pub fn build_and_install() -> Result<PathBuf, String> {
     Ok(wheel)
 }
 
-/// The `python` leg: the wheel, then the pytest suite (Flower tests included and required).
+/// The `python` leg: the extension crate's formatting and clippy (it is outside the workspace, so
+/// the fmt and clippy legs do not see it), the wheel, then the pytest suite (Flower tests included
+/// and required).
 pub fn test() -> Result<(), String> {
+    let manifest = root().join("python/Cargo.toml");
+    run(Command::new("cargo")
+        .args(["fmt", "--check", "--manifest-path"])
+        .arg(&manifest))?;
+    run(Command::new("cargo")
+        .args(["clippy", "--all-targets", "--manifest-path"])
+        .arg(&manifest)
+        .args(["--", "-D", "warnings"])
+        .env("PYO3_PYTHON", python()))?;
     let wheel = build_and_install()?;
     eprintln!("wheel: {}", wheel.display());
     run(Command::new(python())
