@@ -2,8 +2,8 @@
 //! - `test [--fast] [--no-setup]`: everything CI checks — fmt, clippy, the workspace tests,
 //!   `frugal-core` built without `std` for Cortex-M4F, Cortex-M0 and wasm32, the memory benchmark's
 //!   targets, the int8 kernels on aarch64 (qemu) and wasm32 (Node), the browser build and its Chromium
-//!   tests, and the firmware on the Cortex-M4F and Cortex-M0 boards in QEMU (`--fast` leaves out those
-//!   last four); installs what is missing first (`--no-setup`: refuses instead); ends with a table of
+//!   tests, the firmware on the Cortex-M4F and Cortex-M0 boards in QEMU, and the Python package's wheel
+//!   and pytest suite with the Flower app (`--fast` leaves out those last five); installs what is missing first (`--no-setup`: refuses instead); ends with a table of
 //!   legs, results and times (see `test.rs`).
 //! - `setup [--fast] [--check] [LEG…]`: installs the tools the legs need, skipping what is present at a
 //!   compatible version (see `setup.rs`, the one list of them). The emulator, browser and Miri tasks
@@ -19,6 +19,9 @@
 //!   SGEMM 512³ per FLOP, NEON vs portable, and the int8 ÷ f32 digits-CNN step (see `insns.rs`).
 //! - `bench dsp [--batch N]`: the Hexagon DSP co-scheduling report — DSP packets per instruction under
 //!   `qemu-hexagon` (a TCG plugin built on the fly), CPU times, the DP's placement and predicted step times.
+//! - `bench python [--rounds R] [--clients C] [--only fl|overhead]`: the Python package's figures — federated
+//!   (Flower) vs centralised held-out accuracy, each client's arena against its budget per device
+//!   class, and Python's per-call overhead on a digits-MLP step (see `python.rs`, `python/bench/figures.py`).
 //! - `bench budget`: the memory policies — Melon's headline, smallest budgets, Sage's orderings.
 //! - `bench planning [--reps R] [--batches B,B]`: how long planning for a budget takes, by model, batch and budget.
 //! - `bench swap [--scale S] [--lookahead L] [--budget-mib M] [--steps N] [--rounds R] [--keep-cache]`:
@@ -49,6 +52,7 @@ mod insns;
 mod int8;
 mod kernels;
 mod miri;
+mod python;
 mod setup;
 mod sgemm;
 mod sparse;
@@ -78,6 +82,9 @@ fn main() -> ExitCode {
             budget::planning(&args[2..])
         }
         Some("bench") if args.get(1).map(String::as_str) == Some("int8") => int8::main(&args[2..]),
+        Some("bench") if args.get(1).map(String::as_str) == Some("python") => {
+            python::bench(&args[2..])
+        }
         Some("bench") if args.get(1).map(String::as_str) == Some("aarch64") => {
             insns::main(&args[2..])
         }

@@ -34,6 +34,8 @@ pub enum Probe {
     Target(&'static str),
     /// `cargo ARGS` succeeds (`fmt --version`, `+nightly miri --version`).
     Cargo(&'static [&'static str]),
+    /// The Python venv (`python::venv()`) imports what the python leg needs (`python::MODULES`).
+    PyVenv,
     /// An npm package installed in `dir` (repository-relative) at the version its `package-lock.json`
     /// names.
     NpmDeps {
@@ -77,6 +79,8 @@ pub enum Install {
     Cargo(&'static str),
     /// `npm ci` in a repository directory.
     NpmCi(&'static str),
+    /// `python3 -m venv` + `pip install -r python/requirements-dev.txt` (`python::install_venv`).
+    PyVenv,
 }
 
 /// One thing the checks need.
@@ -118,6 +122,23 @@ pub const TOOLS: &[Tool] = &[
         want: Want::Any,
         install: Install::Target("wasm32-unknown-unknown"),
         legs: &[Leg::Tests, Leg::NoStd, Leg::Web],
+        note: "",
+    },
+    // The Python package: an interpreter with venv and pip (Debian splits them out), then the venv.
+    Tool {
+        name: "python3 (venv, pip)",
+        probe: Probe::Bins(&["python3"]),
+        want: Want::AtLeast((3, 9, 0)),
+        install: Install::Apt(&["python3", "python3-venv", "python3-pip"]),
+        legs: &[Leg::Python],
+        note: "",
+    },
+    Tool {
+        name: "python venv (maturin, flwr, …)",
+        probe: Probe::PyVenv,
+        want: Want::Any,
+        install: Install::PyVenv,
+        legs: &[Leg::Python],
         note: "",
     },
     Tool {
@@ -503,6 +524,17 @@ impl Tool {
             Probe::Cargo(args) => output(Command::new("cargo").args(*args))
                 .map(|s| s.lines().next().unwrap_or("").trim().to_string())
                 .ok_or_else(|| format!("`cargo {}` failed", args.join(" "))),
+            Probe::PyVenv => {
+                let py = crate::python::python();
+                if !py.is_file() {
+                    return Err(format!("{} missing", py.display()));
+                }
+                output(Command::new(&py).args(["-c", crate::python::MODULES]))
+                    .map(|_| crate::python::venv().display().to_string())
+                    .ok_or_else(|| {
+                        format!("`{}` fails in {}", crate::python::MODULES, py.display())
+                    })
+            }
             Probe::NpmDeps { dir, package } => {
                 let d = root().join(dir);
                 let lock = std::fs::read_to_string(d.join("package-lock.json"))
@@ -551,6 +583,10 @@ impl Tool {
                 None => format!("cargo install {c} --locked"),
             },
             Install::NpmCi(d) => format!("(cd {d} && npm ci --no-audit --no-fund)"),
+            Install::PyVenv => format!(
+                "python3 -m venv {v} && {v}/bin/python -m pip install -r python/requirements-dev.txt",
+                v = crate::python::venv().display()
+            ),
         }
     }
 }
@@ -620,7 +656,8 @@ fn is_root() -> bool {
     output(Command::new("id").arg("-u")).is_some_and(|s| s.trim() == "0")
 }
 
-fn run(cmd: &mut Command) -> Result<(), String> {
+/// Runs `cmd` (no standard input), echoing it; an error names it and its exit status.
+pub(crate) fn run(cmd: &mut Command) -> Result<(), String> {
     eprintln!("$ {cmd:?}");
     let st = cmd
         .stdin(Stdio::null())
@@ -703,6 +740,7 @@ fn install(missing: &[&'static Tool]) -> (Vec<String>, Vec<String>) {
                 "--no-audit",
                 "--no-fund",
             ])),
+            Install::PyVenv => crate::python::install_venv(),
         };
         if let Err(e) = r {
             failed.push(format!("{}: {e}", t.name));
