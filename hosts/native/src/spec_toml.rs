@@ -11,6 +11,7 @@ use std::io;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
+use frugal_core::graph::Graph;
 use frugal_core::model::{Dims, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpec, Src};
 use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
@@ -280,9 +281,14 @@ pub fn parse_model(text: &str) -> Result<ModelFile, SpecError> {
         0 => LossKind::SoftmaxCrossEntropy,
         _ => LossKind::Mse,
     };
+    let width = model
+        .width
+        .as_ref()
+        .map(|w| cx.float(w, Limit::Positive).map(|_| w.get_ref().0))
+        .transpose()?;
     let optimizer = cx.optimizer(&optimizer.get_ref().0)?;
     let layers = match &raw.layers {
-        Some(list) => cx.layers(list)?,
+        Some(list) => cx.layers(list, input, width)?,
         None => {
             return Err(cx.err_in(
                 0..0,
@@ -330,6 +336,7 @@ struct RawModel {
     input: Spanned<DimsList>,
     seed: Option<Spanned<Int>>,
     loss: Spanned<String>,
+    width: Option<Spanned<Number>>,
 }
 
 /// Adam and SGD in one struct; which keys each type takes is checked in code
@@ -368,11 +375,14 @@ struct RawLayer {
     eps: Option<Spanned<Number>>,
     momentum: Option<Spanned<Number>>,
     p: Option<Spanned<Number>>,
+    expand: Option<Spanned<Int>>,
+    repeat: Option<Spanned<Int>>,
+    scale_width: Option<Spanned<bool>>,
 }
 
 impl RawLayer {
     /// The type-specific keys present, with their value spans.
-    fn present(&self) -> [(&'static str, Option<Span>); 10] {
+    fn present(&self) -> [(&'static str, Option<Span>); 13] {
         fn s<T>(v: &Option<Spanned<T>>) -> Option<Span> {
             v.as_ref().map(Spanned::span)
         }
@@ -387,6 +397,9 @@ impl RawLayer {
             ("eps", s(&self.eps)),
             ("momentum", s(&self.momentum)),
             ("p", s(&self.p)),
+            ("expand", s(&self.expand)),
+            ("repeat", s(&self.repeat)),
+            ("scale_width", s(&self.scale_width)),
         ]
     }
 }
@@ -556,7 +569,7 @@ impl<'de, T: Deserialize<'de>, N: SeqName> Deserialize<'de> for Seq<T, N> {
 // ---- Key lists for the per-type checks and unknown-key messages ----
 
 const ROOT_KEYS: &[&str] = &["model", "optimizer", "layers", "train"];
-const MODEL_KEYS: &[&str] = &["input", "seed", "loss"];
+const MODEL_KEYS: &[&str] = &["input", "seed", "loss", "width"];
 const TRAIN_KEYS: &[&str] = &["batch", "epochs", "dataset", "weights"];
 const CSV_KEYS: &[&str] = &["csv", "label_column"];
 const IDX_KEYS: &[&str] = &["idx_images", "idx_labels"];
@@ -588,6 +601,7 @@ const LAYER_TYPES: &[&str] = &[
     "add",
     "batchnorm2d",
     "dropout",
+    "inverted_residual",
 ];
 
 /// The keys a layer of type `ty` takes: those every layer takes, then its own; for an unknown type,
@@ -606,6 +620,17 @@ fn layer_keys(ty: &str) -> &'static [&'static str] {
             "padding",
             "groups",
             "bias",
+            "scale_width",
+        ],
+        "inverted_residual" => &[
+            "name",
+            "type",
+            "inputs",
+            "trainable",
+            "out",
+            "expand",
+            "repeat",
+            "stride",
         ],
         "maxpool2d" | "avgpool2d" => &["name", "type", "inputs", "trainable", "kernel", "stride"],
         "reshape" => &["name", "type", "inputs", "trainable", "to"],
@@ -627,6 +652,9 @@ fn layer_keys(ty: &str) -> &'static [&'static str] {
             "eps",
             "momentum",
             "p",
+            "expand",
+            "repeat",
+            "scale_width",
         ],
     }
 }
@@ -1034,6 +1062,8 @@ impl<'d> Doc<'d> {
     fn layers(
         &self,
         list: &Spanned<Seq<Spanned<Table<RawLayer>>, LayerList>>,
+        input: Dims,
+        width: Option<f64>,
     ) -> Result<Vec<LayerSpec>, SpecError> {
         let items = &list.get_ref().0;
         if items.is_empty() {
@@ -1048,7 +1078,10 @@ impl<'d> Doc<'d> {
             .enumerate()
             .map(|(i, l)| default_name(i, &l.get_ref().0))
             .collect();
+        // The spec's layers (an `inverted_residual` entry becomes several) and, per entry, the index
+        // of the spec layer that is its output.
         let mut layers: Vec<LayerSpec> = Vec::with_capacity(items.len());
+        let mut outputs: Vec<u32> = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
             let l = &item.get_ref().0;
             let ty = LAYER_TYPES[self.pick(&l.ty, LAYER_TYPES)?];
@@ -1072,10 +1105,10 @@ impl<'d> Doc<'d> {
             }
             self.only_keys(&l.present(), layer_keys(ty))?;
             let name = &all_names[i];
-            if let Some(first) = layers.iter().position(|p| p.name == *name) {
-                let span = l.name.as_ref().map_or(item.span(), Spanned::span);
+            let name_span = l.name.as_ref().map_or(item.span(), Spanned::span);
+            if let Some(first) = all_names[..i].iter().position(|p| p == name) {
                 return Err(self.err_in(
-                    span,
+                    name_span,
                     &format!("{}.name", layer_label_of(i, name)),
                     SpecErrorKind::DuplicateName {
                         name: name.clone(),
@@ -1083,16 +1116,202 @@ impl<'d> Doc<'d> {
                     },
                 ));
             }
-            let kind = self.layer_kind(item, ty)?;
-            let inputs = self.inputs(item, i, &layers, &all_names, ty)?;
-            layers.push(LayerSpec {
-                name: name.clone(),
-                kind,
-                inputs,
-                trainable: l.trainable.as_ref().is_none_or(|t| *t.get_ref()),
-            });
+            let inputs = self.inputs(item, i, &outputs, &all_names, ty)?;
+            let trainable = l.trainable.as_ref().is_none_or(|t| *t.get_ref());
+            let before = layers.len();
+            if ty == "inverted_residual" {
+                self.inverted_residual(
+                    item,
+                    name,
+                    inputs[0],
+                    input,
+                    width,
+                    trainable,
+                    &mut layers,
+                )?;
+            } else {
+                let mut kind = self.layer_kind(item, ty)?;
+                if let (Some(w), LayerKind::Conv2d { out, groups, .. }) = (width, &mut kind) {
+                    if l.scale_width.as_ref().is_none_or(|s| *s.get_ref()) {
+                        let at = l.out.as_ref().map_or(item.span(), Spanned::span);
+                        *out = self.scaled(*out, w, &at)?;
+                        if *out % *groups != 0 {
+                            return Err(self.err(
+                                at,
+                                SpecErrorKind::Invalid(format!(
+                                    "groups = {groups} does not divide out = {out} (after the width multiplier)"
+                                )),
+                            ));
+                        }
+                    }
+                }
+                layers.push(LayerSpec {
+                    name: name.clone(),
+                    kind,
+                    inputs,
+                    trainable,
+                });
+            }
+            // A generated name must not collide with a name written elsewhere in the file.
+            for k in before..layers.len() {
+                let n = &layers[k].name;
+                let clash = all_names
+                    .iter()
+                    .enumerate()
+                    .find(|&(j, a)| a == n && j != i)
+                    .map(|(j, _)| j)
+                    .or_else(|| layers[..before].iter().position(|p| p.name == *n));
+                if let Some(j) = clash {
+                    return Err(self.err_in(
+                        name_span,
+                        &format!("{}.name", layer_label_of(i, name)),
+                        SpecErrorKind::Invalid(format!(
+                            "the layer \"{n}\" this {ty} generates has the name of another layer (layers[{j}] or one it generates)"
+                        )),
+                    ));
+                }
+            }
+            outputs.push((layers.len() - 1) as u32);
         }
         Ok(layers)
+    }
+
+    /// `make_divisible(out × width, 8)`: MobileNet's channel rounding (torchvision's rule: the nearest
+    /// multiple of 8, at least 8, and never below 90 % of `out × width`).
+    fn scaled(&self, out: u32, width: f64, at: &Span) -> Result<u32, SpecError> {
+        let v = out as f64 * width;
+        let mut n = ((v + 4.0).floor() / 8.0).floor() * 8.0;
+        n = n.max(8.0);
+        if n < 0.9 * v {
+            n += 8.0;
+        }
+        if n > u32::MAX as f64 {
+            return Err(self.err(
+                at.clone(),
+                SpecErrorKind::Invalid(format!(
+                    "out = {out} × width = {width} is more than 2^32 - 1 channels"
+                )),
+            ));
+        }
+        Ok(n as u32)
+    }
+
+    /// Appends the layers of an `inverted_residual` entry (MobileNetV2's bottleneck, Sandler et al.
+    /// 2018, Table 1): `repeat` blocks, each a 1×1 expansion to `expand` × its input channels
+    /// (left out when `expand = 1`), a 3×3 depthwise convolution (`stride` in the first block, 1 after),
+    /// a linear 1×1 projection to `out` channels, BatchNorm after every convolution, ReLU6 after the
+    /// first two, and a residual `add` of the block's input where the stride is 1 and the channels
+    /// match. Layer `k` of block `b` of `name` is `{name}_{b}_{k}` (`expand`, `expand_bn`,
+    /// `expand_relu`, `dw`, `dw_bn`, `dw_relu`, `project`, `project_bn`, `add`); `name` itself stands
+    /// for the last block's output.
+    #[allow(clippy::too_many_arguments)]
+    fn inverted_residual(
+        &self,
+        item: &Spanned<Table<RawLayer>>,
+        name: &str,
+        src: Src,
+        input: Dims,
+        width: Option<f64>,
+        trainable: bool,
+        layers: &mut Vec<LayerSpec>,
+    ) -> Result<(), SpecError> {
+        let l = &item.get_ref().0;
+        let span = item.span();
+        let out_v = self.need(&l.out, &span, "out")?;
+        let mut out = self.size(out_v)?;
+        if let Some(w) = width {
+            out = self.scaled(out, w, &out_v.span())?;
+        }
+        let expand = self.int(
+            self.need(&l.expand, &span, "expand")?,
+            1,
+            1 << 16,
+            "an integer in [1, 65536]",
+        )? as u32;
+        let repeat = match &l.repeat {
+            Some(r) => self.int(r, 1, 1 << 16, "an integer in [1, 65536]")? as u32,
+            None => 1,
+        };
+        let stride = l.stride.as_ref().map_or(Ok([1, 1]), |s| self.pair(s, 1))?;
+        // The block input's channels (the hidden width is a multiple of them): realise the layers so
+        // far, which also reports a shape error in them here rather than later.
+        let mut cin = match src {
+            Src::Input => input.c,
+            Src::Layer(j) => {
+                let prefix = ModelSpec {
+                    input,
+                    layers: layers[..=j as usize].to_vec(),
+                    loss: LossKind::Mse,
+                    optimizer: OptimizerSpec::Sgd {
+                        lr: 1.0,
+                        momentum: 0.0,
+                        weight_decay: 0.0,
+                    },
+                    seed: 0,
+                };
+                match Graph::new(&prefix, 1) {
+                    Ok(g) => g.pred_dims().c,
+                    Err(e) => {
+                        return Err(self.err(
+                            span,
+                            SpecErrorKind::Invalid(format!("its input does not realise: {e}")),
+                        ))
+                    }
+                }
+            }
+        };
+        let too_wide = || {
+            self.err(
+                span.clone(),
+                SpecErrorKind::Invalid(format!(
+                    "expand = {expand} × the input's channels is more than 2^32 - 1 channels"
+                )),
+            )
+        };
+        let mut prev = src;
+        for b in 0..repeat {
+            let block_in = prev;
+            let s = if b == 0 { stride } else { [1, 1] };
+            let hidden = cin.checked_mul(expand).ok_or_else(too_wide)?;
+            let mut push = |suffix: &str, kind: LayerKind, inputs: Vec<Src>| {
+                layers.push(LayerSpec {
+                    name: format!("{name}_{b}_{suffix}"),
+                    kind,
+                    inputs,
+                    trainable,
+                });
+                Src::Layer((layers.len() - 1) as u32)
+            };
+            let bn = LayerKind::BatchNorm2d {
+                eps: 1e-5,
+                momentum: 0.1,
+            };
+            let conv = |out: u32, k: u32, s: [u32; 2], groups: u32| LayerKind::Conv2d {
+                out,
+                kernel: [k, k],
+                stride: s,
+                padding: [k / 2, k / 2],
+                groups,
+                bias: false,
+            };
+            let mut x = block_in;
+            if expand != 1 {
+                x = push("expand", conv(hidden, 1, [1, 1], 1), vec![x]);
+                x = push("expand_bn", bn.clone(), vec![x]);
+                x = push("expand_relu", LayerKind::Relu6, vec![x]);
+            }
+            x = push("dw", conv(hidden, 3, s, hidden), vec![x]);
+            x = push("dw_bn", bn.clone(), vec![x]);
+            x = push("dw_relu", LayerKind::Relu6, vec![x]);
+            x = push("project", conv(out, 1, [1, 1], 1), vec![x]);
+            x = push("project_bn", bn, vec![x]);
+            if s == [1, 1] && cin == out {
+                x = push("add", LayerKind::Add, vec![block_in, x]);
+            }
+            prev = x;
+            cin = out;
+        }
+        Ok(())
     }
 
     fn layer_kind(
@@ -1164,7 +1383,7 @@ impl<'d> Doc<'d> {
         &self,
         item: &Spanned<Table<RawLayer>>,
         index: usize,
-        earlier: &[LayerSpec],
+        outputs: &[u32],
         all: &[String],
         ty: &str,
     ) -> Result<Vec<Src>, SpecError> {
@@ -1179,10 +1398,9 @@ impl<'d> Doc<'d> {
                     )),
                 ));
             }
-            return Ok(vec![if index == 0 {
-                Src::Input
-            } else {
-                Src::Layer(index as u32 - 1)
+            return Ok(vec![match outputs.last() {
+                None => Src::Input,
+                Some(&j) => Src::Layer(j),
             }]);
         };
         let names = &v.get_ref().0;
@@ -1202,8 +1420,8 @@ impl<'d> Doc<'d> {
                 if name == "input" {
                     return Ok(Src::Input);
                 }
-                if let Some(j) = earlier.iter().position(|l| l.name == *name) {
-                    return Ok(Src::Layer(j as u32));
+                if let Some(j) = all[..outputs.len()].iter().position(|l| l == name) {
+                    return Ok(Src::Layer(outputs[j]));
                 }
                 // Not earlier: a later layer (or itself) is a forward reference, otherwise unknown.
                 let kind = match all.iter().position(|a| a == name) {
