@@ -1152,21 +1152,28 @@ impl<'d> Doc<'d> {
                     trainable,
                 });
             }
-            // A generated name must not collide with a name written elsewhere in the file.
+            // A generated name must not collide with a name written elsewhere in the file, nor a
+            // layer's name with one generated before it (names written twice are duplicates above).
             for k in before..layers.len() {
                 let n = &layers[k].name;
+                let generated = ty == "inverted_residual";
                 let clash = all_names
                     .iter()
                     .enumerate()
-                    .find(|&(j, a)| a == n && j != i)
+                    .find(|&(j, a)| generated && a == n && j != i)
                     .map(|(j, _)| j)
-                    .or_else(|| layers[..before].iter().position(|p| p.name == *n));
+                    .or_else(|| {
+                        layers[..before]
+                            .iter()
+                            .position(|p| p.name == *n)
+                            .and_then(|q| outputs.iter().position(|&o| o as usize >= q))
+                    });
                 if let Some(j) = clash {
                     return Err(self.err_in(
                         name_span,
                         &format!("{}.name", layer_label_of(i, name)),
                         SpecErrorKind::Invalid(format!(
-                            "the layer \"{n}\" this {ty} generates has the name of another layer (layers[{j}] or one it generates)"
+                            "the layer \"{n}\" (this {ty} or one it generates) has the name of another layer (layers[{j}] or one it generates)"
                         )),
                     ));
                 }
@@ -1238,9 +1245,18 @@ impl<'d> Doc<'d> {
         let mut cin = match src {
             Src::Input => input.c,
             Src::Layer(j) => {
+                // The layers up to the block's input, and a trainable probe reading it (a prefix of
+                // activations alone would not realise: nothing to train).
+                let mut probe = layers[..=j as usize].to_vec();
+                probe.push(LayerSpec {
+                    name: String::from("\u{0}probe"),
+                    kind: LayerKind::Linear { out: 1, bias: true },
+                    inputs: vec![src],
+                    trainable: true,
+                });
                 let prefix = ModelSpec {
                     input,
-                    layers: layers[..=j as usize].to_vec(),
+                    layers: probe,
                     loss: LossKind::Mse,
                     optimizer: OptimizerSpec::Sgd {
                         lr: 1.0,
@@ -1250,7 +1266,10 @@ impl<'d> Doc<'d> {
                     seed: 0,
                 };
                 match Graph::new(&prefix, 1) {
-                    Ok(g) => g.pred_dims().c,
+                    Ok(g) => match g.nodes.iter().find(|n| n.layer == j) {
+                        Some(n) => n.out_dims.c,
+                        None => input.c,
+                    },
                     Err(e) => {
                         return Err(self.err(
                             span,
@@ -1824,7 +1843,7 @@ weights = "w/backbone.safetensors"
         assert_eq!(e.column, Some(1));
         assert!(
             e.to_string().starts_with(
-                "line 19, column 1: layers[3] (\"conv2\"): unknown key \"kernal\" (allowed: name, type, inputs, trainable, out, kernel, stride, padding, groups, bias)"
+                "line 19, column 1: layers[3] (\"conv2\"): unknown key \"kernal\" (allowed: name, type, inputs, trainable, out, kernel, stride, padding, groups, bias, scale_width)"
             ),
             "{e}"
         );
@@ -1859,7 +1878,7 @@ weights = "w/backbone.safetensors"
         assert_eq!(
             err_body(&with("[[layers]]\ntype = \"conv3d\"\n")),
             "layers[0].type: unknown value \"conv3d\" (known: linear, conv2d, maxpool2d, avgpool2d, \
-             global_avgpool, relu, relu6, sigmoid, tanh, flatten, reshape, add, batchnorm2d, dropout)"
+             global_avgpool, relu, relu6, sigmoid, tanh, flatten, reshape, add, batchnorm2d, dropout, inverted_residual)"
         );
         assert!(err_body(&HEAD.replace("cross_entropy", "hinge"))
             .starts_with("model.loss: unknown value \"hinge\""));
@@ -1930,6 +1949,130 @@ weights = "w/backbone.safetensors"
             err_body(&with("[[layers]]\ntype = \"relu\"\ninputs = [3]\n"))
                 .contains("inputs: invalid type: integer `3`, expected a string")
         );
+    }
+
+    /// `inverted_residual` writes out MobileNetV2's blocks; `width` scales conv2d and block channels.
+    #[test]
+    fn inverted_residual_and_width() {
+        let text = "[model]\ninput = [3, 8, 8]\nloss = \"cross_entropy\"\nwidth = 0.5\n\n\
+            [optimizer]\ntype = \"sgd\"\nlr = 0.1\n\n\
+            [[layers]]\nname = \"stem\"\ntype = \"conv2d\"\nout = 32\nkernel = 3\npadding = 1\nbias = false\n\
+            [[layers]]\nname = \"a\"\ntype = \"inverted_residual\"\nexpand = 1\nout = 16\n\
+            [[layers]]\nname = \"b\"\ntype = \"inverted_residual\"\nexpand = 6\nout = 16\nrepeat = 2\nstride = 2\n\
+            [[layers]]\nname = \"head\"\ntype = \"conv2d\"\nout = 20\nkernel = 1\nscale_width = false\ninputs = [\"b\"]\n";
+        let m = parse_model(text).unwrap_or_else(|e| panic!("{e}"));
+        let names: Vec<&str> = m.spec.layers.iter().map(|l| l.name.as_str()).collect();
+        #[rustfmt::skip]
+        assert_eq!(names, [
+            "stem",
+            "a_0_dw", "a_0_dw_bn", "a_0_dw_relu", "a_0_project", "a_0_project_bn",
+            "b_0_expand", "b_0_expand_bn", "b_0_expand_relu", "b_0_dw", "b_0_dw_bn", "b_0_dw_relu",
+            "b_0_project", "b_0_project_bn",
+            "b_1_expand", "b_1_expand_bn", "b_1_expand_relu", "b_1_dw", "b_1_dw_bn", "b_1_dw_relu",
+            "b_1_project", "b_1_project_bn", "b_1_add",
+            "head",
+        ]);
+        let l = |n: &str| m.spec.layers.iter().find(|l| l.name == n).unwrap();
+        let at = |n: &str| Src::Layer(names.iter().position(|x| *x == n).unwrap() as u32);
+        let conv = |n: &str| match l(n).kind {
+            LayerKind::Conv2d {
+                out,
+                kernel,
+                stride,
+                padding,
+                groups,
+                bias,
+            } => {
+                assert!(!bias || n == "head", "{n} has a bias");
+                (out, kernel[0], stride[0], padding[0], groups)
+            }
+            ref k => panic!("{n} is {k:?}"),
+        };
+        // width 0.5: stem 32 → 16; block outs 16 → 8; the head keeps 20.
+        assert_eq!(conv("stem"), (16, 3, 1, 1, 1));
+        // Expand 1: no expansion conv; a 16-channel input into 8 channels: no residual.
+        assert_eq!(conv("a_0_dw"), (16, 3, 1, 1, 16));
+        assert_eq!(conv("a_0_project"), (8, 1, 1, 0, 1));
+        assert_eq!(l("a_0_dw").inputs, [at("stem")]);
+        // Stride 2 in the first block only; hidden = 6 × the block's input channels.
+        assert_eq!(conv("b_0_expand"), (48, 1, 1, 0, 1));
+        assert_eq!(conv("b_0_dw"), (48, 3, 2, 1, 48));
+        assert_eq!(conv("b_1_dw"), (48, 3, 1, 1, 48));
+        assert_eq!(l("b_0_expand").inputs, [at("a_0_project_bn")]);
+        assert_eq!(l("b_1_expand").inputs, [at("b_0_project_bn")]);
+        assert_eq!(
+            l("b_1_add").inputs,
+            [at("b_0_project_bn"), at("b_1_project_bn")]
+        );
+        assert_eq!(l("b_1_expand_relu").kind, LayerKind::Relu6);
+        assert!(matches!(
+            l("b_1_project_bn").kind,
+            LayerKind::BatchNorm2d { .. }
+        ));
+        // The entry's name is its last block's output.
+        assert_eq!(l("head").inputs, [at("b_1_add")]);
+        assert_eq!(conv("head"), (20, 1, 1, 0, 1));
+        // The same blocks realise: 3×8×8 → 8×4×4.
+        let g = Graph::new(&m.spec, 2).unwrap();
+        assert_eq!(g.pred_dims(), Dims::new(20, 4, 4));
+
+        // Without width nothing is scaled (an out of 10 stays 10).
+        let plain = with("[[layers]]\ntype = \"conv2d\"\nout = 10\nkernel = 1\n");
+        assert!(matches!(
+            parse_model(&plain).unwrap().spec.layers[0].kind,
+            LayerKind::Conv2d { out: 10, .. }
+        ));
+
+        let ir = |keys: &str| {
+            with(&format!(
+                "[[layers]]\nname = \"b\"\ntype = \"inverted_residual\"\n{keys}"
+            ))
+        };
+        assert!(
+            err_body(&ir("out = 8\n")).contains("missing key \"expand\""),
+            "{}",
+            err_body(&ir("out = 8\n"))
+        );
+        assert!(err_body(&ir("expand = 6\n")).contains("missing key \"out\""));
+        assert!(err_body(&ir("expand = 0\nout = 8\n"))
+            .contains("expand: must be an integer in [1, 65536], got 0"));
+        assert!(err_body(&ir("expand = 6\nout = 8\nrepeat = 0\n"))
+            .contains("repeat: must be an integer in [1, 65536], got 0"));
+        assert!(
+            err_body(&ir("expand = 6\nout = 8\nkernel = 3\n")).contains("unknown key \"kernel\"")
+        );
+        assert!(err_body(&with("[[layers]]\ntype = \"relu\"\nexpand = 2\n"))
+            .contains("unknown key \"expand\""));
+        assert!(err_body(&with(
+            "[[layers]]\ntype = \"linear\"\nout = 2\nscale_width = false\n"
+        ))
+        .contains("unknown key \"scale_width\""));
+        // A generated name that another layer has.
+        let clash = with("[[layers]]\nname = \"b_0_dw\"\ntype = \"relu\"\n[[layers]]\nname = \"b\"\ntype = \"inverted_residual\"\nexpand = 1\nout = 8\n");
+        assert!(
+            err_body(&clash).contains("has the name of another layer"),
+            "{}",
+            err_body(&clash)
+        );
+        // Its input must realise (the hidden width depends on its channels).
+        let bad_in = with("[[layers]]\ntype = \"conv2d\"\nout = 4\nkernel = 9\n[[layers]]\ntype = \"inverted_residual\"\nexpand = 6\nout = 8\n");
+        assert!(
+            err_body(&bad_in).contains("its input does not realise"),
+            "{}",
+            err_body(&bad_in)
+        );
+        // width: positive and finite; a depthwise conv whose groups no longer divide the scaled out.
+        let w = |v: &str, rest: &str| {
+            format!("[model]\ninput = [1, 8, 8]\nloss = \"mse\"\nwidth = {v}\n[optimizer]\ntype = \"sgd\"\nlr = 0.1\n{rest}")
+        };
+        let one = "[[layers]]\ntype = \"relu\"\n";
+        assert!(err_body(&w("0", one)).contains("width: must be a finite number > 0"));
+        assert!(err_body(&w("nan", one)).contains("width: must be a finite number > 0"));
+        assert!(err_body(&w(
+            "0.5",
+            "[[layers]]\ntype = \"conv2d\"\nout = 32\nkernel = 3\ngroups = 32\n"
+        ))
+        .contains("does not divide out = 16 (after the width multiplier)"));
     }
 
     #[test]
