@@ -26,9 +26,8 @@ const MOBILENET: &str = "mobilenetv2.toml";
 /// The cost model the policies rank plans by: the FLOP estimate, or for MobileNetV2 instruction times
 /// measured here at `batch` and `batch / 4` (`frugal train --profile`'s; Melon profiles one batch
 /// too). On MobileNetV2 the estimate prices its narrow 1×1 expansions like the depthwise convolutions
-/// (about 16 FLOPs per output each at width 0.35), which a GEMM with K = 8 does not run at: with the
-/// profile the greedy recomputes fewer of them (4.5× the batch at 0.79× samples/s against 0.74× with
-/// the estimate, in the same interleaved rounds).
+/// (about 16 FLOPs per output each at width 0.35), which a GEMM with K = 8 does not run at; with the
+/// profile the greedy's recomputations add fewer FLOPs.
 fn cost_model(spec: &ModelSpec, batch: usize, profiled: bool) -> Result<CostModel, String> {
     if profiled {
         profile(spec, batch).map_err(|e| e.to_string())
