@@ -165,10 +165,10 @@ fn check_layout(p: &Plan) {
         p.arena_bytes,
         p.lower_bound
     );
-    for (i, a) in p.lives.iter().enumerate() {
+    for (i, a) in p.lives.iter_enumerated() {
         assert_eq!(p.offsets[i] % ALIGN, 0);
         assert!(p.offsets[i] + a.bytes <= p.arena_bytes);
-        for (j, b) in p.lives.iter().enumerate().skip(i + 1) {
+        for (j, b) in p.lives.iter_enumerated().skip(i.index() + 1) {
             let live_together = a.first <= b.last && b.first <= a.last;
             let disjoint =
                 p.offsets[i] + a.bytes <= p.offsets[j] || p.offsets[j] + b.bytes <= p.offsets[i];
@@ -371,7 +371,7 @@ fn a_second_memory_space_is_laid_out_on_its_own() {
         "the host arena gave up the moved storages"
     );
     assert!(p.arena_bytes >= p.lower_bound);
-    for (i, l) in p.lives.iter().enumerate() {
+    for (i, l) in p.lives.iter_enumerated() {
         let (size, align) = if l.space == SpaceId::HOST {
             (p.arena_bytes, ALIGN)
         } else {
@@ -383,7 +383,7 @@ fn a_second_memory_space_is_laid_out_on_its_own() {
             p.offsets[i] + l.bytes <= size,
             "storage {i} inside its space"
         );
-        for (j, m) in p.lives.iter().enumerate().skip(i + 1) {
+        for (j, m) in p.lives.iter_enumerated().skip(i.index() + 1) {
             let together = l.first <= m.last && m.first <= l.last;
             let overlap =
                 p.offsets[i] < p.offsets[j] + m.bytes && p.offsets[j] < p.offsets[i] + l.bytes;
@@ -396,13 +396,11 @@ fn a_second_memory_space_is_laid_out_on_its_own() {
     // Some pair shares bytes across spaces (each space starts at 0): the spaces really are separate.
     assert!(p
         .lives
-        .iter()
-        .enumerate()
+        .iter_enumerated()
         .any(|(i, l)| l.space == test_space && p.offsets[i] == 0));
     assert!(p
         .lives
-        .iter()
-        .enumerate()
+        .iter_enumerated()
         .any(|(i, l)| l.space == SpaceId::HOST && p.offsets[i] == 0));
     // Budgets per space: the host's budget never pays for the test space's bytes.
     let host = (SpaceId::HOST, Budget::new(p.needed_bytes()));

@@ -97,7 +97,7 @@ pub fn move_volume(plan: &Plan) -> (usize, usize) {
     (0..plan.n_eo())
         .filter_map(|eo| plan.move_storages(eo))
         .fold((0, 0), |(n, b), (from, _)| {
-            (n + 1, b + plan.lives[from as usize].bytes)
+            (n + 1, b + plan.lives[from].bytes)
         })
 }
 

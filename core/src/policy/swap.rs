@@ -13,7 +13,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::graph::{Graph, TensorId, TensorKind};
-use crate::plan::{share_groups, Eo, Instr, Phase, Plan, Schedule, ALIGN};
+use crate::plan::{share_groups, Eo, GroupId, IdVec, Instr, Phase, Plan, Schedule, ALIGN};
 
 use super::live_profile;
 use crate::sort::heap_sort_by_key;
@@ -116,27 +116,27 @@ pub(crate) fn gaps(p: &Plan, lookahead: usize) -> Vec<Gap> {
     };
     let loss = loss as Eo;
     // A member of each group to name in the swap (its root when possible).
-    let mut member: Vec<Option<TensorId>> = vec![None; p.segments.len()];
+    let mut member: IdVec<GroupId, Option<TensorId>> = vec![None; p.segments.len()].into();
     for (t, gid) in p.group_of.iter().enumerate() {
-        if let Some(gid) = gid {
-            let m = &mut member[*gid as usize];
+        if let Some(gid) = *gid {
+            let m = &mut member[gid];
             if m.is_none() || p.roots[t] as usize == t {
                 *m = Some(t as TensorId);
             }
         }
     }
     let mut out = Vec::new();
-    for (gid, segs) in p.segments.iter().enumerate() {
+    for (gid, segs) in p.segments.iter_enumerated() {
         let Some(tensor) = member[gid] else { continue };
         if Instr::spill(Phase::SpillOut, tensor, 0).is_none() {
             continue; // the id does not fit in `Instr::node`
         }
         for &(_, s) in segs {
-            let life = &p.lives[s as usize];
+            let life = &p.lives[s];
             if life.kind != TensorKind::Activation {
                 continue;
             }
-            for w in p.touches[s as usize].windows(2) {
+            for w in p.touches[s].windows(2) {
                 let (last, next) = (w[0], w[1]);
                 let spill = |e: Eo| prog[e as usize].spilled().is_some();
                 // Swap-ins go after the loss (evaluation runs the forward part only, without a store).
@@ -176,7 +176,7 @@ pub fn swap_volume(plan: &Plan) -> (usize, usize) {
         if ins.phase == Phase::SpillOut {
             if let Some(s) = ins.spilled().and_then(|t| plan.storage_at(t, eo as Eo)) {
                 pairs += 1;
-                bytes += plan.lives[s as usize].bytes;
+                bytes += plan.lives[s].bytes;
             }
         }
     }
@@ -405,7 +405,7 @@ mod tests {
             .unwrap();
         for (eo, ins) in p.program.iter().enumerate() {
             let Some(t) = ins.spilled() else { continue };
-            let s = p.storage_at(t, eo as Eo).unwrap() as usize;
+            let s = p.storage_at(t, eo as Eo).unwrap();
             match ins.phase {
                 // A swap-out is its segment's last use; a swap-in its first, after the loss, with
                 // three compute instructions before the next use (fewer only in a short gap).
