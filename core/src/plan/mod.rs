@@ -153,63 +153,121 @@ impl Instr {
     }
 }
 
-/// The ordered program of one training step.
+/// What a plan is derived from: a realised graph, its micro-batch count, the storage-sharing roots and
+/// the step's program. Policies derive every candidate plan through it: edit [`Schedule::program`]
+/// (insert recomputations, swaps, packs, moves), then [`Schedule::arena_bytes`] (the layout's size, no
+/// plan built) or [`Schedule::plan`]. The graph is borrowed and the roots computed once, however many
+/// candidates a search lays out.
 #[derive(Clone, Debug)]
-pub struct Schedule {
+pub struct Schedule<'g> {
+    /// The realised model (at the micro-batch size).
+    pub graph: &'g Graph,
+    /// Micro-batches per step.
+    pub micro_batches: u16,
+    /// Root tensor of each tensor's sharing group ([`share_groups`]), by tensor id.
+    pub roots: Vec<TensorId>,
     /// Instructions; an instruction's index is its execution order.
     pub program: Vec<Instr>,
 }
 
-impl Schedule {
-    /// NNTrainer's order: F for every layer, the loss, then per layer in reverse: CG, CD, apply. Applying
-    /// right after a layer's derivative frees its gradient early.
-    pub fn new(g: &Graph) -> Schedule {
-        Self::micro_batched(g, 1)
+impl<'g> Schedule<'g> {
+    /// The plain single-micro-batch schedule of `g` ([`step_program`]), in-place sharing on.
+    pub fn new(g: &'g Graph) -> Self {
+        Self::shaped(g, PlanShape::default())
     }
 
-    /// `m` micro-batches: each runs F, loss, CG (accumulating after the first) and CD; the updates run
-    /// once, after the last micro-batch. `m = 1` is [`Schedule::new`].
-    pub fn micro_batched(g: &Graph, m: u16) -> Schedule {
-        let m = m.max(1);
-        let mut program = Vec::new();
-        let ins = |node: usize, phase, mb| Instr {
-            node: node as u16,
-            phase,
+    /// The schedule of `shape.micro_batches` micro-batches of `g.batch` samples ([`step_program`]).
+    pub fn shaped(g: &'g Graph, shape: PlanShape) -> Self {
+        Self {
+            graph: g,
+            micro_batches: shape.micro_batches,
+            roots: share_groups(g, shape.in_place),
+            program: step_program(g, shape.micro_batches),
+        }
+    }
+
+    /// An explicit program of `g` (in-place sharing on).
+    pub fn with_program(g: &'g Graph, micro_batches: u16, program: Vec<Instr>) -> Self {
+        Self {
+            graph: g,
+            micro_batches,
+            roots: share_groups(g, true),
+            program,
+        }
+    }
+
+    /// The schedule `p` was laid out from (its graph borrowed, its program and roots copied).
+    pub fn of(p: &'g Plan) -> Self {
+        Self {
+            graph: &p.graph,
+            micro_batches: p.micro_batches,
+            roots: p.roots.clone(),
+            program: p.program.clone(),
+        }
+    }
+
+    /// The arena bytes [`Schedule::plan`] would give: the same storages and layout strategies, without
+    /// building the plan.
+    pub fn arena_bytes(&self) -> usize {
+        let lt = lifetimes(self.graph, &self.program, &self.roots);
+        best_layout(lt.lives.as_slice()).0.arena_bytes
+    }
+
+    /// Lays the program out: its storages and the smallest of all layout strategies.
+    pub fn plan(&self) -> Plan {
+        Plan::from_program(
+            self.graph.clone(),
+            self.micro_batches,
+            self.program.clone(),
+            self.roots.clone(),
+        )
+    }
+}
+
+/// The program of one step of `m` micro-batches, in NNTrainer's order: per micro-batch F for every
+/// layer, the loss, then per layer in reverse CG (accumulating after the first micro-batch) and CD; the
+/// updates right after a layer's derivative when `m = 1` (which frees its gradient early), else once,
+/// after the last micro-batch.
+pub fn step_program(g: &Graph, m: u16) -> Vec<Instr> {
+    let m = m.max(1);
+    let mut program = Vec::new();
+    let ins = |node: usize, phase, mb| Instr {
+        node: node as u16,
+        phase,
+        mb,
+        placement: Placement::Cpu,
+    };
+    for mb in 0..m {
+        for i in 0..g.nodes.len() {
+            program.push(ins(i, Phase::Forward, mb));
+        }
+        program.push(Instr {
+            node: LOSS_NODE,
+            phase: Phase::Loss,
             mb,
             placement: Placement::Cpu,
-        };
-        for mb in 0..m {
-            for i in 0..g.nodes.len() {
-                program.push(ins(i, Phase::Forward, mb));
+        });
+        for i in (0..g.nodes.len()).rev() {
+            let n = &g.nodes[i];
+            if n.has_grad_w() {
+                program.push(ins(i, Phase::GradW, mb));
             }
-            program.push(Instr {
-                node: LOSS_NODE,
-                phase: Phase::Loss,
-                mb,
-                placement: Placement::Cpu,
-            });
-            for i in (0..g.nodes.len()).rev() {
-                let n = &g.nodes[i];
-                if n.has_grad_w() {
-                    program.push(ins(i, Phase::GradW, mb));
-                }
-                if n.has_grad_x(g) {
-                    program.push(ins(i, Phase::GradX, mb));
-                }
-                if m == 1 && n.has_grad_w() {
-                    program.push(ins(i, Phase::Apply, 0));
-                }
+            if n.has_grad_x(g) {
+                program.push(ins(i, Phase::GradX, mb));
+            }
+            if m == 1 && n.has_grad_w() {
+                program.push(ins(i, Phase::Apply, 0));
             }
         }
-        if m > 1 {
-            for i in (0..g.nodes.len()).rev() {
-                if g.nodes[i].has_grad_w() {
-                    program.push(ins(i, Phase::Apply, m - 1));
-                }
-            }
-        }
-        Schedule { program }
     }
+    if m > 1 {
+        for i in (0..g.nodes.len()).rev() {
+            if g.nodes[i].has_grad_w() {
+                program.push(ins(i, Phase::Apply, m - 1));
+            }
+        }
+    }
+    program
 }
 
 /// The tensors instruction `ins` reads or writes — the single source of truth for lifetimes.
@@ -384,12 +442,12 @@ fn align_up(v: usize) -> usize {
 /// = false` keeps modify views apart (a test oracle). Returns each tensor's root.
 pub fn share_groups(g: &Graph, merge_in_place: bool) -> Vec<TensorId> {
     let nt = g.tensors.len();
-    let base = Schedule::new(g);
-    let end = base.program.len().saturating_sub(1) as Eo;
+    let base = step_program(g, 1);
+    let end = base.len().saturating_sub(1) as Eo;
     let mut first = vec![Eo::MAX; nt];
     let mut last = vec![0 as Eo; nt];
     let mut buf = Vec::new();
-    for (eo, ins) in base.program.iter().enumerate() {
+    for (eo, ins) in base.iter().enumerate() {
         touches(g, ins, &mut buf);
         for &t in &buf {
             let t = t as usize;
@@ -577,6 +635,27 @@ pub fn lifetimes(g: &Graph, program: &[Instr], roots: &[TensorId]) -> Lifetimes 
     }
 }
 
+/// The smallest layout of `lives` among all strategies (the first of equals) and its strategy's name.
+fn best_layout(lives: &[TensorLife]) -> (Layout, &'static str) {
+    let mut best: Option<(Layout, &'static str)> = None;
+    for s in strategies() {
+        let l = s.layout(lives);
+        if best
+            .as_ref()
+            .is_none_or(|(b, _)| l.arena_bytes < b.arena_bytes)
+        {
+            best = Some((l, s.name()));
+        }
+    }
+    best.unwrap_or((
+        Layout {
+            offsets: Vec::new(),
+            arena_bytes: 0,
+        },
+        "none",
+    ))
+}
+
 /// Options that shape a plan besides the graph.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlanShape {
@@ -646,11 +725,12 @@ impl Plan {
     /// A plan with `shape.micro_batches` micro-batches of `g.batch` samples.
     pub fn shaped(g: Graph, shape: PlanShape) -> Plan {
         let roots = share_groups(&g, shape.in_place);
-        let program = Schedule::micro_batched(&g, shape.micro_batches).program;
+        let program = step_program(&g, shape.micro_batches);
         Self::from_program(g, shape.micro_batches, program, roots)
     }
 
-    /// Lays out an explicit program (policies build programs with recomputation).
+    /// Lays out an explicit program of an owned graph (what [`Schedule::plan`] does with a copy of its
+    /// graph).
     pub fn from_program(
         g: Graph,
         micro_batches: u16,
@@ -659,23 +739,7 @@ impl Plan {
     ) -> Plan {
         let lt = lifetimes(&g, &program, &roots);
         let lb = lower_bound(lt.lives.as_slice());
-        let mut best: Option<(Layout, &'static str)> = None;
-        for s in strategies() {
-            let l = s.layout(lt.lives.as_slice());
-            if best
-                .as_ref()
-                .is_none_or(|(b, _)| l.arena_bytes < b.arena_bytes)
-            {
-                best = Some((l, s.name()));
-            }
-        }
-        let (layout, strategy) = best.unwrap_or((
-            Layout {
-                offsets: Vec::new(),
-                arena_bytes: 0,
-            },
-            "none",
-        ));
+        let (layout, strategy) = best_layout(lt.lives.as_slice());
         Plan {
             graph: g,
             micro_batches: micro_batches.max(1),

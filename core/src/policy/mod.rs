@@ -23,9 +23,7 @@ pub use cost::CostModel;
 use crate::budget::{Budget, BudgetError};
 use crate::graph::{Graph, GraphError, NodeOp, TensorId, TensorKind};
 use crate::model::ModelSpec;
-use crate::plan::{
-    share_groups, Eo, GroupId, IdVec, Instr, Phase, Plan, PlanShape, Schedule, StorageId, ALIGN,
-};
+use crate::plan::{Eo, GroupId, IdVec, Instr, Phase, Plan, PlanShape, Schedule, StorageId, ALIGN};
 use crate::sort::heap_sort_by_key;
 
 /// Which policy (or ordering of policies) to use.
@@ -180,7 +178,13 @@ pub fn recompute(
         let limit = arena_budget(budget);
         let (Ok(t) | Err(t)) = recompute_greedy(g, TEMPLATE_MICRO_BATCHES, budget, cost);
         if let Some(program) = unroll(&t.program, micro_batches) {
-            let p = Plan::from_program(g.clone(), micro_batches, program, t.roots);
+            let p = Schedule {
+                graph: g,
+                micro_batches,
+                roots: t.roots,
+                program,
+            }
+            .plan();
             return if p.arena_bytes <= limit {
                 Ok(p)
             } else {
@@ -222,12 +226,17 @@ fn recompute_greedy(
     budget: usize,
     cost: &CostModel,
 ) -> Result<Plan, Plan> {
-    let roots = share_groups(g, true);
-    let mut program = Schedule::micro_batched(g, micro_batches).program;
+    let mut s = Schedule::shaped(
+        g,
+        PlanShape {
+            micro_batches,
+            in_place: true,
+        },
+    );
     let limit = arena_budget(budget);
     let mut best: Option<Plan> = None;
-    for _ in 0..4 * program.len() + 64 {
-        let plan = Plan::from_program(g.clone(), micro_batches, program.clone(), roots.clone());
+    let mut plan = s.plan();
+    for _ in 0..4 * s.program.len() + 64 {
         if plan.arena_bytes <= limit {
             return Ok(prune(plan, limit));
         }
@@ -254,22 +263,18 @@ fn recompute_greedy(
             .collect();
         heap_sort_by_key(&mut rest, |&t| (core::cmp::Reverse(live[t as usize]), t));
         points.extend(rest);
-        let mut done = false;
-        for t in points {
-            if let Some((at, chain)) = best_discard(&plan, t, cost) {
-                program.splice(at..at, chain);
-                done = true;
-                break;
-            }
-        }
-        if !done {
-            break;
-        }
+        let Some((at, chain)) = points
+            .into_iter()
+            .find_map(|t| best_discard(&plan, t, cost))
+        else {
+            break; // nothing more to discard: `plan` is the last program's
+        };
+        s.program.splice(at..at, chain);
+        plan = s.plan();
     }
-    let last = Plan::from_program(g.clone(), micro_batches, program, roots);
     let b = match best {
-        Some(b) if b.arena_bytes <= last.arena_bytes => b,
-        _ => last,
+        Some(b) if b.arena_bytes <= plan.arena_bytes => b,
+        _ => plan,
     };
     Err(b)
 }
@@ -461,45 +466,47 @@ enum Value {
 /// Takes recomputations back: greedy discards can leave a recompute that later decisions made
 /// redundant. Removes Recompute instructions, last first, while the plan still fits and every reader still
 /// sees the value it needs; repeats until nothing changes.
-fn prune(mut plan: Plan, limit: usize) -> Plan {
+///
+/// A candidate is only measured ([`Schedule::arena_bytes`]); the plan is laid out once, at the end.
+fn prune(plan: Plan, limit: usize) -> Plan {
+    let mut s = Schedule::of(&plan);
     let mut attempts = 0;
-    loop {
+    let mut pruned = false;
+    'rounds: loop {
         let mut changed = false;
-        let mut i = plan.program.len();
+        let mut i = s.program.len();
         while i > 0 {
             i -= 1;
-            if plan.program[i].phase != Phase::Recompute {
+            if s.program[i].phase != Phase::Recompute {
                 continue;
             }
             attempts += 1;
             if attempts > 4096 {
-                return plan;
+                break 'rounds;
             }
-            let mut program = plan.program.clone();
-            program.remove(i);
-            if !values_consistent(&plan.graph, &program) {
-                continue;
-            }
-            let cand = Plan::from_program(
-                plan.graph.clone(),
-                plan.micro_batches,
-                program,
-                plan.roots.clone(),
-            );
-            if cand.arena_bytes <= limit {
-                plan = cand;
+            let ins = s.program.remove(i);
+            if values_consistent(s.graph, &s.roots, &s.program) && s.arena_bytes() <= limit {
                 changed = true;
+                pruned = true;
+            } else {
+                s.program.insert(i, ins);
             }
         }
         if !changed {
-            return plan;
+            break;
         }
     }
+    if !pruned {
+        return plan;
+    }
+    let program = s.program;
+    Plan::from_program(plan.graph, plan.micro_batches, program, plan.roots)
 }
 
 /// Every activation an instruction reads was last written (within its micro-batch) by the node that
-/// produces it — no reader sees a value overwritten in place or never produced.
-fn values_consistent(g: &Graph, program: &[Instr]) -> bool {
+/// produces it — no reader sees a value overwritten in place or never produced. `roots`: the sharing
+/// roots with in-place merging ([`share_groups`](crate::plan::share_groups)`(g, true)`).
+fn values_consistent(g: &Graph, roots: &[TensorId], program: &[Instr]) -> bool {
     let producer: Vec<Option<usize>> = {
         let mut v = vec![None; g.tensors.len()];
         for (k, n) in g.nodes.iter().enumerate() {
@@ -507,7 +514,6 @@ fn values_consistent(g: &Graph, program: &[Instr]) -> bool {
         }
         v
     };
-    let roots = share_groups(g, true);
     // Last forward writer of each storage group (by root), per micro-batch: reset at each micro-batch's
     // first forward.
     let mut last: Vec<Option<usize>> = vec![None; g.tensors.len()];

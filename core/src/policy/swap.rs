@@ -13,7 +13,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::graph::{Graph, TensorId, TensorKind};
-use crate::plan::{share_groups, Eo, GroupId, IdVec, Instr, Phase, Plan, Schedule, ALIGN};
+use crate::plan::{Eo, GroupId, IdVec, Instr, Phase, Plan, Schedule, ALIGN};
 
 use super::live_profile;
 use crate::sort::heap_sort_by_key;
@@ -42,13 +42,12 @@ pub(crate) struct Gap {
 /// the arena fits. Returns `Err` with the smallest plan reached when nothing more can be swapped.
 #[allow(clippy::result_large_err)] // like `policy::recompute`: both outcomes are whole plans
 pub fn plan_swap(g: &Graph, lookahead: usize, budget: usize) -> Result<Plan, Plan> {
-    let roots = share_groups(g, true);
-    let mut program = Schedule::new(g).program;
+    let mut s = Schedule::new(g);
     let limit = budget.saturating_sub(ALIGN - 1);
     let mut best: Option<Plan> = None;
     // Each round swaps one more gap; a step has at most one gap per storage and use.
-    for _ in 0..=program.len() {
-        let plan = Plan::from_program(g.clone(), 1, program.clone(), roots.clone());
+    for _ in 0..=s.program.len() {
+        let plan = s.plan();
         if plan.arena_bytes <= limit {
             return Ok(plan);
         }
@@ -63,11 +62,10 @@ pub fn plan_swap(g: &Graph, lookahead: usize, budget: usize) -> Result<Plan, Pla
             break; // pick_gap only returns representable tensors
         };
         // Swap-in first (the later index), then the swap-out right after the last use.
-        program.insert(gap.at as usize, inn);
-        program.insert(gap.last as usize + 1, out);
+        s.program.insert(gap.at as usize, inn);
+        s.program.insert(gap.last as usize + 1, out);
     }
-    let last = Plan::from_program(g.clone(), 1, program, roots);
-    Err(smaller(best, last))
+    Err(smaller(best, s.plan()))
 }
 
 fn smaller(best: Option<Plan>, p: Plan) -> Plan {
