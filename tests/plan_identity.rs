@@ -91,9 +91,7 @@ fn plans_are_the_recorded_ones() {
     for path in &examples {
         let m = load_model(path).unwrap();
         let name = path.file_name().unwrap().to_string_lossy();
-        for batch in [32] {
-            lines(&mut out, &name, &m.spec, batch);
-        }
+        lines(&mut out, &name, &m.spec, 32);
     }
     for w in workloads::all() {
         // The workloads' own batches up to 128 (fc3's 2048 plans for seconds; its 64 has the same
