@@ -223,6 +223,29 @@ proptest! {
         check_layout(&Plan::new(g));
     }
 
+    /// A schedule's measured size is its plan's (the policies' pruning accepts candidates by it), for
+    /// plain and micro-batched schedules and programs with recomputations inserted at random places.
+    #[test]
+    fn schedule_arena_bytes_is_its_plans(
+        choices in proptest::collection::vec((any::<u8>(), any::<u8>(), any::<bool>()), 1..12),
+        c0 in 1u32..4, hw in 2u32..7, batch in 2usize..6, opt in any::<u8>(), m in 1u16..4,
+        recomputes in proptest::collection::vec((any::<u16>(), any::<u16>()), 0..4),
+    ) {
+        let spec = random_model(&choices, c0, hw, opt);
+        let g = match Graph::new(&spec, batch) { Ok(g) => g, Err(_) => return Ok(()) };
+        let mut s = Schedule::shaped(&g, PlanShape { micro_batches: m, in_place: true });
+        for (node, at) in recomputes {
+            let node = node % g.nodes.len() as u16;
+            let at = at as usize % (s.program.len() + 1);
+            s.program.insert(at, Instr { node, phase: Phase::Recompute, mb: 0, placement: Placement::Cpu });
+        }
+        let p = s.plan();
+        prop_assert_eq!(s.arena_bytes(), p.arena_bytes);
+        prop_assert_eq!(&p.program, &s.program);
+        prop_assert_eq!(&p.roots, &s.roots);
+        check_layout(&p);
+    }
+
     /// In-place and view sharing never changes the maths: bit-identical losses and weights to a plan where
     /// every tensor has its own storage.
     #[test]
