@@ -398,17 +398,15 @@ pub fn locked_version(lock: &str, krate: &str) -> Option<String> {
     None
 }
 
-/// The `"version"` of the entry `"node_modules/PACKAGE"` in a `package-lock.json`, or of a
-/// `package.json` when `package` is `None` (the first `"version"` key).
+/// The `"version"` of the entry `"node_modules/PACKAGE"` in a `package-lock.json` (`packages`), or of
+/// a `package.json` when `package` is `None` (its top-level `"version"`).
 fn npm_version(json: &str, package: Option<&str>) -> Option<String> {
-    let from = match package {
-        Some(p) => json.find(&format!("\"node_modules/{p}\""))?,
-        None => 0,
+    let v: serde_json::Value = serde_json::from_str(json).ok()?;
+    let entry = match package {
+        Some(p) => &v["packages"][format!("node_modules/{p}")],
+        None => &v,
     };
-    let rest = &json[from..];
-    let rest = &rest[rest.find("\"version\"")? + "\"version\"".len()..];
-    let rest = &rest[rest.find('"')? + 1..];
-    Some(rest[..rest.find('"')?].to_string())
+    entry["version"].as_str().map(str::to_owned)
 }
 
 fn fmt_version(v: Version) -> String {
@@ -920,6 +918,12 @@ mod tests {
             npm_version(r#"{"name": "p", "version": "1.2.3"}"#, None).as_deref(),
             Some("1.2.3")
         );
+        // An entry without a version is not given the next entry's (a text search would read b's),
+        // and a file that is not JSON names no version.
+        let no_version = r#"{"packages": {"node_modules/a": {"dev": true},
+            "node_modules/b": {"version": "9.9.9"}}}"#;
+        assert_eq!(npm_version(no_version, Some("a")), None);
+        assert_eq!(npm_version(r#"{"version": "1.2"#, None), None);
     }
 
     #[test]

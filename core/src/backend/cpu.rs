@@ -182,7 +182,7 @@ pub(crate) fn tensor_mut<'a>(
 pub(crate) fn spill_region(plan: &Plan, eo: Eo) -> Result<(usize, usize), ExecError> {
     let bad = ExecError::BadPlan("a swap names a tensor that is not in the arena");
     let t = plan.program[eo as usize].spilled().ok_or(bad.clone())?;
-    let s = plan.storage_at(t, eo).ok_or(bad.clone())? as usize;
+    let s = plan.storage_at(t, eo).ok_or(bad.clone())?;
     let (off, len) = (plan.offsets[s], plan.lives[s].bytes);
     if off.checked_add(len).is_none_or(|e| e > plan.arena_bytes) {
         return Err(bad);

@@ -207,7 +207,7 @@ impl AdaptObserver for Check {
                 "plan needs {} > budget {b}",
                 plan.needed_bytes()
             );
-            for (s, l) in plan.lives.iter().enumerate() {
+            for (s, l) in plan.lives.iter_enumerated() {
                 if (l.first as usize) <= eo && eo <= l.last as usize {
                     assert!(
                         plan.offsets[s] + l.bytes <= b,

@@ -302,7 +302,7 @@ impl<'p, B: Backend> Executor<'p, B> {
     /// The memory space persistent tensor `t` lives in.
     fn space_of(&self, t: TensorId) -> Option<crate::plan::SpaceId> {
         let s = self.plan.storage_at(t, 0)?;
-        self.plan.lives.get(s as usize).map(|l| l.space)
+        self.plan.lives.get(s).map(|l| l.space)
     }
 
     /// A copy of a persistent f32 tensor, wherever it lives: the host arena, or a memory space of the
@@ -627,12 +627,12 @@ impl<'p, B: Backend> Executor<'p, B> {
         let pred = plan.graph.pred();
         let len = n * plan.graph.pred_dims().numel();
         match plan.storage_at(pred, loss_eo as Eo) {
-            Some(s) if plan.lives[s as usize].space != crate::plan::SpaceId::HOST => {
+            Some(s) if plan.lives[s].space != crate::plan::SpaceId::HOST => {
                 // The backend that owns the space reads it (e.g. the GPU backend's `read`).
-                Err(ExecError::Space(plan.lives[s as usize].space.0))
+                Err(ExecError::Space(plan.lives[s].space.0))
             }
             Some(s) => {
-                let off = plan.offsets[s as usize];
+                let off = plan.offsets[s];
                 let bytes = a
                     .get(off..off.saturating_add(4 * len))
                     .ok_or(ExecError::BadPlan("the prediction is outside the arena"))?;
@@ -751,13 +751,12 @@ pub const MAX_PREFETCH_LEAD: Eo = 64;
 /// (the bytes exist only after it); None when that leaves no instruction in between.
 fn prefetch_point(plan: &Plan, j: Eo, ahead: Eo) -> Option<Eo> {
     let t = plan.program[j as usize].spilled()?;
-    let gid = plan.group_of.get(t as usize).copied().flatten()? as usize;
-    let segs = &plan.segments[gid];
+    let segs = &plan.segments[plan.group(t)?];
     let k = segs.iter().position(|&(start, _)| start == j)?;
     // The swap-out is the last use of the previous segment.
     let out = k
         .checked_sub(1)
-        .map_or(0, |p| plan.lives[segs[p].1 as usize].last + 1);
+        .map_or(0, |p| plan.lives[segs[p].1].last + 1);
     let p = j.saturating_sub(ahead).max(out);
     (p < j).then_some(p)
 }

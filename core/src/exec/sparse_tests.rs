@@ -6,7 +6,7 @@ use alloc::vec::Vec;
 use super::*;
 use crate::graph::{Graph, GraphError, NodeOp, TensorId, TensorKind};
 use crate::model::{Dims, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpec, Src, Update};
-use crate::plan::{Phase, Plan};
+use crate::plan::{Phase, Plan, StorageId};
 
 /// A MobileNetV2-style stack: conv-BN-ReLU6, an inverted residual (1×1 expand, depthwise 3×3 with
 /// max-pool-free stride 1, 1×1 project without activation, BN after each), add, pool, classifier.
@@ -215,15 +215,15 @@ fn a_sparse_plan_holds_only_what_the_update_needs() {
             .iter()
             .position(|i| i.phase == Phase::Loss)
             .unwrap() as u32;
-        let live: BTreeSet<u32> = (0..g.tensors.len() as TensorId)
+        let live: BTreeSet<StorageId> = (0..g.tensors.len() as TensorId)
             .filter(|&t| g.tensors[t as usize].kind == TensorKind::Activation)
             .filter_map(|t| plan.storage_at(t, loss))
-            .filter(|&s| plan.lives[s as usize].first < loss && plan.lives[s as usize].last > loss)
+            .filter(|&s| plan.lives[s].first < loss && plan.lives[s].last > loss)
             .collect();
-        let need: BTreeSet<u32> = needed_across_loss(g)
+        let need: BTreeSet<StorageId> = needed_across_loss(g)
             .into_iter()
             .filter_map(|t| plan.storage_at(t, loss))
-            .filter(|&s| plan.lives[s as usize].last > loss)
+            .filter(|&s| plan.lives[s].last > loss)
             .collect();
         assert_eq!(live, need, "{what}: activations kept across the loss");
         assert!(
@@ -250,13 +250,13 @@ fn a_bias_only_layer_keeps_no_input() {
     let fc_in = plan.graph.nodes[14].inputs[0];
     let s = plan.storage_at(fc_in, loss);
     assert!(
-        s.is_none_or(|s| plan.lives[s as usize].last <= loss),
+        s.is_none_or(|s| plan.lives[s].last <= loss),
         "the classifier's input outlives the loss though only its bias trains"
     );
     // Its full update does keep it.
     let plan = Plan::new(Graph::new(&mbv2_like(&from_layer(14, Update::All)), 4).unwrap());
     let s = plan.storage_at(fc_in, loss).unwrap();
-    assert!(plan.lives[s as usize].last > loss);
+    assert!(plan.lives[s].last > loss);
 }
 
 fn data(batch: usize) -> (Vec<f32>, Vec<u32>) {

@@ -333,7 +333,7 @@ fn steps_of(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
     };
     let bytes = |o: Opnd| -> Result<u64, ExecError> {
         let s = storage(o).ok_or(ExecError::BadPlan("a redirected operand without storage"))?;
-        Ok(plan.lives[s as usize].bytes as u64)
+        Ok(plan.lives[s].bytes as u64)
     };
     let mut out = Steps::new();
     for op in raw.iter() {
@@ -1554,7 +1554,7 @@ fn totals(prep: &mut Prepared) -> Result<LossOut, ExecError> {
 fn range_of(plan: &Plan, t: TensorId, eo: Eo) -> Result<(usize, usize), ExecError> {
     let s = plan
         .storage_at(t, eo)
-        .ok_or(ExecError::Tensor("tensor is not in the GPU's memory"))? as usize;
+        .ok_or(ExecError::Tensor("tensor is not in the GPU's memory"))?;
     let life = plan
         .lives
         .get(s)
@@ -1783,8 +1783,8 @@ impl Backend for GpuBackend {
         // A mixed plan's moves to the host land here: its largest one.
         let moves_bytes = (0..plan.n_eo())
             .filter_map(|eo| plan.move_storages(eo))
-            .filter(|&(from, _)| plan.lives[from as usize].space == GPU_SPACE)
-            .map(|(from, _)| plan.lives[from as usize].bytes as u64)
+            .filter(|&(from, _)| plan.lives[from].space == GPU_SPACE)
+            .map(|(from, _)| plan.lives[from].bytes as u64)
             .max()
             .unwrap_or(0);
         let moves = (moves_bytes > 0).then(|| {

@@ -165,7 +165,7 @@ fn a_non_finite_loss_leaves_the_weights_of_both_devices_unchanged() {
         // Both devices hold weights.
         let spaces: Vec<SpaceId> = tensors
             .iter()
-            .map(|&t| mp.lives[mp.storage_at(t, 0).unwrap() as usize].space)
+            .map(|&t| mp.lives[mp.storage_at(t, 0).unwrap()].space)
             .collect();
         assert!(spaces.contains(&SpaceId::HOST) && spaces.contains(&GPU_SPACE));
         let mut refused = None;
@@ -206,7 +206,7 @@ fn mixed_steps_create_no_gpu_objects_and_submit_once_per_crossing() {
     let mp = mixed_plan(base.clone(), &alternating(base.graph.nodes.len(), true)).unwrap();
     let crossings = (0..mp.n_eo())
         .filter_map(|eo| mp.move_storages(eo))
-        .filter(|&(a, b)| mp.lives[a as usize].space != mp.lives[b as usize].space)
+        .filter(|&(a, b)| mp.lives[a].space != mp.lives[b].space)
         .count() as u64;
     assert!(crossings > 0);
     let before = backend.counters().hal;
