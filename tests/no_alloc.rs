@@ -323,17 +323,19 @@ fn int8_training_steps_allocate_nothing() {
         let per = spec.input.numel();
         let x: Vec<f32> = (0..batch * per).map(|i| (i % 13) as f32 / 13.0).collect();
         let y: Vec<u32> = (0..batch as u32).map(|i| i % 10).collect();
+        let mut pred = vec![0f32; batch * plan.graph.pred_dims().numel()];
         // The very first step counts: nothing is warmed up.
         let ((), n) = allocations(|| {
             for _ in 0..3 {
                 ex.train_step(&mut arena, &x, Target::Classes(&y)).unwrap();
             }
             ex.evaluate(&mut arena, &x, Target::Classes(&y)).unwrap();
+            ex.predict_into(&mut arena, &x, &mut pred).unwrap();
         });
         assert_eq!(
             n,
             0,
-            "{update:?}, {} kernels, grad_tile {grad_tile}: an int8 step allocated",
+            "{update:?}, {} kernels, grad_tile {grad_tile}: an int8 step, evaluation or prediction allocated",
             kernels.name()
         );
         assert!(ex.counts().passes() > 0);

@@ -57,7 +57,7 @@ class Trainer:
     size such as ``"512KiB"`` or a number of bytes (None: no limit); ``precision`` ``"f32"`` (a ladder
     of plans: the budget picks one, recomputing when small), ``"int8"`` (pure integer training, NITI
     update) or ``"int8-master"`` (int8 compute, f32 master weights) — int8 runs its one plain plan, which
-    the budget must fit, and has no ``predict`` yet; ``batch`` samples
+    the budget must fit; ``batch`` samples
     per step (None: the model file's ``[train] batch``, else 32); ``seed`` the weight initialisation's
     seed (None: the model's).
 
@@ -90,7 +90,10 @@ class Trainer:
     def evaluate(self, x: npt.NDArray[np.float32], y: ArrayLike) -> Evaluation:
         """Mean loss and accuracy over any number of samples (no update)."""
     def predict(self, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-        """Class probabilities (softmax), ``(n, classes)`` (f32 trainers; ``ValueError`` in int8)."""
+        """Class probabilities (softmax of the model's logits), ``(n, classes)`` float32, ``batch``
+        samples at a time; changes nothing. In int8 the logits are the integer output dequantised by
+        its exponent, which is shared by a batch: a sample's values can depend on its batch-mates.
+        ``ValueError`` for a wrong shape or a non-finite input, ``TypeError`` for another dtype."""
     def get_weights(self) -> dict[str, npt.NDArray[np.float32]]:
         """Parameters and statistics (PyTorch ``state_dict`` names, the model's order)."""
     def set_weights(self, weights: dict[str, npt.NDArray[np.float32]]) -> int:

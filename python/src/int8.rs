@@ -2,7 +2,7 @@
 //! and `Int8Executor`, as `frugal train --precision int8` runs it. The memory policies plan f32 graphs,
 //! so there is one plan: a budget below it is refused, never met by recomputation.
 use frugal_android::arena::Arena;
-use frugal_android::trainer::{check_batch, evaluate_in_batches, UNLIMITED};
+use frugal_android::trainer::{check_batch, evaluate_in_batches, predict_in_batches, UNLIMITED};
 use frugal_android::{Error, PlanInfo};
 use frugal_core::budget::BudgetError;
 use frugal_core::exec::int8::Int8Executor;
@@ -161,12 +161,17 @@ impl Int8Trainer {
         self.plan.graph.pred_dims().numel()
     }
 
-    /// Class probabilities are not available in int8 yet (the integer executor has no prediction).
-    pub fn predict(&mut self, _x: &[f32]) -> Result<Vec<f32>, Error> {
-        Err(Error::Argument(
-            "predict",
-            "not available for int8 trainers yet (evaluate gives loss and accuracy; f32 trainers predict)"
-                .into(),
-        ))
+    /// Class probabilities (softmax of the dequantised logits `Int8Executor::predict_into` gives),
+    /// `n × classes` values, one batch at a time; no state changes.
+    pub fn predict(&mut self, x: &[f32]) -> Result<Vec<f32>, Error> {
+        let classes = self.classes();
+        let per = self.spec.input.numel();
+        let mut out = vec![0f32; (x.len() / per.max(1)).saturating_mul(classes)];
+        let arena = self.arena.as_mut_slice();
+        let ex = &mut self.ex;
+        predict_in_batches(x, per, classes, self.batch, &mut out, |x, dst| {
+            ex.predict_into(arena, x, dst).map(|_| ())
+        })?;
+        Ok(out)
     }
 }

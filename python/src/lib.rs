@@ -295,7 +295,7 @@ fn labels<'py>(y: &Bound<'py, PyAny>) -> PyResult<Labels<'py>> {
 ///
 /// `Trainer(model, budget=None, precision="f32", batch=None, seed=None)`: `model` is TOML text or
 /// the path of a `.toml` model file; `budget` a size such as "512KiB" or a number of bytes (None: no
-/// limit); `precision` "f32", "int8" or "int8-master" (int8: one plan, no `predict`); `batch` samples per step (None: the model file's `[train] batch`, else 32); `seed` the
+/// limit); `precision` "f32", "int8" or "int8-master" (int8: one plan); `batch` samples per step (None: the model file's `[train] batch`, else 32); `seed` the
 /// weight initialisation's seed (None: the model's).
 #[pyclass(module = "frugal._frugal", frozen)]
 struct Trainer {

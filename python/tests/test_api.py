@@ -250,8 +250,29 @@ def test_int8_trains_within_its_plan(mlp_path, digits, precision):
     assert u.set_weights(w) == 6
     # Weights go in as f32 and are quantised again: the same accuracy within a few samples.
     assert abs(u.evaluate(xte, yte)["accuracy"] - after) < 0.03
-    with pytest.raises(ValueError, match="not available for int8"):
-        t.predict(xte[:2])
+    # predict as for f32: probabilities of shape (n, classes), float32, rows summing to 1 within f32
+    # rounding of 10 terms; its arg-max is what evaluate counts correct (same samples, in batches).
+    p = t.predict(xte)
+    assert p.shape == (360, 10) and p.dtype == np.float32
+    np.testing.assert_allclose(p.sum(axis=1), 1.0, atol=1e-5)
+    assert t.evaluate(xte, yte)["correct"] == int((p.argmax(axis=1) == yte).sum())
+    # The same batch gives the same values (int8 activations take their exponent from the batch, so
+    # a sample's values can depend on the samples it is batched with).
+    np.testing.assert_array_equal(t.predict(xte[:7]), t.predict(xte[:7].reshape(7, 64)))
+    nan = xte[:4].copy()
+    nan[2, 0, 3, 1] = np.nan
+    with pytest.raises(ValueError, match="value 153 is NaN"):
+        t.predict(nan)
+    with pytest.raises(ValueError, match=r"shape \(4, 63\)"):
+        t.predict(np.zeros((4, 63), np.float32))
+    with pytest.raises(ValueError, match=r"shape \(0, 64\): no samples"):
+        t.predict(np.zeros((0, 64), np.float32))
+    with pytest.raises(TypeError, match="float64"):
+        t.predict(xte[:4].astype(np.float64))
+    # Prediction changes nothing: the weights and the evaluation are the same after it.
+    w2 = t.get_weights()
+    assert all(np.array_equal(w[k], w2[k]) for k in w)
+    assert t.evaluate(xte, yte)["accuracy"] == after
     with pytest.raises(frugal.BudgetError) as e:
         frugal.Trainer(mlp_path, precision=precision, budget=info["floor_bytes"] - 1)
     assert e.value.needed_bytes == info["floor_bytes"]

@@ -612,8 +612,21 @@ impl<'p, B: Backend> Executor<'p, B> {
     }
 
     /// Forward pass in evaluation mode on at most one micro-batch; returns the prediction
-    /// (`n × outputs`), a slice of the arena.
+    /// (`n × outputs`), a slice of the arena: the last layer's output, which for a cross-entropy
+    /// model is the logits (the softmax lives in the loss, which prediction does not run).
     pub fn predict<'a>(&mut self, arena: &'a mut [u8], x: &[f32]) -> Result<&'a [f32], ExecError> {
+        let (_, bytes) = self.predict_bytes(arena, x, 4)?;
+        f32s_ro(bytes)
+    }
+
+    /// The forward pass of [`Executor::predict`]: the sample count and the prediction's bytes in the
+    /// arena (`n × outputs` elements of `elem` bytes: 4 in f32, 1 in int8).
+    fn predict_bytes<'a>(
+        &mut self,
+        arena: &'a mut [u8],
+        x: &[f32],
+        elem: usize,
+    ) -> Result<(usize, &'a [u8]), ExecError> {
         let n = self.check_batch(x, None, self.plan.graph.batch)?;
         let plan = self.plan;
         let a = self.arena(arena)?;
@@ -634,9 +647,9 @@ impl<'p, B: Backend> Executor<'p, B> {
             Some(s) => {
                 let off = plan.offsets[s];
                 let bytes = a
-                    .get(off..off.saturating_add(4 * len))
+                    .get(off..off.saturating_add(elem * len))
                     .ok_or(ExecError::BadPlan("the prediction is outside the arena"))?;
-                f32s_ro(bytes)
+                Ok((n, bytes))
             }
             None => Err(ExecError::BadPlan("the prediction is not in the arena")),
         }

@@ -256,17 +256,68 @@ pub fn evaluate_in_batches(
     Ok(((loss / y.len().max(1) as f64) as f32, correct))
 }
 
-/// Numerically stable softmax of `z` into `out`.
-fn softmax(z: &[f32], out: &mut [f32]) {
+/// Numerically stable softmax of the logits `z`, in place.
+fn softmax(z: &mut [f32]) {
     let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0f32;
-    for (o, &v) in out.iter_mut().zip(z) {
-        *o = (v - max).exp();
-        sum += *o;
+    for v in z.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
     }
-    for o in out.iter_mut() {
-        *o /= sum;
+    for v in z.iter_mut() {
+        *v /= sum;
     }
+}
+
+/// Class probabilities for `n` samples of `per` values laid end to end in `x`, written to `out`
+/// (`n × classes` values): checks the input (length, finiteness) and the output's length, then asks
+/// `logits` for `batch` samples at a time (it writes their logits into the slice it is given) and
+/// takes each row's softmax. The f32 and the int8 trainers' `predict_into`.
+pub fn predict_in_batches(
+    x: &[f32],
+    per: usize,
+    classes: usize,
+    batch: usize,
+    out: &mut [f32],
+    mut logits: impl FnMut(&[f32], &mut [f32]) -> Result<(), ExecError>,
+) -> Result<(), Error> {
+    if x.is_empty() || per == 0 || !x.len().is_multiple_of(per) {
+        return Err(Error::Argument(
+            "input",
+            format!(
+                "has {} values, not a positive multiple of the model's input size {per}",
+                x.len(),
+            ),
+        ));
+    }
+    if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+        return Err(Error::Argument(
+            "input",
+            format!("value {i} is {} (must be finite)", x[i]),
+        ));
+    }
+    let n = x.len() / per;
+    let want = n.saturating_mul(classes);
+    if out.len() != want {
+        return Err(Error::Argument(
+            "output",
+            format!(
+                "has {} values but {n} samples × {classes} classes need {want}",
+                out.len(),
+            ),
+        ));
+    }
+    let mut i = 0;
+    while i < n {
+        let k = batch.max(1).min(n - i);
+        let dst = &mut out[i * classes..(i + k) * classes];
+        logits(&x[i * per..(i + k) * per], dst)?;
+        for row in dst.chunks_exact_mut(classes.max(1)) {
+            softmax(row);
+        }
+        i += k;
+    }
+    Ok(())
 }
 
 impl Trainer {
@@ -566,54 +617,23 @@ impl Trainer {
     /// Class probabilities (softmax of the model's output) for `n` samples laid end to end, written to
     /// `out` (`n × classes` values).
     pub fn predict_into(&mut self, x: &[f32], out: &mut [f32]) -> Result<(), Error> {
-        if x.is_empty() || !x.len().is_multiple_of(self.per) {
-            return Err(Error::Argument(
-                "input",
-                format!(
-                    "has {} values, not a positive multiple of the model's input size {}",
-                    x.len(),
-                    self.per
-                ),
-            ));
-        }
-        if let Some(i) = x.iter().position(|v| !v.is_finite()) {
-            return Err(Error::Argument(
-                "input",
-                format!("value {i} is {} (must be finite)", x[i]),
-            ));
-        }
-        let n = x.len() / self.per;
-        let want = n.saturating_mul(self.classes);
-        if out.len() != want {
-            return Err(Error::Argument(
-                "output",
-                format!(
-                    "has {} values but {n} samples × {} classes need {want}",
-                    out.len(),
-                    self.classes
-                ),
-            ));
-        }
         let plan = &self.table.entries[self.current].plan;
-        let mb = plan.graph.batch;
         let mut ex = Executor::new(plan, self.arena.as_slice())?;
         ex.set_steps(self.steps);
-        let mut i = 0;
-        while i < n {
-            let k = mb.min(n - i);
-            let logits = ex.predict(
-                self.arena.as_mut_slice(),
-                &x[i * self.per..(i + k) * self.per],
-            )?;
-            for (dst, z) in out[i * self.classes..(i + k) * self.classes]
-                .chunks_exact_mut(self.classes)
-                .zip(logits.chunks_exact(self.classes))
-            {
-                softmax(z, dst);
-            }
-            i += k;
-        }
-        Ok(())
+        let arena = self.arena.as_mut_slice();
+        predict_in_batches(
+            x,
+            self.per,
+            self.classes,
+            plan.graph.batch,
+            out,
+            |x, dst| {
+                for (d, &z) in dst.iter_mut().zip(ex.predict(arena, x)?) {
+                    *d = z;
+                }
+                Ok(())
+            },
+        )
     }
 
     /// [`Trainer::predict_into`] into a new vector.
