@@ -76,6 +76,36 @@ pub fn main(_args: &[String]) -> Result<(), String> {
         full.needed_bytes()
     );
 
+    for (l, c) in base.layers.iter().zip(&choices) {
+        if let Some(u) = c {
+            println!("  {}: {u:?}", l.name);
+        }
+    }
+    // What the arena holds of the pretrained state that the update never writes: frozen parameters
+    // and the BatchNorm statistics of frozen (evaluation-mode) layers. It could stay in flash.
+    let (mut frozen, mut updated) = (0usize, 0usize);
+    for n in &plan.graph.nodes {
+        for p in &n.params {
+            let numel: usize = p.shape.iter().product();
+            frozen += (numel - p.updated) * 4;
+            updated += p.updated * 4;
+        }
+        // A trained BatchNorm updates its running statistics; a frozen one only reads them.
+        let stats: usize = n
+            .stats
+            .iter()
+            .map(|&t| plan.graph.tensors[t as usize].bytes)
+            .sum();
+        if n.params.iter().any(|p| p.updated > 0) {
+            updated += stats;
+        } else {
+            frozen += stats;
+        }
+    }
+    println!(
+        "state in the arena: {} B never written by the update (frozen parameters, BatchNorm statistics), {updated} B of updated parameters and statistics",
+        frozen
+    );
     // The pretrained state in the fine-tuning plan's order.
     let arena = vec![0u8; plan.needed_bytes()];
     let ex = Executor::new(&plan, &arena).map_err(|e| e.to_string())?;
