@@ -26,7 +26,7 @@
 //!   fresh process.
 //! - `web [--serve [--port N]] [--test] [--bench]`: the browser build (`web-demo/dist/`), its Chromium
 //!   tests and its figures (see `web.rs`).
-//! - `firmware --board netduinoplus2|microbit`: builds `firmware/`, trains in QEMU, decodes the defmt log,
+//! - `firmware --board netduinoplus2|microbit|mps2-an500`: builds `firmware/`, trains in QEMU, decodes the defmt log,
 //!   compares the first losses with a native run of the baked plan (see `firmware.rs`).
 //! - `mcu-pretrain`: pretrains the Cortex-M7 board's MobileNetV2-class model on the host, picks its
 //!   sparse update for the board's arena and writes the model and weights the firmware embeds (`mcu.rs`).
