@@ -505,6 +505,26 @@ mod tests {
     }
 
     #[test]
+    fn a_board_keeps_its_classes_and_upscales_by_nearest() {
+        let labels = [7u8, 3, 5, 9, 0, 6];
+        let kept: Vec<usize> = stream::kept(&labels, (5, 5)).collect();
+        assert_eq!(kept, [0, 2, 3, 5]);
+        assert_eq!(stream::kept(&labels, (0, 10)).count(), labels.len());
+        let px: Vec<u8> = (0..64).map(|i| (i % 17) as u8).collect();
+        let mut one = [0f32; 64];
+        stream::input(&px, 1, &mut one);
+        assert!(one.iter().zip(&px).all(|(&a, &p)| a == stream::pixel(p)));
+        let mut two = [0f32; 256];
+        stream::input(&px, 2, &mut two);
+        for r in 0..16 {
+            for c in 0..16 {
+                assert_eq!(two[r * 16 + c], one[(r / 2) * 8 + c / 2], "({r}, {c})");
+            }
+        }
+        assert_eq!(boards::MPS2_AN500.input_len(), 256);
+    }
+
+    #[test]
     fn the_stream_is_a_permutation_of_the_slice_each_epoch() {
         for n in [1000usize, 1437] {
             let mut seen = vec![false; n];
