@@ -118,8 +118,9 @@ pub const NETDUINOPLUS2: Board = Board {
 /// for the portable kernel, and `fc1`'s weight gradient accumulated 4 rows (256 i32) at a time instead
 /// of whole (the whole i32 gradient alone was 4,160 B of the former 7,808 B arena). Measured
 /// (`cargo xtask firmware --board microbit`): arena 4,288 B; heap peak 4,178 B while decoding the plan
-/// without names, 3,276 B held afterwards (plan and executor state); stack high-water 4,092 B (the one
-/// step loop shared by every executor since the backend refactor: +200 B); RAM in all 13,176 B of the
+/// without names, 3,276 B held afterwards (plan and executor state); stack high-water 4,108 B (the one
+/// step loop shared by every executor since the backend refactor: +200 B; the shared sample conversion
+/// `stream::input`: +16 B); RAM in all 13,192 B of the
 /// 14 KiB limit; 88 % held-out after 10 epochs; 1.10 M instructions per step; the
 /// first 10 losses equal the native run's bit for bit.
 pub const MICROBIT: Board = Board {
