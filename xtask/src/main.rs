@@ -2,8 +2,8 @@
 //! - `test [--fast] [--no-setup]`: everything CI checks — fmt, clippy, the workspace tests,
 //!   `frugal-core` built without `std` for Cortex-M4F, Cortex-M0 and wasm32, the memory benchmark's
 //!   targets, the int8 kernels on aarch64 (qemu) and wasm32 (Node), the browser build and its Chromium
-//!   tests, the firmware on the Cortex-M4F and Cortex-M0 boards in QEMU, and the Python package's wheel
-//!   and pytest suite with the Flower app (`--fast` leaves out those last five); installs what is missing first (`--no-setup`: refuses instead); ends with a table of
+//!   tests, the firmware on the Cortex-M4F, Cortex-M0 and Cortex-M7 boards in QEMU, and the Python package's
+//!   wheel and pytest suite with the Flower app (`--fast` leaves out those last six); installs what is missing first (`--no-setup`: refuses instead); ends with a table of
 //!   legs, results and times (see `test.rs`).
 //! - `setup [--fast] [--check] [LEG…]`: installs the tools the legs need, skipping what is present at a
 //!   compatible version (see `setup.rs`, the one list of them). The emulator, browser and Miri tasks
@@ -29,8 +29,10 @@
 //!   fresh process.
 //! - `web [--serve [--port N]] [--test] [--bench]`: the browser build (`web-demo/dist/`), its Chromium
 //!   tests and its figures (see `web.rs`).
-//! - `firmware --board netduinoplus2|microbit`: builds `firmware/`, trains in QEMU, decodes the defmt log,
+//! - `firmware --board netduinoplus2|microbit|mps2-an500`: builds `firmware/`, trains in QEMU, decodes the defmt log,
 //!   compares the first losses with a native run of the baked plan (see `firmware.rs`).
+//! - `mcu-pretrain`: pretrains the Cortex-M7 board's MobileNetV2-class model on the host, picks its
+//!   sparse update for the board's arena and writes the model and weights the firmware embeds (`mcu.rs`).
 //! - `fuzz [--time SECS] [--seeds] [TARGET …]`: the libFuzzer targets of `fuzz/` (nightly, cargo-fuzz),
 //!   each for SECS seconds (default 20), with a table of runs, crashes and coverage (see `fuzz.rs`).
 //! - `miri`: the decoders, kernel suites and int8 ops of `frugal-core` under Miri (nightly; see `miri.rs`).
@@ -51,6 +53,7 @@ mod igemm;
 mod insns;
 mod int8;
 mod kernels;
+mod mcu;
 mod miri;
 mod python;
 mod setup;
@@ -97,16 +100,16 @@ fn main() -> ExitCode {
         Some("bench") => bench::main(&args[1..]),
         Some("__bench-swap-one") => swap::child(&args[1..]),
         Some("__bench-one") => bench::child(&args[1..]),
-        Some("firmware") => {
-            ready(&[Leg::FirmwareM4, Leg::FirmwareM0]).and_then(|()| firmware::main(&args[1..]))
-        }
+        Some("firmware") => ready(&[Leg::FirmwareM4, Leg::FirmwareM0, Leg::FirmwareM7])
+            .and_then(|()| firmware::main(&args[1..])),
+        Some("mcu-pretrain") => mcu::main(&args[1..]),
         Some("cross") => ready(&[Leg::Cross]).and_then(|()| cross::main(&args[1..])),
         Some("android") => ready(&[Leg::Android]).and_then(|()| android::main(&args[1..])),
         Some("web") => ready(&[Leg::Web]).and_then(|()| web::main(&args[1..])),
         Some("miri") => ready(&[Leg::Miri]).and_then(|()| miri::main(&args[1..])),
         Some("fuzz") => ready(&[Leg::Fuzz]).and_then(|()| fuzz::main(&args[1..])),
         _ => {
-            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|planning|sparse|swap|int8|sgemm|igemm|gpu|aarch64|dsp … | cross | android [--bench] | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit | miri | fuzz [--time SECS] [TARGET…]");
+            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|planning|sparse|swap|int8|sgemm|igemm|gpu|aarch64|dsp … | cross | android [--bench] | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit|mps2-an500 | mcu-pretrain | miri | fuzz [--time SECS] [TARGET…]");
             Err("unknown task".into())
         }
     };

@@ -146,7 +146,7 @@ pub const TOOLS: &[Tool] = &[
         probe: Probe::Target("thumbv7em-none-eabihf"),
         want: Want::Any,
         install: Install::Target("thumbv7em-none-eabihf"),
-        legs: &[Leg::NoStd, Leg::FirmwareM4],
+        legs: &[Leg::NoStd, Leg::FirmwareM4, Leg::FirmwareM7],
         note: "",
     },
     Tool {
@@ -257,7 +257,7 @@ pub const TOOLS: &[Tool] = &[
         probe: Probe::Bins(&["qemu-system-arm"]),
         want: Want::Any,
         install: Install::Apt(&["qemu-system-arm"]),
-        legs: &[Leg::FirmwareM4, Leg::FirmwareM0],
+        legs: &[Leg::FirmwareM4, Leg::FirmwareM0, Leg::FirmwareM7],
         note: "",
     },
     Tool {
@@ -268,7 +268,7 @@ pub const TOOLS: &[Tool] = &[
             krate: "defmt",
         },
         install: Install::Cargo("defmt-print"),
-        legs: &[Leg::FirmwareM4, Leg::FirmwareM0],
+        legs: &[Leg::FirmwareM4, Leg::FirmwareM0, Leg::FirmwareM7],
         note: "",
     },
     Tool {

@@ -19,15 +19,15 @@ use frugal_core::exec::{Executor, Target};
 use frugal_core::graph::Graph;
 use frugal_core::model::{Dims, ModelSpec, OptimizerSpec};
 use frugal_core::plan::Plan;
-use frugal_core::policy::sparse::{self, Choice, SparseBudget};
+use frugal_core::policy::sparse::{self, Choice, Importance, SparseBudget};
 
 const BATCH: usize = 32;
-const PRETRAIN_EPOCHS: usize = 30;
+pub(crate) const PRETRAIN_EPOCHS: usize = 30;
 const FINETUNE_EPOCHS: usize = 15;
 const SEEDS: u64 = 3;
 
 /// Digits of classes `lo..lo + 5` upscaled to 16×16, labels shifted to 0..5.
-fn task(d: &Dataset, lo: u32) -> (Vec<f32>, Vec<u32>) {
+pub(crate) fn task(d: &Dataset, lo: u32) -> (Vec<f32>, Vec<u32>) {
     let (mut x, mut y) = (Vec::new(), Vec::new());
     for (i, &l) in d.y.iter().enumerate() {
         if !(lo..lo + 5).contains(&l) {
@@ -59,17 +59,17 @@ fn order(n: usize, seed: u64, e: usize) -> Vec<usize> {
     v
 }
 
-type Weights = HashMap<String, Vec<f32>>;
+pub(crate) type Weights = HashMap<String, Vec<f32>>;
 
-struct Run {
-    arena: usize,
-    flops: u64,
-    acc: f64,
+pub(crate) struct Run {
+    pub(crate) arena: usize,
+    pub(crate) flops: u64,
+    pub(crate) acc: f64,
 }
 
 /// Trains `spec` from `init` (or its own initialisation) for `epochs` on `(x, y)`, returns the arena,
 /// backward multiply-adds, the accuracy on `test`, and the trained persistent tensors.
-fn train(
+pub(crate) fn train(
     spec: &ModelSpec,
     init: Option<&Weights>,
     (x, y): (&[f32], &[u32]),
@@ -132,7 +132,7 @@ fn train(
 }
 
 /// What a selection trains: how many layers at each level, and the lowest updated layer.
-fn describe(spec: &ModelSpec, c: &[Choice]) -> String {
+pub(crate) fn describe(spec: &ModelSpec, c: &[Choice]) -> String {
     use frugal_core::model::Update;
     let count = |f: &dyn Fn(&Update) -> bool| c.iter().flatten().filter(|u| f(u)).count();
     let lowest = c
@@ -145,6 +145,43 @@ fn describe(spec: &ModelSpec, c: &[Choice]) -> String {
         count(&|u| matches!(u, Update::Channels(_))),
         count(&|u| *u == Update::Bias)
     )
+}
+
+/// Importance (`exec::importance::gradient_importance`) of `base`'s layers and channels for the task
+/// `(bx, by)` at the `pretrained` weights: 4 batches of 32 of the new task.
+pub(crate) fn importance(
+    base: &ModelSpec,
+    pretrained: &Weights,
+    (bx, by): (&[f32], &[u32]),
+) -> Result<Importance, String> {
+    let sspec = scoring_spec(base);
+    let splan = Plan::new(Graph::new(&sspec, BATCH).map_err(|e| e.to_string())?);
+    let mut sarena = vec![0u8; splan.needed_bytes()];
+    let mut sex = Executor::new(&splan, &sarena).map_err(|e| e.to_string())?;
+    let st: Vec<_> = sex.state_tensors().collect();
+    for (name, _, t) in st {
+        if let Some(v) = pretrained.get(&name) {
+            sex.write(&mut sarena, t, v).map_err(|e| e.to_string())?;
+        }
+    }
+    let o = order(by.len(), 99, 0);
+    let mut batches_x: Vec<Vec<f32>> = Vec::new();
+    let mut batches_y: Vec<Vec<u32>> = Vec::new();
+    for chunk in o.chunks(BATCH).take(4) {
+        batches_x.push(
+            chunk
+                .iter()
+                .flat_map(|&i| bx[i * 256..(i + 1) * 256].iter().copied())
+                .collect(),
+        );
+        batches_y.push(chunk.iter().map(|&i| by[i]).collect());
+    }
+    let batches: Vec<(&[f32], &[u32])> = batches_x
+        .iter()
+        .zip(&batches_y)
+        .map(|(x, y)| (x.as_slice(), y.as_slice()))
+        .collect();
+    gradient_importance(&mut sex, &mut sarena, &batches).map_err(|e| e.to_string())
 }
 
 pub fn main(_args: &[String]) -> Result<(), String> {
@@ -205,35 +242,7 @@ pub fn main(_args: &[String]) -> Result<(), String> {
         ));
     }
 
-    // Importance: 4 batches of the new task at the pretrained weights.
-    let sspec = scoring_spec(&base);
-    let splan = Plan::new(Graph::new(&sspec, BATCH).map_err(|e| e.to_string())?);
-    let mut sarena = vec![0u8; splan.needed_bytes()];
-    let mut sex = Executor::new(&splan, &sarena).map_err(|e| e.to_string())?;
-    let st: Vec<_> = sex.state_tensors().collect();
-    for (name, _, t) in st {
-        if let Some(v) = pretrained.get(&name) {
-            sex.write(&mut sarena, t, v).map_err(|e| e.to_string())?;
-        }
-    }
-    let o = order(by.len(), 99, 0);
-    let mut batches_x: Vec<Vec<f32>> = Vec::new();
-    let mut batches_y: Vec<Vec<u32>> = Vec::new();
-    for chunk in o.chunks(BATCH).take(4) {
-        batches_x.push(
-            chunk
-                .iter()
-                .flat_map(|&i| bx[i * 256..(i + 1) * 256].iter().copied())
-                .collect(),
-        );
-        batches_y.push(chunk.iter().map(|&i| by[i]).collect());
-    }
-    let batches: Vec<(&[f32], &[u32])> = batches_x
-        .iter()
-        .zip(&batches_y)
-        .map(|(x, y)| (x.as_slice(), y.as_slice()))
-        .collect();
-    let imp = gradient_importance(&mut sex, &mut sarena, &batches).map_err(|e| e.to_string())?;
+    let imp = importance(&base, &pretrained, (&bx, &by))?;
     let mut smallest: Option<(f64, Vec<Choice>)> = None;
     for frac in [0.1, 0.15, 0.2, 0.25, 0.35] {
         let budget = SparseBudget {

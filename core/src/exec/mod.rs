@@ -282,6 +282,48 @@ impl<'p, B: Backend> Executor<'p, B> {
         })
     }
 
+    /// The persistent tensors of [`Executor::state_tensors`] in its order, without names: what
+    /// [`Executor::write_state`] fills.
+    pub fn state_ids(&self) -> impl Iterator<Item = TensorId> + 'p {
+        let g: &'p Graph = &self.plan.graph;
+        g.nodes.iter().flat_map(|n| {
+            n.params
+                .iter()
+                .map(|p| p.value)
+                .chain(n.stats.iter().copied())
+        })
+    }
+
+    /// Writes every persistent tensor (parameters, then BatchNorm statistics, node by node: the order
+    /// of [`Executor::state_tensors`]) from `bytes`, their little-endian f32 values back to back, into
+    /// the host arena. Allocates nothing, so a microcontroller can load pretrained weights from flash.
+    /// `bytes` must hold exactly the state's elements.
+    pub fn write_state(&mut self, arena: &mut [u8], bytes: &[u8]) -> Result<(), ExecError> {
+        let plan = self.plan;
+        let mut at = 0usize;
+        for t in self.state_ids() {
+            if self
+                .space_of(t)
+                .is_some_and(|s| s != crate::plan::SpaceId::HOST)
+            {
+                return Err(ExecError::Tensor("state tensor outside the host arena"));
+            }
+            let a = self.arena(arena)?;
+            let dst = tensor_mut(plan, a, t)?;
+            let src = bytes
+                .get(at..at + dst.len() * 4)
+                .ok_or(ExecError::Tensor("fewer state values than the plan holds"))?;
+            for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+            at += src.len();
+        }
+        if at != bytes.len() {
+            return Err(ExecError::Tensor("more state values than the plan holds"));
+        }
+        Ok(())
+    }
+
     /// Reads a persistent f32 tensor in the host arena (see [`Executor::read_vec`] for any space).
     pub fn read<'a>(&self, arena: &'a mut [u8], t: TensorId) -> Result<&'a [f32], ExecError> {
         let plan = self.plan;

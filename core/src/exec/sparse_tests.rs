@@ -461,3 +461,40 @@ fn importance_is_the_summed_squared_gradient_per_channel() {
     let mut ex = Executor::new(&plan, &arena).unwrap();
     assert!(gradient_importance(&mut ex, &mut arena, &[(&x, &y)]).is_err());
 }
+
+/// `write_state` (pretrained weights from flash on a microcontroller) fills every persistent tensor in
+/// `state_tensors` order, bit for bit, and refuses a payload of the wrong length.
+#[test]
+fn write_state_loads_every_persistent_tensor_in_order() {
+    let spec = mbv2_like(&from_layer(9, Update::All));
+    let plan = Plan::new(Graph::new(&spec, 2).unwrap());
+    let mut arena = alloc::vec![0u8; plan.needed_bytes()];
+    let mut ex = Executor::new(&plan, &arena).unwrap();
+    ex.init_params(&mut arena, 1).unwrap();
+    let ids: Vec<TensorId> = ex.state_ids().collect();
+    let named: Vec<TensorId> = ex.state_tensors().map(|(_, _, t)| t).collect();
+    assert_eq!(ids, named);
+    // Distinct values everywhere: element k of the state is k + 0.5.
+    let total: usize = ids
+        .iter()
+        .map(|&t| plan.graph.tensors[t as usize].bytes / 4)
+        .sum();
+    let bytes: Vec<u8> = (0..total)
+        .flat_map(|k| (k as f32 + 0.5).to_le_bytes())
+        .collect();
+    ex.write_state(&mut arena, &bytes).unwrap();
+    let mut k = 0usize;
+    for &t in &ids {
+        for &v in ex.read(&mut arena, t).unwrap() {
+            assert_eq!(v.to_bits(), (k as f32 + 0.5).to_bits(), "element {k}");
+            k += 1;
+        }
+    }
+    assert_eq!(k, total);
+    assert!(ex
+        .write_state(&mut arena, &bytes[..bytes.len() - 4])
+        .is_err());
+    let mut longer = bytes.clone();
+    longer.extend_from_slice(&[0; 4]);
+    assert!(ex.write_state(&mut arena, &longer).is_err());
+}
