@@ -1,11 +1,19 @@
-//! `cargo xtask bench int8 [--check] [--epochs N]`: the integer-training figures of issue 4 on the
+//! `cargo xtask bench int8 [--check] [--epochs N] [--speed-only | --arena-only] [--runs N]`: the integer-training figures of issue 4 on the
 //! bundled digits — held-out accuracy f32 vs int8 float-master vs int8 pure-integer for the MLP and the
 //! small CNN (their example settings), int8 / f32 arena for the same model and batch, ms/step int8 vs
 //! f32 on the small CNN at batch 64 (this process is single-threaded), and the rescale passes the
 //! self-adaptive schedule removes after epoch 1 with its accuracy change against rescaling every step.
 //! `--check` fails when a target of the issue is missed.
+//!
+//! `--runs N` (default 1) measures the speed N times, each in a fresh child process (its own stack and
+//! heap placement: Linux randomises the stack's position within a cache line per process) with the
+//! arena's start moved by a different number of cache lines within a page, and prints every run and the
+//! median and range of each ms/step and of the ratios (taken within a run).
 use std::path::PathBuf;
+use std::process::Command;
 use std::time::Instant;
+
+use crate::stats::Spread;
 
 use frugal_cli::data::Dataset;
 use frugal_cli::spec_toml::{load_model, ModelFile};
@@ -119,28 +127,29 @@ fn thread_cpu_ns() -> Option<u64> {
 
 /// Median wall-clock ms/step over `steps` steps at `batch` (after 3 warm-up steps) for f32 or int8,
 /// and the mean on-CPU ms/step over the same steps (batch copies included) where the OS reports it.
+/// The arena starts `shift` bytes into a fresh allocation (the executor aligns it to a cache line).
 fn ms_per_step(
     m: &ModelFile,
     data: &Dataset,
     batch: usize,
     p: Precision,
     steps: usize,
+    shift: usize,
 ) -> Result<(f64, Option<f64>), String> {
     let per = m.spec.input.numel();
     let mut times = Vec::new();
     let g = Graph::with_precision(&m.spec, batch, p).map_err(|e| e.to_string())?;
     let plan = Plan::new(g);
-    let mut arena = vec![0u8; plan.needed_bytes()];
+    let mut whole = vec![0u8; plan.needed_bytes() + shift];
+    let arena = &mut whole[shift..];
     let mut xb = vec![0f32; batch * per];
     let mut yb = vec![0u32; batch];
     let order: Vec<usize> = (0..data.len()).collect();
     let mut f32ex;
     let mut i8ex;
     let mut step: Box<StepFn> = if p == Precision::F32 {
-        f32ex = Executor::new(&plan, &arena).map_err(|e| e.to_string())?;
-        f32ex
-            .init_params(&mut arena, 1)
-            .map_err(|e| e.to_string())?;
+        f32ex = Executor::new(&plan, arena).map_err(|e| e.to_string())?;
+        f32ex.init_params(arena, 1).map_err(|e| e.to_string())?;
         Box::new(move |a, x, y| {
             f32ex
                 .train_step(a, x, Target::Classes(y))
@@ -148,8 +157,8 @@ fn ms_per_step(
                 .map_err(|e| e.to_string())
         })
     } else {
-        i8ex = Int8Executor::new(&plan, &arena).map_err(|e| e.to_string())?;
-        i8ex.init_params(&mut arena, 1).map_err(|e| e.to_string())?;
+        i8ex = Int8Executor::new(&plan, arena).map_err(|e| e.to_string())?;
+        i8ex.init_params(arena, 1).map_err(|e| e.to_string())?;
         Box::new(move |a, x, y| {
             i8ex.train_step(a, x, Target::Classes(y))
                 .map(|_| ())
@@ -164,7 +173,7 @@ fn ms_per_step(
         let start = (s * batch) % (data.len() - batch);
         data.batch(&order[start..start + batch], &mut xb, &mut yb);
         let t = Instant::now();
-        step(&mut arena, &xb, &yb)?;
+        step(arena, &xb, &yb)?;
         if s >= 3 {
             times.push(t.elapsed().as_secs_f64() * 1e3);
         }
@@ -188,13 +197,22 @@ pub fn main(args: &[String]) -> Result<(), String> {
     let data = frugal_cli::data::digits();
     let mut failures = Vec::new();
     let speed_only = args.iter().any(|a| a == "--speed-only");
+    let runs = args
+        .iter()
+        .position(|a| a == "--runs")
+        .map(|i| match args.get(i + 1).map(|v| v.parse::<usize>()) {
+            Some(Ok(n)) if n >= 1 => Ok(n),
+            _ => Err("--runs: expected a run count ≥ 1".to_string()),
+        })
+        .transpose()?
+        .unwrap_or(1);
     if args.iter().any(|a| a == "--arena-only") {
         arena(&mut failures)?;
     } else {
         if !speed_only {
             accuracy_and_arena(&data, epochs, &mut failures)?;
         }
-        speed(&data, &mut failures)?;
+        speed(&data, runs, &mut failures)?;
     }
     if failures.is_empty() {
         println!("\nall int8 targets met");
@@ -321,15 +339,92 @@ fn arena(failures: &mut Vec<String>) -> Result<(), String> {
     Ok(())
 }
 
-fn speed(data: &(Dataset, Dataset), failures: &mut Vec<String>) -> Result<(), String> {
+/// The modes the speed rows time, in their column order.
+const MODES: [&str; 3] = ["f32", "int8 pure", "int8 float-master"];
+
+/// One speed measurement: per mode (in [`MODES`] order) the median wall-clock ms/step and the mean
+/// on-CPU ms/step where the OS reports it.
+struct Speed {
+    wall: [f64; 3],
+    cpu: Option<[f64; 3]>,
+}
+
+impl Speed {
+    /// The small CNN at batch 64, f32 then int8 pure then int8 float-master, 200 steps each, the
+    /// arenas `shift` bytes into their allocations.
+    fn measure(data: &Dataset, shift: usize) -> Result<Self, String> {
+        let m = model("digits-cnn.toml")?;
+        let (mut wall, mut cpu) = ([0.0; 3], Some([0.0; 3]));
+        for (k, p) in [Precision::F32, PURE, MASTER].into_iter().enumerate() {
+            let (w, c) = ms_per_step(&m, data, 64, p, 200, shift)?;
+            wall[k] = w;
+            match (c, cpu.as_mut()) {
+                (Some(c), Some(v)) => v[k] = c,
+                _ => cpu = None,
+            }
+        }
+        Ok(Speed { wall, cpu })
+    }
+
+    /// The child's report: `SPEED` and six numbers (on-CPU NaN where not reported).
+    fn line(&self) -> String {
+        let cpu = self.cpu.unwrap_or([f64::NAN; 3]);
+        let v: Vec<String> = self.wall.iter().chain(&cpu).map(f64::to_string).collect();
+        format!("SPEED {}", v.join(" "))
+    }
+
+    fn parse(line: &str) -> Option<Self> {
+        let v: Vec<f64> = line
+            .strip_prefix("SPEED ")?
+            .split_whitespace()
+            .map(|x| x.parse().ok())
+            .collect::<Option<_>>()?;
+        let [w0, w1, w2, c0, c1, c2] = v[..] else {
+            return None;
+        };
+        let cpu = [c0, c1, c2];
+        Some(Speed {
+            wall: [w0, w1, w2],
+            cpu: cpu.iter().all(|c| c.is_finite()).then_some(cpu),
+        })
+    }
+}
+
+/// The arena shift of run `k` (0-based): run 0 keeps the allocation's start, the others move it by a
+/// different number of 64-byte lines (0–63) within a 4 KiB page, stepping by 37 lines so that a few
+/// runs already spread over the page.
+fn shift_of(k: usize) -> usize {
+    k * 37 % 64 * 64
+}
+
+/// The hidden child of `--runs`: `__bench-int8-one RUN` measures once with run RUN's arena shift.
+pub fn child(args: &[String]) -> Result<(), String> {
+    let k: usize = args
+        .first()
+        .and_then(|a| a.parse().ok())
+        .ok_or("usage: __bench-int8-one RUN")?;
+    let data = frugal_cli::data::digits();
+    println!("{}", Speed::measure(&data.0, shift_of(k))?.line());
+    Ok(())
+}
+
+fn speed(data: &(Dataset, Dataset), runs: usize, failures: &mut Vec<String>) -> Result<(), String> {
+    let ratio = if runs <= 1 {
+        speed_once(data)?
+    } else {
+        speed_runs(runs)?
+    };
+    if ratio > 0.5 {
+        failures.push(format!("ms/step ratio {ratio:.2} (target ≤ 0.5)"));
+    }
+    Ok(())
+}
+
+/// One measurement in this process (the bench's output before `--runs`); returns int8 pure / f32.
+fn speed_once(data: &(Dataset, Dataset)) -> Result<f64, String> {
     println!("\n## speed (small CNN, batch 64, one thread, median of 200 steps)\n");
-    let m = model("digits-cnn.toml")?;
-    let f = ms_per_step(&m, &data.0, 64, Precision::F32, 200)?;
-    let pi = ms_per_step(&m, &data.0, 64, PURE, 200)?;
-    let fm = ms_per_step(&m, &data.0, 64, MASTER, 200)?;
-    let (f, fc) = f;
-    let (pi, pic) = pi;
-    let (fm, fmc) = fm;
+    let s = Speed::measure(&data.0, 0)?;
+    let [f, pi, fm] = s.wall;
     println!("| f32 ms/step | int8 pure ms/step | ratio | int8 float-master ms/step | ratio |");
     println!("|---:|---:|---:|---:|---:|");
     println!(
@@ -337,7 +432,7 @@ fn speed(data: &(Dataset, Dataset), failures: &mut Vec<String>) -> Result<(), St
         pi / f,
         fm / f
     );
-    if let (Some(fc), Some(pic), Some(fmc)) = (fc, pic, fmc) {
+    if let Some([fc, pic, fmc]) = s.cpu {
         // On a shared machine the wall clock also counts waits for a core; on-CPU time does not.
         println!(
             "\non-CPU ms/step (mean, this thread's scheduler time): f32 {fc:.3}, int8 pure {pic:.3} ({:.2}×), int8 float-master {fmc:.3} ({:.2}×)",
@@ -345,8 +440,90 @@ fn speed(data: &(Dataset, Dataset), failures: &mut Vec<String>) -> Result<(), St
             fmc / fc
         );
     }
-    if pi / f > 0.5 {
-        failures.push(format!("ms/step ratio {:.2} (target ≤ 0.5)", pi / f));
+    Ok(pi / f)
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| {
+            let v: Vec<&str> = l.split_whitespace().take(3).collect();
+            (v.len() == 3).then(|| v.join(" "))
+        })
+        .unwrap_or_else(|| "not reported".into())
+}
+
+/// `runs` measurements, each in a child process; prints them and their spread and returns the median
+/// int8 pure / f32 ratio.
+fn speed_runs(runs: usize) -> Result<f64, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let load0 = loadavg();
+    let mut all = Vec::with_capacity(runs);
+    for k in 0..runs {
+        let out = Command::new(&exe)
+            .args(["__bench-int8-one", &k.to_string()])
+            .output()
+            .map_err(|e| format!("cannot start the benchmark child: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let s = text.lines().find_map(Speed::parse).ok_or_else(|| {
+            format!(
+                "run {}: child failed ({}): {text}{}",
+                k + 1,
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+        eprintln!(
+            "run {}/{runs}: f32 {:.3}, int8 pure {:.3} ms/step",
+            k + 1,
+            s.wall[0],
+            s.wall[1]
+        );
+        all.push(s);
     }
-    Ok(())
+    println!("\n## speed (small CNN, batch 64, one thread, median of 200 steps; {runs} runs, each a fresh process)\n");
+    println!(
+        "load average (1, 5, 15 min) before: {load0}; after: {}\n",
+        loadavg()
+    );
+    println!("| run | arena shift B | f32 ms/step | int8 pure ms/step | ratio | int8 float-master ms/step | ratio | on-CPU f32 | int8 pure | int8 float-master |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (k, s) in all.iter().enumerate() {
+        let [f, pi, fm] = s.wall;
+        let cpu = match s.cpu {
+            Some([a, b, c]) => format!("{a:.3} | {b:.3} | {c:.3}"),
+            None => "– | – | –".into(),
+        };
+        println!(
+            "| {} | {} | {f:.3} | {pi:.3} | {:.2} | {fm:.3} | {:.2} | {cpu} |",
+            k + 1,
+            shift_of(k),
+            pi / f,
+            fm / f
+        );
+    }
+    let col = |f: &dyn Fn(&Speed) -> Option<f64>| -> Option<Spread> {
+        let v: Option<Vec<f64>> = all.iter().map(f).collect();
+        v.map(|v| Spread::of(&v))
+    };
+    println!("\nmedian [min–max] over the {runs} runs (ratios taken within each run):\n");
+    println!("| quantity | wall clock | on-CPU |");
+    println!("|---|---|---|");
+    for (k, name) in MODES.iter().enumerate() {
+        let w = col(&|s| Some(s.wall[k])).expect("wall times are always there");
+        let c = col(&|s| s.cpu.map(|c| c[k]));
+        let c = c.map_or("–".into(), |c| format!("{c}"));
+        println!("| {name} ms/step | {w} | {c} |");
+    }
+    let mut median_ratio = f64::NAN;
+    for (k, name) in MODES.iter().enumerate().skip(1) {
+        let w = col(&|s| Some(s.wall[k] / s.wall[0])).expect("wall times are always there");
+        let c = col(&|s| s.cpu.map(|c| c[k] / c[0]));
+        let c = c.map_or("–".into(), |c| format!("{c:.2}"));
+        println!("| {name} / f32 | {w:.2} | {c} |");
+        if k == 1 {
+            median_ratio = w.median;
+        }
+    }
+    Ok(median_ratio)
 }
