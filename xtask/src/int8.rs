@@ -527,3 +527,36 @@ fn speed_runs(runs: usize) -> Result<f64, String> {
     }
     Ok(median_ratio)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_report_reads_back() {
+        let s = Speed {
+            wall: [0.5, 0.196, 0.28],
+            cpu: Some([0.51, 0.2, 0.29]),
+        };
+        let r = Speed::parse(&s.line()).expect("the child's line parses");
+        assert_eq!((r.wall, r.cpu), (s.wall, s.cpu));
+        let none = Speed { cpu: None, ..s };
+        assert_eq!(Speed::parse(&none.line()).map(|r| r.cpu), Some(None));
+        assert!(Speed::parse("SPEED 1 2 3").is_none());
+        assert!(Speed::parse("speed 1 2 3 4 5 6").is_none());
+    }
+
+    #[test]
+    fn runs_move_the_arena_over_every_line_of_a_page() {
+        assert_eq!(shift_of(0), 0);
+        let mut seen: Vec<usize> = (0..64).map(shift_of).collect();
+        assert!(seen.iter().all(|s| s % 64 == 0 && *s < 4096));
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(
+            seen.len(),
+            64,
+            "64 runs place the arena at 64 different lines"
+        );
+    }
+}
