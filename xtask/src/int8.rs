@@ -16,6 +16,7 @@ use std::time::Instant;
 use crate::stats::Spread;
 
 use frugal_cli::data::Dataset;
+use frugal_cli::measure::thread_cpu_ns;
 use frugal_cli::spec_toml::{load_model, ModelFile};
 use frugal_cli::train::{self, TrainOptions, DEFAULT_UPDATE_BITS};
 use frugal_core::budget::Budget;
@@ -113,17 +114,6 @@ fn fp16_row(
 
 /// One training step over (arena, inputs, labels).
 type StepFn<'a> = dyn FnMut(&mut [u8], &[f32], &[u32]) -> Result<(), String> + 'a;
-
-/// This thread's time on a CPU in ns (Linux `/proc/thread-self/schedstat`), None elsewhere: unlike the
-/// wall clock it does not count time spent waiting for a core on a shared machine.
-fn thread_cpu_ns() -> Option<u64> {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}
 
 /// Median wall-clock ms/step over `steps` steps at `batch` (after 3 warm-up steps) for f32 or int8,
 /// and the mean on-CPU ms/step over the same steps (batch copies included) where the OS reports it.
