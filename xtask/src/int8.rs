@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
-use crate::stats::Spread;
+use crate::stats::{median, Spread};
 
 use frugal_cli::data::Dataset;
 use frugal_cli::measure::thread_cpu_ns;
@@ -24,7 +24,7 @@ use frugal_core::exec::int8::Int8Executor;
 use frugal_core::exec::{Executor, Target};
 use frugal_core::graph::Graph;
 use frugal_core::model::{Int8Update, Precision};
-use frugal_core::plan::Plan;
+use frugal_core::plan::{Plan, ALIGN};
 use frugal_core::quant::{Rescale, RescaleCounts};
 
 const PURE: Precision = Precision::Int8(Int8Update::Integer {
@@ -115,6 +115,16 @@ fn fp16_row(
 /// One training step over (arena, inputs, labels).
 type StepFn<'a> = dyn FnMut(&mut [u8], &[f32], &[u32]) -> Result<(), String> + 'a;
 
+/// What [`ms_per_step`] measured.
+struct Timed {
+    /// Median wall-clock ms/step.
+    wall: f64,
+    /// Mean on-CPU ms/step (batch copies included) where the OS reports it.
+    cpu: Option<f64>,
+    /// Where the arena the executor uses starts within a 4 KiB page.
+    place: usize,
+}
+
 /// Median wall-clock ms/step over `steps` steps at `batch` (after 3 warm-up steps) for f32 or int8,
 /// and the mean on-CPU ms/step over the same steps (batch copies included) where the OS reports it.
 /// The arena starts `shift` bytes into a fresh allocation (the executor aligns it to a cache line).
@@ -125,13 +135,14 @@ fn ms_per_step(
     p: Precision,
     steps: usize,
     shift: usize,
-) -> Result<(f64, Option<f64>), String> {
+) -> Result<Timed, String> {
     let per = m.spec.input.numel();
     let mut times = Vec::new();
     let g = Graph::with_precision(&m.spec, batch, p).map_err(|e| e.to_string())?;
     let plan = Plan::new(g);
     let mut whole = vec![0u8; plan.needed_bytes() + shift];
     let arena = &mut whole[shift..];
+    let place = (arena.as_ptr() as usize).next_multiple_of(ALIGN) % 4096;
     let mut xb = vec![0f32; batch * per];
     let mut yb = vec![0u32; batch];
     let order: Vec<usize> = (0..data.len()).collect();
@@ -172,8 +183,11 @@ fn ms_per_step(
         (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64 / 1e6 / steps as f64),
         _ => None,
     };
-    times.sort_by(|a, b| a.total_cmp(b));
-    Ok((times[times.len() / 2], cpu))
+    Ok(Timed {
+        wall: median(times),
+        cpu,
+        place,
+    })
 }
 
 pub fn main(args: &[String]) -> Result<(), String> {
@@ -332,11 +346,14 @@ fn arena(failures: &mut Vec<String>) -> Result<(), String> {
 /// The modes the speed rows time, in their column order.
 const MODES: [&str; 3] = ["f32", "int8 pure", "int8 float-master"];
 
-/// One speed measurement: per mode (in [`MODES`] order) the median wall-clock ms/step and the mean
-/// on-CPU ms/step where the OS reports it.
+/// One speed measurement: per mode (in [`MODES`] order) the median wall-clock ms/step, the mean
+/// on-CPU ms/step where the OS reports it and the arena's start within a page; and the stack's
+/// position within a cache line (of one local: the step's frames keep their distances to it).
 struct Speed {
     wall: [f64; 3],
     cpu: Option<[f64; 3]>,
+    place: [usize; 3],
+    stack: usize,
 }
 
 impl Speed {
@@ -344,23 +361,32 @@ impl Speed {
     /// arenas `shift` bytes into their allocations.
     fn measure(data: &Dataset, shift: usize) -> Result<Self, String> {
         let m = model("digits-cnn.toml")?;
-        let (mut wall, mut cpu) = ([0.0; 3], Some([0.0; 3]));
+        let (mut wall, mut cpu, mut place) = ([0.0; 3], Some([0.0; 3]), [0; 3]);
         for (k, p) in [Precision::F32, PURE, MASTER].into_iter().enumerate() {
-            let (w, c) = ms_per_step(&m, data, 64, p, 200, shift)?;
-            wall[k] = w;
-            match (c, cpu.as_mut()) {
+            let t = ms_per_step(&m, data, 64, p, 200, shift)?;
+            (wall[k], place[k]) = (t.wall, t.place);
+            match (t.cpu, cpu.as_mut()) {
                 (Some(c), Some(v)) => v[k] = c,
                 _ => cpu = None,
             }
         }
-        Ok(Speed { wall, cpu })
+        let probe = 0u8;
+        let stack = std::hint::black_box(&probe) as *const u8 as usize % 64;
+        Ok(Speed {
+            wall,
+            cpu,
+            place,
+            stack,
+        })
     }
 
-    /// The child's report: `SPEED` and six numbers (on-CPU NaN where not reported).
+    /// The child's report: `SPEED` and ten numbers: wall, on-CPU (NaN where not reported), arena
+    /// places, stack.
     fn line(&self) -> String {
         let cpu = self.cpu.unwrap_or([f64::NAN; 3]);
         let v: Vec<String> = self.wall.iter().chain(&cpu).map(f64::to_string).collect();
-        format!("SPEED {}", v.join(" "))
+        let [p0, p1, p2] = self.place;
+        format!("SPEED {} {p0} {p1} {p2} {}", v.join(" "), self.stack)
     }
 
     fn parse(line: &str) -> Option<Self> {
@@ -369,13 +395,16 @@ impl Speed {
             .split_whitespace()
             .map(|x| x.parse().ok())
             .collect::<Option<_>>()?;
-        let [w0, w1, w2, c0, c1, c2] = v[..] else {
+        let [w0, w1, w2, c0, c1, c2, p0, p1, p2, st] = v[..] else {
             return None;
         };
         let cpu = [c0, c1, c2];
+        let whole = |x: f64| (x >= 0.0 && x.fract() == 0.0).then_some(x as usize);
         Some(Speed {
             wall: [w0, w1, w2],
             cpu: cpu.iter().all(|c| c.is_finite()).then_some(cpu),
+            place: [whole(p0)?, whole(p1)?, whole(p2)?],
+            stack: whole(st)?,
         })
     }
 }
@@ -476,8 +505,8 @@ fn speed_runs(runs: usize) -> Result<f64, String> {
         "load average (1, 5, 15 min) before: {load0}; after: {}\n",
         loadavg()
     );
-    println!("| run | arena shift B | f32 ms/step | int8 pure ms/step | ratio | int8 float-master ms/step | ratio | on-CPU f32 | int8 pure | int8 float-master |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| run | arena mod 4096 B: f32 / pure / master | stack mod 64 B | f32 ms/step | int8 pure ms/step | ratio | int8 float-master ms/step | ratio | on-CPU f32 | int8 pure | int8 float-master |");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (k, s) in all.iter().enumerate() {
         let [f, pi, fm] = s.wall;
         let cpu = match s.cpu {
@@ -485,9 +514,12 @@ fn speed_runs(runs: usize) -> Result<f64, String> {
             None => "– | – | –".into(),
         };
         println!(
-            "| {} | {} | {f:.3} | {pi:.3} | {:.2} | {fm:.3} | {:.2} | {cpu} |",
+            "| {} | {} / {} / {} | {} | {f:.3} | {pi:.3} | {:.2} | {fm:.3} | {:.2} | {cpu} |",
             k + 1,
-            shift_of(k),
+            s.place[0],
+            s.place[1],
+            s.place[2],
+            s.stack,
             pi / f,
             fm / f
         );
@@ -527,13 +559,19 @@ mod tests {
         let s = Speed {
             wall: [0.5, 0.196, 0.28],
             cpu: Some([0.51, 0.2, 0.29]),
+            place: [64, 1472, 4032],
+            stack: 48,
         };
         let r = Speed::parse(&s.line()).expect("the child's line parses");
-        assert_eq!((r.wall, r.cpu), (s.wall, s.cpu));
+        assert_eq!(
+            (r.wall, r.cpu, r.place, r.stack),
+            (s.wall, s.cpu, s.place, s.stack)
+        );
+        assert!(Speed::parse(&s.line().replace(" 48", " 4.5")).is_none());
         let none = Speed { cpu: None, ..s };
         assert_eq!(Speed::parse(&none.line()).map(|r| r.cpu), Some(None));
-        assert!(Speed::parse("SPEED 1 2 3").is_none());
-        assert!(Speed::parse("speed 1 2 3 4 5 6").is_none());
+        assert!(Speed::parse("SPEED 1 2 3 4 5 6").is_none());
+        assert!(Speed::parse("speed 1 2 3 4 5 6 0 0 0 0").is_none());
     }
 
     #[test]
