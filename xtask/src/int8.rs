@@ -1,8 +1,9 @@
-//! `cargo xtask bench int8 [--check] [--epochs N] [--speed-only | --arena-only] [--runs N]`: the integer-training figures of issue 4 on the
-//! bundled digits — held-out accuracy f32 vs int8 float-master vs int8 pure-integer for the MLP and the
-//! small CNN (their example settings), int8 / f32 arena for the same model and batch, ms/step int8 vs
-//! f32 on the small CNN at batch 64 (this process is single-threaded), and the rescale passes the
-//! self-adaptive schedule removes after epoch 1 with its accuracy change against rescaling every step.
+//! `cargo xtask bench int8 [--check] [--epochs N] [--speed-only | --arena-only] [--runs N]`: the
+//! integer-training figures of issue 4 on the bundled digits — held-out accuracy f32 vs int8
+//! float-master vs int8 pure-integer for the MLP and the small CNN (their example settings), int8 / f32
+//! arena for the same model and batch, ms/step int8 vs f32 on the small CNN at batch 64 (this process
+//! is single-threaded), and the rescale passes the self-adaptive schedule removes after epoch 1 with
+//! its accuracy change against rescaling every step.
 //! `--check` fails when a target of the issue is missed.
 //!
 //! `--runs N` (default 1) measures the speed N times, each in a fresh child process (its own stack and
