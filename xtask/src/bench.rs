@@ -5,6 +5,8 @@
 use std::process::Command;
 use std::time::Instant;
 
+use crate::stats::median;
+
 use frugal_cli::workloads;
 use frugal_core::backend::CpuBackend;
 use frugal_core::exec::{Executor, Target};
@@ -279,11 +281,6 @@ fn run_torch(py: &str, id: &str, batch: usize, threads: usize) -> Result<(f64, f
     }
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
 /// One (workload, batch, threads) row: frugal's first run (memory is deterministic) with the median
 /// ms/step over the repeats, and PyTorch's median ms/step and peak when it was measured.
 struct Measured {
@@ -371,8 +368,8 @@ pub fn main(args: &[String]) -> Result<(), String> {
                     }
                 }
                 let mut row = first.expect("repeat ≥ 1");
-                row.ms = median(&mut ours);
-                let torch_ms = (!theirs.is_empty()).then(|| median(&mut theirs));
+                row.ms = median(ours);
+                let torch_ms = (!theirs.is_empty()).then(|| median(theirs));
                 match torch_ms {
                     Some(pt) => eprintln!(
                         "{:.2} ms/step, PyTorch {pt:.2} ({:.2}×)",

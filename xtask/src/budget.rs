@@ -8,6 +8,8 @@
 //!   recompute-first.
 use std::path::Path;
 
+use crate::stats::median;
+
 use frugal_cli::measure::{profile, steps_ms_interleaved, Batch};
 use frugal_cli::spec_toml::load_model;
 use frugal_core::budget::Budget;
@@ -309,11 +311,6 @@ fn one_step_bits(plan: &Plan, n: usize) -> Result<Vec<u32>, String> {
         bits.extend(v.iter().map(|x| x.to_bits()));
     }
     Ok(bits)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Melon §4.4: the budget halves at 25/50/75 % of a step, from `from` × the unconstrained arena to half

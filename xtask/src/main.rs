@@ -59,6 +59,7 @@ mod python;
 mod setup;
 mod sgemm;
 mod sparse;
+mod stats;
 mod swap;
 mod test;
 mod web;
@@ -100,6 +101,7 @@ fn main() -> ExitCode {
         Some("bench") => bench::main(&args[1..]),
         Some("__bench-swap-one") => swap::child(&args[1..]),
         Some("__bench-one") => bench::child(&args[1..]),
+        Some("__bench-int8-one") => int8::child(&args[1..]),
         Some("firmware") => ready(&[Leg::FirmwareM4, Leg::FirmwareM0, Leg::FirmwareM7])
             .and_then(|()| firmware::main(&args[1..])),
         Some("mcu-pretrain") => mcu::main(&args[1..]),

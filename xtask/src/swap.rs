@@ -14,6 +14,7 @@
 //! steps; peak = high-water mark − baseline; ms/step = the median. Every variant also prints a hash of
 //! its losses and final weights: swapping only moves bytes, so the hashes must be equal.
 use crate::bench::{arg, status_kib};
+use crate::stats::{median, Spread};
 use std::process::Command;
 use std::time::Instant;
 
@@ -363,16 +364,13 @@ pub fn main(args: &[String]) -> Result<(), String> {
             runs[k].push(r);
         }
     }
-    fn median(mut x: Vec<f64>) -> f64 {
-        x.sort_by(f64::total_cmp);
-        x[x.len() / 2]
-    }
     // Per variant: (ms range over rounds, median over rounds of ms / no swap's ms in the same round).
     let mut spread = Vec::new();
     for v in &runs {
         let ms: Vec<f64> = v.iter().map(|r| r.ms).collect();
-        let lo = ms.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = ms.iter().copied().fold(0.0, f64::max);
+        let Spread {
+            min: lo, max: hi, ..
+        } = Spread::of(&ms);
         let ratio = median(v.iter().zip(&runs[0]).map(|(r, b)| r.ms / b.ms).collect());
         spread.push((lo, hi, ratio));
     }
