@@ -9,6 +9,7 @@ use core::fmt;
 
 use crate::kernels::int8::KernelFamily;
 use crate::model::{Dims, LayerKind, LossKind, ModelSpec, OptimizerSpec, Precision, Src};
+use crate::ops::seq::{AttnGeom, LoraGeom, Smooth};
 use crate::ops::{self, Act, ConvGeom, PoolGeom};
 
 /// Index of a tensor in [`Graph::tensors`].
@@ -162,6 +163,52 @@ pub enum NodeOp {
         /// Drop probability.
         p: f32,
     },
+    /// Token embedding (reads the model input's token ids).
+    Embedding {
+        /// Vocabulary size.
+        vocab: usize,
+        /// Width.
+        dim: usize,
+    },
+    /// Learned positional embedding added to each sequence (`per = seq·dim` elements).
+    PosEmbedding {
+        /// Elements per sample.
+        per: usize,
+    },
+    /// LayerNorm (`rms` false) or RMSNorm over the last axis of `dim`.
+    Norm {
+        /// Normalised width.
+        dim: usize,
+        /// Epsilon.
+        eps: f32,
+        /// RMSNorm (no mean, no bias).
+        rms: bool,
+    },
+    /// GELU or SiLU (backward from the input).
+    Smooth(Smooth),
+    /// Causal multi-head self-attention.
+    Attention(AttnGeom),
+    /// Linear with frozen base weights and LoRA adapters.
+    Lora(LoraGeom),
+}
+
+impl NodeOp {
+    /// Whether a forward (or recompute) rewrites the node's saved tensors from its inputs alone, so a
+    /// recomputation regenerates them (all but BatchNorm, whose saved statistics are the batch's).
+    pub fn saved_recomputable(&self) -> bool {
+        !matches!(self, NodeOp::BatchNorm { .. })
+    }
+    /// Token rows per sample of a Linear, LoRA Linear or norm (1 unless applied to each token of a
+    /// sequence) from its per-sample input size.
+    pub fn rows_per_sample(&self, in_numel: usize) -> usize {
+        let width = match self {
+            NodeOp::Linear { fin, .. } => *fin,
+            NodeOp::Lora(g) => g.fin,
+            NodeOp::Norm { dim, .. } => *dim,
+            _ => return 1,
+        };
+        in_numel / width.max(1)
+    }
 }
 
 /// A trainable or frozen parameter of a node.
@@ -323,6 +370,9 @@ pub struct Graph {
     /// Most i32 elements an int8 Linear weight gradient accumulates at once (0: the whole gradient;
     /// always 0 in f32). See [`GraphOptions::grad_tile`].
     pub grad_tile: usize,
+    /// Labels per sample: the sequence length when the prediction is a sequence (a class per token:
+    /// sequence cross-entropy, the mean over every token), else 1.
+    pub tokens: usize,
 }
 
 /// How a [`ModelSpec`] is realised besides its batch size.
@@ -582,6 +632,9 @@ impl<'a> Builder<'a> {
         // Forward pass: resolve shapes, create outputs, parameters, saved tensors and scratch.
         let mut nodes: Vec<Node> = Vec::with_capacity(spec.layers.len());
         let mut requires_grad: Vec<bool> = Vec::with_capacity(spec.layers.len());
+        // Whether each layer's output is a sequence `[seq, 1, dim]` (from an Embedding on): Linear and
+        // the norms then act on the last axis of each token.
+        let mut is_seq: Vec<bool> = Vec::with_capacity(spec.layers.len());
         for (li, l) in spec.layers.iter().enumerate() {
             let name = l.name.as_str();
             let arity = if matches!(l.kind, LayerKind::Add) {
@@ -603,6 +656,7 @@ impl<'a> Builder<'a> {
             let mut inputs = Vec::with_capacity(arity);
             let mut in_dims = Vec::with_capacity(arity);
             let mut in_rg = false;
+            let mut x_seq = false;
             for s in &l.inputs {
                 match *s {
                     Src::Input => {
@@ -614,6 +668,7 @@ impl<'a> Builder<'a> {
                         inputs.push(p.out);
                         in_dims.push(p.out_dims);
                         in_rg |= requires_grad[j as usize];
+                        x_seq |= is_seq[j as usize];
                     }
                     Src::Layer(j) => {
                         return Err(err(
@@ -627,18 +682,114 @@ impl<'a> Builder<'a> {
             let x = in_dims[0];
             let fin = x.numel();
             let bad = |r: &str| err(li, name, String::from(r));
+            let need_seq = |what: &str| {
+                if x_seq {
+                    Ok(())
+                } else {
+                    Err(err(
+                        li,
+                        name,
+                        format!("{what} needs a sequence input (after an embedding), got {x}"),
+                    ))
+                }
+            };
+            let seq_out = |w: u32| Dims::new(x.c, 1, w);
             let (op, out_dims) = match &l.kind {
                 LayerKind::Linear { out, .. } => {
                     if *out == 0 {
                         return Err(bad("out must be at least 1"));
                     }
+                    let (fin, od) = if x_seq {
+                        (x.w as usize, seq_out(*out))
+                    } else {
+                        (fin, Dims::flat(*out))
+                    };
                     (
                         NodeOp::Linear {
                             fin,
                             fout: *out as usize,
                         },
-                        Dims::flat(*out),
+                        od,
                     )
+                }
+                LayerKind::LoraLinear {
+                    out, rank, alpha, ..
+                } => {
+                    if *out == 0 || *rank == 0 {
+                        return Err(bad("lora_linear needs out ≥ 1 and rank ≥ 1"));
+                    }
+                    if !alpha.is_finite() {
+                        return Err(bad("lora_linear needs a finite alpha"));
+                    }
+                    let (fin, od) = if x_seq {
+                        (x.w as usize, seq_out(*out))
+                    } else {
+                        (fin, Dims::flat(*out))
+                    };
+                    let g = LoraGeom {
+                        fin,
+                        fout: *out as usize,
+                        rank: *rank as usize,
+                        scale: *alpha / *rank as f32,
+                    };
+                    (NodeOp::Lora(g), od)
+                }
+                LayerKind::Embedding { vocab, dim } => {
+                    if l.inputs[0] != Src::Input || x.h != 1 || x.w != 1 {
+                        return Err(bad(
+                            "embedding reads the model input, which must be [seq] token ids",
+                        ));
+                    }
+                    if *vocab == 0 || *dim == 0 {
+                        return Err(bad("embedding needs vocab ≥ 1 and dim ≥ 1"));
+                    }
+                    (
+                        NodeOp::Embedding {
+                            vocab: *vocab as usize,
+                            dim: *dim as usize,
+                        },
+                        seq_out(*dim),
+                    )
+                }
+                LayerKind::PosEmbedding => {
+                    need_seq("pos_embedding")?;
+                    (NodeOp::PosEmbedding { per: fin }, x)
+                }
+                LayerKind::LayerNorm { eps } | LayerKind::RmsNorm { eps } => {
+                    if !(eps.is_finite() && *eps > 0.0) {
+                        return Err(bad("a norm needs eps > 0"));
+                    }
+                    let dim = if x_seq { x.w as usize } else { fin };
+                    let rms = matches!(l.kind, LayerKind::RmsNorm { .. });
+                    (
+                        NodeOp::Norm {
+                            dim,
+                            eps: *eps,
+                            rms,
+                        },
+                        x,
+                    )
+                }
+                LayerKind::Gelu => (NodeOp::Smooth(Smooth::Gelu), x),
+                LayerKind::Silu => (NodeOp::Smooth(Smooth::Silu), x),
+                LayerKind::Attention { heads } => {
+                    need_seq("attention")?;
+                    let (heads, w) = (*heads as usize, x.w as usize);
+                    if heads == 0 || w % 3 != 0 || (w / 3) % heads != 0 {
+                        return Err(err(
+                            li,
+                            name,
+                            format!(
+                                "attention needs [seq, 3·dim] input (queries, keys, values) with dim divisible by heads = {heads}; got {x}"
+                            ),
+                        ));
+                    }
+                    let g = AttnGeom {
+                        seq: x.c as usize,
+                        dim: w / 3,
+                        heads,
+                    };
+                    (NodeOp::Attention(g), seq_out((w / 3) as u32))
                 }
                 LayerKind::Conv2d {
                     out,
@@ -759,9 +910,10 @@ impl<'a> Builder<'a> {
             let out_elems = self.batched(out_dims, name)?;
             let share = match op {
                 NodeOp::View => Share::ReadView(inputs[0]),
-                NodeOp::Act(_) | NodeOp::Dropout { .. } | NodeOp::Add => {
-                    Share::ModifyView(inputs[0])
-                }
+                NodeOp::Act(_)
+                | NodeOp::Dropout { .. }
+                | NodeOp::Add
+                | NodeOp::PosEmbedding { .. } => Share::ModifyView(inputs[0]),
                 _ => Share::Own,
             };
             // A view of the external input is itself external.
@@ -788,28 +940,50 @@ impl<'a> Builder<'a> {
             let mut stats = Vec::new();
             let mut saved = Vec::new();
             let trainable = l.trainable;
-            let mut shapes: Vec<(&str, Vec<usize>)> = Vec::new();
+            // (name, shape, frozen whatever the layer says: LoRA's base weights).
+            let mut shapes: Vec<(&str, Vec<usize>, bool)> = Vec::new();
             match (&l.kind, &op) {
                 (LayerKind::Linear { bias, .. }, NodeOp::Linear { fin, fout }) => {
-                    shapes.push(("weight", vec![*fout, *fin]));
+                    shapes.push(("weight", vec![*fout, *fin], false));
                     if *bias {
-                        shapes.push(("bias", vec![*fout]));
+                        shapes.push(("bias", vec![*fout], false));
                     }
                 }
-                (LayerKind::Conv2d { bias, .. }, NodeOp::Conv(g)) => {
-                    shapes.push(("weight", vec![g.cout, g.cin / g.groups, g.kh, g.kw]));
+                (LayerKind::LoraLinear { bias, .. }, NodeOp::Lora(g)) => {
+                    shapes.push(("weight", vec![g.fout, g.fin], true));
                     if *bias {
-                        shapes.push(("bias", vec![g.cout]));
+                        shapes.push(("bias", vec![g.fout], true));
+                    }
+                    shapes.push(("lora_A.weight", vec![g.rank, g.fin], false));
+                    shapes.push(("lora_B.weight", vec![g.fout, g.rank], false));
+                }
+                (LayerKind::Conv2d { bias, .. }, NodeOp::Conv(g)) => {
+                    shapes.push(("weight", vec![g.cout, g.cin / g.groups, g.kh, g.kw], false));
+                    if *bias {
+                        shapes.push(("bias", vec![g.cout], false));
                     }
                 }
                 (_, NodeOp::BatchNorm { c, .. }) => {
-                    shapes.push(("weight", vec![*c]));
-                    shapes.push(("bias", vec![*c]));
+                    shapes.push(("weight", vec![*c], false));
+                    shapes.push(("bias", vec![*c], false));
+                }
+                (_, NodeOp::Embedding { vocab, dim }) => {
+                    shapes.push(("weight", vec![*vocab, *dim], false));
+                }
+                (_, NodeOp::PosEmbedding { .. }) => {
+                    shapes.push(("weight", vec![x.c as usize, x.w as usize], false));
+                }
+                (_, NodeOp::Norm { dim, rms, .. }) => {
+                    shapes.push(("weight", vec![*dim], false));
+                    if !*rms {
+                        shapes.push(("bias", vec![*dim], false));
+                    }
                 }
                 _ => {}
             }
             let mut params = Vec::with_capacity(shapes.len());
-            for (pname, shape) in shapes {
+            for (pname, shape, frozen) in shapes {
+                let trainable = trainable && !frozen;
                 let full = format!("{name}.{pname}");
                 let elems = shape
                     .iter()
@@ -875,6 +1049,54 @@ impl<'a> Builder<'a> {
                         )?);
                     }
                 }
+                NodeOp::Norm { dim, rms, .. } => {
+                    let rows =
+                        n.checked_mul(fin / dim.max(1))
+                            .ok_or_else(|| GraphError::TooLarge {
+                                tensor: format!("{name}.rstd"),
+                            })?;
+                    if !rms {
+                        saved.push(self.tensor(
+                            format!("{name}.mean"),
+                            TensorKind::Activation,
+                            rows,
+                            Share::Own,
+                        )?);
+                    }
+                    saved.push(self.tensor(
+                        format!("{name}.rstd"),
+                        TensorKind::Activation,
+                        rows,
+                        Share::Own,
+                    )?);
+                }
+                NodeOp::Attention(g) => {
+                    let elems = g.probs_per_sample().checked_mul(n).ok_or_else(|| {
+                        GraphError::TooLarge {
+                            tensor: format!("{name}.probs"),
+                        }
+                    })?;
+                    saved.push(self.tensor(
+                        format!("{name}.probs"),
+                        TensorKind::Activation,
+                        elems,
+                        Share::Own,
+                    )?);
+                }
+                NodeOp::Lora(g) => {
+                    let elems = (fin / g.fin.max(1))
+                        .checked_mul(n)
+                        .and_then(|r| r.checked_mul(g.rank))
+                        .ok_or_else(|| GraphError::TooLarge {
+                            tensor: format!("{name}.lora_u"),
+                        })?;
+                    saved.push(self.tensor(
+                        format!("{name}.lora_u"),
+                        TensorKind::Activation,
+                        elems,
+                        Share::Own,
+                    )?);
+                }
                 NodeOp::MaxPool(_) => {
                     let dtype = if self.precision == Precision::F32 {
                         DType::U32
@@ -893,6 +1115,11 @@ impl<'a> Builder<'a> {
             }
             let rg = in_rg || params.iter().any(|p| p.grad.is_some());
             requires_grad.push(rg);
+            is_seq.push(match op {
+                NodeOp::View => false,
+                NodeOp::Embedding { .. } => true,
+                _ => x_seq,
+            });
             stats.shrink_to_fit();
             saved.shrink_to_fit();
             nodes.push(Node {
@@ -918,7 +1145,12 @@ impl<'a> Builder<'a> {
             .last()
             .map(|n| (n.out, n.out_dims))
             .ok_or(GraphError::Empty)?;
-        if spec.loss == LossKind::SoftmaxCrossEntropy && last.1.numel() < 2 {
+        let tokens = if is_seq.last().copied().unwrap_or(false) {
+            last.1.c as usize
+        } else {
+            1
+        };
+        if spec.loss == LossKind::SoftmaxCrossEntropy && last.1.numel() / tokens.max(1) < 2 {
             return Err(GraphError::Loss(format!(
                 "cross_entropy needs at least 2 classes, the last layer gives {}",
                 last.1
@@ -975,6 +1207,7 @@ impl<'a> Builder<'a> {
                     }
                     NodeOp::Act(_)
                     | NodeOp::Dropout { .. }
+                    | NodeOp::PosEmbedding { .. }
                     | NodeOp::BatchNorm { train: true, .. } => Share::ModifyView(d_out_id),
                     NodeOp::Add if k == 0 => Share::ModifyView(d_out_id),
                     _ => Share::Own,
@@ -1008,9 +1241,20 @@ impl<'a> Builder<'a> {
                     ext_in,
                 ),
                 NodeOp::Linear { fin, fout } => {
-                    let s = ops::linear_scratch_len_threads(n, *fin, *fout, self.threads);
+                    let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
+                    let s = ops::linear_scratch_len_threads(rows, *fin, *fout, self.threads);
                     (s, s, s)
                 }
+                NodeOp::Lora(g) => {
+                    let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
+                    let b = ops::seq::lora_bwd_scratch_len(g, rows);
+                    (ops::seq::lora_gemm_scratch_len(g, rows), b, b)
+                }
+                NodeOp::Attention(g) => (
+                    ops::seq::attention_fwd_scratch_len(g),
+                    0,
+                    ops::seq::attention_bwd_scratch_len(g),
+                ),
                 NodeOp::Conv(g) => {
                     let s = ops::conv_scratch_len_threads(g, n, self.threads);
                     (s, s, s)
@@ -1068,6 +1312,7 @@ impl<'a> Builder<'a> {
             precision: self.precision,
             kernels: self.kernels,
             grad_tile: self.grad_tile,
+            tokens,
         })
     }
 }

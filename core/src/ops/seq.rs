@@ -17,7 +17,7 @@ use crate::kernels::{gemm, gemm_scratch_len, MatRef, Real};
 pub fn check_ids(ids: &[f32], vocab: usize) -> Result<(), (usize, f32)> {
     match ids
         .iter()
-        .position(|&v| !(v >= 0.0 && v < vocab as f32 && v.fract() == 0.0))
+        .position(|&v| !(v >= 0.0 && v < vocab as f32 && (v as u32) as f32 == v))
     {
         Some(i) => Err((i, ids[i])),
         None => Ok(()),
@@ -348,17 +348,7 @@ pub fn attention_fwd<T: Real>(
             }
             let v = MatRef::row_major(&xb[2 * d + h * dh..], ld);
             let ob = &mut o[b * t * d + h * dh..];
-            gemm(
-                t,
-                dh,
-                t,
-                MatRef::row_major(pb, t),
-                v,
-                ob,
-                d,
-                false,
-                scratch,
-            );
+            gemm(t, dh, t, MatRef::row_major(pb, t), v, ob, d, false, scratch);
         }
     }
 }

@@ -70,15 +70,22 @@ fn layernorm_and_rmsnorm() {
         let mut dx = vec![0.0; rows * dim];
         norm_grad_x(rows, dim, &x, &r, &g, m, &rstd, &mut dx, false);
         let what = if rms { "rmsnorm" } else { "layernorm" };
-        fd_check(&format!("{what} dx"), &x, &dx, |x| dotf(&fwd(x, &g, &b).0, &r));
-        fd_check(&format!("{what} dγ"), &g, &dg, |g| dotf(&fwd(&x, g, &b).0, &r));
+        fd_check(&format!("{what} dx"), &x, &dx, |x| {
+            dotf(&fwd(x, &g, &b).0, &r)
+        });
+        fd_check(&format!("{what} dγ"), &g, &dg, |g| {
+            dotf(&fwd(&x, g, &b).0, &r)
+        });
         if !rms {
             fd_check("layernorm dβ", &b, &db, |b| dotf(&fwd(&x, &g, b).0, &r));
         }
         // Accumulation adds.
         let mut dx2 = dx.clone();
         norm_grad_x(rows, dim, &x, &r, &g, m, &rstd, &mut dx2, true);
-        assert!(dx2.iter().zip(&dx).all(|(a, b)| (a - 2.0 * b).abs() < 1e-12));
+        assert!(dx2
+            .iter()
+            .zip(&dx)
+            .all(|(a, b)| (a - 2.0 * b).abs() < 1e-12));
     }
 }
 
@@ -141,7 +148,9 @@ fn causal_attention() {
     // Changing a later token leaves earlier outputs unchanged (no look-ahead).
     let mut x2 = qkv.clone();
     let last = (g.seq - 1) * 3 * g.dim;
-    x2[last..last + 3 * g.dim].iter_mut().for_each(|v| *v += 0.5);
+    x2[last..last + 3 * g.dim]
+        .iter_mut()
+        .for_each(|v| *v += 0.5);
     let o2 = fwd(&x2).1;
     assert_eq!(o[..(g.seq - 1) * g.dim], o2[..(g.seq - 1) * g.dim]);
     // The f32 path (SIMD GEMM) agrees with f64: O(1) values, sums of ≤ 5 terms.
@@ -168,7 +177,8 @@ fn lora_linear() {
     let a = rand_vec(&mut rng, g.rank * g.fin, -1.0, 1.0);
     let bm = rand_vec(&mut rng, g.fout * g.rank, -1.0, 1.0);
     let r = rand_vec(&mut rng, rows * g.fout, -1.0, 1.0);
-    let sl = lora_bwd_scratch_len(&g, rows).max(crate::ops::linear_scratch_len(rows, g.fin, g.fout));
+    let sl =
+        lora_bwd_scratch_len(&g, rows).max(crate::ops::linear_scratch_len(rows, g.fin, g.fout));
     let fwd = |x: &[f64], a: &[f64], bm: &[f64]| {
         let mut u = vec![0.0; rows * g.rank];
         let mut y = vec![0.0; rows * g.fout];

@@ -261,6 +261,10 @@ pub fn touches(g: &Graph, ins: &Instr, out: &mut Vec<TensorId>) {
         Phase::GradW => {
             out.extend(n.d_out);
             out.extend(n.params.iter().filter_map(|p| p.grad));
+            if matches!(n.op, NodeOp::Lora(_)) {
+                // dA needs the adapter B.
+                out.extend(n.params.last().map(|p| p.value));
+            }
             out.extend(n.saved.iter().copied());
             out.extend(n.inputs.iter().copied());
             out.extend(n.scratch[scratch_slot::GRAD_W]);
@@ -282,6 +286,12 @@ pub fn touches(g: &Graph, ins: &Instr, out: &mut Vec<TensorId>) {
                     }
                 }
                 NodeOp::Act(_) => out.push(n.out),
+                NodeOp::Norm { .. } => {
+                    out.extend(n.params.first().map(|p| p.value));
+                    out.extend(n.inputs.iter().copied());
+                }
+                NodeOp::Smooth(_) | NodeOp::Attention(_) => out.extend(n.inputs.iter().copied()),
+                NodeOp::Lora(_) => out.extend(n.params.iter().map(|p| p.value)),
                 _ => {}
             }
             out.extend(n.scratch[scratch_slot::GRAD_X]);
