@@ -10,6 +10,7 @@
 //! - [`progress`]: per-epoch progress bars that stay quiet in CI logs.
 //! - [`fsutil`]: crash-safe file writes.
 //! - [`spill`]: the file-backed store for swapped-out tensors, with background prefetch.
+//! - [`text`]: text data for sequence models (byte tokenizer, next-token windows).
 //!
 //! Library errors are typed enums whose messages name the file, the field or place, and the reason.
 #![warn(missing_docs)]
@@ -25,6 +26,7 @@ pub mod report;
 pub mod spec_toml;
 pub mod spill;
 pub mod svg;
+pub mod text;
 #[cfg(feature = "toml")]
 pub mod train;
 pub mod workloads;

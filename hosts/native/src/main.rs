@@ -217,7 +217,7 @@ fn run(cli: Cli) -> Res {
             let batch = batch.or(mf.train.batch.map(|b| b as usize)).unwrap_or(32);
             let epochs = epochs.or(mf.train.epochs).unwrap_or(10);
             let source = mf.train.dataset.clone().unwrap_or(DatasetSource::Digits);
-            let (train_set, test_set) = train::load_data(&source)?;
+            let (train_set, test_set) = train::load_data(&source, mf.spec.input.numel())?;
             // No --budget: what the device can give now (available memory, the cgroup's room).
             let (budget_v, device) = match budget {
                 Some(b) => (Budget::new(b), None),

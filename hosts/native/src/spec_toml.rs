@@ -24,6 +24,20 @@ pub struct ModelFile {
     pub spec: ModelSpec,
     /// The `[train]` section (all fields absent when there is none).
     pub train: TrainConfig,
+    /// The `[lora]` section, when the model fine-tunes LoRA adapters (already applied to `spec`: the
+    /// targeted Linear layers are LoRA Linears, every other layer frozen).
+    pub lora: Option<LoraConfig>,
+}
+
+/// The `[lora]` section: which Linear layers get adapters, of which rank and scale.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoraConfig {
+    /// Adapter rank.
+    pub rank: u32,
+    /// Scale numerator (`alpha / rank`).
+    pub alpha: f32,
+    /// Layer names or name suffixes (`"qkv"` matches `h0.qkv`), as PEFT's `target_modules`.
+    pub targets: Vec<String>,
 }
 
 /// The `[train]` section: CLI-only training settings. Absent values are for the CLI to default.
@@ -51,6 +65,12 @@ pub enum DatasetSource {
         images: PathBuf,
         /// The label file.
         labels: PathBuf,
+    },
+    /// `{ text = "…" }`: a text file, tokenised into bytes ([`crate::text`]); a sample is a window of
+    /// the model input's length, its labels the next bytes.
+    Text {
+        /// The file.
+        path: PathBuf,
     },
     /// `{ csv = "…", label_column = 0 }`: a numeric CSV file ([`crate::data::load_csv`]).
     Csv {
@@ -239,7 +259,7 @@ pub fn load_model(path: &Path) -> Result<ModelFile, SpecError> {
             resolve(images);
             resolve(labels);
         }
-        Some(DatasetSource::Csv { path, .. }) => resolve(path),
+        Some(DatasetSource::Csv { path, .. }) | Some(DatasetSource::Text { path }) => resolve(path),
         Some(DatasetSource::Digits) | None => {}
     }
     Ok(model)
@@ -295,6 +315,11 @@ pub fn parse_model(text: &str) -> Result<ModelFile, SpecError> {
         Some(t) => cx.train(&t.get_ref().0)?,
         None => TrainConfig::default(),
     };
+    let mut layers = layers;
+    let lora = match &raw.lora {
+        Some(l) => Some(cx.lora(l, &mut layers)?),
+        None => None,
+    };
     Ok(ModelFile {
         spec: ModelSpec {
             input,
@@ -304,6 +329,7 @@ pub fn parse_model(text: &str) -> Result<ModelFile, SpecError> {
             seed,
         },
         train,
+        lora,
     })
 }
 
@@ -322,6 +348,15 @@ struct RawFile {
     optimizer: Option<Spanned<Table<RawOptimizer>>>,
     layers: Option<Spanned<Seq<Spanned<Table<RawLayer>>, LayerList>>>,
     train: Option<Spanned<Table<RawTrain>>>,
+    lora: Option<Spanned<Table<RawLora>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLora {
+    rank: Spanned<Int>,
+    alpha: Option<Spanned<Number>>,
+    targets: Spanned<Seq<Spanned<String>, NameList>>,
 }
 
 #[derive(Deserialize)]
@@ -368,11 +403,16 @@ struct RawLayer {
     eps: Option<Spanned<Number>>,
     momentum: Option<Spanned<Number>>,
     p: Option<Spanned<Number>>,
+    vocab: Option<Spanned<Int>>,
+    dim: Option<Spanned<Int>>,
+    heads: Option<Spanned<Int>>,
+    rank: Option<Spanned<Int>>,
+    alpha: Option<Spanned<Number>>,
 }
 
 impl RawLayer {
     /// The type-specific keys present, with their value spans.
-    fn present(&self) -> [(&'static str, Option<Span>); 10] {
+    fn present(&self) -> [(&'static str, Option<Span>); 15] {
         fn s<T>(v: &Option<Spanned<T>>) -> Option<Span> {
             v.as_ref().map(Spanned::span)
         }
@@ -387,6 +427,11 @@ impl RawLayer {
             ("eps", s(&self.eps)),
             ("momentum", s(&self.momentum)),
             ("p", s(&self.p)),
+            ("vocab", s(&self.vocab)),
+            ("dim", s(&self.dim)),
+            ("heads", s(&self.heads)),
+            ("rank", s(&self.rank)),
+            ("alpha", s(&self.alpha)),
         ]
     }
 }
@@ -404,6 +449,7 @@ struct RawTrain {
 #[serde(deny_unknown_fields)]
 struct RawFiles {
     csv: Option<Spanned<String>>,
+    text: Option<Spanned<String>>,
     label_column: Option<Spanned<Int>>,
     idx_images: Option<Spanned<String>>,
     idx_labels: Option<Spanned<String>>,
@@ -555,12 +601,14 @@ impl<'de, T: Deserialize<'de>, N: SeqName> Deserialize<'de> for Seq<T, N> {
 
 // ---- Key lists for the per-type checks and unknown-key messages ----
 
-const ROOT_KEYS: &[&str] = &["model", "optimizer", "layers", "train"];
+const ROOT_KEYS: &[&str] = &["model", "optimizer", "layers", "train", "lora"];
 const MODEL_KEYS: &[&str] = &["input", "seed", "loss"];
 const TRAIN_KEYS: &[&str] = &["batch", "epochs", "dataset", "weights"];
 const CSV_KEYS: &[&str] = &["csv", "label_column"];
 const IDX_KEYS: &[&str] = &["idx_images", "idx_labels"];
-const FILES_KEYS: &[&str] = &["csv", "label_column", "idx_images", "idx_labels"];
+const FILES_KEYS: &[&str] = &["csv", "label_column", "idx_images", "idx_labels", "text"];
+const TEXT_KEYS: &[&str] = &["text"];
+const LORA_KEYS: &[&str] = &["rank", "alpha", "targets"];
 const ADAM_KEYS: &[&str] = &["type", "lr", "beta1", "beta2", "eps", "weight_decay"];
 const SGD_KEYS: &[&str] = &["type", "lr", "momentum", "weight_decay"];
 const OPTIMIZER_KEYS: &[&str] = &[
@@ -588,6 +636,14 @@ const LAYER_TYPES: &[&str] = &[
     "add",
     "batchnorm2d",
     "dropout",
+    "embedding",
+    "pos_embedding",
+    "layernorm",
+    "rmsnorm",
+    "gelu",
+    "silu",
+    "attention",
+    "lora_linear",
 ];
 
 /// The keys a layer of type `ty` takes: those every layer takes, then its own; for an unknown type,
@@ -611,6 +667,19 @@ fn layer_keys(ty: &str) -> &'static [&'static str] {
         "reshape" => &["name", "type", "inputs", "trainable", "to"],
         "batchnorm2d" => &["name", "type", "inputs", "trainable", "eps", "momentum"],
         "dropout" => &["name", "type", "inputs", "trainable", "p"],
+        "embedding" => &["name", "type", "inputs", "trainable", "vocab", "dim"],
+        "layernorm" | "rmsnorm" => &["name", "type", "inputs", "trainable", "eps"],
+        "attention" => &["name", "type", "inputs", "trainable", "heads"],
+        "lora_linear" => &[
+            "name",
+            "type",
+            "inputs",
+            "trainable",
+            "out",
+            "bias",
+            "rank",
+            "alpha",
+        ],
         t if LAYER_TYPES.contains(&t) => &["name", "type", "inputs", "trainable"],
         _ => &[
             "name",
@@ -627,6 +696,11 @@ fn layer_keys(ty: &str) -> &'static [&'static str] {
             "eps",
             "momentum",
             "p",
+            "vocab",
+            "dim",
+            "heads",
+            "rank",
+            "alpha",
         ],
     }
 }
@@ -819,11 +893,13 @@ impl<'d> Doc<'d> {
                 "" => ROOT_KEYS,
                 "model" => MODEL_KEYS,
                 "train" => TRAIN_KEYS,
+                "lora" => LORA_KEYS,
                 "train.dataset" if has("csv") => CSV_KEYS,
+                "train.dataset" if has("text") => TEXT_KEYS,
                 "train.dataset" if has("idx_images") || has("idx_labels") => IDX_KEYS,
                 "train.dataset" => FILES_KEYS,
                 "optimizer" => match ty() {
-                    Some("adam") => ADAM_KEYS,
+                    Some("adam") | Some("adamw") => ADAM_KEYS,
                     Some("sgd") => SGD_KEYS,
                     _ => OPTIMIZER_KEYS,
                 },
@@ -1003,7 +1079,8 @@ impl<'d> Doc<'d> {
     }
 
     fn optimizer(&self, o: &RawOptimizer) -> Result<OptimizerSpec, SpecError> {
-        let adam = self.pick(&o.ty, &["adam", "sgd"])? == 0;
+        let kind = self.pick(&o.ty, &["adam", "sgd", "adamw"])?;
+        let adam = kind != 1;
         let s = |v: &Option<Spanned<Number>>| v.as_ref().map(Spanned::span);
         let present = [
             ("beta1", s(&o.beta1)),
@@ -1013,8 +1090,18 @@ impl<'d> Doc<'d> {
         ];
         self.only_keys(&present, if adam { ADAM_KEYS } else { SGD_KEYS })?;
         let lr = self.float(&o.lr, Limit::Positive)?;
-        let weight_decay = self.opt_float(&o.weight_decay, Limit::NonNegative, 0.0)?;
-        Ok(if adam {
+        // torch.optim.AdamW's default decay is 0.01; Adam's and SGD's 0.
+        let default_wd = if kind == 2 { 0.01 } else { 0.0 };
+        let weight_decay = self.opt_float(&o.weight_decay, Limit::NonNegative, default_wd)?;
+        Ok(if kind == 2 {
+            OptimizerSpec::AdamW {
+                lr,
+                beta1: self.opt_float(&o.beta1, Limit::UnitOpen, 0.9)?,
+                beta2: self.opt_float(&o.beta2, Limit::UnitOpen, 0.999)?,
+                eps: self.opt_float(&o.eps, Limit::Positive, 1e-8)?,
+                weight_decay,
+            }
+        } else if adam {
             OptimizerSpec::Adam {
                 lr,
                 beta1: self.opt_float(&o.beta1, Limit::UnitOpen, 0.9)?,
@@ -1156,6 +1243,31 @@ impl<'d> Doc<'d> {
             "dropout" => LayerKind::Dropout {
                 p: self.opt_float(&l.p, Limit::UnitOpen, 0.5)?,
             },
+            "embedding" => LayerKind::Embedding {
+                vocab: self.size(self.need(&l.vocab, &span, "vocab")?)?,
+                dim: self.size(self.need(&l.dim, &span, "dim")?)?,
+            },
+            "pos_embedding" => LayerKind::PosEmbedding,
+            "layernorm" => LayerKind::LayerNorm {
+                eps: self.opt_float(&l.eps, Limit::Positive, 1e-5)?,
+            },
+            "rmsnorm" => LayerKind::RmsNorm {
+                eps: self.opt_float(&l.eps, Limit::Positive, 1e-6)?,
+            },
+            "gelu" => LayerKind::Gelu,
+            "silu" => LayerKind::Silu,
+            "attention" => LayerKind::Attention {
+                heads: self.size(self.need(&l.heads, &span, "heads")?)?,
+            },
+            "lora_linear" => {
+                let rank = self.size(self.need(&l.rank, &span, "rank")?)?;
+                LayerKind::LoraLinear {
+                    out: self.size(self.need(&l.out, &span, "out")?)?,
+                    bias,
+                    rank,
+                    alpha: self.opt_float(&l.alpha, Limit::Positive, rank as f32)?,
+                }
+            }
             _ => unreachable!("type checked against LAYER_TYPES"),
         })
     }
@@ -1218,6 +1330,67 @@ impl<'d> Doc<'d> {
             .collect()
     }
 
+    /// The `[lora]` section, applied: every Linear whose name matches a target becomes a LoRA Linear
+    /// (same name, so its base weights load from the pretrained file), every other layer is frozen.
+    fn lora(
+        &self,
+        l: &Spanned<Table<RawLora>>,
+        layers: &mut [LayerSpec],
+    ) -> Result<LoraConfig, SpecError> {
+        let r = &l.get_ref().0;
+        let rank = self.size(&r.rank)?;
+        let alpha = self.opt_float(&r.alpha, Limit::Positive, rank as f32)?;
+        let mut targets = Vec::new();
+        for t in &r.targets.get_ref().0 {
+            let name = t.get_ref();
+            let hit = |n: &str| n == name || n.ends_with(&format!(".{name}"));
+            let mut found = false;
+            for layer in layers.iter_mut().filter(|x| hit(&x.name)) {
+                let LayerKind::Linear { out, bias } = layer.kind else {
+                    return Err(self.err_in(
+                        t.span(),
+                        "lora.targets",
+                        SpecErrorKind::Invalid(format!(
+                            "LoRA target {name:?} matches layer {:?}, a {}; only linear layers take adapters",
+                            layer.name,
+                            layer.kind.type_name()
+                        )),
+                    ));
+                };
+                layer.kind = LayerKind::LoraLinear {
+                    out,
+                    bias,
+                    rank,
+                    alpha,
+                };
+                found = true;
+            }
+            if !found {
+                return Err(self.err_in(
+                    t.span(),
+                    "lora.targets",
+                    SpecErrorKind::Invalid(format!("LoRA target {name:?} matches no layer")),
+                ));
+            }
+            targets.push(name.clone());
+        }
+        if targets.is_empty() {
+            return Err(self.err_in(
+                r.targets.span(),
+                "lora.targets",
+                SpecErrorKind::Invalid("LoRA needs at least one target layer".into()),
+            ));
+        }
+        for layer in layers.iter_mut() {
+            layer.trainable = matches!(layer.kind, LayerKind::LoraLinear { .. });
+        }
+        Ok(LoraConfig {
+            rank,
+            alpha,
+            targets,
+        })
+    }
+
     fn train(&self, t: &RawTrain) -> Result<TrainConfig, SpecError> {
         let dataset = match &t.dataset {
             None => None,
@@ -1232,6 +1405,7 @@ impl<'d> Doc<'d> {
                                 "digits",
                                 "{ idx_images, idx_labels }",
                                 "{ csv, label_column }",
+                                "{ text }",
                             ],
                         },
                     ))
@@ -1240,12 +1414,18 @@ impl<'d> Doc<'d> {
                     let s = |v: &Option<Spanned<String>>| v.as_ref().map(Spanned::span);
                     let present = [
                         ("csv", s(&f.csv)),
+                        ("text", s(&f.text)),
                         ("label_column", f.label_column.as_ref().map(Spanned::span)),
                         ("idx_images", s(&f.idx_images)),
                         ("idx_labels", s(&f.idx_labels)),
                     ];
                     let span = v.span();
-                    if let Some(csv) = &f.csv {
+                    if let Some(text) = &f.text {
+                        self.only_keys(&present, TEXT_KEYS)?;
+                        DatasetSource::Text {
+                            path: self.path(text)?,
+                        }
+                    } else if let Some(csv) = &f.csv {
                         self.only_keys(&present, CSV_KEYS)?;
                         DatasetSource::Csv {
                             path: self.path(csv)?,
@@ -1267,7 +1447,7 @@ impl<'d> Doc<'d> {
                         return Err(self.err(
                             span,
                             SpecErrorKind::Invalid(
-                                "a dataset table needs either idx_images and idx_labels, or csv"
+                                "a dataset table needs idx_images and idx_labels, csv, or text"
                                     .into(),
                             ),
                         ));

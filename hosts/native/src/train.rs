@@ -166,13 +166,15 @@ pub fn split(ds: Dataset) -> Result<(Dataset, Dataset), DataError> {
 }
 
 /// Loads the model file's data set as (train, test).
-pub fn load_data(src: &DatasetSource) -> Result<(Dataset, Dataset), DataError> {
+/// `seq` is the model's input length (a text data set's window).
+pub fn load_data(src: &DatasetSource, seq: usize) -> Result<(Dataset, Dataset), DataError> {
     match src {
         DatasetSource::Digits => Ok(data::digits()),
         DatasetSource::Idx { images, labels } => split(data::load_idx(images, labels, 255.0)?),
         DatasetSource::Csv { path, label_column } => {
             split(data::load_csv(path, *label_column, None)?)
         }
+        DatasetSource::Text { path } => crate::text::load(path, seq),
     }
 }
 
@@ -244,7 +246,7 @@ pub fn evaluate<B: Backend>(
         let s = ex.evaluate(
             arena,
             &ds.x[i * per..(i + n) * per],
-            Target::Classes(&ds.y[i..i + n]),
+            Target::Classes(ds.labels(i, n)),
         )?;
         correct += s.correct;
         loss += s.loss as f64 * n as f64;
@@ -320,7 +322,7 @@ fn train_auto(
     let per = model.spec.input.numel();
     let idx: Vec<usize> = (0..n).collect();
     let mut x = alloc_zeroed::<f32>(n * per, "the batch buffer")?;
-    let mut y = alloc_zeroed::<u32>(n, "the label buffer")?;
+    let mut y = alloc_zeroed::<u32>(n * train.tokens, "the label buffer")?;
     train.batch(&idx, &mut x, &mut y);
     let (auto, backend) = frugal_wgpu::auto::auto_plan(&plan, backend, &x, Target::Classes(&y), 3)?;
     let mixed = auto.plan.clone();
@@ -475,7 +477,7 @@ fn run<B: Backend>(
     let per = spec.input.numel();
     let rows = opts.batch.max(plan.batch());
     let mut xbuf = alloc_zeroed::<f32>(rows.saturating_mul(per), "the batch buffer")?;
-    let mut ybuf = alloc_zeroed::<u32>(rows, "the label buffer")?;
+    let mut ybuf = alloc_zeroed::<u32>(rows * train.tokens, "the label buffer")?;
     let steps = train.len().div_ceil(opts.batch) as u64;
     let mut curves = Vec::new();
     for epoch in 0..opts.epochs {
@@ -486,7 +488,11 @@ fn run<B: Backend>(
         for chunk in order.chunks(opts.batch) {
             let n = chunk.len();
             train.batch(chunk, &mut xbuf, &mut ybuf);
-            let s = ex.train_step(arena, &xbuf[..n * per], Target::Classes(&ybuf[..n]))?;
+            let s = ex.train_step(
+                arena,
+                &xbuf[..n * per],
+                Target::Classes(&ybuf[..n * train.tokens]),
+            )?;
             loss_sum += s.loss as f64 * n as f64;
             correct += s.correct;
             seen += n;
@@ -591,7 +597,7 @@ pub fn evaluate_int8(
         let s = ex.evaluate(
             arena,
             &ds.x[i * per..(i + n) * per],
-            Target::Classes(&ds.y[i..i + n]),
+            Target::Classes(ds.labels(i, n)),
         )?;
         correct += s.correct;
         loss += s.loss as f64 * n as f64;
