@@ -252,8 +252,9 @@ pub fn evaluate<B: Backend>(
         loss += s.loss as f64 * n as f64;
         i += n;
     }
+    // A text data set counts a prediction per token.
     Ok((
-        correct as f32 / ds.len().max(1) as f32,
+        correct as f32 / (ds.len() * ds.tokens).max(1) as f32,
         (loss / ds.len().max(1) as f64) as f32,
     ))
 }
@@ -603,8 +604,9 @@ pub fn evaluate_int8(
         loss += s.loss as f64 * n as f64;
         i += n;
     }
+    // A text data set counts a prediction per token.
     Ok((
-        correct as f32 / ds.len().max(1) as f32,
+        correct as f32 / (ds.len() * ds.tokens).max(1) as f32,
         (loss / ds.len().max(1) as f64) as f32,
     ))
 }
