@@ -49,6 +49,7 @@ mod insns;
 mod int8;
 mod kernels;
 mod miri;
+mod seq;
 mod setup;
 mod sgemm;
 mod swap;
@@ -83,7 +84,9 @@ fn main() -> ExitCode {
         Some("bench") if args.get(1).map(String::as_str) == Some("igemm") => {
             igemm::main(&args[2..])
         }
+        Some("bench") if args.get(1).map(String::as_str) == Some("seq") => seq::main(&args[2..]),
         Some("bench") => bench::main(&args[1..]),
+        Some("__bench-seq-one") => seq::child(&args[1..]),
         Some("__bench-swap-one") => swap::child(&args[1..]),
         Some("__bench-one") => bench::child(&args[1..]),
         Some("firmware") => {
@@ -95,7 +98,7 @@ fn main() -> ExitCode {
         Some("miri") => ready(&[Leg::Miri]).and_then(|()| miri::main(&args[1..])),
         Some("fuzz") => ready(&[Leg::Fuzz]).and_then(|()| fuzz::main(&args[1..])),
         _ => {
-            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|planning|swap|int8|sgemm|igemm|gpu|aarch64|dsp … | cross | android [--bench] | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit | miri | fuzz [--time SECS] [TARGET…]");
+            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|planning|seq|swap|int8|sgemm|igemm|gpu|aarch64|dsp … | cross | android [--bench] | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit | miri | fuzz [--time SECS] [TARGET…]");
             Err("unknown task".into())
         }
     };

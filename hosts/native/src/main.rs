@@ -381,12 +381,24 @@ fn run(cli: Cli) -> Res {
             };
             let w = weights.or(mf.train.weights.clone());
             let rep = train::train(&mf, &train_set, &test_set, &opts, w.as_ref())?;
-            let correct = (rep.test_accuracy * rep.test_samples as f32).round() as usize;
-            println!(
-                "held-out accuracy: {:.2}% ({correct}/{})",
-                rep.test_accuracy * 100.0,
-                rep.test_samples
-            );
+            if train_set.tokens > 1 {
+                let (b, a) = rep.test_loss;
+                println!(
+                    "held-out next-token accuracy: {:.2}% over {} tokens; perplexity {:.3} before training → {:.3} ({:+.1}%)",
+                    rep.test_accuracy * 100.0,
+                    rep.test_samples * train_set.tokens,
+                    b.exp(),
+                    a.exp(),
+                    (a.exp() / b.exp() - 1.0) * 100.0
+                );
+            } else {
+                let correct = (rep.test_accuracy * rep.test_samples as f32).round() as usize;
+                println!(
+                    "held-out accuracy: {:.2}% ({correct}/{})",
+                    rep.test_accuracy * 100.0,
+                    rep.test_samples
+                );
+            }
             let save = save.unwrap_or_else(|| default_checkpoint(&model));
             if let Some(dir) = save.parent().filter(|d| !d.as_os_str().is_empty()) {
                 std::fs::create_dir_all(dir)?;

@@ -70,6 +70,9 @@ pub struct TrainReport {
     pub test_accuracy: f32,
     /// Held-out samples.
     pub test_samples: usize,
+    /// Held-out mean loss before the first update (after loading weights) and after training: for a
+    /// text data set, `exp` of each is the held-out perplexity.
+    pub test_loss: (f32, f32),
     /// Arena size of the plan.
     pub arena_bytes: usize,
     /// Lower bound of the plan.
@@ -475,6 +478,7 @@ fn run<B: Backend>(
             println!("loaded {n} tensors from {}", w.display());
         }
     }
+    let (_, loss_before) = evaluate(&mut ex, arena, test)?;
     let per = spec.input.numel();
     let rows = opts.batch.max(plan.batch());
     let mut xbuf = alloc_zeroed::<f32>(rows.saturating_mul(per), "the batch buffer")?;
@@ -500,7 +504,7 @@ fn run<B: Backend>(
             if let Some(b) = &bar {
                 b.step(
                     (loss_sum / seen as f64) as f32,
-                    correct as f32 / seen as f32,
+                    correct as f32 / (seen * train.tokens) as f32,
                 );
             }
         }
@@ -508,7 +512,7 @@ fn run<B: Backend>(
         let p = EpochPoint {
             epoch: epoch + 1,
             train_loss: (loss_sum / seen.max(1) as f64) as f32,
-            train_acc: correct as f32 / seen.max(1) as f32,
+            train_acc: correct as f32 / (seen * train.tokens).max(1) as f32,
             test_acc: Some(test_acc),
         };
         if let Some(b) = bar {
@@ -516,7 +520,7 @@ fn run<B: Backend>(
         }
         curves.push(p);
     }
-    let (test_accuracy, _) = evaluate(&mut ex, arena, test)?;
+    let (test_accuracy, loss_after) = evaluate(&mut ex, arena, test)?;
     let mut tensors = Vec::new();
     for (name, shape, t) in ex.state_tensors().collect::<Vec<_>>() {
         // Read back from wherever it lives (the GPU's memory for a GPU plan).
@@ -526,6 +530,7 @@ fn run<B: Backend>(
         epochs: curves,
         test_accuracy,
         test_samples: test.len(),
+        test_loss: (loss_before, loss_after),
         // The memory the tensors need where they run (a GPU plan's host arena is empty).
         arena_bytes: plan
             .arena_bytes
@@ -751,7 +756,7 @@ pub fn train_int8_with(
         per_epoch.push(c);
         curves.push(p);
     }
-    let (test_accuracy, _) = evaluate_int8(&mut ex, &mut arena, test)?;
+    let (test_accuracy, test_loss) = evaluate_int8(&mut ex, &mut arena, test)?;
     let mut tensors = Vec::new();
     for (name, shape, t) in ex.state_tensors().collect::<Vec<_>>() {
         tensors.push((name, shape, ex.read_f32(&mut arena, t)?));
@@ -761,6 +766,8 @@ pub fn train_int8_with(
             epochs: curves,
             test_accuracy,
             test_samples: test.len(),
+            // Int8 runs never carry a text data set (int8 refuses sequence layers): no before.
+            test_loss: (f32::NAN, test_loss),
             arena_bytes: plan.arena_bytes,
             lower_bound: plan.lower_bound,
             tensors,
