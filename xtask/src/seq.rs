@@ -268,7 +268,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
             Ok(c) => {
                 let t = time_plan(&c.plan, &x, &y, steps)?;
                 println!(
-                    "budget ¼ of the unconstrained arena ({}): {} micro-batch {} × {}, {} recomputes, arena {}, {:.1} ms/step vs {:.1} unconstrained ({:.2}×)",
+                    "budget ¼ of the unconstrained arena ({}): policy {}, micro-batch {} × {}, {} recomputes, arena {}, {:.1} ms/step vs {:.1} unconstrained ({:.2}×)",
                     mib(quarter as f64),
                     c.policy.name(),
                     c.plan.graph.batch,

@@ -1500,6 +1500,129 @@ mod tests {
 
     const HEAD: &str = "[model]\ninput = [1, 8, 8]\nloss = \"cross_entropy\"\n\n[optimizer]\ntype = \"adam\"\nlr = 0.001\n\n";
 
+    const SEQ: &str = r#"
+[model]
+input = [8]
+loss = "cross_entropy"
+
+[optimizer]
+type = "adamw"
+lr = 0.01
+
+[[layers]]
+name = "tok"
+type = "embedding"
+vocab = 16
+dim = 8
+
+[[layers]]
+type = "pos_embedding"
+
+[[layers]]
+name = "b.ln"
+type = "layernorm"
+
+[[layers]]
+name = "b.qkv"
+type = "linear"
+out = 24
+bias = false
+
+[[layers]]
+type = "attention"
+heads = 2
+
+[[layers]]
+name = "b.proj"
+type = "linear"
+out = 8
+
+[[layers]]
+type = "rmsnorm"
+eps = 1e-5
+
+[[layers]]
+type = "silu"
+
+[[layers]]
+type = "gelu"
+
+[[layers]]
+name = "head"
+type = "linear"
+out = 16
+"#;
+
+    #[test]
+    fn sequence_layers_and_lora_parse() {
+        let m = parse_model(SEQ).unwrap();
+        assert_eq!(
+            m.spec.optimizer,
+            OptimizerSpec::AdamW {
+                lr: 0.01,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.01
+            }
+        );
+        assert_eq!(m.spec.layers[0].kind, LayerKind::Embedding { vocab: 16, dim: 8 });
+        assert_eq!(m.spec.layers[4].kind, LayerKind::Attention { heads: 2 });
+        assert_eq!(m.spec.layers[6].kind, LayerKind::RmsNorm { eps: 1e-5 });
+        assert!(m.lora.is_none());
+        frugal_core::graph::Graph::new(&m.spec, 2).unwrap();
+
+        let lora = format!("{SEQ}\n[lora]\nrank = 2\nalpha = 4\ntargets = [\"qkv\", \"b.proj\"]\n");
+        let m = parse_model(&lora).unwrap();
+        let l = m.lora.unwrap();
+        assert_eq!((l.rank, l.alpha), (2, 4.0));
+        for layer in &m.spec.layers {
+            let adapted = layer.name == "b.qkv" || layer.name == "b.proj";
+            assert_eq!(layer.trainable, adapted, "{}", layer.name);
+            assert_eq!(
+                matches!(layer.kind, LayerKind::LoraLinear { rank: 2, .. }),
+                adapted,
+                "{}",
+                layer.name
+            );
+        }
+        let g = frugal_core::graph::Graph::new(&m.spec, 2).unwrap();
+        assert!(g
+            .params()
+            .all(|(_, p)| p.grad.is_some() == p.name.contains(".lora_")));
+
+        // Typed errors: a target that matches nothing, or a layer that is not linear.
+        let e = err(&format!("{SEQ}\n[lora]\nrank = 2\ntargets = [\"nope\"]\n"));
+        assert!(e.contains("matches no layer"), "{e}");
+        let e = err(&format!("{SEQ}\n[lora]\nrank = 2\ntargets = [\"tok\"]\n"));
+        assert!(e.contains("only linear layers"), "{e}");
+        let e = err(&format!("{SEQ}\n[lora]\nrank = 0\ntargets = [\"qkv\"]\n"));
+        assert!(e.contains("lora.rank") || e.contains("positive"), "{e}");
+        let e = err(&SEQ.replace("heads = 2", "heads = 2\nvocab = 3"));
+        assert!(e.contains("unknown key"), "{e}");
+        let e = err(&SEQ.replace("vocab = 16\n", ""));
+        assert!(e.contains("vocab"), "{e}");
+    }
+
+    #[test]
+    fn the_char_gpt_examples_parse_and_keep_their_layers_in_step() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        let base = load_model(&dir.join("char-gpt.toml")).unwrap();
+        let lora = load_model(&dir.join("char-gpt-lora.toml")).unwrap();
+        assert!(base.lora.is_none() && lora.lora.is_some());
+        assert_eq!(base.spec.layers.len(), lora.spec.layers.len());
+        for (a, b) in base.spec.layers.iter().zip(&lora.spec.layers) {
+            assert_eq!(a.name, b.name);
+            match (&a.kind, &b.kind) {
+                (LayerKind::Linear { out, bias }, LayerKind::LoraLinear { out: o, bias: c, .. }) => {
+                    assert_eq!((out, bias), (o, c))
+                }
+                (x, y) => assert_eq!(x, y, "{}", a.name),
+            }
+        }
+        assert!(matches!(lora.train.dataset, Some(DatasetSource::Text { .. })));
+    }
+
     /// HEAD followed by `rest`.
     fn with(rest: &str) -> String {
         format!("{HEAD}{rest}")
@@ -1821,12 +1944,13 @@ weights = "w/backbone.safetensors"
         assert_eq!(
             err_body(&with("[[layers]]\ntype = \"conv3d\"\n")),
             "layers[0].type: unknown value \"conv3d\" (known: linear, conv2d, maxpool2d, avgpool2d, \
-             global_avgpool, relu, relu6, sigmoid, tanh, flatten, reshape, add, batchnorm2d, dropout)"
+             global_avgpool, relu, relu6, sigmoid, tanh, flatten, reshape, add, batchnorm2d, dropout, \
+             embedding, pos_embedding, layernorm, rmsnorm, gelu, silu, attention, lora_linear)"
         );
         assert!(err_body(&HEAD.replace("cross_entropy", "hinge"))
             .starts_with("model.loss: unknown value \"hinge\""));
-        assert!(err_body(&HEAD.replace("adam", "adamw"))
-            .starts_with("optimizer.type: unknown value \"adamw\""));
+        assert!(err_body(&HEAD.replace("adam", "nadam"))
+            .starts_with("optimizer.type: unknown value \"nadam\""));
         assert!(err_body(&with(
             "[[layers]]\ntype=\"relu\"\n[train]\ndataset = \"mnist\"\n"
         ))
@@ -2029,7 +2153,7 @@ weights = "w/backbone.safetensors"
         );
         assert_eq!(
             err(&with("[[layers]]\ntype = \"relu\"\n[train]\ndataset = { foo = 1 }\n")),
-            "line 12, column 13: train.dataset: unknown key \"foo\" (allowed: csv, label_column, idx_images, idx_labels)"
+            "line 12, column 13: train.dataset: unknown key \"foo\" (allowed: csv, label_column, idx_images, idx_labels, text)"
         );
         assert_eq!(
             err(&with("[[layers]]\ntype = \"relu\"\n[train]\ndataset = 3\n")),
