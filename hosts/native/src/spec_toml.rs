@@ -1566,7 +1566,10 @@ out = 16
                 weight_decay: 0.01
             }
         );
-        assert_eq!(m.spec.layers[0].kind, LayerKind::Embedding { vocab: 16, dim: 8 });
+        assert_eq!(
+            m.spec.layers[0].kind,
+            LayerKind::Embedding { vocab: 16, dim: 8 }
+        );
         assert_eq!(m.spec.layers[4].kind, LayerKind::Attention { heads: 2 });
         assert_eq!(m.spec.layers[6].kind, LayerKind::RmsNorm { eps: 1e-5 });
         assert!(m.lora.is_none());
@@ -1614,13 +1617,21 @@ out = 16
         for (a, b) in base.spec.layers.iter().zip(&lora.spec.layers) {
             assert_eq!(a.name, b.name);
             match (&a.kind, &b.kind) {
-                (LayerKind::Linear { out, bias }, LayerKind::LoraLinear { out: o, bias: c, .. }) => {
+                (
+                    LayerKind::Linear { out, bias },
+                    LayerKind::LoraLinear {
+                        out: o, bias: c, ..
+                    },
+                ) => {
                     assert_eq!((out, bias), (o, c))
                 }
                 (x, y) => assert_eq!(x, y, "{}", a.name),
             }
         }
-        assert!(matches!(lora.train.dataset, Some(DatasetSource::Text { .. })));
+        assert!(matches!(
+            lora.train.dataset,
+            Some(DatasetSource::Text { .. })
+        ));
     }
 
     /// HEAD followed by `rest`.
