@@ -3,8 +3,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use frugal_core::format::decode_model;
 use frugal_core::format::plan::encode_plan;
+use frugal_core::format::{decode_model, unframe};
 use frugal_core::graph::{Graph, GraphOptions};
 use frugal_core::kernels::int8::KernelFamily;
 use frugal_core::model::{Int8Update, Precision};
@@ -19,8 +19,17 @@ mod boards;
 #[allow(dead_code)]
 mod stream;
 
+/// Magic of the pretrained-weights frame (`cargo xtask mcu-pretrain`).
+const WEIGHTS_MAGIC: [u8; 4] = *b"FRGW";
+
 fn board() -> boards::Board {
-    let on = |f: &str| std::env::var_os(format!("CARGO_FEATURE_{}", f.to_uppercase())).is_some();
+    let on = |f: &str| {
+        std::env::var_os(format!(
+            "CARGO_FEATURE_{}",
+            f.to_uppercase().replace('-', "_")
+        ))
+        .is_some()
+    };
     let chosen: Vec<boards::Board> = boards::ALL.into_iter().filter(|b| on(b.name)).collect();
     match chosen.as_slice() {
         [b] => *b,
@@ -49,7 +58,9 @@ fn idx<'a>(bytes: &'a [u8], magic: u32, dims: &[u32], file: &str) -> &'a [u8] {
     &bytes[head..]
 }
 
-fn slice(root: &Path, split: &str, n: usize, out: &Path) {
+/// The first `n` samples the board keeps of `split` (its classes, relabelled from 0), 8×8 each, as
+/// `{split}_images.bin` / `{split}_labels.bin` for the firmware to embed.
+fn slice(root: &Path, b: &boards::Board, split: &str, n: usize, out: &Path) {
     let dir = root.join("data/digits");
     let ip = dir.join(format!("digits-{split}-images.idx"));
     let lp = dir.join(format!("digits-{split}-labels.idx"));
@@ -60,16 +71,60 @@ fn slice(root: &Path, split: &str, n: usize, out: &Path) {
     let images = idx(&ib, 0x803, &[0, 8, 8], &ip.display().to_string());
     let labels = idx(&lb, 0x801, &[0], &lp.display().to_string());
     assert!(
-        images.len() >= n * stream::PIXELS && labels.len() >= n,
-        "{split}: fewer than {n} samples"
+        images.len() >= labels.len() * stream::PIXELS,
+        "{split}: fewer images than labels"
     );
-    assert!(labels[..n].iter().all(|&l| l < 10), "{split}: label ≥ 10");
-    fs::write(
-        out.join(format!("{split}_images.bin")),
-        &images[..n * stream::PIXELS],
-    )
-    .unwrap();
-    fs::write(out.join(format!("{split}_labels.bin")), &labels[..n]).unwrap();
+    assert!(labels.iter().all(|&l| l < 10), "{split}: label ≥ 10");
+    let keep: Vec<usize> = stream::kept(labels, b.classes).take(n).collect();
+    assert!(
+        keep.len() == n,
+        "{split}: fewer than {n} samples of the board's classes"
+    );
+    let px = stream::PIXELS;
+    let x: Vec<u8> = keep
+        .iter()
+        .flat_map(|&i| images[i * px..(i + 1) * px].iter().copied())
+        .collect();
+    let y: Vec<u8> = keep.iter().map(|&i| labels[i] - b.classes.0).collect();
+    fs::write(out.join(format!("{split}_images.bin")), x).unwrap();
+    fs::write(out.join(format!("{split}_labels.bin")), y).unwrap();
+}
+
+/// The board's pretrained persistent tensors as the firmware loads them (`Executor::write_state`):
+/// checked against the plan's state size, written to `weights.bin` (empty without pretraining).
+fn weights(root: &Path, b: &boards::Board, plan: &Plan, out: &Path) {
+    let bytes = match b.weights {
+        None => Vec::new(),
+        Some(w) => {
+            let p = root.join(w);
+            println!("cargo:rerun-if-changed={}", p.display());
+            let file = fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            let (_, payload) =
+                unframe(WEIGHTS_MAGIC, 1, &file).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            let want: usize = plan
+                .graph
+                .nodes
+                .iter()
+                .flat_map(|n| {
+                    n.params
+                        .iter()
+                        .map(|p| p.value)
+                        .chain(n.stats.iter().copied())
+                })
+                .map(|t| plan.graph.tensors[t as usize].bytes)
+                .sum();
+            assert_eq!(
+                payload.len(),
+                want,
+                "{}: {} B of state, the plan of {} holds {want} B (rerun `cargo xtask mcu-pretrain`)",
+                p.display(),
+                payload.len(),
+                b.model
+            );
+            payload.to_vec()
+        }
+    };
+    fs::write(out.join("weights.bin"), bytes).unwrap();
 }
 
 fn main() {
@@ -129,8 +184,9 @@ fn main() {
     };
     fs::write(out.join("plan.frgp"), encode_plan(&spec, &plan)).unwrap();
 
-    slice(&root, "train", b.n_train, &out);
-    slice(&root, "test", b.n_test, &out);
+    weights(&root, &b, &plan, &out);
+    slice(&root, &b, "train", b.n_train, &out);
+    slice(&root, &b, "test", b.n_test, &out);
 
     // Linker scripts: cortex-m-rt's link.x reads memory.x; defmt's defmt.x places the log strings.
     let memory = format!(

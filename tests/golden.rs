@@ -91,19 +91,59 @@ fn check_case(name: &str) {
     }
     let e = rel(&logits, &data["logits0"].1);
     assert!(e <= TOL, "{name}: first logits rel error {e:.2e}");
+    // A case may record PyTorch's own float32 error against float64 per tensor (`f32err.*`, see
+    // golden/README.md): where a true value is zero or nearly so, float32 results are rounding noise
+    // and no implementation can be nearer to PyTorch's than about that; allow 4× it (two float32
+    // implementations each that far from the exact value, with headroom), never less than TOL.
+    let tol = |key: &str| {
+        data.get(&format!("f32err.{key}"))
+            .map_or(TOL, |(_, v)| TOL.max(4.0 * v[0] as f64))
+    };
     let mut checked = 0;
+    // Under a sparse update a gradient holds only the updated rows: a prefix of the parameter, whose
+    // rest PyTorch's reference (gradients of frozen rows zeroed) leaves at zero.
+    let updated: HashMap<&str, usize> = plan
+        .graph
+        .params()
+        .map(|(_, p)| (p.name.as_str(), p.updated))
+        .collect();
     for (pname, _, t) in &state {
         if let Some(g) = grads.get(pname) {
-            let e = rel(g, &data[&format!("grad0.{pname}")].1);
+            let key = format!("grad0.{pname}");
+            let want = &data[&key].1;
+            assert_eq!(
+                g.len(),
+                updated[pname.as_str()],
+                "{name}: gradient of {pname}"
+            );
             assert!(
-                e <= TOL,
+                want[g.len()..].iter().all(|&v| v == 0.0),
+                "{name}: PyTorch's gradient of {pname} is not zero beyond the updated rows"
+            );
+            let e = rel(g, &want[..g.len()]);
+            assert!(
+                e <= tol(&key),
                 "{name}: first-step gradient of {pname} rel error {e:.2e}"
             );
             checked += 1;
         }
         let got = ex.read(&mut arena, *t).unwrap().to_vec();
-        let e = rel(&got, &data[&format!("final.{pname}")].1);
-        assert!(e <= TOL, "{name}: {pname} after 3 steps rel error {e:.2e}");
+        let key = format!("final.{pname}");
+        let e = rel(&got, &data[&key].1);
+        assert!(
+            e <= tol(&key),
+            "{name}: {pname} after 3 steps rel error {e:.2e}"
+        );
+        // What a sparse update does not train stays bit-identical: frozen parameters and rows.
+        if let Some(&u) = updated.get(pname.as_str()) {
+            let init = &data[&format!("init.{pname}")].1;
+            let frozen = |v: &[f32]| v[u..].iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                frozen(&got),
+                frozen(init),
+                "{name}: frozen part of {pname} changed"
+            );
+        }
     }
     assert!(checked > 0, "{name}: no gradient was checked");
 }
@@ -121,6 +161,14 @@ fn small_cnn_matches_pytorch() {
 #[test]
 fn residual_bn_cnn_matches_pytorch() {
     check_case("residual_bn");
+}
+
+/// MobileNetV2's building blocks (`inverted_residual`, `[model] width`): expand-1 and expand-6 blocks,
+/// stride-2 depthwise convolutions, ReLU6, the linear projection, the residual add, a head kept at its
+/// width, global average pooling; SGD with momentum and weight decay.
+#[test]
+fn tiny_mobilenetv2_matches_pytorch() {
+    check_case("mobilenetv2");
 }
 
 #[test]
@@ -141,4 +189,12 @@ fn gpt_matches_pytorch() {
 #[test]
 fn gpt_with_lora_matches_pytorch() {
     check_case("gpt_lora");
+}
+
+/// A sparse update (channel subsets through the im2col, depthwise, pointwise and linear paths, BatchNorm
+/// β only, a bias-only convolution, a frozen BatchNorm in evaluation mode): updated parameters at
+/// 1e-5, frozen parameters and rows bit-identical.
+#[test]
+fn sparse_update_matches_pytorch() {
+    check_case("sparse");
 }

@@ -46,6 +46,10 @@ fn main() {
             "transformer_steps_allocate_nothing",
             transformer_steps_allocate_nothing,
         ),
+        (
+            "sparse_update_steps_allocate_nothing",
+            sparse_update_steps_allocate_nothing,
+        ),
     ]);
 }
 
@@ -122,6 +126,7 @@ fn training_steps_allocate_nothing() {
             kind: k,
             inputs: vec![Src::Layer(layers.len() as u32 - 1)],
             trainable: true,
+            update: frugal_core::model::Update::All,
         });
     }
     layers.push(LayerSpec {
@@ -129,12 +134,14 @@ fn training_steps_allocate_nothing() {
         kind: LayerKind::Add,
         inputs: vec![Src::Layer(2), Src::Layer(5)],
         trainable: true,
+        update: frugal_core::model::Update::All,
     });
     layers.push(LayerSpec {
         name: "drop".into(),
         kind: LayerKind::Dropout { p: 0.2 },
         inputs: vec![Src::Layer(6)],
         trainable: true,
+        update: frugal_core::model::Update::All,
     });
     for l in &spec.layers[3..] {
         let mut l = l.clone();
@@ -297,6 +304,7 @@ fn int8_training_steps_allocate_nothing() {
             },
             inputs: vec![Src::Layer(first_pool as u32)],
             trainable: true,
+            update: frugal_core::model::Update::All,
         },
         LayerSpec {
             name: "res".into(),
@@ -306,6 +314,7 @@ fn int8_training_steps_allocate_nothing() {
                 Src::Layer(first_pool as u32 + 1),
             ],
             trainable: true,
+            update: frugal_core::model::Update::All,
         },
         LayerSpec {
             name: "avg".into(),
@@ -315,6 +324,7 @@ fn int8_training_steps_allocate_nothing() {
             },
             inputs: vec![Src::Layer(first_pool as u32 + 2)],
             trainable: true,
+            update: frugal_core::model::Update::All,
         },
     ];
     let rest: Vec<LayerSpec> = spec.layers.drain(first_pool + 1..).collect();
@@ -354,17 +364,19 @@ fn int8_training_steps_allocate_nothing() {
         let per = spec.input.numel();
         let x: Vec<f32> = (0..batch * per).map(|i| (i % 13) as f32 / 13.0).collect();
         let y: Vec<u32> = (0..batch as u32).map(|i| i % 10).collect();
+        let mut pred = vec![0f32; batch * plan.graph.pred_dims().numel()];
         // The very first step counts: nothing is warmed up.
         let ((), n) = allocations(|| {
             for _ in 0..3 {
                 ex.train_step(&mut arena, &x, Target::Classes(&y)).unwrap();
             }
             ex.evaluate(&mut arena, &x, Target::Classes(&y)).unwrap();
+            ex.predict_into(&mut arena, &x, &mut pred).unwrap();
         });
         assert_eq!(
             n,
             0,
-            "{update:?}, {} kernels, grad_tile {grad_tile}: an int8 step allocated",
+            "{update:?}, {} kernels, grad_tile {grad_tile}: an int8 step, evaluation or prediction allocated",
             kernels.name()
         );
         assert!(ex.counts().passes() > 0);
@@ -578,6 +590,7 @@ fn bn_residual_cnn(blocks: u32) -> ModelSpec {
         kind,
         inputs: vec![Src::Layer(from)],
         trainable: true,
+        update: frugal_core::model::Update::All,
     };
     let conv = |out: u32, k: u32, groups: u32| LayerKind::Conv2d {
         out,
@@ -629,6 +642,45 @@ fn bn_residual_cnn(blocks: u32) -> ModelSpec {
             weight_decay: 0.0,
         },
         seed: 5,
+    }
+}
+
+/// A sparse update (frozen stem, BatchNorm β only, a channel fraction of the depthwise and pointwise
+/// convolutions, the classifier's bias only), plain and micro-batched, allocates nothing per step.
+fn sparse_update_steps_allocate_nothing() {
+    use frugal_core::model::Update;
+    let mut spec = bn_residual_cnn(2);
+    for (i, l) in spec.layers.iter_mut().enumerate() {
+        match (&l.kind, i) {
+            (_, 0) => l.trainable = false,
+            (LayerKind::BatchNorm2d { .. }, _) => l.update = Update::Bias,
+            (LayerKind::Conv2d { .. }, _) => l.update = Update::Channels(0.5),
+            (LayerKind::Linear { .. }, _) => l.update = Update::Bias,
+            _ => {}
+        }
+    }
+    let batch = 8;
+    let g = Graph::new(&spec, batch).unwrap();
+    assert!(g
+        .params()
+        .any(|(_, p)| p.grad.is_some() && p.updated < p.shape.iter().product()));
+    let shape = frugal_core::plan::PlanShape {
+        micro_batches: 2,
+        ..Default::default()
+    };
+    for plan in [Plan::new(g.clone()), Plan::shaped(g, shape)] {
+        let mut arena = vec![0u8; plan.needed_bytes()];
+        let mut ex = Executor::new(&plan, &arena).unwrap();
+        ex.init_params(&mut arena, 1).unwrap();
+        let x: Vec<f32> = (0..batch * 64).map(|i| (i % 13) as f32 / 13.0).collect();
+        let y: Vec<u32> = (0..batch as u32).map(|i| i % 3).collect();
+        let ((), n) = allocations(|| {
+            for _ in 0..3 {
+                ex.train_step(&mut arena, &x, Target::Classes(&y)).unwrap();
+            }
+            ex.evaluate(&mut arena, &x, Target::Classes(&y)).unwrap();
+        });
+        assert_eq!(n, 0, "heap allocations during sparse-update steps");
     }
 }
 

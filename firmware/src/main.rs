@@ -40,10 +40,18 @@ use frugal_core::model::Precision;
 use frugal_core::plan::Plan;
 use heapless::Deque;
 
-#[cfg(all(feature = "netduinoplus2", feature = "microbit"))]
-compile_error!("enable exactly one board feature: netduinoplus2 or microbit");
-#[cfg(not(any(feature = "netduinoplus2", feature = "microbit")))]
-compile_error!("enable one board feature: netduinoplus2 or microbit");
+#[cfg(any(
+    all(feature = "netduinoplus2", feature = "microbit"),
+    all(feature = "netduinoplus2", feature = "mps2-an500"),
+    all(feature = "microbit", feature = "mps2-an500")
+))]
+compile_error!("enable exactly one board feature: netduinoplus2, microbit or mps2-an500");
+#[cfg(not(any(
+    feature = "netduinoplus2",
+    feature = "microbit",
+    feature = "mps2-an500"
+)))]
+compile_error!("enable one board feature: netduinoplus2, microbit or mps2-an500");
 
 /// The board this build is for.
 #[cfg(feature = "netduinoplus2")]
@@ -51,6 +59,12 @@ pub const BOARD: boards::Board = boards::NETDUINOPLUS2;
 /// The board this build is for.
 #[cfg(all(feature = "microbit", not(feature = "netduinoplus2")))]
 pub const BOARD: boards::Board = boards::MICROBIT;
+/// The board this build is for.
+#[cfg(all(
+    feature = "mps2-an500",
+    not(any(feature = "netduinoplus2", feature = "microbit"))
+))]
+pub const BOARD: boards::Board = boards::MPS2_AN500;
 
 /// The numbers this build trains in.
 pub const NUMERICS: boards::Numerics = if cfg!(feature = "int8") {
@@ -65,6 +79,8 @@ pub const HEAP: usize = BOARD.heap_for(NUMERICS);
 
 /// Samples per step (and the ring buffer's capacity).
 const BATCH: usize = BOARD.batch;
+/// Elements of one model input (the 8×8 digit upscaled by the board's factor).
+const INPUT: usize = BOARD.input_len();
 /// Steps whose loss is logged one by one (the xtask compares them with a native run).
 const LOGGED_STEPS: u32 = 10;
 
@@ -73,6 +89,9 @@ static TRAIN_X: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/train_images.b
 static TRAIN_Y: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/train_labels.bin"));
 static TEST_X: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/test_images.bin"));
 static TEST_Y: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/test_labels.bin"));
+/// Pretrained persistent tensors (little-endian f32, in `Executor::state_tensors` order; empty when the
+/// board trains from scratch). Read from flash once, into the arena.
+static WEIGHTS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/weights.bin"));
 
 /// One labelled sample as the sensor delivers it.
 #[derive(Clone, Copy)]
@@ -107,6 +126,16 @@ impl<'p> Ex<'p> {
     }
     fn init_params(&mut self, arena: &mut [u8], seed: u64) -> Result<(), ExecError> {
         self.0.init_params(arena, seed)
+    }
+    /// Loads the pretrained state from flash (f32 only: no int8 board is pretrained).
+    fn load_weights(&mut self, arena: &mut [u8], bytes: &[u8]) -> Result<(), ExecError> {
+        #[cfg(feature = "int8")]
+        {
+            let _ = (arena, bytes);
+            Err(ExecError::Unsupported("pretrained weights in int8"))
+        }
+        #[cfg(not(feature = "int8"))]
+        self.0.write_state(arena, bytes)
     }
     fn train_step(
         &mut self,
@@ -199,7 +228,7 @@ fn decode() -> Option<Box<Plan>> {
 /// Trains on the stream and evaluates after each epoch.
 #[inline(never)]
 fn train(plan: &Plan) -> bool {
-    if plan.graph.input_dims.numel() != stream::PIXELS || plan.batch() != BATCH {
+    if plan.graph.input_dims.numel() != INPUT || plan.batch() != BATCH {
         error!("the plan's input or batch does not match the board's data");
         return false;
     }
@@ -219,10 +248,22 @@ fn train(plan: &Plan) -> bool {
         error!("{}", Display2Format(&e));
         return false;
     }
+    if !WEIGHTS.is_empty() {
+        let t0 = rt::ticks();
+        if let Err(e) = ex.load_weights(arena, WEIGHTS) {
+            error!("pretrained weights: {}", Display2Format(&e));
+            return false;
+        }
+        info!(
+            "pretrained weights: {=usize} B copied from flash into the arena in {=u64} ticks",
+            WEIGHTS.len(),
+            rt::ticks() - t0
+        );
+    }
 
     let allocs_before = rt::heap().allocs;
     let mut ring: Deque<Sample, BATCH> = Deque::new();
-    let mut x = [0f32; BATCH * stream::PIXELS];
+    let mut x = [0f32; BATCH * INPUT];
     let mut y = [0u32; BATCH];
     let steps = stream::steps_per_epoch(BOARD.n_train, BATCH);
     let mut step: u32 = 0;
@@ -241,12 +282,7 @@ fn train(plan: &Plan) -> bool {
                 let _ = ring.push_back(sample(TRAIN_X, TRAIN_Y, i));
             }
             for (j, s) in ring.iter().enumerate() {
-                for (d, &p) in x[j * stream::PIXELS..(j + 1) * stream::PIXELS]
-                    .iter_mut()
-                    .zip(&s.pixels)
-                {
-                    *d = stream::pixel(p);
-                }
+                stream::input(&s.pixels, BOARD.upscale, &mut x[j * INPUT..(j + 1) * INPUT]);
                 y[j] = s.label as u32;
             }
             let t = rt::ticks();
@@ -287,15 +323,10 @@ fn train(plan: &Plan) -> bool {
             let n = mb.min(BOARD.n_test - i);
             for j in 0..n {
                 let s = sample(TEST_X, TEST_Y, i + j);
-                for (d, &p) in x[j * stream::PIXELS..(j + 1) * stream::PIXELS]
-                    .iter_mut()
-                    .zip(&s.pixels)
-                {
-                    *d = stream::pixel(p);
-                }
+                stream::input(&s.pixels, BOARD.upscale, &mut x[j * INPUT..(j + 1) * INPUT]);
                 y[j] = s.label as u32;
             }
-            match ex.evaluate(arena, &x[..n * stream::PIXELS], Target::Classes(&y[..n])) {
+            match ex.evaluate(arena, &x[..n * INPUT], Target::Classes(&y[..n])) {
                 Ok(s) => right += s.correct,
                 Err(e) => {
                     error!("evaluate: {}", Display2Format(&e));

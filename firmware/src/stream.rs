@@ -23,3 +23,24 @@ pub fn pixel(v: u8) -> f32 {
 pub fn steps_per_epoch(n: usize, batch: usize) -> usize {
     n.div_ceil(batch)
 }
+
+/// Indices (into the bundled split's `labels`) of the samples a board with `classes = (lo, n)` keeps:
+/// labels `lo..lo + n`, in file order. Its label becomes `label - lo`. (Used by `build.rs` and xtask.)
+#[allow(dead_code)]
+pub fn kept(labels: &[u8], (lo, n): (u8, u8)) -> impl Iterator<Item = usize> + '_ {
+    labels
+        .iter()
+        .enumerate()
+        .filter(move |&(_, &l)| l >= lo && l - lo < n)
+        .map(|(i, _)| i)
+}
+
+/// One 8×8 digit (`PIXELS` values) as the model's input: scaled by [`pixel`] and upscaled by `scale`
+/// (nearest: each pixel becomes a `scale`×`scale` square) into `out`, `PIXELS · scale²` values.
+pub fn input(pixels: &[u8], scale: usize, out: &mut [f32]) {
+    let side = 8 * scale;
+    for (k, o) in out.iter_mut().enumerate().take(side * side) {
+        let (r, c) = (k / side, k % side);
+        *o = pixel(pixels[(r / scale) * 8 + c / scale]);
+    }
+}

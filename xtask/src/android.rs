@@ -8,7 +8,8 @@
 //! 3. the JNI test (`tests/java/ai/frugal/TrainerTest.java`) on the host JVM with `-Xcheck:jni`,
 //!    loading the x86-64 `libfrugal.so`;
 //! 4. the `aarch64-linux-android` staticlib (`cargo rustc --crate-type staticlib`: the crate's
-//!    `cdylib` needs the NDK's linker, which these machines do not have).
+//!    `cdylib` needs the NDK's linker, which these machines do not have);
+//! 5. `frugal-hexagon` (the DSP backend and its FastRPC transport) for `aarch64-linux-android`.
 //!
 //! `--bench`: the C-ABI overhead per `train_steps(1)` call against the Rust executor (release), timed
 //! (`examples/capi_overhead.rs`: alternating rounds, median and spread of the per-round overhead, thread
@@ -223,6 +224,17 @@ pub fn main(args: &[String]) -> Result<(), String> {
         "staticlib",
     ]))?;
     report.push("aarch64-linux-android staticlib builds");
+    // The Hexagon DSP backend's FastRPC transport (libcdsprpc.so opened at run time: no NDK needed
+    // for the rlib).
+    run(cargo().args([
+        "build",
+        "-p",
+        "frugal-hexagon",
+        "--lib",
+        "--target",
+        "aarch64-linux-android",
+    ]))?;
+    report.push("frugal-hexagon (FastRpc transport) builds for aarch64-linux-android");
     eprintln!("\nandroid: all checks passed");
     for line in report {
         eprintln!("  {line}");

@@ -1,7 +1,9 @@
 //! `cargo xtask bench dsp [--batch N]`: the Hexagon DSP co-scheduling report — per-instruction DSP
-//! packets of an int8 digits-CNN training step counted under `qemu-hexagon`, CPU times measured
-//! here, the switch cost, and the predicted step time for all-CPU, all-DSP and the DP's co-scheduled
-//! placement (checked against brute force). The model is documented in `frugal_hexagon::cost`.
+//! packets of int8 training steps (the digits CNN at batch N, a MobileNet-class model at batch 8)
+//! counted under `qemu-hexagon`, CPU times measured here, the switch cost, the predicted step time
+//! for all-CPU, all-DSP and the DP's co-scheduled placement (checked against brute force where it
+//! can run and an exact shortest path always), and the bytes over the pipe per step without and with
+//! a planned DSP space. The model is documented in `frugal_hexagon::cost`.
 //!
 //! This writes a small TCG plugin ([`PLUGIN_C`]) and compiles it with the host `cc`, as
 //! `bench aarch64` does: it counts executed guest instructions (under `qemu-hexagon`, packets) and

@@ -1,4 +1,4 @@
-//! `cargo xtask firmware --board netduinoplus2|microbit [--precision f32|int8] [--timeout SECS]`: builds
+//! `cargo xtask firmware --board netduinoplus2|microbit|mps2-an500 [--precision f32|int8] [--timeout SECS]`: builds
 //! `firmware/` for the board in each precision it runs (or the one asked for), runs it in `qemu-system-arm` with `-icount shift=0` (one instruction = 1 ns of virtual time, so
 //! SysTick ticks convert to instructions), decodes its defmt log with `defmt-print`, prints it, and
 //! checks that the firmware's first 10 losses equal a native run of the very plan baked into the ELF
@@ -13,14 +13,14 @@ use std::time::{Duration, Instant};
 use frugal_cli::spec_toml::load_model;
 use frugal_core::exec::int8::Int8Executor;
 use frugal_core::exec::{Executor, Target};
-use frugal_core::format::encode_model;
 use frugal_core::format::plan::decode_plan;
+use frugal_core::format::{encode_model, unframe};
 use frugal_core::model::Precision;
 use frugal_core::plan::Plan;
 
 #[path = "../../firmware/src/boards.rs"]
 #[allow(dead_code)]
-mod boards;
+pub(crate) mod boards;
 #[path = "../../firmware/src/stream.rs"]
 #[allow(dead_code)]
 mod stream;
@@ -31,7 +31,7 @@ const COMPARED_STEPS: usize = 10;
 const ICOUNT_SHIFT: u32 = 0;
 
 fn usage() -> String {
-    "usage: cargo xtask firmware --board netduinoplus2|microbit [--precision f32|int8] [--timeout SECS]"
+    "usage: cargo xtask firmware --board netduinoplus2|microbit|mps2-an500 [--precision f32|int8] [--timeout SECS]"
         .into()
 }
 
@@ -374,8 +374,16 @@ fn native_losses(
         ));
     }
     let dir = root.join("data/digits");
-    let images = idx_body(&dir.join("digits-train-images.idx"), 16)?;
-    let labels = idx_body(&dir.join("digits-train-labels.idx"), 8)?;
+    let all_images = idx_body(&dir.join("digits-train-images.idx"), 16)?;
+    let all_labels = idx_body(&dir.join("digits-train-labels.idx"), 8)?;
+    // The board's slice, as `firmware/build.rs` bakes it: its classes, relabelled from 0.
+    let px = stream::PIXELS;
+    let keep: Vec<usize> = stream::kept(&all_labels, b.classes).collect();
+    let images: Vec<u8> = keep
+        .iter()
+        .flat_map(|&i| all_images[i * px..(i + 1) * px].iter().copied())
+        .collect();
+    let labels: Vec<u8> = keep.iter().map(|&i| all_labels[i] - b.classes.0).collect();
     let mut arena = vec![0u8; plan.needed_bytes()];
     let mut ex = if int8 {
         let mut e = Int8Executor::new(&plan, &arena).map_err(|e| e.to_string())?;
@@ -386,21 +394,28 @@ fn native_losses(
         let mut e = Executor::new(&plan, &arena).map_err(|e| e.to_string())?;
         e.init_params(&mut arena, b.seed)
             .map_err(|e| e.to_string())?;
+        if let Some(w) = b.weights {
+            let p = root.join(w);
+            let file = std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let (_, payload) = unframe(crate::mcu::WEIGHTS_MAGIC, 1, &file)
+                .map_err(|e| format!("{}: {e}", p.display()))?;
+            e.write_state(&mut arena, payload)
+                .map_err(|e| format!("{}: {e}", p.display()))?;
+        }
         Native::F32(e)
     };
-    let px = stream::PIXELS;
-    let mut x = vec![0f32; b.batch * px];
+    let inp = b.input_len();
+    let mut x = vec![0f32; b.batch * inp];
     let mut y = vec![0u32; b.batch];
     let mut out = Vec::new();
     for s in 0..COMPARED_STEPS {
         for j in 0..b.batch {
             let i = stream::sample_at(s * b.batch + j, b.n_train);
-            for (d, &v) in x[j * px..(j + 1) * px]
-                .iter_mut()
-                .zip(&images[i * px..(i + 1) * px])
-            {
-                *d = stream::pixel(v);
-            }
+            stream::input(
+                &images[i * px..(i + 1) * px],
+                b.upscale,
+                &mut x[j * inp..(j + 1) * inp],
+            );
             y[j] = u32::from(labels[i]);
         }
         let st = match &mut ex {
@@ -487,6 +502,26 @@ mod tests {
         ulp[7].1 = f32::from_bits(ulp[7].1.to_bits() + 1);
         assert!(compare(&ulp, &native, false).is_ok());
         assert!(compare(&ulp, &native, true).is_err());
+    }
+
+    #[test]
+    fn a_board_keeps_its_classes_and_upscales_by_nearest() {
+        let labels = [7u8, 3, 5, 9, 0, 6];
+        let kept: Vec<usize> = stream::kept(&labels, (5, 5)).collect();
+        assert_eq!(kept, [0, 2, 3, 5]);
+        assert_eq!(stream::kept(&labels, (0, 10)).count(), labels.len());
+        let px: Vec<u8> = (0..64).map(|i| (i % 17) as u8).collect();
+        let mut one = [0f32; 64];
+        stream::input(&px, 1, &mut one);
+        assert!(one.iter().zip(&px).all(|(&a, &p)| a == stream::pixel(p)));
+        let mut two = [0f32; 256];
+        stream::input(&px, 2, &mut two);
+        for r in 0..16 {
+            for c in 0..16 {
+                assert_eq!(two[r * 16 + c], one[(r / 2) * 8 + c / 2], "({r}, {c})");
+            }
+        }
+        assert_eq!(boards::MPS2_AN500.input_len(), 256);
     }
 
     #[test]

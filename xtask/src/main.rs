@@ -2,8 +2,8 @@
 //! - `test [--fast] [--no-setup]`: everything CI checks — fmt, clippy, the workspace tests,
 //!   `frugal-core` built without `std` for Cortex-M4F, Cortex-M0 and wasm32, the memory benchmark's
 //!   targets, the int8 kernels on aarch64 (qemu) and wasm32 (Node), the browser build and its Chromium
-//!   tests, and the firmware on the Cortex-M4F and Cortex-M0 boards in QEMU (`--fast` leaves out those
-//!   last four); installs what is missing first (`--no-setup`: refuses instead); ends with a table of
+//!   tests, the firmware on the Cortex-M4F, Cortex-M0 and Cortex-M7 boards in QEMU, and the Python package's
+//!   wheel and pytest suite with the Flower app (`--fast` leaves out those last six); installs what is missing first (`--no-setup`: refuses instead); ends with a table of
 //!   legs, results and times (see `test.rs`).
 //! - `setup [--fast] [--check] [LEG…]`: installs the tools the legs need, skipping what is present at a
 //!   compatible version (see `setup.rs`, the one list of them). The emulator, browser and Miri tasks
@@ -19,6 +19,9 @@
 //!   SGEMM 512³ per FLOP, NEON vs portable, and the int8 ÷ f32 digits-CNN step (see `insns.rs`).
 //! - `bench dsp [--batch N]`: the Hexagon DSP co-scheduling report — DSP packets per instruction under
 //!   `qemu-hexagon` (a TCG plugin built on the fly), CPU times, the DP's placement and predicted step times.
+//! - `bench python [--rounds R] [--clients C] [--only fl|overhead]`: the Python package's figures — federated
+//!   (Flower) vs centralised held-out accuracy, each client's arena against its budget per device
+//!   class, and Python's per-call overhead on a digits-MLP step (see `python.rs`, `python/bench/figures.py`).
 //! - `bench budget`: the memory policies — Melon's headline, smallest budgets, Sage's orderings.
 //! - `bench planning [--reps R] [--batches B,B]`: how long planning for a budget takes, by model, batch and budget.
 //! - `bench swap [--scale S] [--lookahead L] [--budget-mib M] [--steps N] [--rounds R] [--keep-cache]`:
@@ -26,8 +29,10 @@
 //!   fresh process.
 //! - `web [--serve [--port N]] [--test] [--bench]`: the browser build (`web-demo/dist/`), its Chromium
 //!   tests and its figures (see `web.rs`).
-//! - `firmware --board netduinoplus2|microbit`: builds `firmware/`, trains in QEMU, decodes the defmt log,
+//! - `firmware --board netduinoplus2|microbit|mps2-an500`: builds `firmware/`, trains in QEMU, decodes the defmt log,
 //!   compares the first losses with a native run of the baked plan (see `firmware.rs`).
+//! - `mcu-pretrain`: pretrains the Cortex-M7 board's MobileNetV2-class model on the host, picks its
+//!   sparse update for the board's arena and writes the model and weights the firmware embeds (`mcu.rs`).
 //! - `fuzz [--time SECS] [--seeds] [TARGET …]`: the libFuzzer targets of `fuzz/` (nightly, cargo-fuzz),
 //!   each for SECS seconds (default 20), with a table of runs, crashes and coverage (see `fuzz.rs`).
 //! - `miri`: the decoders, kernel suites and int8 ops of `frugal-core` under Miri (nightly; see `miri.rs`).
@@ -48,10 +53,13 @@ mod igemm;
 mod insns;
 mod int8;
 mod kernels;
+mod mcu;
 mod miri;
+mod python;
 mod seq;
 mod setup;
 mod sgemm;
+mod sparse;
 mod swap;
 mod test;
 mod web;
@@ -69,12 +77,18 @@ fn main() -> ExitCode {
             budget::main(&args[2..])
         }
         Some("bench") if args.get(1).map(String::as_str) == Some("swap") => swap::main(&args[2..]),
+        Some("bench") if args.get(1).map(String::as_str) == Some("sparse") => {
+            sparse::main(&args[2..])
+        }
         Some("bench") if args.get(1).map(String::as_str) == Some("gpu") => gpu::main(&args[2..]),
         Some("bench") if args.get(1).map(String::as_str) == Some("dsp") => dsp::main(&args[2..]),
         Some("bench") if args.get(1).map(String::as_str) == Some("planning") => {
             budget::planning(&args[2..])
         }
         Some("bench") if args.get(1).map(String::as_str) == Some("int8") => int8::main(&args[2..]),
+        Some("bench") if args.get(1).map(String::as_str) == Some("python") => {
+            python::bench(&args[2..])
+        }
         Some("bench") if args.get(1).map(String::as_str) == Some("aarch64") => {
             insns::main(&args[2..])
         }
@@ -89,16 +103,16 @@ fn main() -> ExitCode {
         Some("__bench-seq-one") => seq::child(&args[1..]),
         Some("__bench-swap-one") => swap::child(&args[1..]),
         Some("__bench-one") => bench::child(&args[1..]),
-        Some("firmware") => {
-            ready(&[Leg::FirmwareM4, Leg::FirmwareM0]).and_then(|()| firmware::main(&args[1..]))
-        }
+        Some("firmware") => ready(&[Leg::FirmwareM4, Leg::FirmwareM0, Leg::FirmwareM7])
+            .and_then(|()| firmware::main(&args[1..])),
+        Some("mcu-pretrain") => mcu::main(&args[1..]),
         Some("cross") => ready(&[Leg::Cross]).and_then(|()| cross::main(&args[1..])),
         Some("android") => ready(&[Leg::Android]).and_then(|()| android::main(&args[1..])),
         Some("web") => ready(&[Leg::Web]).and_then(|()| web::main(&args[1..])),
         Some("miri") => ready(&[Leg::Miri]).and_then(|()| miri::main(&args[1..])),
         Some("fuzz") => ready(&[Leg::Fuzz]).and_then(|()| fuzz::main(&args[1..])),
         _ => {
-            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|planning|seq|swap|int8|sgemm|igemm|gpu|aarch64|dsp … | cross | android [--bench] | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit | miri | fuzz [--time SECS] [TARGET…]");
+            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|planning|seq|sparse|swap|int8|sgemm|igemm|gpu|aarch64|dsp … | cross | android [--bench] | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit|mps2-an500 | mcu-pretrain | miri | fuzz [--time SECS] [TARGET…]");
             Err("unknown task".into())
         }
     };

@@ -34,6 +34,8 @@ pub enum Probe {
     Target(&'static str),
     /// `cargo ARGS` succeeds (`fmt --version`, `+nightly miri --version`).
     Cargo(&'static [&'static str]),
+    /// The Python venv (`python::venv()`) imports what the python leg needs (`python::MODULES`).
+    PyVenv,
     /// An npm package installed in `dir` (repository-relative) at the version its `package-lock.json`
     /// names.
     NpmDeps {
@@ -77,6 +79,8 @@ pub enum Install {
     Cargo(&'static str),
     /// `npm ci` in a repository directory.
     NpmCi(&'static str),
+    /// `python3 -m venv` + `pip install -r python/requirements-dev.txt` (`python::install_venv`).
+    PyVenv,
 }
 
 /// One thing the checks need.
@@ -120,12 +124,29 @@ pub const TOOLS: &[Tool] = &[
         legs: &[Leg::Tests, Leg::NoStd, Leg::Web],
         note: "",
     },
+    // The Python package: an interpreter with venv and pip (Debian splits them out), then the venv.
+    Tool {
+        name: "python3 (venv, pip)",
+        probe: Probe::Bins(&["python3"]),
+        want: Want::AtLeast((3, 9, 0)),
+        install: Install::Apt(&["python3", "python3-venv", "python3-pip"]),
+        legs: &[Leg::Python],
+        note: "",
+    },
+    Tool {
+        name: "python venv (maturin, flwr, …)",
+        probe: Probe::PyVenv,
+        want: Want::Any,
+        install: Install::PyVenv,
+        legs: &[Leg::Python],
+        note: "",
+    },
     Tool {
         name: "target thumbv7em-none-eabihf",
         probe: Probe::Target("thumbv7em-none-eabihf"),
         want: Want::Any,
         install: Install::Target("thumbv7em-none-eabihf"),
-        legs: &[Leg::NoStd, Leg::FirmwareM4],
+        legs: &[Leg::NoStd, Leg::FirmwareM4, Leg::FirmwareM7],
         note: "",
     },
     Tool {
@@ -236,7 +257,7 @@ pub const TOOLS: &[Tool] = &[
         probe: Probe::Bins(&["qemu-system-arm"]),
         want: Want::Any,
         install: Install::Apt(&["qemu-system-arm"]),
-        legs: &[Leg::FirmwareM4, Leg::FirmwareM0],
+        legs: &[Leg::FirmwareM4, Leg::FirmwareM0, Leg::FirmwareM7],
         note: "",
     },
     Tool {
@@ -247,7 +268,7 @@ pub const TOOLS: &[Tool] = &[
             krate: "defmt",
         },
         install: Install::Cargo("defmt-print"),
-        legs: &[Leg::FirmwareM4, Leg::FirmwareM0],
+        legs: &[Leg::FirmwareM4, Leg::FirmwareM0, Leg::FirmwareM7],
         note: "",
     },
     Tool {
@@ -377,17 +398,15 @@ pub fn locked_version(lock: &str, krate: &str) -> Option<String> {
     None
 }
 
-/// The `"version"` of the entry `"node_modules/PACKAGE"` in a `package-lock.json`, or of a
-/// `package.json` when `package` is `None` (the first `"version"` key).
+/// The `"version"` of the entry `"node_modules/PACKAGE"` in a `package-lock.json` (`packages`), or of
+/// a `package.json` when `package` is `None` (its top-level `"version"`).
 fn npm_version(json: &str, package: Option<&str>) -> Option<String> {
-    let from = match package {
-        Some(p) => json.find(&format!("\"node_modules/{p}\""))?,
-        None => 0,
+    let v: serde_json::Value = serde_json::from_str(json).ok()?;
+    let entry = match package {
+        Some(p) => &v["packages"][format!("node_modules/{p}")],
+        None => &v,
     };
-    let rest = &json[from..];
-    let rest = &rest[rest.find("\"version\"")? + "\"version\"".len()..];
-    let rest = &rest[rest.find('"')? + 1..];
-    Some(rest[..rest.find('"')?].to_string())
+    entry["version"].as_str().map(str::to_owned)
 }
 
 fn fmt_version(v: Version) -> String {
@@ -503,6 +522,17 @@ impl Tool {
             Probe::Cargo(args) => output(Command::new("cargo").args(*args))
                 .map(|s| s.lines().next().unwrap_or("").trim().to_string())
                 .ok_or_else(|| format!("`cargo {}` failed", args.join(" "))),
+            Probe::PyVenv => {
+                let py = crate::python::python();
+                if !py.is_file() {
+                    return Err(format!("{} missing", py.display()));
+                }
+                output(Command::new(&py).args(["-c", crate::python::MODULES]))
+                    .map(|_| crate::python::venv().display().to_string())
+                    .ok_or_else(|| {
+                        format!("`{}` fails in {}", crate::python::MODULES, py.display())
+                    })
+            }
             Probe::NpmDeps { dir, package } => {
                 let d = root().join(dir);
                 let lock = std::fs::read_to_string(d.join("package-lock.json"))
@@ -551,6 +581,10 @@ impl Tool {
                 None => format!("cargo install {c} --locked"),
             },
             Install::NpmCi(d) => format!("(cd {d} && npm ci --no-audit --no-fund)"),
+            Install::PyVenv => format!(
+                "python3 -m venv {v} && {v}/bin/python -m pip install -r python/requirements-dev.txt",
+                v = crate::python::venv().display()
+            ),
         }
     }
 }
@@ -620,7 +654,8 @@ fn is_root() -> bool {
     output(Command::new("id").arg("-u")).is_some_and(|s| s.trim() == "0")
 }
 
-fn run(cmd: &mut Command) -> Result<(), String> {
+/// Runs `cmd` (no standard input), echoing it; an error names it and its exit status.
+pub(crate) fn run(cmd: &mut Command) -> Result<(), String> {
     eprintln!("$ {cmd:?}");
     let st = cmd
         .stdin(Stdio::null())
@@ -703,6 +738,7 @@ fn install(missing: &[&'static Tool]) -> (Vec<String>, Vec<String>) {
                 "--no-audit",
                 "--no-fund",
             ])),
+            Install::PyVenv => crate::python::install_venv(),
         };
         if let Err(e) = r {
             failed.push(format!("{}: {e}", t.name));
@@ -882,6 +918,12 @@ mod tests {
             npm_version(r#"{"name": "p", "version": "1.2.3"}"#, None).as_deref(),
             Some("1.2.3")
         );
+        // An entry without a version is not given the next entry's (a text search would read b's),
+        // and a file that is not JSON names no version.
+        let no_version = r#"{"packages": {"node_modules/a": {"dev": true},
+            "node_modules/b": {"version": "9.9.9"}}}"#;
+        assert_eq!(npm_version(no_version, Some("a")), None);
+        assert_eq!(npm_version(r#"{"version": "1.2"#, None), None);
     }
 
     #[test]

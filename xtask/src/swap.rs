@@ -44,6 +44,7 @@ pub fn vgg16(scale: u32) -> ModelSpec {
             kind,
             inputs: vec![src],
             trainable: true,
+            update: frugal_core::model::Update::All,
         });
     };
     let (mut block, mut k) = (1, 1);

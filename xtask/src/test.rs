@@ -26,13 +26,15 @@ pub enum Leg {
     Web,
     FirmwareM4,
     FirmwareM0,
+    FirmwareM7,
+    Python,
     Miri,
     Fuzz,
 }
 
 impl Leg {
     /// The legs of `cargo xtask test`, in order.
-    pub const TEST: [Leg; 14] = [
+    pub const TEST: [Leg; 16] = [
         Leg::Fmt,
         Leg::Clippy,
         Leg::Tests,
@@ -45,11 +47,13 @@ impl Leg {
         Leg::Web,
         Leg::FirmwareM4,
         Leg::FirmwareM0,
+        Leg::FirmwareM7,
+        Leg::Python,
         Leg::Miri,
         Leg::Fuzz,
     ];
     /// Every leg setup knows.
-    pub const ALL: [Leg; 14] = [
+    pub const ALL: [Leg; 16] = [
         Leg::Fmt,
         Leg::Clippy,
         Leg::Tests,
@@ -62,6 +66,8 @@ impl Leg {
         Leg::Web,
         Leg::FirmwareM4,
         Leg::FirmwareM0,
+        Leg::FirmwareM7,
+        Leg::Python,
         Leg::Miri,
         Leg::Fuzz,
     ];
@@ -81,6 +87,8 @@ impl Leg {
             Leg::Web => "web",
             Leg::FirmwareM4 => "firmware-m4",
             Leg::FirmwareM0 => "firmware-m0",
+            Leg::FirmwareM7 => "firmware-m7",
+            Leg::Python => "python",
             Leg::Miri => "miri",
             Leg::Fuzz => "fuzz",
         }
@@ -101,6 +109,8 @@ impl Leg {
             Leg::Web => "browser: frugal-wasm, the demo in Chromium, cross-target losses",
             Leg::FirmwareM4 => "firmware on netduinoplus2 (QEMU, Cortex-M4F), f32 and int8",
             Leg::FirmwareM0 => "firmware on microbit (QEMU, Cortex-M0, 16 KiB RAM), int8",
+            Leg::FirmwareM7 => "firmware on mps2-an500 (QEMU, Cortex-M7, 256 KiB RAM): MobileNetV2-class sparse fine-tune",
+            Leg::Python => "the Python package: abi3 wheel (maturin), pytest with the Flower app (simulation and deployment)",
             Leg::Miri => "frugal-core under Miri (cargo xtask miri)",
             Leg::Fuzz => "every parser and the JS API under libFuzzer (cargo xtask fuzz)",
         }
@@ -195,6 +205,8 @@ impl Leg {
             Leg::Web => crate::web::main(&s(&["--test"])),
             Leg::FirmwareM4 => crate::firmware::main(&s(&["--board", "netduinoplus2"])),
             Leg::FirmwareM0 => crate::firmware::main(&s(&["--board", "microbit"])),
+            Leg::FirmwareM7 => crate::firmware::main(&s(&["--board", "mps2-an500"])),
+            Leg::Python => crate::python::test(),
             Leg::Miri => crate::miri::main(&[]),
             Leg::Fuzz => crate::fuzz::main(&[]),
         }

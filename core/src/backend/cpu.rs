@@ -194,7 +194,7 @@ pub(crate) fn tensor_mut<'a>(
 pub(crate) fn spill_region(plan: &Plan, eo: Eo) -> Result<(usize, usize), ExecError> {
     let bad = ExecError::BadPlan("a swap names a tensor that is not in the arena");
     let t = plan.program[eo as usize].spilled().ok_or(bad.clone())?;
-    let s = plan.storage_at(t, eo).ok_or(bad.clone())? as usize;
+    let s = plan.storage_at(t, eo).ok_or(bad.clone())?;
     let (off, len) = (plan.offsets[s], plan.lives[s].bytes);
     if off.checked_add(len).is_none_or(|e| e > plan.arena_bytes) {
         return Err(bad);
@@ -671,6 +671,36 @@ fn forward(
                 f32s(sb)?,
             );
         }
+        // A frozen BatchNorm merged in place with its input (the planner's choice).
+        NodeOp::BatchNorm {
+            c,
+            hw,
+            eps,
+            train: false,
+            ..
+        } if same(plan, eo, xin, node.out) => {
+            let [gb, bb, rmb, rvb, yb] = carve(
+                a,
+                [
+                    whole(plan, eo, w)?,
+                    whole(plan, eo, b)?,
+                    whole(plan, eo, node.stats.first().copied())?,
+                    whole(plan, eo, node.stats.get(1).copied())?,
+                    reg(plan, eo, Some(node.out), out_elems)?,
+                ],
+            )?;
+            ops::bn_fwd_eval_inplace(
+                n,
+                *c,
+                *hw,
+                f32s(gb)?,
+                f32s(bb)?,
+                f32s(rmb)?,
+                f32s(rvb)?,
+                *eps,
+                f32s(yb)?,
+            );
+        }
         NodeOp::BatchNorm {
             c,
             hw,
@@ -755,30 +785,46 @@ fn grad_w(
     let out_elems = n * node.out_dims.numel();
     let dw = node.params.first().and_then(|p| p.grad);
     let db = node.params.get(1).and_then(|p| p.grad);
+    // Output channels updated (all but under a sparse update): the gradients' rows.
+    let rows = node
+        .params
+        .iter()
+        .find(|p| p.grad.is_some())
+        .map_or(0, |p| {
+            p.updated / (p.shape.iter().skip(1).product::<usize>().max(1))
+        });
     let s = node.scratch[scratch_slot::GRAD_W];
     let dy = node
         .d_out
         .ok_or(ExecError::BadPlan("gradient without an output derivative"))?;
     match &node.op {
         NodeOp::Linear { .. } | NodeOp::Conv(_) => {
+            // A bias-only update reads no input (the plan need not have kept it).
+            let x_elems = if dw.is_some() { in_elems } else { 0 };
+            let x_t = if dw.is_some() { Some(xin) } else { None };
             let [xb, dyb, dwb, dbb, sb] = carve(
                 a,
                 [
-                    reg(plan, eo, Some(xin), in_elems)?,
+                    reg(plan, eo, x_t, x_elems)?,
                     reg(plan, eo, Some(dy), out_elems)?,
                     whole(plan, eo, dw)?,
                     whole(plan, eo, db)?,
                     whole(plan, eo, s)?,
                 ],
             )?;
-            let x = input(plan, xin, xb, xext, in_elems)?;
-            let (dy, dw, db, s) = (f32s(dyb)?, f32s(dwb)?, opt_f32(dbb)?, f32s(sb)?);
+            let x = match x_t {
+                Some(xin) => input(plan, xin, xb, xext, in_elems)?,
+                None => &[],
+            };
+            let (dy, dw, db, s) = (f32s(dyb)?, opt_f32(dwb)?, opt_f32(dbb)?, f32s(sb)?);
             match &node.op {
                 NodeOp::Linear { fin, fout } => {
-                    let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
-                    ops::linear_grad_w_par(pool, rows, *fin, *fout, x, dy, dw, db, acc_w, s)
+                    let m = n * node.op.rows_per_sample(node.in_dims[0].numel());
+                    ops::linear_grad_w_rows_par(pool, m, *fin, *fout, rows, x, dy, dw, db, acc_w, s)
                 }
-                NodeOp::Conv(g) => ops::conv_grad_w_par(pool, g, n, x, dy, dw, db, acc_w, s),
+                NodeOp::Conv(g) => {
+                    ops::conv_grad_w_rows_par(pool, g, n, rows, x, dy, dw, db, acc_w, s)
+                }
                 _ => return Err(ExecError::BadPlan("not a linear or convolution layer")),
             }
         }
@@ -861,12 +907,13 @@ fn grad_w(
                     reg(plan, eo, Some(dy), out_elems)?,
                     whole(plan, eo, node.saved.first().copied())?,
                     whole(plan, eo, node.saved.get(1).copied())?,
-                    whole(plan, eo, dw)?,
-                    whole(plan, eo, db)?,
+                    // Exactly the updated channels: their count is the slices' length.
+                    reg(plan, eo, dw, node.params.first().map_or(0, |p| p.updated))?,
+                    reg(plan, eo, db, node.params.get(1).map_or(0, |p| p.updated))?,
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
-            ops::bn_grad_w(
+            ops::bn_grad_w_rows(
                 n,
                 *c,
                 *hw,
@@ -874,8 +921,8 @@ fn grad_w(
                 f32s(dyb)?,
                 f32s(mb)?,
                 f32s(ib)?,
-                f32s(dgb)?,
-                f32s(dbb)?,
+                opt_f32(dgb)?,
+                opt_f32(dbb)?,
                 acc_w,
             );
         }
@@ -1255,19 +1302,18 @@ fn apply(plan: &Plan, eo: Eo, a: &mut [u8], node: &Node, ctx: StepCtx) -> Result
     let opt = &plan.graph.optimizer;
     for p in &node.params {
         let Some(g) = p.grad else { continue };
+        // The updated prefix of the value (all of it but under a sparse update).
+        let w = Some(p.value);
         match p.state.as_slice() {
             [] => {
-                let [wb, gb] = carve(
-                    a,
-                    [whole(plan, eo, Some(p.value))?, whole(plan, eo, Some(g))?],
-                )?;
+                let [wb, gb] = carve(a, [reg(plan, eo, w, p.updated)?, whole(plan, eo, Some(g))?])?;
                 optim::apply(opt, ctx, f32s(wb)?, f32s(gb)?, &mut []);
             }
             [s0] => {
                 let [wb, gb, s0b] = carve(
                     a,
                     [
-                        whole(plan, eo, Some(p.value))?,
+                        reg(plan, eo, w, p.updated)?,
                         whole(plan, eo, Some(g))?,
                         whole(plan, eo, Some(*s0))?,
                     ],
@@ -1278,7 +1324,7 @@ fn apply(plan: &Plan, eo: Eo, a: &mut [u8], node: &Node, ctx: StepCtx) -> Result
                 let [wb, gb, s0b, s1b] = carve(
                     a,
                     [
-                        whole(plan, eo, Some(p.value))?,
+                        reg(plan, eo, w, p.updated)?,
                         whole(plan, eo, Some(g))?,
                         whole(plan, eo, Some(*s0))?,
                         whole(plan, eo, Some(*s1))?,

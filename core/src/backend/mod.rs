@@ -43,7 +43,7 @@ pub use int8::{CpuInt8, Int8State};
 #[cfg(feature = "alloc")]
 use crate::{
     graph::TensorId,
-    plan::{Eo, Instr, Phase, Plan, SpaceId},
+    plan::{Eo, Instr, Phase, Plan, SpaceId, StorageId},
     spill::Spill,
 };
 
@@ -230,11 +230,11 @@ impl Region {
         let (from, to) = plan.move_storages(eo).ok_or(ExecError::BadPlan(
             "a move of a tensor that holds no value before it",
         ))?;
-        let region = |s: u32| {
-            let l = &plan.lives[s as usize];
+        let region = |s: StorageId| {
+            let l = &plan.lives[s];
             Region {
                 space: l.space,
-                offset: plan.offsets[s as usize],
+                offset: plan.offsets[s],
                 // Both segments of a group have the group's bytes.
                 bytes: l.bytes,
             }

@@ -99,7 +99,7 @@ use crate::backend::{dispatch, Backend, Cx as InstrCx, Mode, Placement};
 use crate::budget::{Budget, BudgetError};
 use crate::graph::{Graph, NodeOp, TensorId, TensorKind};
 use crate::plan::table::PlanTable;
-use crate::plan::{touches, Instr, Phase, Plan, TensorLife};
+use crate::plan::{touches, GroupId, Id, IdVec, Instr, Phase, Plan, StorageId, TensorLife};
 use crate::policy::ladder::pick;
 use crate::sort::heap_sort_by_key;
 
@@ -572,10 +572,10 @@ impl<'p, B: Backend> Executor<'p, B> {
         let stop = switch_eo.min(first.program.len());
         let sw = plan_switch(first, stop, next, Some(0), whole.len())
             .map_err(|_| ExecError::BadPlan("the plans are not of one graph"))?;
-        let persistent: Vec<(usize, usize)> = (0..first.segments.len())
+        let persistent: Vec<(usize, usize)> = (first.segments.ids())
             .filter(|&g| group_persistent(first, g))
             .filter_map(|g| first.segments[g].first())
-            .map(|&(_, s)| (first.offsets[s as usize], first.lives[s as usize].bytes))
+            .map(|&(_, s)| (first.offsets[s], first.lives[s].bytes))
             .collect();
         let snapshot: Option<Vec<u8>> = first.program[..stop]
             .iter()
@@ -730,26 +730,37 @@ fn written(g: &Graph, ins: &Instr, out: &mut Vec<TensorId>) {
     }
 }
 
-fn group_persistent(p: &Plan, gid: usize) -> bool {
+/// The group at position `h` of the switch's per-group scratch (indexed by [`Id::index`]).
+fn grp(h: usize) -> GroupId {
+    GroupId::from_index(h)
+}
+
+fn group_persistent(p: &Plan, gid: GroupId) -> bool {
     p.segments[gid]
         .first()
-        .is_some_and(|&(_, s)| p.lives[s as usize].kind.persistent())
+        .is_some_and(|&(_, s)| p.lives[s].kind.persistent())
 }
 
 /// The storage of group `gid` that holds a value across the boundary before instruction `e`.
-fn held_storage(p: &Plan, gid: usize, e: usize) -> Option<u32> {
+fn held_storage(p: &Plan, gid: GroupId, e: usize) -> Option<StorageId> {
     if group_persistent(p, gid) {
         return p.segments[gid].first().map(|s| s.1);
     }
     p.segments[gid].iter().map(|s| s.1).find(|&s| {
-        let l = &p.lives[s as usize];
+        let l = &p.lives[s];
         (l.first as usize) < e && (l.last as usize) >= e
     })
 }
 
 /// The name of the value storage `s` (of group `gid`) holds just before instruction `e`.
-fn last_writer(p: &Plan, s: u32, gid: u32, e: usize, buf: &mut Vec<TensorId>) -> Option<Vid> {
-    for &t in p.touches[s as usize].iter().rev() {
+fn last_writer(
+    p: &Plan,
+    s: StorageId,
+    gid: GroupId,
+    e: usize,
+    buf: &mut Vec<TensorId>,
+) -> Option<Vid> {
+    for &t in p.touches[s].iter().rev() {
         if t as usize >= e {
             continue;
         }
@@ -931,15 +942,13 @@ impl<'p> AdaptScratch<'p> {
             .map(|p| Plan {
                 graph: p.graph.clone(),
                 micro_batches: 1,
-                touches: Vec::with_capacity(ng),
+                touches: IdVec::with_capacity(ng),
                 program: Vec::with_capacity(nn),
                 roots: p.roots.clone(),
-                lives: Vec::with_capacity(ng),
+                lives: IdVec::with_capacity(ng),
                 group_of: p.group_of.clone(),
-                segments: (0..p.segments.len())
-                    .map(|_| Vec::with_capacity(1))
-                    .collect(),
-                offsets: Vec::with_capacity(ng),
+                segments: p.segments.iter().map(|_| Vec::with_capacity(1)).collect(),
+                offsets: IdVec::with_capacity(ng),
                 arena_bytes: 0,
                 spaces: Vec::new(),
                 lower_bound: 0,
@@ -1058,36 +1067,36 @@ impl<'p> AdaptScratch<'p> {
             cur_l,
             missing_l,
         } = held;
-        let bytes_of = |p: &Plan, s: u32| p.lives[s as usize].bytes;
+        let bytes_of = |p: &Plan, s: StorageId| p.lives[s].bytes;
         // 2. What P2 holds across e2 and what P1 holds across e1.
         refill(dest, ng, None)?;
         refill(want, ng, None)?;
         refill(src, ng, None)?;
         for gid in 0..ng {
-            if only_persistent && !group_persistent(p2, gid) {
+            if only_persistent && !group_persistent(p2, grp(gid)) {
                 continue;
             }
-            let Some(s2) = held_storage(p2, gid, e2) else {
+            let Some(s2) = held_storage(p2, grp(gid), e2) else {
                 continue;
             };
-            dest[gid] = Some((p2.offsets[s2 as usize], bytes_of(p2, s2)));
-            if !group_persistent(p2, gid) {
-                want[gid] = last_writer(p2, s2, gid as u32, e2, buf);
+            dest[gid] = Some((p2.offsets[s2], bytes_of(p2, s2)));
+            if !group_persistent(p2, grp(gid)) {
+                want[gid] = last_writer(p2, s2, grp(gid), e2, buf);
             }
         }
         for gid in 0..ng {
-            let Some(s1) = held_storage(p1, gid, e1) else {
+            let Some(s1) = held_storage(p1, grp(gid), e1) else {
                 continue;
             };
-            let v = if group_persistent(p1, gid) {
+            let v = if group_persistent(p1, grp(gid)) {
                 None
             } else {
-                last_writer(p1, s1, gid as u32, e1, buf)
+                last_writer(p1, s1, grp(gid), e1, buf)
             };
             if bytes_of(p1, s1) != dest[gid].map_or(bytes_of(p1, s1), |d| d.1) {
                 return Err(NoSwitch("a group has another size"));
             }
-            src[gid] = Some((p1.offsets[s1 as usize], v));
+            src[gid] = Some((p1.offsets[s1], v));
         }
         // Moves into P2's storages, and what each location holds after them.
         let fw = &writers[i2];
@@ -1099,7 +1108,7 @@ impl<'p> AdaptScratch<'p> {
                 continue;
             }
             match src[gid] {
-                Some((_, v)) if group_persistent(p2, gid) || v == want[gid] => {
+                Some((_, v)) if group_persistent(p2, grp(gid)) || v == want[gid] => {
                     moved[gid] = true;
                     cur[gid] = want[gid];
                 }
@@ -1168,7 +1177,9 @@ impl<'p> AdaptScratch<'p> {
                     Err(e) => return Err(e),
                 }
                 let give_up = (0..ng)
-                    .filter(|&h| moved_l[h] && !missing_l.contains(&h) && !group_persistent(p2, h))
+                    .filter(|&h| {
+                        moved_l[h] && !missing_l.contains(&h) && !group_persistent(p2, grp(h))
+                    })
                     .filter(|&h| want[h].is_some_and(|w| fw.rf_writes(h, w)))
                     .max_by_key(|&h| want[h]);
                 let Some(h) = give_up else {
@@ -1265,7 +1276,7 @@ fn regenerate(
         copies_after,
     } = rg;
     let ng = p2.segments.len();
-    let bytes_of = |p: &Plan, s: u32| p.lives[s as usize].bytes;
+    let bytes_of = |p: &Plan, s: StorageId| p.lives[s].bytes;
     copy_into(cur, cur_in)?;
     refill(loc, ng, Loc::None)?;
     for (l, d) in loc.iter_mut().zip(dest) {
@@ -1320,7 +1331,7 @@ fn regenerate(
                 let Some(h) = p2.group_of[t as usize] else {
                     continue;
                 };
-                let h = h as usize;
+                let h = h.index();
                 if g.tensors[t as usize].kind == TensorKind::Scratch {
                     continue;
                 }
@@ -1336,11 +1347,9 @@ fn regenerate(
                 let Some(h) = p2.group_of[t as usize] else {
                     continue;
                 };
-                let h = h as usize;
-                if group_persistent(p2, h)
-                    || wr
-                        .iter()
-                        .any(|&o| p2.group_of[o as usize] == Some(h as u32))
+                let h = h.index();
+                if group_persistent(p2, grp(h))
+                    || wr.iter().any(|&o| p2.group_of[o as usize] == Some(grp(h)))
                 {
                     continue; // a parameter, or the group it rewrites in place
                 }
@@ -1389,7 +1398,7 @@ fn regenerate(
             let Some(h) = p2.group_of[t as usize] else {
                 continue;
             };
-            let h = h as usize;
+            let h = h.index();
             span[h] = (span[h].0.min(i), span[h].1.max(i));
             if loc[h] == Loc::None {
                 loc[h] = Loc::Temp;
@@ -1404,8 +1413,8 @@ fn regenerate(
             let Some(h) = p2.group_of[t as usize] else {
                 continue;
             };
-            let h = h as usize;
-            if group_persistent(p2, h) {
+            let h = h.index();
+            if group_persistent(p2, grp(h)) {
                 continue;
             }
             if loc[h] == Loc::None || val[h].is_none() || val[h] != fw.value_of(t) {
@@ -1414,7 +1423,7 @@ fn regenerate(
         }
         for &t in wr.iter() {
             if let Some(h) = p2.group_of[t as usize] {
-                val[h as usize] = Some(fwd_vid(ins.node as usize));
+                val[h.index()] = Some(fwd_vid(ins.node as usize));
             }
         }
     }
@@ -1431,7 +1440,7 @@ fn regenerate(
     const END: usize = usize::MAX;
     items.clear();
     for h in (0..ng).filter(|&h| loc[h] != Loc::None) {
-        let bytes = bytes_of(p2, seg0(p2, h));
+        let bytes = bytes_of(p2, seg0(p2, grp(h)));
         let early = moved[h] || parked.contains(&h);
         let it = match loc[h] {
             Loc::Dest if early || span[h].0 == usize::MAX => (h, bytes, 0, END),
@@ -1494,13 +1503,17 @@ fn regenerate(
         group_of,
         ..
     } = synth;
+    let (offsets, lives) = (offsets.raw_mut(), lives.raw_mut());
     offsets.clear();
     lives.clear();
     for s in segments.iter_mut() {
         s.clear();
     }
     for &(h, bytes, _, _) in items.iter() {
-        push(&mut segments[h], (0, offsets.len() as u32))?;
+        push(
+            &mut segments[grp(h)],
+            (0, StorageId::from_index(offsets.len())),
+        )?;
         push(offsets, at[h])?;
         push(
             lives,
@@ -1520,14 +1533,13 @@ fn regenerate(
         .map(|(o, l)| o + l.bytes)
         .max()
         .unwrap_or(0);
-    synth_touches.clear();
-    refill(synth_touches, lives.len(), Vec::new())?;
+    refill(synth_touches.raw_mut(), lives.len(), Vec::new())?;
     // Every tensor a recomputation touches must have a place.
     for ins in program.iter() {
         touches(graph, ins, wr);
         if wr
             .iter()
-            .any(|&t| group_of[t as usize].is_some_and(|h| segments[h as usize].is_empty()))
+            .any(|&t| group_of[t as usize].is_some_and(|h| segments[h].is_empty()))
         {
             return Err(NoSwitch("a tensor of a regeneration has no place"));
         }
@@ -1602,11 +1614,11 @@ fn place(
 }
 
 fn group_persistent_mismatch(p1: &Plan, p2: &Plan) -> bool {
-    (0..p2.segments.len()).any(|g| group_persistent(p1, g) != group_persistent(p2, g))
+    (p2.segments.ids()).any(|g| group_persistent(p1, g) != group_persistent(p2, g))
 }
 
-fn seg0(p: &Plan, gid: usize) -> u32 {
-    p.segments[gid].first().map_or(0, |s| s.1)
+fn seg0(p: &Plan, gid: GroupId) -> StorageId {
+    p.segments[gid].first().map_or(StorageId(0), |s| s.1)
 }
 
 fn rf(node: usize) -> Instr {
@@ -1635,7 +1647,7 @@ struct WriterIndex {
     /// Per tensor: the node producing it (its output, or one of its saved tensors).
     producer: Vec<Option<u16>>,
     /// Per tensor: its group.
-    group_of: Vec<Option<u32>>,
+    group_of: Vec<Option<GroupId>>,
 }
 
 impl WriterIndex {
@@ -1664,7 +1676,7 @@ impl WriterIndex {
                         continue;
                     }
                     if let Some(h) = p.group_of[t as usize] {
-                        let l = &mut lists[h as usize];
+                        let l = &mut lists[h.index()];
                         if l.last() != Some(&(i as u16)) {
                             l.push(i as u16);
                         }
@@ -1688,7 +1700,7 @@ impl WriterIndex {
     /// The name of tensor `t`'s value: the last forward writing its group up to `t`'s producer.
     fn value_of(&self, t: TensorId) -> Option<Vid> {
         let p = self.producer[t as usize]?;
-        let gid = self.group_of[t as usize]? as usize;
+        let gid = self.group_of[t as usize]?.index();
         self.f[gid]
             .iter()
             .rev()

@@ -123,6 +123,39 @@ impl<'p> Int8Executor<'p> {
         self.0.evaluate(arena, x, target)
     }
 
+    /// The model's prediction for `x` (at most one micro-batch), dequantised into `out` (`n × outputs`
+    /// values): the forward pass in evaluation mode, with exact rescales and no state change, as
+    /// [`Self::evaluate`] runs it. Like [`Executor::predict`], the values are the last layer's output,
+    /// i.e. the logits (the softmax lives in the loss), each int8 value times 2^exponent of the
+    /// output tensor. Their arg-max (first maximum) is the class [`Self::evaluate`] counts as
+    /// correct on the same samples. Each integer output takes one exponent for the whole batch, so a
+    /// sample's values can depend on the samples it is batched with. Allocates nothing. Returns `n`.
+    /// Errors: the batch's (sample size, more samples than the plan's batch, a non-finite value), an
+    /// `out` whose length is not `n × outputs`, an arena smaller than the plan.
+    pub fn predict_into(
+        &mut self,
+        arena: &mut [u8],
+        x: &[f32],
+        out: &mut [f32],
+    ) -> Result<usize, ExecError> {
+        let g = &self.0.plan().graph;
+        // The batch's errors (size, count, finiteness) come before the output's.
+        let n = self.0.check_batch(x, None, g.batch)?;
+        if out.len() != n * g.pred_dims().numel() {
+            return Err(ExecError::BadBatch(
+                "output length differs from samples × outputs",
+                out.len(),
+            ));
+        }
+        let pred = g.pred();
+        let (_, bytes) = self.0.predict_bytes(arena, x, 1)?;
+        let k = crate::quant::pow2(self.exponent(pred));
+        for (o, &b) in out.iter_mut().zip(bytes) {
+            *o = b as i8 as f32 * k;
+        }
+        Ok(n)
+    }
+
     fn classes(target: Target<'_>) -> Result<(), ExecError> {
         match target {
             Target::Classes(_) => Ok(()),

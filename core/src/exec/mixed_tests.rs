@@ -36,17 +36,7 @@ fn space_of(d: Placement) -> Option<(SpaceId, usize)> {
 /// The plan as the device's kernels see it: its space is the arena, the host's storages are out of
 /// reach.
 fn device_view(plan: &Plan) -> Plan {
-    let mut v = plan.clone();
-    for l in &mut v.lives {
-        l.space = if l.space == DEVICE {
-            SpaceId::HOST
-        } else {
-            ELSEWHERE
-        };
-    }
-    v.arena_bytes = plan.space_bytes(DEVICE);
-    v.spaces.clear();
-    v
+    crate::policy::mixed::device_view(plan, DEVICE, ELSEWHERE)
 }
 
 /// Two devices: the CPU on the host arena, and the device on its own memory.
@@ -285,7 +275,7 @@ fn check_mixed(p: &Plan, devices: &[Placement]) {
                 let next = p.program[eo + 1];
                 assert_eq!((ins.placement, ins.mb), (next.placement, next.mb));
                 let (from, to) = p.move_storages(eo as Eo).expect("a move reads a value");
-                let (a, b) = (&p.lives[from as usize], &p.lives[to as usize]);
+                let (a, b) = (&p.lives[from], &p.lives[to]);
                 assert_ne!(a.space, b.space, "a move crosses spaces");
                 let want = if next.placement == Placement::Cpu {
                     SpaceId::HOST
@@ -298,7 +288,7 @@ fn check_mixed(p: &Plan, devices: &[Placement]) {
         }
     }
     // Persistent storages stay where their node computes, for the whole step.
-    for (s, l) in p.lives.iter().enumerate() {
+    for (s, l) in p.lives.iter_enumerated() {
         if l.kind.persistent() {
             assert_eq!((l.first, l.last), (0, p.n_eo() - 1));
             let eo = p.touches[s][0] as usize;
@@ -307,7 +297,7 @@ fn check_mixed(p: &Plan, devices: &[Placement]) {
         }
     }
     // Each space is laid out on its own, at its alignment.
-    for (s, l) in p.lives.iter().enumerate() {
+    for (s, l) in p.lives.iter_enumerated() {
         if l.space == DEVICE {
             assert_eq!(p.offsets[s] % DEVICE_ALIGN, 0);
             assert!(p.offsets[s] + l.bytes <= p.space_bytes(DEVICE));

@@ -6,6 +6,7 @@
 pub mod adapt;
 #[cfg(test)]
 mod adapt_tests;
+pub mod importance;
 pub mod int8;
 #[cfg(test)]
 mod mixed_tests;
@@ -18,6 +19,8 @@ mod record_tests;
 pub(crate) mod seq_tests;
 #[cfg(test)]
 mod space_tests;
+#[cfg(test)]
+pub(crate) mod sparse_tests;
 
 pub use crate::backend::arena::carve;
 use crate::backend::arena::f32s_ro;
@@ -281,6 +284,48 @@ impl<'p, B: Backend> Executor<'p, B> {
         })
     }
 
+    /// The persistent tensors of [`Executor::state_tensors`] in its order, without names: what
+    /// [`Executor::write_state`] fills.
+    pub fn state_ids(&self) -> impl Iterator<Item = TensorId> + 'p {
+        let g: &'p Graph = &self.plan.graph;
+        g.nodes.iter().flat_map(|n| {
+            n.params
+                .iter()
+                .map(|p| p.value)
+                .chain(n.stats.iter().copied())
+        })
+    }
+
+    /// Writes every persistent tensor (parameters, then BatchNorm statistics, node by node: the order
+    /// of [`Executor::state_tensors`]) from `bytes`, their little-endian f32 values back to back, into
+    /// the host arena. Allocates nothing, so a microcontroller can load pretrained weights from flash.
+    /// `bytes` must hold exactly the state's elements.
+    pub fn write_state(&mut self, arena: &mut [u8], bytes: &[u8]) -> Result<(), ExecError> {
+        let plan = self.plan;
+        let mut at = 0usize;
+        for t in self.state_ids() {
+            if self
+                .space_of(t)
+                .is_some_and(|s| s != crate::plan::SpaceId::HOST)
+            {
+                return Err(ExecError::Tensor("state tensor outside the host arena"));
+            }
+            let a = self.arena(arena)?;
+            let dst = tensor_mut(plan, a, t)?;
+            let src = bytes
+                .get(at..at + dst.len() * 4)
+                .ok_or(ExecError::Tensor("fewer state values than the plan holds"))?;
+            for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+            at += src.len();
+        }
+        if at != bytes.len() {
+            return Err(ExecError::Tensor("more state values than the plan holds"));
+        }
+        Ok(())
+    }
+
     /// Reads a persistent f32 tensor in the host arena (see [`Executor::read_vec`] for any space).
     pub fn read<'a>(&self, arena: &'a mut [u8], t: TensorId) -> Result<&'a [f32], ExecError> {
         let plan = self.plan;
@@ -301,7 +346,7 @@ impl<'p, B: Backend> Executor<'p, B> {
     /// The memory space persistent tensor `t` lives in.
     fn space_of(&self, t: TensorId) -> Option<crate::plan::SpaceId> {
         let s = self.plan.storage_at(t, 0)?;
-        self.plan.lives.get(s as usize).map(|l| l.space)
+        self.plan.lives.get(s).map(|l| l.space)
     }
 
     /// A copy of a persistent f32 tensor, wherever it lives: the host arena, or a memory space of the
@@ -612,8 +657,21 @@ impl<'p, B: Backend> Executor<'p, B> {
     }
 
     /// Forward pass in evaluation mode on at most one micro-batch; returns the prediction
-    /// (`n × outputs`), a slice of the arena.
+    /// (`n × outputs`), a slice of the arena: the last layer's output, which for a cross-entropy
+    /// model is the logits (the softmax lives in the loss, which prediction does not run).
     pub fn predict<'a>(&mut self, arena: &'a mut [u8], x: &[f32]) -> Result<&'a [f32], ExecError> {
+        let (_, bytes) = self.predict_bytes(arena, x, 4)?;
+        f32s_ro(bytes)
+    }
+
+    /// The forward pass of [`Executor::predict`]: the sample count and the prediction's bytes in the
+    /// arena (`n × outputs` elements of `elem` bytes: 4 in f32, 1 in int8).
+    fn predict_bytes<'a>(
+        &mut self,
+        arena: &'a mut [u8],
+        x: &[f32],
+        elem: usize,
+    ) -> Result<(usize, &'a [u8]), ExecError> {
         let n = self.check_batch(x, None, self.plan.graph.batch)?;
         let plan = self.plan;
         let a = self.arena(arena)?;
@@ -627,16 +685,16 @@ impl<'p, B: Backend> Executor<'p, B> {
         let pred = plan.graph.pred();
         let len = n * plan.graph.pred_dims().numel();
         match plan.storage_at(pred, loss_eo as Eo) {
-            Some(s) if plan.lives[s as usize].space != crate::plan::SpaceId::HOST => {
+            Some(s) if plan.lives[s].space != crate::plan::SpaceId::HOST => {
                 // The backend that owns the space reads it (e.g. the GPU backend's `read`).
-                Err(ExecError::Space(plan.lives[s as usize].space.0))
+                Err(ExecError::Space(plan.lives[s].space.0))
             }
             Some(s) => {
-                let off = plan.offsets[s as usize];
+                let off = plan.offsets[s];
                 let bytes = a
-                    .get(off..off.saturating_add(4 * len))
+                    .get(off..off.saturating_add(elem * len))
                     .ok_or(ExecError::BadPlan("the prediction is outside the arena"))?;
-                f32s_ro(bytes)
+                Ok((n, bytes))
             }
             None => Err(ExecError::BadPlan("the prediction is not in the arena")),
         }
@@ -761,13 +819,12 @@ pub const MAX_PREFETCH_LEAD: Eo = 64;
 /// (the bytes exist only after it); None when that leaves no instruction in between.
 fn prefetch_point(plan: &Plan, j: Eo, ahead: Eo) -> Option<Eo> {
     let t = plan.program[j as usize].spilled()?;
-    let gid = plan.group_of.get(t as usize).copied().flatten()? as usize;
-    let segs = &plan.segments[gid];
+    let segs = &plan.segments[plan.group(t)?];
     let k = segs.iter().position(|&(start, _)| start == j)?;
     // The swap-out is the last use of the previous segment.
     let out = k
         .checked_sub(1)
-        .map_or(0, |p| plan.lives[segs[p].1 as usize].last + 1);
+        .map_or(0, |p| plan.lives[segs[p].1].last + 1);
     let p = j.saturating_sub(ahead).max(out);
     (p < j).then_some(p)
 }

@@ -21,6 +21,7 @@ fn spec(optimizer: OptimizerSpec) -> ModelSpec {
         kind,
         inputs: alloc::vec![input],
         trainable: true,
+        update: crate::model::Update::All,
     };
     ModelSpec {
         input: Dims::flat(6),

@@ -31,6 +31,7 @@ pub(crate) fn gpt(
             kind,
             inputs,
             trainable: true,
+            update: Default::default(),
         });
         layers.len() as u32 - 1
     };

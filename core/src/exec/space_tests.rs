@@ -14,7 +14,7 @@ use crate::budget::{Budget, BudgetError};
 use crate::format::{decode_plan, encode_plan, FormatError};
 use crate::graph::Graph;
 use crate::plan::tests::random_model;
-use crate::plan::{lower_bound, SpaceId, TensorLife};
+use crate::plan::{lower_bound, SpaceId, StorageId, TensorLife};
 use crate::policy::spaces::{move_volume, offload};
 
 /// The test's second space.
@@ -144,7 +144,7 @@ impl Backend for Device {
                 return Err(ExecError::BadPlan("device storages below its alignment"));
             }
         }
-        for (s, l) in plan.lives.iter().enumerate() {
+        for (s, l) in plan.lives.iter_enumerated() {
             let moved_only = plan.touches[s]
                 .iter()
                 .all(|&eo| plan.program[eo as usize].phase == Phase::Move);
@@ -245,7 +245,7 @@ fn activations_moved_to_a_second_space_train_bit_identically() {
             panic!("one other space: {:?}", p.spaces)
         };
         assert_eq!((sp.space, sp.align), (DEVICE, DEVICE_ALIGN));
-        let on_device: Vec<usize> = (0..p.lives.len())
+        let on_device: Vec<StorageId> = (p.lives.ids())
             .filter(|&s| p.lives[s].space == DEVICE)
             .collect();
         assert_eq!(
@@ -277,7 +277,7 @@ fn activations_moved_to_a_second_space_train_bit_identically() {
             .unwrap() as Eo;
         for eo in (0..p.n_eo()).filter(|&e| p.program[e as usize].phase == Phase::Move) {
             let (from, to) = p.move_storages(eo).unwrap();
-            let (a, b) = (&p.lives[from as usize], &p.lives[to as usize]);
+            let (a, b) = (&p.lives[from], &p.lives[to]);
             assert_eq!((a.last, b.first), (eo, eo));
             assert_eq!(a.bytes, b.bytes);
             let out = eo < loss;

@@ -6,7 +6,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
 
-use crate::model::{Dims, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpec, Src};
+use crate::model::{Dims, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpec, Src, Update};
 
 pub mod plan;
 pub mod tensor;
@@ -302,7 +302,17 @@ pub fn encode_model(m: &ModelSpec) -> Vec<u8> {
         let name = &name[..name.len().min(MAX_NAME)];
         w.u8(name.len() as u8);
         w.0.extend_from_slice(name);
-        w.u8(l.trainable as u8);
+        // The training byte: 0 frozen, 1 every parameter, 2 biases only, 3 a channel fraction (an f32
+        // follows). Files without a sparse update hold only 0 and 1, as before it existed.
+        match (l.trainable, l.update) {
+            (false, _) => w.u8(0),
+            (true, Update::All) => w.u8(1),
+            (true, Update::Bias) => w.u8(2),
+            (true, Update::Channels(f)) => {
+                w.u8(3);
+                w.f32(f);
+            }
+        }
         w.u8(l.inputs.len() as u8);
         for &s in &l.inputs {
             w.u32(src_code(s));
@@ -483,7 +493,31 @@ pub fn decode_model(data: &[u8]) -> Result<ModelSpec, FormatError> {
                 reason: "not UTF-8",
             }
         })?;
-        let trainable = flag(&mut r, "trainable")?;
+        let at = r.at();
+        let (trainable, update) = match r.u8("trainable")? {
+            0 => (false, Update::All),
+            1 => (true, Update::All),
+            2 => (true, Update::Bias),
+            3 => {
+                let at = r.at();
+                let f = r.f32("update.channels")?;
+                if !Update::Channels(f).valid() {
+                    return Err(FormatError::BadValue {
+                        field: "update.channels",
+                        at,
+                        reason: "the channel fraction must be in (0, 1]",
+                    });
+                }
+                (true, Update::Channels(f))
+            }
+            _ => {
+                return Err(FormatError::BadValue {
+                    field: "trainable",
+                    at,
+                    reason: "must be 0 (frozen), 1 (all), 2 (bias) or 3 (channels)",
+                })
+            }
+        };
         let at = r.at();
         let ni = r.u8("input count")? as usize;
         if ni > 2 {
@@ -578,6 +612,7 @@ pub fn decode_model(data: &[u8]) -> Result<ModelSpec, FormatError> {
             kind,
             inputs,
             trainable,
+            update,
         });
     }
     r.finish()?;
@@ -622,6 +657,7 @@ mod tests {
                 },
                 inputs: vec![Src::Input],
                 trainable: true,
+                update: crate::model::Update::All,
             }],
             ..sample()
         };
@@ -629,6 +665,60 @@ mod tests {
         let e = crate::graph::Graph::new(&d, 1).unwrap_err();
         assert!(
             matches!(&e, crate::graph::GraphError::TooLarge { tensor } if tensor == "fc.weight"),
+            "{e:?}"
+        );
+    }
+
+    /// A sparse update (frozen, biases only, a channel fraction) survives the encoding; a fraction
+    /// outside (0, 1] and an unknown training byte are typed errors.
+    #[test]
+    fn sparse_updates_round_trip_and_bad_ones_are_refused() {
+        let mut m = sample();
+        m.layers[0].update = Update::Channels(0.5);
+        m.layers[1].update = Update::Bias;
+        m.layers[3].update = Update::Bias; // frozen: not encoded
+        let bytes = encode_model(&m);
+        let d = decode_model(&bytes).unwrap();
+        assert_eq!(d.layers[0].update, Update::Channels(0.5));
+        assert_eq!(d.layers[1].update, Update::Bias);
+        assert_eq!(d.layers[3].update, Update::All);
+        assert!(!d.layers[3].trainable);
+        assert_eq!(d.layers[4].update, Update::All);
+        // A fraction of 2.0 written in place of 0.5, the checksum repaired.
+        let f = 0.5f32.to_le_bytes();
+        let at = (12..bytes.len() - 4)
+            .find(|&i| bytes[i] == 3 && bytes[i + 1..i + 5] == f)
+            .unwrap();
+        let repair = |mut b: Vec<u8>| {
+            let n = b.len();
+            let crc = crate::format::crc32(&b[12..n - 4]);
+            b[n - 4..].copy_from_slice(&crc.to_le_bytes());
+            b
+        };
+        let mut b = bytes.clone();
+        b[at + 1..at + 5].copy_from_slice(&2.0f32.to_le_bytes());
+        let e = decode_model(&repair(b)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                FormatError::BadValue {
+                    field: "update.channels",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let mut b = bytes.clone();
+        b[at] = 4;
+        let e = decode_model(&repair(b)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                FormatError::BadValue {
+                    field: "trainable",
+                    ..
+                }
+            ),
             "{e:?}"
         );
     }
@@ -649,6 +739,7 @@ mod tests {
                     },
                     inputs: vec![Src::Input],
                     trainable: true,
+                    update: crate::model::Update::All,
                 },
                 LayerSpec {
                     name: "bn".into(),
@@ -658,18 +749,21 @@ mod tests {
                     },
                     inputs: vec![Src::Layer(0)],
                     trainable: true,
+                    update: crate::model::Update::All,
                 },
                 LayerSpec {
                     name: "add".into(),
                     kind: LayerKind::Add,
                     inputs: vec![Src::Layer(0), Src::Layer(1)],
                     trainable: true,
+                    update: crate::model::Update::All,
                 },
                 LayerSpec {
                     name: "flat".into(),
                     kind: LayerKind::Flatten,
                     inputs: vec![Src::Layer(2)],
                     trainable: false,
+                    update: crate::model::Update::All,
                 },
                 LayerSpec {
                     name: "fc".into(),
@@ -679,6 +773,7 @@ mod tests {
                     },
                     inputs: vec![Src::Layer(3)],
                     trainable: true,
+                    update: crate::model::Update::All,
                 },
             ],
             loss: LossKind::SoftmaxCrossEntropy,

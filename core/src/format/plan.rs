@@ -56,8 +56,8 @@ use crate::graph::{Graph, GraphError, GraphOptions, TensorId, TensorKind};
 use crate::kernels::int8::KernelFamily;
 use crate::model::{Int8Update, ModelSpec, Precision};
 use crate::plan::{
-    lifetimes, lower_bound, share_groups, strategies, Instr, Phase, Plan, SpaceId, SpaceLayout,
-    TensorLife, ALIGN, LOSS_NODE,
+    lifetimes, lower_bound, share_groups, strategies, IdVec, Instr, Phase, Plan, SpaceId,
+    SpaceLayout, StorageId, TensorLife, ALIGN, LOSS_NODE,
 };
 
 /// Magic of an encoded [`Plan`].
@@ -341,7 +341,7 @@ fn check_layout(
 /// when there are any, each storage's space.
 fn get_spaces(
     r: &mut Reader<'_>,
-    lives: &mut [TensorLife],
+    lives: &mut IdVec<StorageId, TensorLife>,
 ) -> Result<Vec<SpaceLayout>, FormatError> {
     let count = r.u8("space count")? as usize;
     let mut spaces: Vec<SpaceLayout> = Vec::with_capacity(count);
@@ -584,7 +584,13 @@ fn get_program(r: &mut Reader<'_>, mut graph: Graph, version: u16) -> Result<Pla
     } else {
         Vec::new()
     };
-    check_layout(&lt.lives, &offsets, &spaces, arena_bytes, offsets_at)?;
+    check_layout(
+        lt.lives.as_slice(),
+        &offsets,
+        &spaces,
+        arena_bytes,
+        offsets_at,
+    )?;
     // The checked storages and the stored layout are the plan: no layout strategy runs on decode (a
     // micro:bit decodes this in a few KiB of heap).
     let plan = Plan {
@@ -595,7 +601,7 @@ fn get_program(r: &mut Reader<'_>, mut graph: Graph, version: u16) -> Result<Pla
         // Host-only plans (every plan today, and the microcontroller's) bound the lives as they are:
         // a filtered copy would cost a microcontroller's heap one more lifetime table.
         lower_bound: if spaces.is_empty() {
-            lower_bound(&lt.lives)
+            lower_bound(lt.lives.as_slice())
         } else {
             lower_bound(
                 &lt.lives
@@ -609,7 +615,7 @@ fn get_program(r: &mut Reader<'_>, mut graph: Graph, version: u16) -> Result<Pla
         group_of: lt.group_of,
         segments: lt.segments,
         touches: lt.touches,
-        offsets,
+        offsets: offsets.into(),
         arena_bytes,
         spaces,
         strategy,
@@ -694,6 +700,7 @@ mod tests {
             kind,
             inputs: vec![input],
             trainable: true,
+            update: crate::model::Update::All,
         };
         ModelSpec {
             input: Dims::new(1, 8, 8),
@@ -907,7 +914,8 @@ mod tests {
         let mut plan = plain();
         // Two persistent storages (weights) are alive together for the whole step.
         let (i, j) = {
-            let mut pairs = (0..plan.lives.len()).flat_map(|i| (0..i).map(move |j| (i, j)));
+            let id = <StorageId as crate::plan::Id>::from_index;
+            let mut pairs = (0..plan.lives.len()).flat_map(|i| (0..i).map(move |j| (id(i), id(j))));
             let l = &plan.lives;
             pairs
                 .find(|&(i, j)| l[i].first <= l[j].last && l[j].first <= l[i].last)
@@ -937,7 +945,7 @@ mod tests {
         };
         // Misaligned offset.
         let mut p = plain();
-        p.offsets[0] += 8;
+        p.offsets[StorageId(0)] += 8;
         p.arena_bytes += 64;
         assert_eq!(field(&encode_plan(&s, &p)), "offsets");
         // Arena too small.

@@ -8,7 +8,7 @@ use alloc::vec::Vec;
 use core::fmt;
 
 use crate::kernels::int8::KernelFamily;
-use crate::model::{Dims, LayerKind, LossKind, ModelSpec, OptimizerSpec, Precision, Src};
+use crate::model::{Dims, LayerKind, LossKind, ModelSpec, OptimizerSpec, Precision, Src, Update};
 use crate::ops::seq::{AttnGeom, LoraGeom, Smooth};
 use crate::ops::{self, Act, ConvGeom, PoolGeom};
 
@@ -220,8 +220,12 @@ pub struct Param {
     pub shape: Vec<usize>,
     /// The values.
     pub value: TensorId,
-    /// Its gradient (trainable only).
+    /// Its gradient (trainable only). Under a channel update ([`crate::model::Update::Channels`]) it
+    /// holds only the updated rows: the first [`Param::updated`] elements of the value.
     pub grad: Option<TensorId>,
+    /// Elements updated: a prefix of the value (its leading output channels in PyTorch's layout), the
+    /// length of the gradient and of each optimizer state; 0 when the parameter is frozen.
+    pub updated: usize,
     /// Optimizer state slots (trainable only).
     pub state: Vec<TensorId>,
 }
@@ -910,10 +914,13 @@ impl<'a> Builder<'a> {
             let out_elems = self.batched(out_dims, name)?;
             let share = match op {
                 NodeOp::View => Share::ReadView(inputs[0]),
+                // A frozen BatchNorm is a per-channel affine map: it may overwrite its input (a
+                // sparse update keeps no copy of a frozen layer's output).
                 NodeOp::Act(_)
                 | NodeOp::Dropout { .. }
                 | NodeOp::Add
-                | NodeOp::PosEmbedding { .. } => Share::ModifyView(inputs[0]),
+                | NodeOp::PosEmbedding { .. }
+                | NodeOp::BatchNorm { train: false, .. } => Share::ModifyView(inputs[0]),
                 _ => Share::Own,
             };
             // A view of the external input is itself external.
@@ -981,6 +988,46 @@ impl<'a> Builder<'a> {
                 }
                 _ => {}
             }
+            if trainable && l.update != Update::All {
+                if !l.update.valid() {
+                    return Err(bad("update = {channels = f} needs a fraction f in (0, 1]"));
+                }
+                if shapes.is_empty() {
+                    return Err(err(
+                        li,
+                        name,
+                        format!(
+                            "update = {} needs a layer with parameters ({} has none)",
+                            l.update,
+                            l.kind.type_name()
+                        ),
+                    ));
+                }
+                if l.update == Update::Bias && !shapes.iter().any(|s| s.0 == "bias") {
+                    return Err(bad(
+                        "update = \"bias\" needs a layer with a bias (bias = true)",
+                    ));
+                }
+                // The sequence layers' gradient kernels write whole tensors (an embedding scatters
+                // into any row): they train in full or not at all.
+                if matches!(
+                    op,
+                    NodeOp::Embedding { .. }
+                        | NodeOp::PosEmbedding { .. }
+                        | NodeOp::Norm { .. }
+                        | NodeOp::Lora(_)
+                ) {
+                    return Err(err(
+                        li,
+                        name,
+                        format!(
+                            "update = {} is not supported on a {} layer (it trains in full or is frozen)",
+                            l.update,
+                            l.kind.type_name()
+                        ),
+                    ));
+                }
+            }
             let mut params = Vec::with_capacity(shapes.len());
             for (pname, shape, frozen) in shapes {
                 let trainable = trainable && !frozen;
@@ -992,11 +1039,19 @@ impl<'a> Builder<'a> {
                         tensor: full.clone(),
                     })?;
                 let value = self.tensor(full.clone(), TensorKind::Weight, elems, Share::Own)?;
-                let (grad, state) = if trainable {
+                // Rows (dimension 0: output channels) the sparse update trains; the rest stay frozen.
+                let rows = shape[0];
+                let upd_rows = if trainable {
+                    l.update.rows(rows, pname == "bias")
+                } else {
+                    None
+                };
+                let updated = upd_rows.map_or(0, |r| elems / rows.max(1) * r);
+                let (grad, state) = if updated > 0 {
                     let g = self.tensor(
                         format!("grad({full})"),
                         TensorKind::Gradient,
-                        elems,
+                        updated,
                         Share::Own,
                     )?;
                     let mut st = Vec::with_capacity(slots);
@@ -1004,7 +1059,7 @@ impl<'a> Builder<'a> {
                         st.push(self.tensor(
                             format!("{full}.state{s}"),
                             TensorKind::OptState,
-                            elems,
+                            updated,
                             Share::Own,
                         )?);
                     }
@@ -1017,6 +1072,7 @@ impl<'a> Builder<'a> {
                     shape,
                     value,
                     grad,
+                    updated,
                     state,
                 });
             }
@@ -1263,7 +1319,8 @@ impl<'a> Builder<'a> {
             };
             let needed = [
                 true,
-                node.has_grad_w(),
+                // A Linear/Conv2d weight gradient needs the GEMM's room; a bias-only one does not.
+                node.params.first().is_some_and(|p| p.grad.is_some()),
                 node.d_in.iter().any(|d| d.is_some()),
             ];
             for (slot, (elems, tag)) in [(fwd, "F"), (gw, "CG"), (gx, "CD")].into_iter().enumerate()

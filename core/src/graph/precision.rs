@@ -7,7 +7,7 @@ use alloc::string::String;
 
 use super::{DType, GraphError, NodeOp, TensorKind};
 use crate::kernels::int8::{igemm_scratch_len_for, KernelFamily, MAX_K};
-use crate::model::{Int8Update, LayerKind, LossKind, ModelSpec, OptimizerSpec, Precision};
+use crate::model::{Int8Update, LayerKind, LossKind, ModelSpec, OptimizerSpec, Precision, Update};
 use crate::ops::ConvGeom;
 
 /// Elements of an i32 tile for Linear (rows of the batch × output features).
@@ -74,6 +74,10 @@ pub fn check_supported(precision: Precision, spec: &ModelSpec) -> Result<(), Gra
                     "int8 max pooling stores window indices as one byte: windows of at most 255 elements",
                 ))
             }
+            _ if l.trainable && l.update != Update::All => Some(format!(
+                "update = {} (a sparse update) is not part of int8 training; train it with --precision f32",
+                l.update
+            )),
             _ => None,
         };
         if let Some(reason) = why {

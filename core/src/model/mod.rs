@@ -211,6 +211,58 @@ pub struct LayerSpec {
     pub inputs: Vec<Src>,
     /// Whether its parameters train. A frozen layer computes no weight gradient and saves no input for one.
     pub trainable: bool,
+    /// Which part of a trainable layer's parameters a step updates (sparse update); ignored when the
+    /// layer is frozen.
+    pub update: Update,
+}
+
+/// Which part of a trainable layer's parameters a step updates — the sparse updates of tiny-training
+/// (Lin et al., NeurIPS'22) and TinyTrain (Kwon et al., ICML'24). The graph gives a part that is not
+/// updated no gradient and no optimizer state; its values stay bit-identical through training.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub enum Update {
+    /// Every parameter (the default).
+    #[default]
+    All,
+    /// Only the bias (Linear/Conv2d `bias`, BatchNorm `bias` = β): the weight stays frozen, so the
+    /// weight-gradient phase reads no saved input (Linear/Conv2d) — tiny-training's bias-only update.
+    Bias,
+    /// The leading `⌈fraction × C⌉` output channels (rows of dimension 0 of every parameter: a prefix
+    /// of each tensor in PyTorch's layout), `fraction` in (0, 1] — tiny-training's channel subset.
+    Channels(f32),
+}
+
+impl Update {
+    /// Rows (leading output channels) of a parameter with `c` rows that a step updates; `is_bias` says
+    /// whether the parameter is the layer's bias (β for BatchNorm). `None`: the parameter is frozen.
+    pub fn rows(self, c: usize, is_bias: bool) -> Option<usize> {
+        match self {
+            Update::All => Some(c),
+            Update::Bias => is_bias.then_some(c),
+            Update::Channels(f) => {
+                // f in (0, 1] (checked where the graph is built): 1 ≤ ⌈f·c⌉ ≤ c.
+                let r = libm::ceilf(f * c as f32) as usize;
+                Some(r.clamp(1, c.max(1)))
+            }
+        }
+    }
+    /// A valid setting: a channel fraction in (0, 1].
+    pub fn valid(self) -> bool {
+        match self {
+            Update::Channels(f) => f.is_finite() && f > 0.0 && f <= 1.0,
+            _ => true,
+        }
+    }
+}
+
+impl fmt::Display for Update {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Update::All => write!(f, "all"),
+            Update::Bias => write!(f, "bias"),
+            Update::Channels(x) => write!(f, "{{channels = {x}}}"),
+        }
+    }
 }
 
 /// The training loss, fused with the last layer's derivative.

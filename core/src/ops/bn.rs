@@ -242,6 +242,32 @@ pub fn bn_fwd_eval<T: Real>(
     }
 }
 
+/// [`bn_fwd_eval`] over `x` in place (a frozen BatchNorm, merged with its input by the planner): the
+/// same bits.
+#[allow(clippy::too_many_arguments)]
+pub fn bn_fwd_eval_inplace<T: Real>(
+    n: usize,
+    c: usize,
+    hw: usize,
+    gamma: &[T],
+    beta: &[T],
+    run_mean: &[T],
+    run_var: &[T],
+    eps: T,
+    x: &mut [T],
+) {
+    for ch in 0..c {
+        let a = gamma[ch] / (run_var[ch] + eps).sqrt();
+        let (mu, b) = (run_mean[ch], beta[ch]);
+        for s in 0..n {
+            let o = (s * c + ch) * hw;
+            for v in &mut x[o..o + hw] {
+                *v = (*v - mu) * a + b;
+            }
+        }
+    }
+}
+
 /// Parameter gradients (overwritten): `dγ = Σ dy·(x−μ)·invstd`, `dβ = Σ dy`, with the `mean`/`invstd`
 /// saved by [`bn_fwd_train`].
 #[allow(clippy::too_many_arguments)]
@@ -257,16 +283,53 @@ pub fn bn_grad_w<T: Real>(
     dbeta: &mut [T],
     accumulate: bool,
 ) {
-    for ch in 0..c {
-        let (sdy, sdxm) = chan_grad_sums(n, c, hw, x, dy, ch, mean[ch]);
-        let (g, b) = (sdxm * invstd[ch], sdy);
-        if accumulate {
-            dgamma[ch] += g;
-            dbeta[ch] += b;
-        } else {
-            dgamma[ch] = g;
-            dbeta[ch] = b;
+    bn_grad_w_rows(
+        n,
+        c,
+        hw,
+        x,
+        dy,
+        mean,
+        invstd,
+        Some(&mut dgamma[..c]),
+        Some(&mut dbeta[..c]),
+        accumulate,
+    )
+}
+
+/// [`bn_grad_w`] for a sparse update: `dgamma` and `dbeta` hold the leading channels that train (their
+/// lengths say how many), either may be absent (frozen); the channels' values are the full gradient's.
+#[allow(clippy::too_many_arguments)]
+pub fn bn_grad_w_rows<T: Real>(
+    n: usize,
+    c: usize,
+    hw: usize,
+    x: &[T],
+    dy: &[T],
+    mean: &[T],
+    invstd: &[T],
+    mut dgamma: Option<&mut [T]>,
+    mut dbeta: Option<&mut [T]>,
+    accumulate: bool,
+) {
+    let rows = dgamma
+        .as_deref()
+        .map_or(0, <[T]>::len)
+        .max(dbeta.as_deref().map_or(0, <[T]>::len))
+        .min(c);
+    let put = |d: &mut Option<&mut [T]>, ch: usize, v: T| {
+        if let Some(slot) = d.as_deref_mut().and_then(|d| d.get_mut(ch)) {
+            if accumulate {
+                *slot += v;
+            } else {
+                *slot = v;
+            }
         }
+    };
+    for ch in 0..rows {
+        let (sdy, sdxm) = chan_grad_sums(n, c, hw, x, dy, ch, mean[ch]);
+        put(&mut dgamma, ch, sdxm * invstd[ch]);
+        put(&mut dbeta, ch, sdy);
     }
 }
 

@@ -665,8 +665,9 @@ pub fn conv_grad_w<T: Real>(
         n,
         x,
         dy,
-        dw,
+        Some(dw),
         db,
+        g.cout,
         accumulate,
         scratch,
         CONV_COL_CAP,
@@ -687,7 +688,50 @@ pub fn conv_grad_w_par<T: Real>(
     accumulate: bool,
     scratch: &mut [T],
 ) {
-    grad_w_cap(pool, g, n, x, dy, dw, db, accumulate, scratch, CONV_COL_CAP)
+    grad_w_cap(
+        pool,
+        g,
+        n,
+        x,
+        dy,
+        Some(dw),
+        db,
+        g.cout,
+        accumulate,
+        scratch,
+        CONV_COL_CAP,
+    )
+}
+
+/// [`conv_grad_w_par`] for the leading `rows` output channels only (a sparse update): `dw` holds
+/// `rows × cin/groups × kh × kw` elements and `db` `rows` — or none, when only the bias trains (then
+/// `x` is not read and may be empty). The updated channels' values are the full gradient's.
+#[allow(clippy::too_many_arguments)]
+pub fn conv_grad_w_rows_par<T: Real>(
+    pool: &dyn WorkerPool,
+    g: &ConvGeom,
+    n: usize,
+    rows: usize,
+    x: &[T],
+    dy: &[T],
+    dw: Option<&mut [T]>,
+    db: Option<&mut [T]>,
+    accumulate: bool,
+    scratch: &mut [T],
+) {
+    grad_w_cap(
+        pool,
+        g,
+        n,
+        x,
+        dy,
+        dw,
+        db,
+        rows.min(g.cout),
+        accumulate,
+        scratch,
+        CONV_COL_CAP,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -697,21 +741,17 @@ fn grad_w_cap<T: Real>(
     n: usize,
     x: &[T],
     dy: &[T],
-    dw: &mut [T],
+    dw: Option<&mut [T]>,
     db: Option<&mut [T]>,
+    cout: usize,
     accumulate: bool,
     scratch: &mut [T],
     cap: usize,
 ) {
     let (in_len, out_len, ohow, hw) = (g.in_len(), g.out_len(), g.oh * g.ow, g.h * g.w);
     let (cin_g, cout_g, k) = (g.cin_g(), g.cout_g(), g.k_g());
-    let dw = &mut dw[..g.weight_len()];
-    // Zero once (unless accumulating micro-batches), then every sample / block accumulates.
-    if !accumulate {
-        fill(dw, T::ZERO);
-    }
     if let Some(db) = db {
-        let db = &mut db[..g.cout];
+        let db = &mut db[..cout];
         if !accumulate {
             fill(db, T::ZERO);
         }
@@ -721,6 +761,16 @@ fn grad_w_cap<T: Real>(
             }
         }
     }
+    // Only the leading `cout` output channels' rows of dW (all of them but under a sparse update).
+    let Some(dw) = dw else { return };
+    let dw = &mut dw[..cout * k];
+    // Zero once (unless accumulating micro-batches), then every sample / block accumulates.
+    if !accumulate {
+        fill(dw, T::ZERO);
+    }
+    // Rows of group `gi` that are updated: a prefix of the group's `cout_g`.
+    let m_of = |gi: usize| cout.saturating_sub(gi * cout_g).min(cout_g);
+    let groups = cout.div_ceil(cout_g.max(1)).min(g.groups);
     let xs = x[..n * in_len].chunks_exact(in_len);
     let ds = dy[..n * out_len].chunks_exact(out_len);
     match g.path() {
@@ -731,10 +781,10 @@ fn grad_w_cap<T: Real>(
         }
         Path::Pointwise => {
             for (xs, ds) in xs.zip(ds) {
-                for gi in 0..g.groups {
+                for gi in 0..groups {
                     gemm_par(
                         pool,
-                        cout_g,
+                        m_of(gi),
                         cin_g,
                         hw,
                         MatRef::row_major(&ds[gi * cout_g * ohow..], ohow),
@@ -752,7 +802,8 @@ fn grad_w_cap<T: Real>(
             let (col, rest) = scratch.split_at_mut(k * rows * g.ow);
             let (pbuf, gs) = rest.split_at_mut(g.pad_len(rows));
             for (xs, ds) in xs.zip(ds) {
-                for gi in 0..g.groups {
+                for gi in 0..groups {
+                    let m = m_of(gi);
                     let xg = &xs[gi * cin_g * hw..(gi + 1) * cin_g * hw];
                     let dyg = &ds[gi * cout_g * ohow..(gi + 1) * cout_g * ohow];
                     for oy0 in (0..g.oh).step_by(rows) {
@@ -762,7 +813,7 @@ fn grad_w_cap<T: Real>(
                         // dW_g[cout_g × K] += dY_block[cout_g × ncols] · colᵀ[ncols × K]
                         gemm_par(
                             pool,
-                            cout_g,
+                            m,
                             k,
                             ncols,
                             MatRef {
@@ -771,7 +822,7 @@ fn grad_w_cap<T: Real>(
                                 cs: 1,
                             },
                             MatRef::row_major_t(&col[..k * ncols], ncols),
-                            &mut dw[gi * cout_g * k..(gi + 1) * cout_g * k],
+                            &mut dw[gi * cout_g * k..gi * cout_g * k + m * k],
                             k,
                             true,
                             gs,
@@ -1230,8 +1281,9 @@ mod tests {
             n,
             x,
             dy,
-            &mut dw,
+            Some(&mut dw),
             Some(&mut db),
+            g.cout,
             false,
             &mut s,
             cap,
@@ -1558,8 +1610,9 @@ mod tests {
                             n,
                             &x,
                             &r,
-                            &mut dw,
+                            Some(&mut dw),
                             Some(&mut db),
+                            g.cout,
                             false,
                             &mut s,
                             cap,

@@ -110,27 +110,59 @@ pub fn linear_grad_w_par<T: Real>(
     accumulate: bool,
     scratch: &mut [T],
 ) {
-    if n == 0 {
+    linear_grad_w_rows_par(
+        pool,
+        n,
+        fin,
+        fout,
+        fout,
+        x,
+        dy,
+        Some(dw),
+        db,
+        accumulate,
+        scratch,
+    )
+}
+
+/// [`linear_grad_w_par`] for the leading `rows` outputs only (a sparse update): `dw` holds
+/// `rows × fin` elements and `db` `rows` — or none, when only the bias trains (then `x` is not read and
+/// may be empty). The updated rows' values are the full gradient's.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_grad_w_rows_par<T: Real>(
+    pool: &dyn WorkerPool,
+    n: usize,
+    fin: usize,
+    fout: usize,
+    rows: usize,
+    x: &[T],
+    dy: &[T],
+    dw: Option<&mut [T]>,
+    db: Option<&mut [T]>,
+    accumulate: bool,
+    scratch: &mut [T],
+) {
+    let rows = rows.min(fout);
+    match dw {
+        None => {}
         // Do not rely on the GEMM's k = 0 convention: the gradient of an empty batch is zero.
-        if !accumulate {
-            dw[..fout * fin].iter_mut().for_each(|v| *v = T::ZERO);
-        }
-    } else {
-        gemm_par(
+        Some(dw) if n == 0 && !accumulate => dw[..rows * fin].iter_mut().for_each(|v| *v = T::ZERO),
+        Some(_) if n == 0 => {}
+        Some(dw) => gemm_par(
             pool,
-            fout,
+            rows,
             fin,
             n,
             MatRef::row_major_t(dy, fout),
             MatRef::row_major(x, fin),
-            &mut dw[..fout * fin],
+            &mut dw[..rows * fin],
             fin,
             accumulate,
             scratch,
-        );
+        ),
     }
     if let Some(db) = db {
-        let db = &mut db[..fout];
+        let db = &mut db[..rows];
         if !accumulate {
             db.iter_mut().for_each(|v| *v = T::ZERO);
         }

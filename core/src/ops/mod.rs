@@ -32,12 +32,12 @@ mod testutil;
 
 pub use act::{act_fwd, act_fwd_inplace, act_grad, act_grad_inplace, Act};
 pub use bn::{
-    bn_fwd_eval, bn_fwd_recompute, bn_fwd_train, bn_grad_w, bn_grad_x, bn_grad_x_eval,
-    bn_grad_x_inplace,
+    bn_fwd_eval, bn_fwd_eval_inplace, bn_fwd_recompute, bn_fwd_train, bn_grad_w, bn_grad_w_rows,
+    bn_grad_x, bn_grad_x_eval, bn_grad_x_inplace,
 };
 pub use conv::{
-    conv_fwd, conv_fwd_par, conv_grad_w, conv_grad_w_par, conv_grad_x, conv_grad_x_par,
-    conv_scratch_len, conv_scratch_len_threads, ConvGeom, CONV_COL_CAP,
+    conv_fwd, conv_fwd_par, conv_grad_w, conv_grad_w_par, conv_grad_w_rows_par, conv_grad_x,
+    conv_grad_x_par, conv_scratch_len, conv_scratch_len_threads, ConvGeom, CONV_COL_CAP,
 };
 pub use dropout::{
     dropout_fwd, dropout_fwd_inplace, dropout_grad, dropout_grad_inplace, dropout_keep,
@@ -46,8 +46,8 @@ pub use elementwise::{
     add_fwd, add_fwd_inplace, axpy, copy_or_acc, dot, fill, par_map, scale, scale_into, sum,
 };
 pub use linear::{
-    linear_fwd, linear_fwd_par, linear_grad_w, linear_grad_w_par, linear_grad_x, linear_grad_x_par,
-    linear_scratch_len, linear_scratch_len_threads,
+    linear_fwd, linear_fwd_par, linear_grad_w, linear_grad_w_par, linear_grad_w_rows_par,
+    linear_grad_x, linear_grad_x_par, linear_scratch_len, linear_scratch_len_threads,
 };
 pub use loss::{mse, mse_eval, mse_inplace, softmax_ce, softmax_ce_eval, softmax_ce_inplace};
 pub use pool::{

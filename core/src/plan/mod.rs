@@ -1,6 +1,7 @@
 //! Planning: the schedule of one training step (execution orders), every tensor's lifetime, storage
 //! sharing by NNTrainer's Algorithm 1, and the layout of all storages in one arena. The result is a
 //! [`Plan`]: a flat program of [`Instr`]s plus an offset for every tensor — what the executor runs.
+mod ids;
 mod layout;
 pub mod space;
 pub mod table;
@@ -11,6 +12,7 @@ use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
 
+pub use ids::{GroupId, Id, IdVec, StorageId};
 pub use layout::{
     lower_bound, strategies, BestFitBySize, FirstUseOrder, Layout, LayoutStrategy,
     LongestLifetimeFirst,
@@ -151,63 +153,121 @@ impl Instr {
     }
 }
 
-/// The ordered program of one training step.
+/// What a plan is derived from: a realised graph, its micro-batch count, the storage-sharing roots and
+/// the step's program. Policies derive every candidate plan through it: edit [`Schedule::program`]
+/// (insert recomputations, swaps, packs, moves), then [`Schedule::arena_bytes`] (the layout's size, no
+/// plan built) or [`Schedule::plan`]. The graph is borrowed and the roots computed once, however many
+/// candidates a search lays out.
 #[derive(Clone, Debug)]
-pub struct Schedule {
+pub struct Schedule<'g> {
+    /// The realised model (at the micro-batch size).
+    pub graph: &'g Graph,
+    /// Micro-batches per step.
+    pub micro_batches: u16,
+    /// Root tensor of each tensor's sharing group ([`share_groups`]), by tensor id.
+    pub roots: Vec<TensorId>,
     /// Instructions; an instruction's index is its execution order.
     pub program: Vec<Instr>,
 }
 
-impl Schedule {
-    /// NNTrainer's order: F for every layer, the loss, then per layer in reverse: CG, CD, apply. Applying
-    /// right after a layer's derivative frees its gradient early.
-    pub fn new(g: &Graph) -> Schedule {
-        Self::micro_batched(g, 1)
+impl<'g> Schedule<'g> {
+    /// The plain single-micro-batch schedule of `g` ([`step_program`]), in-place sharing on.
+    pub fn new(g: &'g Graph) -> Self {
+        Self::shaped(g, PlanShape::default())
     }
 
-    /// `m` micro-batches: each runs F, loss, CG (accumulating after the first) and CD; the updates run
-    /// once, after the last micro-batch. `m = 1` is [`Schedule::new`].
-    pub fn micro_batched(g: &Graph, m: u16) -> Schedule {
-        let m = m.max(1);
-        let mut program = Vec::new();
-        let ins = |node: usize, phase, mb| Instr {
-            node: node as u16,
-            phase,
+    /// The schedule of `shape.micro_batches` micro-batches of `g.batch` samples ([`step_program`]).
+    pub fn shaped(g: &'g Graph, shape: PlanShape) -> Self {
+        Self {
+            graph: g,
+            micro_batches: shape.micro_batches,
+            roots: share_groups(g, shape.in_place),
+            program: step_program(g, shape.micro_batches),
+        }
+    }
+
+    /// An explicit program of `g` (in-place sharing on).
+    pub fn with_program(g: &'g Graph, micro_batches: u16, program: Vec<Instr>) -> Self {
+        Self {
+            graph: g,
+            micro_batches,
+            roots: share_groups(g, true),
+            program,
+        }
+    }
+
+    /// The schedule `p` was laid out from (its graph borrowed, its program and roots copied).
+    pub fn of(p: &'g Plan) -> Self {
+        Self {
+            graph: &p.graph,
+            micro_batches: p.micro_batches,
+            roots: p.roots.clone(),
+            program: p.program.clone(),
+        }
+    }
+
+    /// The arena bytes [`Schedule::plan`] would give: the same storages and layout strategies, without
+    /// building the plan.
+    pub fn arena_bytes(&self) -> usize {
+        let lt = lifetimes(self.graph, &self.program, &self.roots);
+        best_layout(lt.lives.as_slice()).0.arena_bytes
+    }
+
+    /// Lays the program out: its storages and the smallest of all layout strategies.
+    pub fn plan(&self) -> Plan {
+        Plan::from_program(
+            self.graph.clone(),
+            self.micro_batches,
+            self.program.clone(),
+            self.roots.clone(),
+        )
+    }
+}
+
+/// The program of one step of `m` micro-batches, in NNTrainer's order: per micro-batch F for every
+/// layer, the loss, then per layer in reverse CG (accumulating after the first micro-batch) and CD; the
+/// updates right after a layer's derivative when `m = 1` (which frees its gradient early), else once,
+/// after the last micro-batch.
+pub fn step_program(g: &Graph, m: u16) -> Vec<Instr> {
+    let m = m.max(1);
+    let mut program = Vec::new();
+    let ins = |node: usize, phase, mb| Instr {
+        node: node as u16,
+        phase,
+        mb,
+        placement: Placement::Cpu,
+    };
+    for mb in 0..m {
+        for i in 0..g.nodes.len() {
+            program.push(ins(i, Phase::Forward, mb));
+        }
+        program.push(Instr {
+            node: LOSS_NODE,
+            phase: Phase::Loss,
             mb,
             placement: Placement::Cpu,
-        };
-        for mb in 0..m {
-            for i in 0..g.nodes.len() {
-                program.push(ins(i, Phase::Forward, mb));
+        });
+        for i in (0..g.nodes.len()).rev() {
+            let n = &g.nodes[i];
+            if n.has_grad_w() {
+                program.push(ins(i, Phase::GradW, mb));
             }
-            program.push(Instr {
-                node: LOSS_NODE,
-                phase: Phase::Loss,
-                mb,
-                placement: Placement::Cpu,
-            });
-            for i in (0..g.nodes.len()).rev() {
-                let n = &g.nodes[i];
-                if n.has_grad_w() {
-                    program.push(ins(i, Phase::GradW, mb));
-                }
-                if n.has_grad_x(g) {
-                    program.push(ins(i, Phase::GradX, mb));
-                }
-                if m == 1 && n.has_grad_w() {
-                    program.push(ins(i, Phase::Apply, 0));
-                }
+            if n.has_grad_x(g) {
+                program.push(ins(i, Phase::GradX, mb));
+            }
+            if m == 1 && n.has_grad_w() {
+                program.push(ins(i, Phase::Apply, 0));
             }
         }
-        if m > 1 {
-            for i in (0..g.nodes.len()).rev() {
-                if g.nodes[i].has_grad_w() {
-                    program.push(ins(i, Phase::Apply, m - 1));
-                }
-            }
-        }
-        Schedule { program }
     }
+    if m > 1 {
+        for i in (0..g.nodes.len()).rev() {
+            if g.nodes[i].has_grad_w() {
+                program.push(ins(i, Phase::Apply, m - 1));
+            }
+        }
+    }
+    program
 }
 
 /// The tensors instruction `ins` reads or writes — the single source of truth for lifetimes.
@@ -266,7 +326,13 @@ pub fn touches(g: &Graph, ins: &Instr, out: &mut Vec<TensorId>) {
                 out.extend(n.params.last().map(|p| p.value));
             }
             out.extend(n.saved.iter().copied());
-            out.extend(n.inputs.iter().copied());
+            // A bias-only update of a Linear/Conv2d (sparse update) sums dL/d(out) alone: its input
+            // need not be saved for it.
+            let bias_only = matches!(n.op, NodeOp::Linear { .. } | NodeOp::Conv(_))
+                && n.params.first().is_some_and(|p| p.grad.is_none());
+            if !bias_only {
+                out.extend(n.inputs.iter().copied());
+            }
             out.extend(n.scratch[scratch_slot::GRAD_W]);
         }
         Phase::GradX => {
@@ -373,13 +439,13 @@ pub struct TensorLife {
 #[derive(Clone, Debug)]
 pub struct Lifetimes {
     /// One entry per storage (group × segment).
-    pub lives: Vec<TensorLife>,
-    /// Group of each tensor (None: external or never used).
-    pub group_of: Vec<Option<u32>>,
+    pub lives: IdVec<StorageId, TensorLife>,
+    /// Group of each tensor, by tensor id (None: external or never used).
+    pub group_of: Vec<Option<GroupId>>,
     /// Per group: its segments as (first execution order, storage), sorted.
-    pub segments: Vec<Vec<(Eo, u32)>>,
+    pub segments: IdVec<GroupId, Vec<(Eo, StorageId)>>,
     /// Per storage: the execution orders that touch it, ascending.
-    pub touches: Vec<Vec<Eo>>,
+    pub touches: IdVec<StorageId, Vec<Eo>>,
 }
 
 fn align_up(v: usize) -> usize {
@@ -390,14 +456,14 @@ fn align_up(v: usize) -> usize {
 /// read-only view always merges with its target; a modify view merges only when its first use is not
 /// before the target group's last use (the in-place write destroys nothing still needed). `merge_in_place
 /// = false` keeps modify views apart (a test oracle). Returns each tensor's root.
-pub fn share_groups(g: &Graph, merge_in_place: bool) -> Vec<u32> {
+pub fn share_groups(g: &Graph, merge_in_place: bool) -> Vec<TensorId> {
     let nt = g.tensors.len();
-    let base = Schedule::new(g);
-    let end = base.program.len().saturating_sub(1) as Eo;
+    let base = step_program(g, 1);
+    let end = base.len().saturating_sub(1) as Eo;
     let mut first = vec![Eo::MAX; nt];
     let mut last = vec![0 as Eo; nt];
     let mut buf = Vec::new();
-    for (eo, ins) in base.program.iter().enumerate() {
+    for (eo, ins) in base.iter().enumerate() {
         touches(g, ins, &mut buf);
         for &t in &buf {
             let t = t as usize;
@@ -454,13 +520,13 @@ pub fn share_groups(g: &Graph, merge_in_place: bool) -> Vec<u32> {
 /// ([`fresh_write`]) and lives until its last touch before the next fresh write. A [`Phase::Move`] ends one
 /// segment and starts the next at the same instruction (both live there: the move copies one into the
 /// other). Persistent tensors have one segment spanning the step.
-pub fn lifetimes(g: &Graph, program: &[Instr], roots: &[u32]) -> Lifetimes {
+pub fn lifetimes(g: &Graph, program: &[Instr], roots: &[TensorId]) -> Lifetimes {
     let nt = g.tensors.len();
     let end = program.len().saturating_sub(1) as Eo;
     // Dense group ids for used, in-arena tensors.
-    let mut gid_of_root: Vec<Option<u32>> = vec![None; nt];
-    let mut group_of: Vec<Option<u32>> = vec![None; nt];
-    let mut groups: Vec<u32> = Vec::new(); // root tensor per group
+    let mut gid_of_root: Vec<Option<GroupId>> = vec![None; nt];
+    let mut group_of: Vec<Option<GroupId>> = vec![None; nt];
+    let mut groups: IdVec<GroupId, TensorId> = IdVec::new(); // root tensor per group
     let mut used = vec![false; nt];
     let mut buf = Vec::new();
     for ins in program {
@@ -474,47 +540,46 @@ pub fn lifetimes(g: &Graph, program: &[Instr], roots: &[u32]) -> Lifetimes {
         if !used[t] || info.kind == TensorKind::External || info.bytes == 0 {
             continue;
         }
-        let r = roots[t] as usize;
-        let gid = *gid_of_root[r].get_or_insert_with(|| {
-            groups.push(r as u32);
-            (groups.len() - 1) as u32
-        });
+        let r = roots[t];
+        let gid = *gid_of_root[r as usize].get_or_insert_with(|| groups.push(r));
         group_of[t] = Some(gid);
     }
     let ng = groups.len();
-    let mut gbytes = vec![0usize; ng];
+    let mut gbytes: IdVec<GroupId, usize> = vec![0usize; ng].into();
     for (t, gid) in group_of.iter().enumerate() {
-        if let Some(gid) = gid {
-            gbytes[*gid as usize] = gbytes[*gid as usize].max(align_up(g.tensors[t].bytes));
+        if let Some(gid) = *gid {
+            gbytes[gid] = gbytes[gid].max(align_up(g.tensors[t].bytes));
         }
     }
     // Most groups have one segment: room for one storage per group, so a small plan never regrows
     // (a regrowth holds the old and the new vector at once, the decoder's peak on a microcontroller).
-    let mut lives: Vec<TensorLife> = Vec::with_capacity(ng);
-    let mut seg_touches: Vec<Vec<Eo>> = Vec::with_capacity(ng);
-    let mut segments: Vec<Vec<(Eo, u32)>> = vec![Vec::new(); ng];
-    let mut current: Vec<Option<u32>> = vec![None; ng];
-    let new_seg =
-        |lives: &mut Vec<TensorLife>, seg_touches: &mut Vec<Vec<Eo>>, gid: usize, eo: Eo| -> u32 {
-            let r = groups[gid] as usize;
-            lives.push(TensorLife {
-                name: g.tensors[r].name.clone(),
-                kind: g.tensors[r].kind,
-                bytes: gbytes[gid],
-                first: eo,
-                last: eo,
-                space: SpaceId::HOST,
-            });
-            seg_touches.push(Vec::new());
-            (lives.len() - 1) as u32
-        };
+    let mut lives: IdVec<StorageId, TensorLife> = IdVec::with_capacity(ng);
+    let mut seg_touches: IdVec<StorageId, Vec<Eo>> = IdVec::with_capacity(ng);
+    let mut segments: IdVec<GroupId, Vec<(Eo, StorageId)>> = vec![Vec::new(); ng].into();
+    let mut current: IdVec<GroupId, Option<StorageId>> = vec![None; ng].into();
+    let new_seg = |lives: &mut IdVec<StorageId, TensorLife>,
+                   seg_touches: &mut IdVec<StorageId, Vec<Eo>>,
+                   gid: GroupId,
+                   eo: Eo|
+     -> StorageId {
+        let r = groups[gid] as usize;
+        seg_touches.push(Vec::new());
+        lives.push(TensorLife {
+            name: g.tensors[r].name.clone(),
+            kind: g.tensors[r].kind,
+            bytes: gbytes[gid],
+            first: eo,
+            last: eo,
+            space: SpaceId::HOST,
+        })
+    };
     for (eo, ins) in program.iter().enumerate() {
         let eo = eo as Eo;
         touches(g, ins, &mut buf);
         crate::sort::heap_sort_by_key(&mut buf, |&t| t);
         buf.dedup();
         // A group touched by several tensors of one instruction starts at most one segment.
-        let mut seen_groups: Vec<u32> = Vec::new();
+        let mut seen_groups: Vec<GroupId> = Vec::new();
         for &t in &buf {
             let Some(gid) = group_of[t as usize] else {
                 continue;
@@ -528,36 +593,35 @@ pub fn lifetimes(g: &Graph, program: &[Instr], roots: &[u32]) -> Lifetimes {
                 continue;
             }
             seen_groups.push(gid);
-            let gi = gid as usize;
             if fresh && ins.phase == Phase::Move {
                 // A move reads the current storage (its segment ends here) and writes the next one
                 // (which begins here): both are live at the move.
-                if let Some(s) = current[gi] {
-                    lives[s as usize].last = eo;
-                    seg_touches[s as usize].push(eo);
+                if let Some(s) = current[gid] {
+                    lives[s].last = eo;
+                    seg_touches[s].push(eo);
                 }
-                let s = new_seg(&mut lives, &mut seg_touches, gi, eo);
-                segments[gi].push((eo, s));
-                current[gi] = Some(s);
-                seg_touches[s as usize].push(eo);
+                let s = new_seg(&mut lives, &mut seg_touches, gid, eo);
+                segments[gid].push((eo, s));
+                current[gid] = Some(s);
+                seg_touches[s].push(eo);
                 continue;
             }
-            let sid = match current[gi] {
+            let sid = match current[gid] {
                 Some(s) if !fresh => s,
-                Some(s) if lives[s as usize].last == eo => s,
+                Some(s) if lives[s].last == eo => s,
                 _ => {
-                    let s = new_seg(&mut lives, &mut seg_touches, gi, eo);
-                    segments[gi].push((eo, s));
-                    current[gi] = Some(s);
+                    let s = new_seg(&mut lives, &mut seg_touches, gid, eo);
+                    segments[gid].push((eo, s));
+                    current[gid] = Some(s);
                     s
                 }
             };
-            lives[sid as usize].last = eo;
-            seg_touches[sid as usize].push(eo);
+            lives[sid].last = eo;
+            seg_touches[sid].push(eo);
         }
     }
     // Persistent groups: valid for the whole step (and across steps).
-    for gi in 0..ng {
+    for gi in groups.ids() {
         let r = groups[gi] as usize;
         if g.tensors[r].kind.persistent() {
             if segments[gi].is_empty() {
@@ -565,8 +629,8 @@ pub fn lifetimes(g: &Graph, program: &[Instr], roots: &[u32]) -> Lifetimes {
                 segments[gi].push((0, s));
             }
             for &(_, s) in &segments[gi] {
-                lives[s as usize].first = 0;
-                lives[s as usize].last = end;
+                lives[s].first = 0;
+                lives[s].last = end;
             }
             segments[gi].truncate(1);
             segments[gi][0].0 = 0;
@@ -585,6 +649,27 @@ pub fn lifetimes(g: &Graph, program: &[Instr], roots: &[u32]) -> Lifetimes {
         segments,
         touches: seg_touches,
     }
+}
+
+/// The smallest layout of `lives` among all strategies (the first of equals) and its strategy's name.
+fn best_layout(lives: &[TensorLife]) -> (Layout, &'static str) {
+    let mut best: Option<(Layout, &'static str)> = None;
+    for s in strategies() {
+        let l = s.layout(lives);
+        if best
+            .as_ref()
+            .is_none_or(|(b, _)| l.arena_bytes < b.arena_bytes)
+        {
+            best = Some((l, s.name()));
+        }
+    }
+    best.unwrap_or((
+        Layout {
+            offsets: Vec::new(),
+            arena_bytes: 0,
+        },
+        "none",
+    ))
 }
 
 /// Options that shape a plan besides the graph.
@@ -614,18 +699,18 @@ pub struct Plan {
     pub micro_batches: u16,
     /// The step's program.
     pub program: Vec<Instr>,
-    /// Root tensor of each tensor's sharing group.
-    pub roots: Vec<u32>,
+    /// Root tensor of each tensor's sharing group, by tensor id.
+    pub roots: Vec<TensorId>,
     /// Storages (group × lifetime segment).
-    pub lives: Vec<TensorLife>,
-    /// Tensor → group.
-    pub group_of: Vec<Option<u32>>,
+    pub lives: IdVec<StorageId, TensorLife>,
+    /// Tensor → group, by tensor id.
+    pub group_of: Vec<Option<GroupId>>,
     /// Group → segments (first execution order, storage).
-    pub segments: Vec<Vec<(Eo, u32)>>,
+    pub segments: IdVec<GroupId, Vec<(Eo, StorageId)>>,
     /// Storage → execution orders touching it.
-    pub touches: Vec<Vec<Eo>>,
+    pub touches: IdVec<StorageId, Vec<Eo>>,
     /// Storage offsets in their memory space (the arena for [`SpaceId::HOST`]).
-    pub offsets: Vec<usize>,
+    pub offsets: IdVec<StorageId, usize>,
     /// Arena (host space) size in bytes (the layout's high-water mark).
     pub arena_bytes: usize,
     /// The layouts of the other memory spaces (none for a host-only plan).
@@ -656,36 +741,21 @@ impl Plan {
     /// A plan with `shape.micro_batches` micro-batches of `g.batch` samples.
     pub fn shaped(g: Graph, shape: PlanShape) -> Plan {
         let roots = share_groups(&g, shape.in_place);
-        let program = Schedule::micro_batched(&g, shape.micro_batches).program;
+        let program = step_program(&g, shape.micro_batches);
         Self::from_program(g, shape.micro_batches, program, roots)
     }
 
-    /// Lays out an explicit program (policies build programs with recomputation).
+    /// Lays out an explicit program of an owned graph (what [`Schedule::plan`] does with a copy of its
+    /// graph).
     pub fn from_program(
         g: Graph,
         micro_batches: u16,
         program: Vec<Instr>,
-        roots: Vec<u32>,
+        roots: Vec<TensorId>,
     ) -> Plan {
         let lt = lifetimes(&g, &program, &roots);
-        let lb = lower_bound(&lt.lives);
-        let mut best: Option<(Layout, &'static str)> = None;
-        for s in strategies() {
-            let l = s.layout(&lt.lives);
-            if best
-                .as_ref()
-                .is_none_or(|(b, _)| l.arena_bytes < b.arena_bytes)
-            {
-                best = Some((l, s.name()));
-            }
-        }
-        let (layout, strategy) = best.unwrap_or((
-            Layout {
-                offsets: Vec::new(),
-                arena_bytes: 0,
-            },
-            "none",
-        ));
+        let lb = lower_bound(lt.lives.as_slice());
+        let (layout, strategy) = best_layout(lt.lives.as_slice());
         Plan {
             graph: g,
             micro_batches: micro_batches.max(1),
@@ -695,7 +765,7 @@ impl Plan {
             group_of: lt.group_of,
             segments: lt.segments,
             touches: lt.touches,
-            offsets: layout.offsets,
+            offsets: layout.offsets.into(),
             arena_bytes: layout.arena_bytes,
             spaces: Vec::new(),
             lower_bound: lb,
@@ -726,9 +796,8 @@ impl Plan {
     }
 
     /// Storage holding tensor `t` at execution order `eo` (the segment that started last at or before it).
-    pub fn storage_at(&self, t: TensorId, eo: Eo) -> Option<u32> {
-        let gid = self.group_of.get(t as usize).copied().flatten()? as usize;
-        let segs = &self.segments[gid];
+    pub fn storage_at(&self, t: TensorId, eo: Eo) -> Option<StorageId> {
+        let segs = &self.segments[self.group(t)?];
         let i = segs.partition_point(|&(start, _)| start <= eo);
         Some(segs[i.saturating_sub(1)].1)
     }
@@ -736,7 +805,7 @@ impl Plan {
     /// Arena byte range of tensor `t` at execution order `eo` (None if external, or held in another
     /// memory space there: only its backend can reach it).
     pub fn region_at(&self, t: TensorId, eo: Eo) -> Option<(usize, usize)> {
-        let s = self.storage_at(t, eo)? as usize;
+        let s = self.storage_at(t, eo)?;
         (self.lives[s].space == SpaceId::HOST)
             .then(|| (self.offsets[s], self.graph.tensors[t as usize].bytes))
     }
@@ -747,33 +816,34 @@ impl Plan {
     }
 
     /// Every placed tensor with its first storage: (tensor id, storage id).
-    pub fn placed(&self) -> impl Iterator<Item = (TensorId, u32)> + '_ {
+    pub fn placed(&self) -> impl Iterator<Item = (TensorId, StorageId)> + '_ {
         self.group_of
             .iter()
             .enumerate()
-            .filter_map(|(t, gid)| gid.map(|gid| (t as TensorId, self.segments[gid as usize][0].1)))
+            .filter_map(|(t, gid)| gid.map(|gid| (t as TensorId, self.segments[gid][0].1)))
+    }
+
+    /// The storage group of tensor `t` (None: external, never used, or no tensor of this plan).
+    pub fn group(&self, t: TensorId) -> Option<GroupId> {
+        self.group_of.get(t as usize).copied().flatten()
     }
 
     /// Storages of the group of tensor `t`, in time order.
-    pub fn storages_of(&self, t: TensorId) -> impl Iterator<Item = u32> + '_ {
-        self.group_of
-            .get(t as usize)
-            .copied()
-            .flatten()
+    pub fn storages_of(&self, t: TensorId) -> impl Iterator<Item = StorageId> + '_ {
+        self.group(t)
             .into_iter()
-            .flat_map(move |g| self.segments[g as usize].iter().map(|s| s.1))
+            .flat_map(move |g| self.segments[g].iter().map(|s| s.1))
     }
 
     /// The storages a [`Phase::Move`] at `eo` reads and writes: (from, to) — the segment of its group
     /// that ends at `eo` and the one that begins there. None when `eo` is no move, or the move has no
     /// value to read (nothing wrote the group before it).
-    pub fn move_storages(&self, eo: Eo) -> Option<(u32, u32)> {
+    pub fn move_storages(&self, eo: Eo) -> Option<(StorageId, StorageId)> {
         let t = self.program.get(eo as usize)?.moved()?;
-        let gid = self.group_of.get(t as usize).copied().flatten()? as usize;
-        let segs = &self.segments[gid];
+        let segs = &self.segments[self.group(t)?];
         let k = segs.iter().position(|&(start, _)| start == eo)?;
         let from = segs[k.checked_sub(1)?].1;
-        (self.lives[from as usize].last == eo).then_some((from, segs[k].1))
+        (self.lives[from].last == eo).then_some((from, segs[k].1))
     }
 
     /// Number of execution orders in one step.
@@ -784,11 +854,11 @@ impl Plan {
     /// Bytes of the arena in use at each execution order: the highest end of any host storage live there.
     pub fn pool_profile(&self) -> Vec<usize> {
         let mut p = vec![0usize; self.program.len()];
-        for (i, l) in self.lives.iter().enumerate() {
+        for (s, l) in self.lives.iter_enumerated() {
             if l.space != SpaceId::HOST {
                 continue;
             }
-            let top = self.offsets[i] + l.bytes;
+            let top = self.offsets[s] + l.bytes;
             for v in &mut p
                 [l.first as usize..=(l.last as usize).min(self.program.len().saturating_sub(1))]
             {

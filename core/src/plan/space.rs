@@ -15,7 +15,7 @@
 //! is prepared). Budgets never add up across spaces: GPU bytes do not pay for host bytes.
 use alloc::vec::Vec;
 
-use super::{lower_bound, strategies, Plan, TensorLife, ALIGN};
+use super::{lower_bound, strategies, Id, Plan, StorageId, TensorLife, ALIGN};
 use crate::budget::{Budget, BudgetError};
 
 /// A memory space.
@@ -80,12 +80,11 @@ impl Plan {
     /// layout strategies, over its own storages only; the host arena shrinks by what left it.
     pub fn place_spaces(
         &mut self,
-        space_of: impl Fn(u32, &TensorLife) -> SpaceId,
+        space_of: impl Fn(StorageId, &TensorLife) -> SpaceId,
         align_of: impl Fn(SpaceId) -> usize,
     ) {
         for (i, l) in self.lives.iter_mut().enumerate() {
-            let s = space_of(i as u32, l);
-            l.space = s;
+            l.space = space_of(StorageId::from_index(i), l);
         }
         let mut ids: Vec<SpaceId> = self.lives.iter().map(|l| l.space).collect();
         ids.push(SpaceId::HOST);
@@ -115,7 +114,9 @@ impl Plan {
 
     /// Lays out the storages of `space` at multiples of `align`; returns (bytes, lower bound).
     fn lay_out_space(&mut self, space: SpaceId, align: usize) -> (usize, usize) {
-        let members: Vec<usize> = (0..self.lives.len())
+        let members: Vec<StorageId> = self
+            .lives
+            .ids()
             .filter(|&i| self.lives[i].space == space)
             .collect();
         // Sizes rounded to the space's alignment: every strategy then places at multiples of it

@@ -22,11 +22,25 @@ pub(crate) fn random_model(
     let mut same_shape: Vec<(usize, Dims)> = Vec::new();
     let push = |layers: &mut Vec<LayerSpec>, kind: LayerKind, inputs: Vec<Src>, trainable: bool| {
         let name = format!("l{}", layers.len());
+        // Some trainable layers take a sparse update (a channel half, the bias alone), so every
+        // property over random models covers sparse plans too.
+        use crate::model::Update;
+        let bias = matches!(
+            kind,
+            LayerKind::Conv2d { bias: true, .. } | LayerKind::BatchNorm2d { .. }
+        );
+        let params = bias || matches!(kind, LayerKind::Conv2d { .. });
+        let update = match (layers.len() * 5 + 3) % 7 {
+            0 if params => Update::Channels(0.5),
+            1 if bias => Update::Bias,
+            _ => Update::All,
+        };
         layers.push(LayerSpec {
             name,
             kind,
             inputs,
             trainable,
+            update,
         });
         Src::Layer(layers.len() as u32 - 1)
     };
@@ -165,10 +179,10 @@ pub(crate) fn check_layout(p: &Plan) {
         p.arena_bytes,
         p.lower_bound
     );
-    for (i, a) in p.lives.iter().enumerate() {
+    for (i, a) in p.lives.iter_enumerated() {
         assert_eq!(p.offsets[i] % ALIGN, 0);
         assert!(p.offsets[i] + a.bytes <= p.arena_bytes);
-        for (j, b) in p.lives.iter().enumerate().skip(i + 1) {
+        for (j, b) in p.lives.iter_enumerated().skip(i.index() + 1) {
             let live_together = a.first <= b.last && b.first <= a.last;
             let disjoint =
                 p.offsets[i] + a.bytes <= p.offsets[j] || p.offsets[j] + b.bytes <= p.offsets[i];
@@ -223,6 +237,29 @@ proptest! {
         check_layout(&Plan::new(g));
     }
 
+    /// A schedule's measured size is its plan's (the policies' pruning accepts candidates by it), for
+    /// plain and micro-batched schedules and programs with recomputations inserted at random places.
+    #[test]
+    fn schedule_arena_bytes_is_its_plans(
+        choices in proptest::collection::vec((any::<u8>(), any::<u8>(), any::<bool>()), 1..12),
+        c0 in 1u32..4, hw in 2u32..7, batch in 2usize..6, opt in any::<u8>(), m in 1u16..4,
+        recomputes in proptest::collection::vec((any::<u16>(), any::<u16>()), 0..4),
+    ) {
+        let spec = random_model(&choices, c0, hw, opt);
+        let g = match Graph::new(&spec, batch) { Ok(g) => g, Err(_) => return Ok(()) };
+        let mut s = Schedule::shaped(&g, PlanShape { micro_batches: m, in_place: true });
+        for (node, at) in recomputes {
+            let node = node % g.nodes.len() as u16;
+            let at = at as usize % (s.program.len() + 1);
+            s.program.insert(at, Instr { node, phase: Phase::Recompute, mb: 0, placement: Placement::Cpu });
+        }
+        let p = s.plan();
+        prop_assert_eq!(s.arena_bytes(), p.arena_bytes);
+        prop_assert_eq!(&p.program, &s.program);
+        prop_assert_eq!(&p.roots, &s.roots);
+        check_layout(&p);
+    }
+
     /// In-place and view sharing never changes the maths: bit-identical losses and weights to a plan where
     /// every tensor has its own storage.
     #[test]
@@ -270,24 +307,28 @@ fn in_place_is_refused_when_the_input_is_still_needed() {
         kind: LayerKind::Relu,
         inputs: vec![Src::Layer(0)],
         trainable: true,
+        update: crate::model::Update::All,
     });
     spec.layers.push(LayerSpec {
         name: "a".into(),
         kind: LayerKind::Add,
         inputs: vec![Src::Layer(0), Src::Layer(1)],
         trainable: true,
+        update: crate::model::Update::All,
     });
     spec.layers.push(LayerSpec {
         name: "f".into(),
         kind: LayerKind::Flatten,
         inputs: vec![Src::Layer(2)],
         trainable: true,
+        update: crate::model::Update::All,
     });
     spec.layers.push(LayerSpec {
         name: "fc".into(),
         kind: LayerKind::Linear { out: 3, bias: true },
         inputs: vec![Src::Layer(3)],
         trainable: true,
+        update: crate::model::Update::All,
     });
     let p = Plan::new(Graph::new(&spec, 2).unwrap());
     let (c, r) = (&p.graph.nodes[0], &p.graph.nodes[1]);
@@ -371,7 +412,7 @@ fn a_second_memory_space_is_laid_out_on_its_own() {
         "the host arena gave up the moved storages"
     );
     assert!(p.arena_bytes >= p.lower_bound);
-    for (i, l) in p.lives.iter().enumerate() {
+    for (i, l) in p.lives.iter_enumerated() {
         let (size, align) = if l.space == SpaceId::HOST {
             (p.arena_bytes, ALIGN)
         } else {
@@ -383,7 +424,7 @@ fn a_second_memory_space_is_laid_out_on_its_own() {
             p.offsets[i] + l.bytes <= size,
             "storage {i} inside its space"
         );
-        for (j, m) in p.lives.iter().enumerate().skip(i + 1) {
+        for (j, m) in p.lives.iter_enumerated().skip(i.index() + 1) {
             let together = l.first <= m.last && m.first <= l.last;
             let overlap =
                 p.offsets[i] < p.offsets[j] + m.bytes && p.offsets[j] < p.offsets[i] + l.bytes;
@@ -396,13 +437,11 @@ fn a_second_memory_space_is_laid_out_on_its_own() {
     // Some pair shares bytes across spaces (each space starts at 0): the spaces really are separate.
     assert!(p
         .lives
-        .iter()
-        .enumerate()
+        .iter_enumerated()
         .any(|(i, l)| l.space == test_space && p.offsets[i] == 0));
     assert!(p
         .lives
-        .iter()
-        .enumerate()
+        .iter_enumerated()
         .any(|(i, l)| l.space == SpaceId::HOST && p.offsets[i] == 0));
     // Budgets per space: the host's budget never pays for the test space's bytes.
     let host = (SpaceId::HOST, Budget::new(p.needed_bytes()));
@@ -435,4 +474,21 @@ fn a_second_memory_space_is_laid_out_on_its_own() {
         Executor::new(&p, &arena).map(|_| ()),
         Err(ExecError::Space(7))
     ));
+}
+
+/// Random models carry sparse updates (a channel half, a bias alone), so the properties above cover
+/// sparse plans.
+#[test]
+fn random_models_include_sparse_updates() {
+    let choices: Vec<(u8, u8, bool)> = (0..12).map(|i| (i % 3, 2, true)).collect();
+    let g = crate::graph::Graph::new(&random_model(&choices, 2, 6, 0), 2).unwrap();
+    let partial =
+        |p: &crate::graph::Param| p.grad.is_some() && p.updated < p.shape.iter().product();
+    assert!(g.params().any(|(_, p)| partial(p)), "no channel subset");
+    assert!(
+        g.nodes.iter().any(|n| n.params.len() == 2
+            && n.params[0].grad.is_none()
+            && n.params[1].grad.is_some()),
+        "no bias-only layer"
+    );
 }

@@ -39,7 +39,10 @@ use core::fmt;
 
 use crate::backend::Placement;
 use crate::graph::TensorId;
-use crate::plan::{lifetimes, touches, Eo, Instr, Phase, Plan, SpaceId, TensorLife, ALIGN};
+use crate::plan::{
+    lifetimes, touches, Eo, GroupId, IdVec, Instr, Phase, Plan, SpaceId, StorageId, TensorLife,
+    ALIGN,
+};
 
 /// Why a mixed plan cannot be built.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -160,7 +163,7 @@ pub fn mixed(
         let lt = lifetimes(&g, &program, &roots);
         let spaces = storage_spaces(&program, &at, &lt.lives, &lt.touches)?;
         let mut inserts: Vec<(usize, TensorId)> = Vec::new();
-        let mut done_groups: Vec<u32> = Vec::new();
+        let mut done_groups: Vec<GroupId> = Vec::new();
         for (eo, ins) in program.iter().enumerate() {
             if ins.phase == Phase::Move {
                 continue;
@@ -173,9 +176,9 @@ pub fn mixed(
                 if done_groups.contains(&gid) {
                     continue;
                 }
-                let segs = &lt.segments[gid as usize];
+                let segs = &lt.segments[gid];
                 let k = segs.partition_point(|&(start, _)| start <= eo as Eo);
-                let s = segs[k.saturating_sub(1)].1 as usize;
+                let s = segs[k.saturating_sub(1)].1;
                 if spaces[s] == at[eo] {
                     continue;
                 }
@@ -199,7 +202,7 @@ pub fn mixed(
     let mut p = Plan::from_program(g, plan.micro_batches, program, roots);
     let spaces = storage_spaces(&p.program, &at, &p.lives, &p.touches)?;
     p.place_spaces(
-        |s, _| spaces[s as usize],
+        |s, _| spaces[s],
         |sp| aligns.iter().find(|x| x.0 == sp).map_or(ALIGN, |x| x.1),
     );
     Ok(p)
@@ -210,11 +213,11 @@ pub fn mixed(
 fn storage_spaces(
     program: &[Instr],
     at: &[SpaceId],
-    lives: &[TensorLife],
-    touched: &[Vec<Eo>],
-) -> Result<Vec<SpaceId>, MixedError> {
-    let mut out = vec![SpaceId::HOST; lives.len()];
-    for (s, l) in lives.iter().enumerate() {
+    lives: &IdVec<StorageId, TensorLife>,
+    touched: &IdVec<StorageId, Vec<Eo>>,
+) -> Result<IdVec<StorageId, SpaceId>, MixedError> {
+    let mut out: IdVec<StorageId, SpaceId> = vec![SpaceId::HOST; lives.len()].into();
+    for (s, l) in lives.iter_enumerated() {
         if l.kind.persistent() {
             let mut sp: Option<SpaceId> = None;
             for &eo in &touched[s] {
@@ -249,6 +252,24 @@ pub fn node_devices(plan: &Plan) -> Vec<Placement> {
     out
 }
 
+/// `plan` as the kernels of the device owning `space` see it: that space is the arena (its storages at
+/// their offsets there), every other storage is in `elsewhere` (a space nobody serves: out of reach, so
+/// an instruction that touched one fails instead of reading the wrong bytes). A device backend that
+/// computes with the CPU's kernels on its own memory runs its instructions through this view.
+pub fn device_view(plan: &Plan, space: SpaceId, elsewhere: SpaceId) -> Plan {
+    let mut v = plan.clone();
+    for l in &mut v.lives {
+        l.space = if l.space == space {
+            SpaceId::HOST
+        } else {
+            elsewhere
+        };
+    }
+    v.arena_bytes = plan.space_bytes(space);
+    v.spaces.clear();
+    v
+}
+
 /// `plan` with every storage in the host arena: the host storages where they are, the storages of
 /// `space` after them (at the returned offset, a multiple of that space's alignment). Initialising
 /// the parameters of a mixed plan through this view gives every tensor the values the all-CPU plan
@@ -262,9 +283,9 @@ pub fn host_view(plan: &Plan, space: SpaceId) -> (Plan, usize) {
         .map_or(ALIGN, |s| s.align);
     let base = plan.arena_bytes.div_ceil(align) * align;
     let mut v = plan.clone();
-    for (s, l) in v.lives.iter_mut().enumerate() {
+    for (l, o) in v.lives.iter_mut().zip(v.offsets.iter_mut()) {
         if l.space == space {
-            v.offsets[s] += base;
+            *o += base;
             l.space = SpaceId::HOST;
         }
     }

@@ -250,6 +250,7 @@ fn chain(n: usize) -> ModelSpec {
                 Src::Layer(i as u32 - 1)
             }],
             trainable: true,
+            update: crate::model::Update::All,
         })
         .collect();
     ModelSpec {
@@ -411,7 +412,7 @@ fn exact_program(g: &Graph, m: usize) -> Option<Vec<Instr>> {
 }
 
 fn plan_of(g: &Graph, program: Vec<Instr>) -> Plan {
-    Plan::from_program(g.clone(), 1, program, share_groups(g, true))
+    Schedule::with_program(g, 1, program).plan()
 }
 
 fn recomputes(p: &Plan) -> usize {

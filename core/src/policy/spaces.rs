@@ -20,7 +20,7 @@ use alloc::vec::Vec;
 use super::swap::gaps;
 use crate::backend::Placement;
 use crate::graph::{Graph, TensorId};
-use crate::plan::{share_groups, Eo, Instr, Phase, Plan, SpaceId};
+use crate::plan::{Eo, Instr, Phase, Plan, Schedule, SpaceId};
 use crate::sort::heap_sort_by_key;
 
 /// The plain single-micro-batch plan of `g` with every activation storage kept across the loss for which
@@ -32,7 +32,8 @@ pub fn offload(
     align: usize,
     mut pick: impl FnMut(TensorId, usize) -> bool,
 ) -> Plan {
-    let base = Plan::new(g.clone());
+    let mut s = Schedule::new(g);
+    let base = s.plan();
     let loss = base
         .program
         .iter()
@@ -53,20 +54,19 @@ pub fn offload(
     // Insert from the back so earlier positions stay valid (moves out come before the loss, moves back
     // after it; two at one position may go in either order).
     heap_sort_by_key(&mut events, |e| core::cmp::Reverse((e.0, e.1.node)));
-    let mut program = base.program;
     for (at, ins) in events {
-        program.insert(at, ins);
+        s.program.insert(at, ins);
     }
     // A group's first move goes out; the storage it begins lives in `to`.
-    let mut out = vec![false; program.len()];
+    let mut out = vec![false; s.program.len()];
     let mut seen: Vec<u16> = Vec::new();
-    for (eo, ins) in program.iter().enumerate() {
+    for (eo, ins) in s.program.iter().enumerate() {
         if ins.phase == Phase::Move && !seen.contains(&ins.node) {
             seen.push(ins.node);
             out[eo] = true;
         }
     }
-    let mut p = Plan::from_program(g.clone(), 1, program, share_groups(g, true));
+    let mut p = s.plan();
     p.place_spaces(
         |_, l| {
             if out[l.first as usize] {
@@ -97,7 +97,7 @@ pub fn move_volume(plan: &Plan) -> (usize, usize) {
     (0..plan.n_eo())
         .filter_map(|eo| plan.move_storages(eo))
         .fold((0, 0), |(n, b), (from, _)| {
-            (n + 1, b + plan.lives[from as usize].bytes)
+            (n + 1, b + plan.lives[from].bytes)
         })
 }
 

@@ -13,7 +13,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::graph::{Graph, TensorId, TensorKind};
-use crate::plan::{share_groups, Eo, Instr, Phase, Plan, Schedule, ALIGN};
+use crate::plan::{Eo, GroupId, IdVec, Instr, Phase, Plan, Schedule, ALIGN};
 
 use super::live_profile;
 use crate::sort::heap_sort_by_key;
@@ -42,13 +42,12 @@ pub(crate) struct Gap {
 /// the arena fits. Returns `Err` with the smallest plan reached when nothing more can be swapped.
 #[allow(clippy::result_large_err)] // like `policy::recompute`: both outcomes are whole plans
 pub fn plan_swap(g: &Graph, lookahead: usize, budget: usize) -> Result<Plan, Plan> {
-    let roots = share_groups(g, true);
-    let mut program = Schedule::new(g).program;
+    let mut s = Schedule::new(g);
     let limit = budget.saturating_sub(ALIGN - 1);
     let mut best: Option<Plan> = None;
     // Each round swaps one more gap; a step has at most one gap per storage and use.
-    for _ in 0..=program.len() {
-        let plan = Plan::from_program(g.clone(), 1, program.clone(), roots.clone());
+    for _ in 0..=s.program.len() {
+        let plan = s.plan();
         if plan.arena_bytes <= limit {
             return Ok(plan);
         }
@@ -63,11 +62,10 @@ pub fn plan_swap(g: &Graph, lookahead: usize, budget: usize) -> Result<Plan, Pla
             break; // pick_gap only returns representable tensors
         };
         // Swap-in first (the later index), then the swap-out right after the last use.
-        program.insert(gap.at as usize, inn);
-        program.insert(gap.last as usize + 1, out);
+        s.program.insert(gap.at as usize, inn);
+        s.program.insert(gap.last as usize + 1, out);
     }
-    let last = Plan::from_program(g.clone(), 1, program, roots);
-    Err(smaller(best, last))
+    Err(smaller(best, s.plan()))
 }
 
 fn smaller(best: Option<Plan>, p: Plan) -> Plan {
@@ -116,27 +114,27 @@ pub(crate) fn gaps(p: &Plan, lookahead: usize) -> Vec<Gap> {
     };
     let loss = loss as Eo;
     // A member of each group to name in the swap (its root when possible).
-    let mut member: Vec<Option<TensorId>> = vec![None; p.segments.len()];
+    let mut member: IdVec<GroupId, Option<TensorId>> = vec![None; p.segments.len()].into();
     for (t, gid) in p.group_of.iter().enumerate() {
-        if let Some(gid) = gid {
-            let m = &mut member[*gid as usize];
+        if let Some(gid) = *gid {
+            let m = &mut member[gid];
             if m.is_none() || p.roots[t] as usize == t {
                 *m = Some(t as TensorId);
             }
         }
     }
     let mut out = Vec::new();
-    for (gid, segs) in p.segments.iter().enumerate() {
+    for (gid, segs) in p.segments.iter_enumerated() {
         let Some(tensor) = member[gid] else { continue };
         if Instr::spill(Phase::SpillOut, tensor, 0).is_none() {
             continue; // the id does not fit in `Instr::node`
         }
         for &(_, s) in segs {
-            let life = &p.lives[s as usize];
+            let life = &p.lives[s];
             if life.kind != TensorKind::Activation {
                 continue;
             }
-            for w in p.touches[s as usize].windows(2) {
+            for w in p.touches[s].windows(2) {
                 let (last, next) = (w[0], w[1]);
                 let spill = |e: Eo| prog[e as usize].spilled().is_some();
                 // Swap-ins go after the loss (evaluation runs the forward part only, without a store).
@@ -176,7 +174,7 @@ pub fn swap_volume(plan: &Plan) -> (usize, usize) {
         if ins.phase == Phase::SpillOut {
             if let Some(s) = ins.spilled().and_then(|t| plan.storage_at(t, eo as Eo)) {
                 pairs += 1;
-                bytes += plan.lives[s as usize].bytes;
+                bytes += plan.lives[s].bytes;
             }
         }
     }
@@ -405,7 +403,7 @@ mod tests {
             .unwrap();
         for (eo, ins) in p.program.iter().enumerate() {
             let Some(t) = ins.spilled() else { continue };
-            let s = p.storage_at(t, eo as Eo).unwrap() as usize;
+            let s = p.storage_at(t, eo as Eo).unwrap();
             match ins.phase {
                 // A swap-out is its segment's last use; a swap-in its first, after the loss, with
                 // three compute instructions before the next use (fewer only in a short gap).

@@ -160,6 +160,7 @@ fn residual_bn_recompute_halves_the_arena_bit_exactly() {
         kind,
         inputs,
         trainable: true,
+        update: crate::model::Update::All,
     };
     let conv = |out, k, p, groups| LayerKind::Conv2d {
         out,

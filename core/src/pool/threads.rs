@@ -31,6 +31,8 @@ struct Shared {
     /// A task panicked on a worker (re-raised on the caller).
     panicked: AtomicBool,
     stop: AtomicBool,
+    /// Workers that have started running their loop (`new` waits for all of them).
+    ready: AtomicUsize,
 }
 
 // SAFETY: `job` is written only by the thread inside `run` while `pending == 0` (no worker reads it) and
@@ -65,6 +67,7 @@ impl ThreadPool {
             sleeping: (0..extra).map(|_| AtomicBool::new(false)).collect(),
             panicked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            ready: AtomicUsize::new(0),
         });
         let mut workers = Vec::with_capacity(extra);
         for w in 0..extra {
@@ -85,6 +88,12 @@ impl ThreadPool {
                 }
             }
         }
+        // The pool is ready when `new` returns: whatever a thread's start-up does (the runtime's own
+        // allocations included) is over before the first step, so no step ever pays for it or sees it
+        // (the no-allocation tests count every thread's allocations).
+        while shared.ready.load(Ordering::Acquire) < extra {
+            std::thread::yield_now();
+        }
         Ok(Self {
             shared,
             workers,
@@ -99,6 +108,7 @@ impl ThreadPool {
 }
 
 fn worker(s: &Shared, me: usize) {
+    s.ready.fetch_add(1, Ordering::Release);
     let mut seen = 0usize;
     loop {
         // Wait for a new epoch: spin, then park.

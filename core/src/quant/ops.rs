@@ -338,6 +338,19 @@ fn tap(g: &ConvGeom, ki: usize, kj: usize) -> Option<Tap> {
 /// im2col of group `grp` of `samples` consecutive int8 samples `x`: `cols[kg × ld]` (row stride `ld ≥
 /// samples·P`), sample `s` in columns `[s·P, (s+1)·P)`, zero padding.
 pub fn im2col(g: &ConvGeom, x: &[i8], samples: usize, grp: usize, cols: &mut [i8], ld: usize) {
+    #[cfg(any(test, feature = "std"))]
+    if k8::offload::im2col(
+        [
+            g.cin, g.h, g.w, g.cout, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.groups, g.oh, g.ow,
+        ],
+        x,
+        samples,
+        grp,
+        cols,
+        ld,
+    ) {
+        return;
+    }
     let (cin_g, _, kg, p) = conv_dims(g);
     let (hw, per_in) = (g.h * g.w, g.cin * g.h * g.w);
     let span = samples * p;

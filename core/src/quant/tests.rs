@@ -682,6 +682,7 @@ fn unsupported_layers_and_losses_are_typed_errors() {
             },
             inputs: vec![Src::Layer(0)],
             trainable: true,
+            update: crate::model::Update::All,
         },
     );
     let p = Precision::Int8(Int8Update::FloatMaster);
@@ -708,6 +709,7 @@ fn layer(name: &str, kind: LayerKind, from: Src) -> LayerSpec {
         kind,
         inputs: vec![from],
         trainable: true,
+        update: crate::model::Update::All,
     }
 }
 
@@ -1148,4 +1150,129 @@ fn quantize_rounds_like_roundf() {
             assert_eq!(g, want, "quantize({v}, e = {e})");
         }
     }
+}
+
+/// Every persistent tensor (parameters, optimizer state, statistics): its arena bytes and exponent.
+fn persistent_state(plan: &Plan, ex: &Int8Executor<'_>, arena: &[u8]) -> Vec<(Vec<u8>, i32)> {
+    use crate::graph::TensorKind;
+    let base = crate::exec::base_of(arena);
+    (0..plan.graph.tensors.len() as crate::graph::TensorId)
+        .filter(|&t| {
+            matches!(
+                plan.graph.tensors[t as usize].kind,
+                TensorKind::Weight | TensorKind::OptState | TensorKind::Stat
+            )
+        })
+        .map(|t| {
+            let (off, len) = plan.region(t).unwrap();
+            (arena[base + off..base + off + len].to_vec(), ex.exponent(t))
+        })
+        .collect()
+}
+
+/// Index of the first maximum (the rule `softmax_ce_eval` counts a sample correct by).
+fn first_argmax(row: &[f32]) -> u32 {
+    row.iter()
+        .enumerate()
+        .fold(0, |b, (j, &v)| if v > row[b] { j } else { b }) as u32
+}
+
+#[test]
+fn int8_predict_is_the_dequantised_output_that_evaluate_scores() {
+    let spec = tiny_spec();
+    let classes = 5;
+    for p in [
+        Precision::Int8(Int8Update::Integer { update_bits: 4 }),
+        Precision::Int8(Int8Update::FloatMaster),
+    ] {
+        let plan = Plan::new(Graph::with_precision(&spec, 8, p).unwrap());
+        let mut arena = vec![0u8; plan.needed_bytes()];
+        let mut ex = Int8Executor::new(&plan, &arena).unwrap();
+        ex.init_params(&mut arena, spec.seed).unwrap();
+        for step in 0..20 {
+            let (x, y) = synthetic(8, step);
+            ex.train_step(&mut arena, &x, Target::Classes(&y)).unwrap();
+        }
+        // A full micro-batch and a partial one.
+        for n in [8, 3] {
+            let (x, y) = synthetic(8, 100 + n);
+            let (x, y) = (&x[..n * 36], &y[..n]);
+            let before = (
+                persistent_state(&plan, &ex, &arena),
+                ex.counts(),
+                ex.steps(),
+            );
+            let mut pred = vec![f32::NAN; n * classes];
+            assert_eq!(ex.predict_into(&mut arena, x, &mut pred).unwrap(), n);
+            let after = (
+                persistent_state(&plan, &ex, &arena),
+                ex.counts(),
+                ex.steps(),
+            );
+            assert!(before == after, "{p:?}, n {n}: predict changed the state");
+            // The values are the output tensor, dequantised by its exponent (read_f32 reads the
+            // whole planned batch; the first n samples are this call's).
+            let out = ex.read_f32(&mut arena, plan.graph.pred()).unwrap();
+            assert_eq!(pred[..], out[..n * classes], "{p:?}, n {n}");
+            assert!(
+                pred.iter().any(|&v| v != 0.0),
+                "{p:?}: a trained model's logits"
+            );
+            // Evaluate on the same samples scores exactly the samples whose arg-max is their label,
+            // and every sample when labelled with its arg-max.
+            let arg: Vec<u32> = pred.chunks_exact(classes).map(first_argmax).collect();
+            let hits = arg.iter().zip(y).filter(|(a, b)| a == b).count();
+            let s = ex.evaluate(&mut arena, x, Target::Classes(y)).unwrap();
+            assert_eq!(s.correct, hits, "{p:?}, n {n}: {arg:?} vs {y:?}");
+            let s = ex.evaluate(&mut arena, x, Target::Classes(&arg)).unwrap();
+            assert_eq!(s.correct, n, "{p:?}, n {n}");
+            // Per sample: the other labels are scored wrong.
+            for (i, &a) in arg.iter().enumerate() {
+                let mut other = arg.clone();
+                other[i] = (a + 1) % classes as u32;
+                let s = ex.evaluate(&mut arena, x, Target::Classes(&other)).unwrap();
+                assert_eq!(s.correct, n - 1, "{p:?}, n {n}, sample {i}");
+            }
+        }
+    }
+}
+
+#[test]
+fn int8_predict_refuses_bad_batches_and_outputs() {
+    let spec = tiny_spec();
+    let p = Precision::Int8(Int8Update::Integer { update_bits: 4 });
+    let plan = Plan::new(Graph::with_precision(&spec, 4, p).unwrap());
+    let mut arena = vec![0u8; plan.needed_bytes()];
+    let mut ex = Int8Executor::new(&plan, &arena).unwrap();
+    ex.init_params(&mut arena, spec.seed).unwrap();
+    let (x, _) = synthetic(5, 0);
+    let mut out = vec![0f32; 25];
+    use crate::exec::ExecError::{BadBatch, NonFinite};
+    let e = |ex: &mut Int8Executor<'_>, a: &mut [u8], x: &[f32], o: &mut [f32]| {
+        ex.predict_into(a, x, o).unwrap_err()
+    };
+    assert!(
+        matches!(e(&mut ex, &mut arena, &x, &mut out), BadBatch(m, 5) if m.contains("more samples"))
+    );
+    assert!(
+        matches!(e(&mut ex, &mut arena, &x[..35], &mut out[..5]), BadBatch(m, 35) if m.contains("multiple"))
+    );
+    assert!(matches!(
+        e(&mut ex, &mut arena, &[], &mut []),
+        BadBatch(_, 0)
+    ));
+    let mut bad = x[..36].to_vec();
+    bad[7] = f32::NAN;
+    assert!(matches!(
+        e(&mut ex, &mut arena, &bad, &mut out[..5]),
+        NonFinite(_)
+    ));
+    assert!(
+        matches!(e(&mut ex, &mut arena, &x[..36], &mut out[..4]), BadBatch(m, 4) if m.contains("output"))
+    );
+    let mut small = vec![0u8; 16];
+    assert!(matches!(
+        e(&mut ex, &mut small, &x[..36], &mut out[..5]),
+        crate::exec::ExecError::Budget(_)
+    ));
 }

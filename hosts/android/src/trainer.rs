@@ -12,10 +12,10 @@ use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use frugal_core::budget::{Budget, BudgetError};
-use frugal_core::exec::{ExecError, Executor, Target};
+use frugal_core::exec::{ExecError, Executor, StepStats, Target};
 use frugal_core::format::decode_model;
 use frugal_core::graph::Graph;
-use frugal_core::model::{LayerKind, LossKind, ModelSpec};
+use frugal_core::model::{Dims, LayerKind, LossKind, ModelSpec};
 use frugal_core::plan::table::PlanTable;
 use frugal_core::plan::{Phase, Plan};
 use frugal_core::policy::ladder::{ladder, pick};
@@ -24,7 +24,7 @@ use frugal_core::policy::{recompute, CostModel};
 use crate::arena::Arena;
 use crate::error::Error;
 use crate::weights::{self, NamedTensor};
-use frugal_host::{load, persistent, SampleError, Samples};
+use frugal_host::{check_tensors, load, persistent, SampleError, Samples};
 
 /// Largest batch a trainer accepts (samples per step).
 pub const MAX_BATCH: usize = 4096;
@@ -190,17 +190,134 @@ fn index_of(table: &PlanTable, plan: &Plan) -> usize {
         .expect("the plan is one of the table's")
 }
 
-/// Numerically stable softmax of `z` into `out`.
-fn softmax(z: &[f32], out: &mut [f32]) {
+/// Checks a batch a caller gives a trainer: `y.len()` samples (1 to `max`), `x` holding that many
+/// inputs of `input`, every input finite, every label below `classes`.
+pub fn check_batch(
+    x: &[f32],
+    y: &[u32],
+    max: usize,
+    input: Dims,
+    classes: usize,
+) -> Result<(), Error> {
+    let per = input.numel();
+    if y.is_empty() || y.len() > max {
+        return Err(Error::Argument(
+            "labels",
+            format!("has {} samples; must be from 1 to {max}", y.len()),
+        ));
+    }
+    if x.len() != y.len().saturating_mul(per) {
+        return Err(Error::Argument(
+            "input",
+            format!(
+                "has {} values but {} samples of the model's input {input} need {}",
+                x.len(),
+                y.len(),
+                y.len().saturating_mul(per)
+            ),
+        ));
+    }
+    if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+        return Err(Error::Argument(
+            "input",
+            format!("value {i} is {} (must be finite)", x[i]),
+        ));
+    }
+    if let Some(i) = y.iter().position(|&l| l as usize >= classes) {
+        return Err(Error::Argument(
+            "labels",
+            format!(
+                "label {i} is {}; must be from 0 to {}",
+                y[i],
+                classes.saturating_sub(1)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Mean loss and samples classified correctly over `x`, `y` (checked), evaluated `batch` samples at a
+/// time by `eval` (an executor's `evaluate`), the loss weighted by each chunk's samples.
+pub fn evaluate_in_batches(
+    x: &[f32],
+    y: &[u32],
+    per: usize,
+    batch: usize,
+    mut eval: impl FnMut(&[f32], Target<'_>) -> Result<StepStats, ExecError>,
+) -> Result<(f32, usize), Error> {
+    let (mut loss, mut correct, mut i) = (0f64, 0usize, 0usize);
+    while i < y.len() {
+        let k = batch.max(1).min(y.len() - i);
+        let s = eval(&x[i * per..(i + k) * per], Target::Classes(&y[i..i + k]))?;
+        loss += f64::from(s.loss) * k as f64;
+        correct += s.correct;
+        i += k;
+    }
+    Ok(((loss / y.len().max(1) as f64) as f32, correct))
+}
+
+/// Numerically stable softmax of the logits `z`, in place.
+fn softmax(z: &mut [f32]) {
     let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0f32;
-    for (o, &v) in out.iter_mut().zip(z) {
-        *o = (v - max).exp();
-        sum += *o;
+    for v in z.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
     }
-    for o in out.iter_mut() {
-        *o /= sum;
+    for v in z.iter_mut() {
+        *v /= sum;
     }
+}
+
+/// Class probabilities for `n` samples of `per` values laid end to end in `x`, written to `out`
+/// (`n × classes` values): checks the input (length, finiteness) and the output's length, then asks
+/// `logits` for `batch` samples at a time (it writes their logits into the slice it is given) and
+/// takes each row's softmax. The f32 and the int8 trainers' `predict_into`.
+pub fn predict_in_batches(
+    x: &[f32],
+    per: usize,
+    classes: usize,
+    batch: usize,
+    out: &mut [f32],
+    mut logits: impl FnMut(&[f32], &mut [f32]) -> Result<(), ExecError>,
+) -> Result<(), Error> {
+    if x.is_empty() || per == 0 || !x.len().is_multiple_of(per) {
+        return Err(Error::Argument(
+            "input",
+            format!(
+                "has {} values, not a positive multiple of the model's input size {per}",
+                x.len(),
+            ),
+        ));
+    }
+    if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+        return Err(Error::Argument(
+            "input",
+            format!("value {i} is {} (must be finite)", x[i]),
+        ));
+    }
+    let n = x.len() / per;
+    let want = n.saturating_mul(classes);
+    if out.len() != want {
+        return Err(Error::Argument(
+            "output",
+            format!(
+                "has {} values but {n} samples × {classes} classes need {want}",
+                out.len(),
+            ),
+        ));
+    }
+    let mut i = 0;
+    while i < n {
+        let k = batch.max(1).min(n - i);
+        let dst = &mut out[i * classes..(i + k) * classes];
+        logits(&x[i * per..(i + k) * per], dst)?;
+        for row in dst.chunks_exact_mut(classes.max(1)) {
+            softmax(row);
+        }
+        i += k;
+    }
+    Ok(())
 }
 
 impl Trainer {
@@ -209,7 +326,23 @@ impl Trainer {
     /// initialisation only); tensors the model does not have are ignored, a tensor with another shape
     /// is an error.
     pub fn new(model: &[u8], weights: &[u8], budget: u64, opts: Options) -> Result<Trainer, Error> {
-        let mut spec = decode_model(model)?;
+        let spec = decode_model(model)?;
+        let tensors = if weights.is_empty() {
+            Vec::new()
+        } else {
+            weights::parse(weights).map_err(Error::Weights)?
+        };
+        Trainer::from_spec(spec, &tensors, budget, opts)
+    }
+
+    /// [`Trainer::new`] for a model already decoded (the Python binding parses TOML) and weights
+    /// already parsed (`tensors`: loaded by name, as for [`Trainer::new`]).
+    pub fn from_spec(
+        mut spec: ModelSpec,
+        tensors: &[NamedTensor],
+        budget: u64,
+        opts: Options,
+    ) -> Result<Trainer, Error> {
         if spec.loss != LossKind::SoftmaxCrossEntropy {
             return Err(Error::Argument(
                 "model",
@@ -249,15 +382,7 @@ impl Trainer {
         let seed = opts.seed.unwrap_or(spec.seed);
         let mut ex = Executor::new(plan, arena.as_slice())?;
         ex.init_params(arena.as_mut_slice(), seed)?;
-        let loaded = if weights.is_empty() {
-            0
-        } else {
-            load(
-                &mut ex,
-                arena.as_mut_slice(),
-                &weights::parse(weights).map_err(Error::Weights)?,
-            )?
-        };
+        let loaded = load(&mut ex, arena.as_mut_slice(), tensors)?;
         drop(ex);
         let recomputes = table
             .entries
@@ -355,7 +480,37 @@ impl Trainer {
     /// (`Error::Budget`); callers check budgets with [`rung_for`] before storing them.
     pub fn train_step(&mut self, live: &impl LiveBudget) -> Result<f32, Error> {
         self.ready()?;
-        self.step(live)
+        self.step(live, None)
+    }
+
+    /// One training step on the batch `x` (`n` samples laid end to end, 1 ≤ `n` ≤ the trainer's
+    /// batch) with labels `y`, read in place (the sample store is not touched); otherwise as
+    /// [`Trainer::train_step`]. Inputs must be finite and labels below the number of classes.
+    pub fn train_batch(
+        &mut self,
+        x: &[f32],
+        y: &[u32],
+        live: &impl LiveBudget,
+    ) -> Result<f32, Error> {
+        self.check_batch(x, y, self.batch)?;
+        self.step(live, Some((x, y)))
+    }
+
+    /// Mean loss and samples classified correctly over `x` (any number of samples ≥ 1, laid end to
+    /// end) with labels `y`, in the plan in force (no update).
+    pub fn evaluate(&mut self, x: &[f32], y: &[u32]) -> Result<(f32, usize), Error> {
+        self.check_batch(x, y, usize::MAX)?;
+        let plan = &self.table.entries[self.current].plan;
+        let mb = plan.graph.batch;
+        let mut ex = Executor::new(plan, self.arena.as_slice())?;
+        ex.set_steps(self.steps);
+        let arena = self.arena.as_mut_slice();
+        evaluate_in_batches(x, y, self.per, mb, |x, t| ex.evaluate(arena, x, t))
+    }
+
+    /// Checks a batch given by the caller (see [`check_batch`]).
+    fn check_batch(&self, x: &[f32], y: &[u32], max: usize) -> Result<(), Error> {
+        check_batch(x, y, max, self.spec.input, self.classes)
     }
 
     /// Whether the trainer can train: it has samples.
@@ -371,7 +526,12 @@ impl Trainer {
 
     /// One adaptive step: grows the arena first when the budget now allows a larger plan, runs the
     /// step reading `live` before every instruction, then shrinks the arena to the plan in force.
-    fn step(&mut self, live: &impl LiveBudget) -> Result<f32, Error> {
+    /// `batch`: the caller's batch, else the sample store's next one.
+    fn step(
+        &mut self,
+        live: &impl LiveBudget,
+        batch: Option<(&[f32], &[u32])>,
+    ) -> Result<f32, Error> {
         let b = live.bytes();
         let want = rung_for(&self.table, b)?;
         let want_bytes = self.table.entries[want].plan.needed_bytes();
@@ -381,7 +541,10 @@ impl Trainer {
             self.arena.resize(want_bytes).map_err(Error::OutOfMemory)?;
         }
         // Borrowed from the sample store (copied only when the window wraps past its end).
-        let (x, y) = self.samples.next_batch();
+        let (x, y) = match batch {
+            Some(b) => b,
+            None => self.samples.next_batch(),
+        };
         // SAFETY: `table` is a Box that is never mutated, moved out of or replaced after `new`, so the
         // PlanTable stays at this address and unchanged for the trainer's life; the only references
         // made from this one live in `self.ex` (and locals of this call), which is declared before
@@ -454,54 +617,23 @@ impl Trainer {
     /// Class probabilities (softmax of the model's output) for `n` samples laid end to end, written to
     /// `out` (`n × classes` values).
     pub fn predict_into(&mut self, x: &[f32], out: &mut [f32]) -> Result<(), Error> {
-        if x.is_empty() || !x.len().is_multiple_of(self.per) {
-            return Err(Error::Argument(
-                "input",
-                format!(
-                    "has {} values, not a positive multiple of the model's input size {}",
-                    x.len(),
-                    self.per
-                ),
-            ));
-        }
-        if let Some(i) = x.iter().position(|v| !v.is_finite()) {
-            return Err(Error::Argument(
-                "input",
-                format!("value {i} is {} (must be finite)", x[i]),
-            ));
-        }
-        let n = x.len() / self.per;
-        let want = n.saturating_mul(self.classes);
-        if out.len() != want {
-            return Err(Error::Argument(
-                "output",
-                format!(
-                    "has {} values but {n} samples × {} classes need {want}",
-                    out.len(),
-                    self.classes
-                ),
-            ));
-        }
         let plan = &self.table.entries[self.current].plan;
-        let mb = plan.graph.batch;
         let mut ex = Executor::new(plan, self.arena.as_slice())?;
         ex.set_steps(self.steps);
-        let mut i = 0;
-        while i < n {
-            let k = mb.min(n - i);
-            let logits = ex.predict(
-                self.arena.as_mut_slice(),
-                &x[i * self.per..(i + k) * self.per],
-            )?;
-            for (dst, z) in out[i * self.classes..(i + k) * self.classes]
-                .chunks_exact_mut(self.classes)
-                .zip(logits.chunks_exact(self.classes))
-            {
-                softmax(z, dst);
-            }
-            i += k;
-        }
-        Ok(())
+        let arena = self.arena.as_mut_slice();
+        predict_in_batches(
+            x,
+            self.per,
+            self.classes,
+            plan.graph.batch,
+            out,
+            |x, dst| {
+                for (d, &z) in dst.iter_mut().zip(ex.predict(arena, x)?) {
+                    *d = z;
+                }
+                Ok(())
+            },
+        )
     }
 
     /// [`Trainer::predict_into`] into a new vector.
@@ -602,6 +734,12 @@ impl Trainer {
 
     /// The parameters and statistics as F32 safetensors bytes (PyTorch `state_dict` names).
     pub fn export_weights(&mut self) -> Result<Vec<u8>, Error> {
+        weights::serialize(&self.state()?).map_err(Error::Weights)
+    }
+
+    /// The parameters and statistics (PyTorch `state_dict` names, the model's order: layer by layer,
+    /// parameters then statistics) with their shapes and values.
+    pub fn state(&mut self) -> Result<Vec<NamedTensor>, Error> {
         let plan = &self.table.entries[self.current].plan;
         let ex = Executor::new(plan, self.arena.as_slice())?;
         let mut tensors: Vec<NamedTensor> = Vec::new();
@@ -609,7 +747,23 @@ impl Trainer {
             let v = ex.read(self.arena.as_mut_slice(), t)?.to_vec();
             tensors.push((name, shape, v));
         }
-        weights::serialize(&tensors).map_err(Error::Weights)
+        Ok(tensors)
+    }
+
+    /// Writes `tensors` (as [`Trainer::state`] names them) into the model's parameters and
+    /// statistics; returns how many. Every tensor is checked (a name the model lacks, a shape that
+    /// differs, a value that is not finite) before any is written, so a refused call changes nothing.
+    pub fn load_state(&mut self, tensors: &[NamedTensor]) -> Result<usize, Error> {
+        let plan = &self.table.entries[self.current].plan;
+        let mut ex = Executor::new(plan, self.arena.as_slice())?;
+        let known: Vec<(String, Vec<usize>)> = ex.state_tensors().map(|(n, s, _)| (n, s)).collect();
+        check_tensors(&known, tensors).map_err(Error::Weights)?;
+        Ok(load(&mut ex, self.arena.as_mut_slice(), tensors)?)
+    }
+
+    /// The model the trainer trains.
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
     }
 
     /// The budget the trainer applied last (`UNLIMITED`: none).
@@ -849,6 +1003,74 @@ mod tests {
     }
 
     #[test]
+    fn a_given_batch_trains_as_the_same_samples_from_the_store() {
+        let mut stored = mlp(UNLIMITED);
+        let (x, y) = digits(TRAIN_X, TRAIN_Y);
+        let mut given = Trainer::new(
+            MLP,
+            &[],
+            UNLIMITED,
+            Options {
+                batch: 32,
+                seed: Some(7),
+                ..Options::default()
+            },
+        )
+        .unwrap();
+        let live = AtomicU64::new(UNLIMITED);
+        for k in 0..3 {
+            let a = stored.train_step(&live).unwrap();
+            let b = given
+                .train_batch(
+                    &x[k * 32 * 64..(k + 1) * 32 * 64],
+                    &y[k * 32..(k + 1) * 32],
+                    &live,
+                )
+                .unwrap();
+            assert_eq!(a.to_bits(), b.to_bits());
+        }
+        // A partial batch trains too.
+        given.train_batch(&x[..5 * 64], &y[..5], &live).unwrap();
+        // evaluate counts what predict's arg-max gets right.
+        let (tx, ty) = digits(TEST_X, TEST_Y);
+        let (loss, correct) = given.evaluate(&tx, &ty).unwrap();
+        assert!(loss.is_finite() && loss > 0.0);
+        let acc = accuracy(&mut given);
+        assert_eq!(correct, (acc * ty.len() as f64).round() as usize);
+    }
+
+    #[test]
+    fn state_loads_back_and_a_bad_tensor_changes_nothing() {
+        let mut a = mlp(UNLIMITED);
+        a.train_steps(3, &AtomicU64::new(UNLIMITED), &mut Vec::new())
+            .unwrap();
+        let w = a.state().unwrap();
+        let mut b = Trainer::new(MLP, &[], UNLIMITED, Options::default()).unwrap();
+        let before = b.state().unwrap();
+        let mut bad = w.clone();
+        bad[1].2[3] = f32::INFINITY;
+        let e = b.load_state(&bad).unwrap_err().to_string();
+        assert!(e.contains("value 3 is inf"), "{e}");
+        let mut bad = w.clone();
+        bad[2].1 = vec![1, 2];
+        assert!(b
+            .load_state(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("shape [1, 2]"));
+        let mut bad = w.clone();
+        bad[0].0 = "nope.weight".into();
+        assert!(b
+            .load_state(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("nope.weight"));
+        assert_eq!(b.state().unwrap(), before, "refused loads wrote nothing");
+        assert_eq!(b.load_state(&w).unwrap(), w.len());
+        assert_eq!(b.state().unwrap(), w);
+    }
+
+    #[test]
     fn bad_arguments_are_errors() {
         let mut t = Trainer::new(MLP, &[], UNLIMITED, Options::default()).unwrap();
         let arg = |r: Result<(), Error>| match r {
@@ -866,6 +1088,11 @@ mod tests {
         assert!(arg(t.predict(&[]).map(|_| ())).contains("0 values"));
         assert!(arg(t.predict_into(&[0.0; 64], &mut [0.0; 9])).contains("need 10"));
         assert_eq!(t.sample_count(), 0, "rejected samples are not kept");
+        assert!(arg(t.train_batch(&[0.0; 64], &[], &live).map(|_| ())).contains("from 1 to 32"));
+        assert!(arg(t.train_batch(&[0.0; 63], &[1], &live).map(|_| ())).contains("63 values"));
+        assert!(arg(t.train_batch(&nan, &[1], &live).map(|_| ())).contains("value 7 is NaN"));
+        assert!(arg(t.train_batch(&[0.0; 64], &[10], &live).map(|_| ())).contains("0 to 9"));
+        assert!(arg(t.evaluate(&[0.0; 64], &[10]).map(|_| ())).contains("0 to 9"));
         let bad = |o: Options| Trainer::new(MLP, &[], UNLIMITED, o).unwrap_err();
         assert!(matches!(
             bad(Options {

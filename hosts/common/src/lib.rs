@@ -65,6 +65,36 @@ pub fn load<B: Backend>(
     Ok(loaded)
 }
 
+/// Checks `file` against the model's tensors `known` (name, shape) before anything is written: every
+/// tensor of `file` must be one of the model's, with its shape and finite values (a strict load; [`load`]
+/// ignores tensors the model lacks). The error names the tensor and what is wrong.
+pub fn check_tensors(known: &[(String, Vec<usize>)], file: &[NamedTensor]) -> Result<(), String> {
+    for (name, shape, v) in file {
+        match known.iter().find(|(n, _)| n == name) {
+            None => {
+                let names: Vec<&str> = known.iter().map(|(n, _)| n.as_str()).collect();
+                return Err(format!(
+                    "tensor {name}: the model has no such tensor (it has {})",
+                    names.join(", ")
+                ));
+            }
+            Some((_, s)) if s != shape => {
+                return Err(format!(
+                    "tensor {name} has shape {shape:?}, the model needs {s:?}"
+                ))
+            }
+            Some(_) => {}
+        }
+        if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+            return Err(format!(
+                "tensor {name}: value {i} is {} (must be finite)",
+                v[i]
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The tensors that live across steps, in a fixed order: parameters with their optimizer state, then
 /// statistics, node by node. Two plans of one model list corresponding tensors at the same positions.
 pub fn persistent(g: &Graph) -> Vec<TensorId> {

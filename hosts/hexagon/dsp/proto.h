@@ -14,6 +14,7 @@
 #define FHX_RSP 0x41584846u /* "FHXA" */
 #define FHX_HEADER_WORDS 6u
 #define FHX_MAX_PARAMS 32u
+#define FHX_QUIET 0x80000000u /* IN_SPACE: keep the output in the space, send none back */
 
 enum fhx_op {
     FHX_OP_PING = 1,         /* results: [protocol version] */
@@ -24,7 +25,16 @@ enum fhx_op {
     FHX_OP_MAXPOOL_GRAD = 6, /* params w pairs; payload dy[pairs*w/2], idx[pairs*w/2], dx[pairs*2w]; -> dx */
     FHX_OP_QUANTIZE = 7,     /* params len k_bits(f32); payload f32[len]; -> i8[len] */
     FHX_OP_IM2COL = 8,       /* params cin h w cout kh kw sh sw ph pw groups oh ow samples grp; payload x; -> cols[kg][samples*oh*ow] */
-    FHX_OP_EXIT = 9          /* the skel exits 0 after answering */
+    FHX_OP_EXIT = 9,         /* the skel exits 0 after answering */
+    /* The planned DSP space (one per plan; see ../README.md): */
+    FHX_OP_PREPARE = 10,     /* params bytes; frees the old space, maps a zeroed one; results [generation, bytes, live spaces] */
+    FHX_OP_WRITE = 11,       /* params nspans, (off, len) x nspans; payload the spans' bytes back to back -> space */
+    FHX_OP_IN_SPACE = 12,    /* params inner_op nsrc ndst, (off rowlen rows stride) x (nsrc + ndst), inner params;
+                                no payload: the sources are gathered from the space in order as the inner op's
+                                payload; its output is scattered to the destinations in order and returned
+                                (not returned when inner_op has FHX_QUIET set: the host computes it too) */
+    FHX_OP_SPACE_SUM = 13,   /* results [FNV-1a of the whole space, its bytes] */
+    FHX_OP_HANG = 14         /* test only: never answers (a hung DSP, for the host's time-out) */
 };
 
 enum fhx_status {
@@ -36,6 +46,6 @@ enum fhx_status {
     FHX_TOO_LARGE = 5
 };
 
-#define FHX_VERSION 1u
+#define FHX_VERSION 2u
 
 #endif

@@ -9,6 +9,9 @@
 #define SYS_READ 63
 #define SYS_WRITE 64
 #define SYS_EXIT 93
+#define SYS_NANOSLEEP 101
+#define SYS_MUNMAP 215
+#define SYS_MMAP 222 /* mmap2 on 32-bit asm-generic targets; offset 0 here */
 /* Markers for `cargo xtask bench dsp`'s counting plugin, which prints its packet count at them:
  * getpid at the start of every request, gettid right before and after the kernel. */
 #define SYS_GETPID 172
@@ -20,6 +23,18 @@ static long sys3(long nr, long a, long b, long c) {
     register long r2 __asm__("r2") = c;
     register long r6 __asm__("r6") = nr;
     __asm__ volatile("trap0(#1)" : "+r"(r0) : "r"(r1), "r"(r2), "r"(r6) : "memory");
+    return r0;
+}
+
+static long sys6(long nr, long a, long b, long c, long d, long e, long f) {
+    register long r0 __asm__("r0") = a;
+    register long r1 __asm__("r1") = b;
+    register long r2 __asm__("r2") = c;
+    register long r3 __asm__("r3") = d;
+    register long r4 __asm__("r4") = e;
+    register long r5 __asm__("r5") = f;
+    register long r6 __asm__("r6") = nr;
+    __asm__ volatile("trap0(#1)" : "+r"(r0) : "r"(r1), "r"(r2), "r"(r3), "r"(r4), "r"(r5), "r"(r6) : "memory");
     return r0;
 }
 
@@ -66,6 +81,12 @@ static uint8_t arena[ARENA_BYTES] __attribute__((aligned(128)));
 
 static uint32_t params[FHX_MAX_PARAMS];
 static uint32_t results[4];
+
+/* The planned DSP space: one mapping per plan (FHX_OP_PREPARE), holding the tensors the plan keeps on
+ * the DSP (weights, gradients, activations between DSP ops) across calls and steps. */
+static uint8_t *space;
+static uint64_t space_len;
+static uint32_t space_gen, spaces_live;
 
 static void respond(uint32_t status, uint32_t seq, uint32_t nres, const void *payload, uint32_t len) {
     uint32_t h[FHX_HEADER_WORDS];
@@ -200,6 +221,122 @@ static uint32_t serve(uint32_t op, uint32_t np, uint32_t len, const uint8_t **ou
     }
 }
 
+/* One span of the space: rows x rowlen bytes, rows `stride` apart from `off`; 0 when out of bounds. */
+static int span_ok(const uint32_t *sp) {
+    uint64_t off = sp[0], rowlen = sp[1], rows = sp[2], stride = sp[3];
+    if (rows == 0 || rowlen == 0) return 1;
+    if (rows > 1 && stride < rowlen) return 0;
+    return off + (rows - 1) * stride + rowlen <= space_len;
+}
+
+static uint64_t span_bytes(const uint32_t *sp) { return (uint64_t)sp[1] * sp[2]; }
+
+/* Serves the space operations (PREPARE, WRITE, IN_SPACE, SPACE_SUM); other ops go to serve(). */
+static uint32_t serve_space(uint32_t op, uint32_t np, uint32_t len, const uint8_t **out, uint32_t *out_len,
+                            uint32_t *nres) {
+    *out = arena;
+    *out_len = 0;
+    *nres = 0;
+    switch (op) {
+    case FHX_OP_PREPARE: {
+        if (np != 1 || len) return FHX_BAD_PARAMS;
+        uint64_t bytes = params[0];
+        if (space) {
+            sys3(SYS_MUNMAP, (long)space, (long)space_len, 0);
+            space = 0;
+            space_len = 0;
+            spaces_live--;
+        }
+        if (bytes) {
+            /* PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS: zeroed pages. */
+            long p = sys6(SYS_MMAP, 0, (long)bytes, 3, 0x22, -1, 0);
+            if (p < 0 && p > -4096) return FHX_TOO_LARGE;
+            space = (uint8_t *)p;
+            space_len = bytes;
+            spaces_live++;
+        }
+        space_gen++;
+        results[0] = space_gen;
+        results[1] = (uint32_t)space_len;
+        results[2] = spaces_live;
+        *nres = 3;
+        return FHX_OK;
+    }
+    case FHX_OP_WRITE: {
+        if (np < 1 || np != 1 + 2 * params[0]) return FHX_BAD_PARAMS;
+        uint64_t at = 0;
+        for (uint32_t i = 0; i < params[0]; i++) {
+            uint64_t off = params[1 + 2 * i], n = params[2 + 2 * i];
+            if (off + n > space_len || at + n > len) return FHX_BAD_PARAMS;
+            at += n;
+        }
+        if (at != len) return FHX_BAD_PARAMS;
+        at = 0;
+        for (uint32_t i = 0; i < params[0]; i++) {
+            uint64_t off = params[1 + 2 * i], n = params[2 + 2 * i];
+            for (uint64_t j = 0; j < n; j++) space[off + j] = arena[at + j];
+            at += n;
+        }
+        return FHX_OK;
+    }
+    case FHX_OP_SPACE_SUM:
+        if (np || len) return FHX_BAD_PARAMS;
+        results[0] = fnv(FNV_INIT, space, (uint32_t)space_len);
+        results[1] = (uint32_t)space_len;
+        *nres = 2;
+        return FHX_OK;
+    case FHX_OP_IN_SPACE: {
+        if (np < 3 || len) return FHX_BAD_PARAMS;
+        uint32_t inner = params[0] & ~FHX_QUIET, quiet = params[0] & FHX_QUIET, nsrc = params[1], ndst = params[2];
+        if (inner == FHX_OP_PING || inner == FHX_OP_EXIT || inner >= FHX_OP_PREPARE) return FHX_BAD_OP;
+        uint64_t head = 3 + 4 * ((uint64_t)nsrc + ndst);
+        if (head > np) return FHX_BAD_PARAMS;
+        uint32_t spec[4 * FHX_MAX_PARAMS];
+        for (uint32_t i = 0; i < 4 * (nsrc + ndst); i++) spec[i] = params[3 + i];
+        uint64_t glen = 0, dlen = 0;
+        for (uint32_t i = 0; i < nsrc + ndst; i++) {
+            if (!span_ok(spec + 4 * i)) return FHX_BAD_PARAMS;
+            if (i < nsrc) glen += span_bytes(spec + 4 * i); else dlen += span_bytes(spec + 4 * i);
+        }
+        if (glen > ARENA_BYTES) return FHX_TOO_LARGE;
+        /* Gather the sources as the inner op's payload, then serve it as if sent inline. */
+        uint64_t at = 0;
+        for (uint32_t i = 0; i < nsrc; i++) {
+            const uint32_t *sp = spec + 4 * i;
+            for (uint64_t r = 0; r < sp[2]; r++) {
+                const uint8_t *src = space + sp[0] + r * sp[3];
+                for (uint64_t j = 0; j < sp[1]; j++) arena[at + j] = src[j];
+                at += sp[1];
+            }
+        }
+        uint32_t inp = np - (uint32_t)head;
+        for (uint32_t i = 0; i < inp; i++) params[i] = params[head + i];
+        uint32_t st = serve(inner, inp, (uint32_t)glen, out, out_len, nres);
+        if (st != FHX_OK) return st;
+        if (dlen != *out_len) return FHX_BAD_PARAMS;
+        /* Scatter the output into the space (it is also returned: the host's bookkeeping reads it). */
+        at = 0;
+        for (uint32_t i = nsrc; i < nsrc + ndst; i++) {
+            const uint32_t *sp = spec + 4 * i;
+            for (uint64_t r = 0; r < sp[2]; r++) {
+                uint8_t *dst = space + sp[0] + r * sp[3];
+                for (uint64_t j = 0; j < sp[1]; j++) dst[j] = (*out)[at + j];
+                at += sp[1];
+            }
+        }
+        if (quiet) *out_len = 0;
+        return FHX_OK;
+    }
+    case FHX_OP_HANG:
+        for (;;) {
+            long ts[2] = {3600, 0};
+            sys3(SYS_NANOSLEEP, (long)ts, 0, 0);
+        }
+    default:
+        return serve(op, np, len, out, out_len, nres);
+    }
+}
+
 void _start(void) {
     uint32_t h[FHX_HEADER_WORDS];
     for (;;) {
@@ -225,7 +362,7 @@ void _start(void) {
         const uint8_t *out;
         uint32_t out_len, nres;
         sys3(SYS_GETTID, 0, 0, 0);
-        uint32_t st = serve(op, np, len, &out, &out_len, &nres);
+        uint32_t st = serve_space(op, np, len, &out, &out_len, &nres);
         sys3(SYS_GETTID, 0, 0, 0);
         if (st != FHX_OK) {
             respond(st, seq, 0, 0, 0);

@@ -14,8 +14,12 @@
 //!   the DSP (infinite cost there), as Mandheling keeps its DSP-unfriendly operators on the CPU.
 //! * **Switch cost** at a boundary between a CPU and a DSP instruction: one FastRPC invocation
 //!   ([`RPC_SECONDS`]) plus the bytes of the activations and derivatives live across the boundary at
-//!   [`COPY_BYTES_PER_SECOND`] (what a move between the host arena and a planned DSP space would copy;
-//!   today's transport copies each call's operands instead).
+//!   [`COPY_BYTES_PER_SECOND`] (what the moves of a planned DSP space copy there,
+//!   [`DspPlan`](crate::DspPlan); the bytes the host's integer bookkeeping exchanges with the DSP
+//!   inside an instruction are not modelled — `cargo xtask bench dsp` measures the total per step).
+//!
+//! * Not charged: the calls *within* a DSP instruction (one per GEMM tile, per convolution group, per
+//!   rescale…) — one FastRPC round trip each on a phone; the bench prints what they would add.
 //!
 //! The placement is `frugal_core::policy::placement::place` (the DP the GPU placement shares).
 use frugal_core::graph::TensorKind;

@@ -18,8 +18,12 @@ pub struct Calls {
     pub pool: u64,
     /// Quantisations.
     pub quantize: u64,
-    /// Everything else (pings, im2col, max-abs).
+    /// Everything else (pings, im2col, max-abs, space preparations and checksums).
     pub other: u64,
+    /// Of those, calls on operands in the DSP space (no operand bytes sent with them).
+    pub in_space: u64,
+    /// Writes into the DSP space (the operand bytes it did not hold yet).
+    pub space_writes: u64,
     /// Bytes sent to the DSP.
     pub bytes_in: u64,
     /// Bytes received from it.
@@ -40,18 +44,65 @@ fn as_bytes(x: &[i8]) -> &[u8] {
 }
 
 /// The bytes a strided `rows × cols` view addresses (from its first element).
-fn extent(x: &MatRef<'_, i8>, rows: usize, cols: usize) -> usize {
+pub(crate) fn extent(x: &MatRef<'_, i8>, rows: usize, cols: usize) -> usize {
     if rows == 0 || cols == 0 {
         return 0;
     }
     ((rows - 1) * x.rs + (cols - 1) * x.cs + 1).min(x.data.len())
 }
 
-fn u32_of(op: &'static str, v: usize) -> Result<u32, DspError> {
+pub(crate) fn u32_of(op: &'static str, v: usize) -> Result<u32, DspError> {
     u32::try_from(v).map_err(|_| DspError::TooLarge {
         op,
         bytes: v as u64,
     })
+}
+
+/// The parameters of a GEMM request (`dsp/proto.h`).
+pub(crate) fn gemm_params(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &MatRef<'_, i8>,
+    b: &MatRef<'_, i8>,
+    accumulate: bool,
+) -> Result<[u32; 10], DspError> {
+    const OP: &str = "gemm";
+    let (al, bl) = (extent(a, m, k), extent(b, k, n));
+    Ok([
+        u32_of(OP, m)?,
+        u32_of(OP, n)?,
+        u32_of(OP, k)?,
+        u32_of(OP, a.rs)?,
+        u32_of(OP, a.cs)?,
+        u32_of(OP, b.rs)?,
+        u32_of(OP, b.cs)?,
+        accumulate as u32,
+        u32_of(OP, al)?,
+        u32_of(OP, bl)?,
+    ])
+}
+
+/// The parameters of a rescale request.
+pub(crate) fn rescale_params(
+    len: usize,
+    shift: u32,
+    rounding: Rounding,
+    offset: u64,
+) -> Result<[u32; 7], DspError> {
+    let (mode, seed) = match rounding {
+        Rounding::Nearest => (0, 0u64),
+        Rounding::Stochastic(s) => (1, s),
+    };
+    Ok([
+        u32_of("rescale", len)?,
+        shift,
+        mode,
+        seed as u32,
+        (seed >> 32) as u32,
+        offset as u32,
+        (offset >> 32) as u32,
+    ])
 }
 
 impl<T: Transport> Dsp<T> {
@@ -126,21 +177,9 @@ impl<T: Transport> Dsp<T> {
         accumulate: bool,
         cbuf: &mut Vec<i32>,
     ) -> Result<(), DspError> {
-        const OP: &str = "gemm";
         self.calls.gemm += 1;
         let (al, bl) = (extent(&a, m, k), extent(&b, k, n));
-        let params = [
-            u32_of(OP, m)?,
-            u32_of(OP, n)?,
-            u32_of(OP, k)?,
-            u32_of(OP, a.rs)?,
-            u32_of(OP, a.cs)?,
-            u32_of(OP, b.rs)?,
-            u32_of(OP, b.cs)?,
-            accumulate as u32,
-            u32_of(OP, al)?,
-            u32_of(OP, bl)?,
-        ];
+        let params = gemm_params(m, n, k, &a, &b, accumulate)?;
         cbuf.clear();
         if accumulate {
             for i in 0..m {
@@ -173,21 +212,8 @@ impl<T: Transport> Dsp<T> {
         offset: u64,
         dst: &mut [i8],
     ) -> Result<usize, DspError> {
-        const OP: &str = "rescale";
         self.calls.rescale += 1;
-        let (mode, seed) = match rounding {
-            Rounding::Nearest => (0, 0u64),
-            Rounding::Stochastic(s) => (1, s),
-        };
-        let params = [
-            u32_of(OP, src.len())?,
-            shift,
-            mode,
-            seed as u32,
-            (seed >> 32) as u32,
-            offset as u32,
-            (offset >> 32) as u32,
-        ];
+        let params = rescale_params(src.len(), shift, rounding, offset)?;
         let r = self.call(
             Op::Rescale,
             &params,
@@ -277,6 +303,77 @@ impl<T: Transport> Dsp<T> {
         Ok(())
     }
 
+    /// Frees the DSP space and maps a zeroed one of `bytes` (once per plan); returns the space's
+    /// generation (prepares so far in this DSP process) and how many spaces are mapped (1, or 0 for
+    /// an empty one).
+    pub fn prepare_space(&mut self, bytes: usize) -> Result<(u32, u32), DspError> {
+        self.calls.other += 1;
+        let b = u32_of("prepare", bytes)?;
+        let r = self.call(Op::Prepare, &[b], &[], 0, 3)?;
+        if r.results[1] != b {
+            return Err(DspError::BadReply {
+                op: "prepare",
+                what: "the space has another size than asked",
+            });
+        }
+        Ok((r.results[0], r.results[2]))
+    }
+
+    /// Writes `bytes` at `off` of the DSP space.
+    pub fn write_space(&mut self, off: usize, bytes: &[u8]) -> Result<(), DspError> {
+        const OP: &str = "space write";
+        self.calls.space_writes += 1;
+        let params = [1, u32_of(OP, off)?, u32_of(OP, bytes.len())?];
+        self.call(Op::Write, &params, &[bytes], 0, 0)?;
+        Ok(())
+    }
+
+    /// FNV-1a of the whole DSP space and its bytes.
+    pub fn space_sum(&mut self) -> Result<(u32, usize), DspError> {
+        self.calls.other += 1;
+        let r = self.call(Op::SpaceSum, &[], &[], 0, 2)?;
+        Ok((r.results[0], r.results[1] as usize))
+    }
+
+    /// `inner` with its operands gathered from the DSP space (`srcs`, in the order its payload takes
+    /// them) and its output scattered there (`dsts`, in order); each span is `[offset, row bytes,
+    /// rows, row stride]`. The output also comes back in the reply, unless `quiet` (`want_len` 0: the
+    /// host computes the same bytes itself).
+    #[allow(clippy::too_many_arguments)]
+    pub fn in_space(
+        &mut self,
+        inner: Op,
+        quiet: bool,
+        srcs: &[[usize; 4]],
+        dsts: &[[usize; 4]],
+        inner_params: &[u32],
+        want_len: usize,
+        want_results: usize,
+    ) -> Result<&Reply, DspError> {
+        let op = inner.name();
+        self.calls.in_space += 1;
+        let mut params = [0u32; crate::proto::MAX_PARAMS];
+        let np = 3 + 4 * (srcs.len() + dsts.len()) + inner_params.len();
+        if np > params.len() {
+            return Err(DspError::TooLarge {
+                op,
+                bytes: 4 * np as u64,
+            });
+        }
+        params[0] = inner as u32 | if quiet { crate::proto::QUIET } else { 0 };
+        params[1] = srcs.len() as u32;
+        params[2] = dsts.len() as u32;
+        let mut at = 3;
+        for sp in srcs.iter().chain(dsts) {
+            for &v in sp {
+                params[at] = u32_of(op, v)?;
+                at += 1;
+            }
+        }
+        params[at..np].copy_from_slice(inner_params);
+        self.call(Op::InSpace, &params[..np], &[], want_len, want_results)
+    }
+
     /// im2col of group `grp` of `samples` samples: `cols[kg][samples·oh·ow]` (dense), zero padding.
     pub fn im2col(
         &mut self,
@@ -286,29 +383,56 @@ impl<T: Transport> Dsp<T> {
         grp: usize,
         cols: &mut [i8],
     ) -> Result<(), DspError> {
-        const OP: &str = "im2col";
+        let span = samples * g.oh * g.ow;
+        self.im2col_ld(geom_of(g), x, samples, grp, cols, span)
+    }
+
+    /// [`Self::im2col`] into rows `ld` apart (`ld ≥ samples·oh·ow`; the rest of each row untouched),
+    /// the geometry as `[cin, h, w, cout, kh, kw, sh, sw, ph, pw, groups, oh, ow]`.
+    pub fn im2col_ld(
+        &mut self,
+        geom: [usize; 13],
+        x: &[i8],
+        samples: usize,
+        grp: usize,
+        cols: &mut [i8],
+        ld: usize,
+    ) -> Result<(), DspError> {
         self.calls.other += 1;
-        let dims = [
-            g.cin, g.h, g.w, g.cout, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.groups, g.oh, g.ow,
-            samples, grp,
-        ];
-        let mut params = [0u32; 15];
-        for (p, &d) in params.iter_mut().zip(&dims) {
-            *p = u32_of(OP, d)?;
-        }
-        let per_in = g.cin * g.h * g.w;
-        let kg = g.cin / g.groups.max(1) * g.kh * g.kw;
-        let want = kg * samples * g.oh * g.ow;
-        let r = self.call(
-            Op::Im2col,
-            &params,
-            &[as_bytes(&x[..samples * per_in])],
-            want,
-            0,
-        )?;
-        for (d, &v) in cols[..want].iter_mut().zip(&r.payload) {
-            *d = v as i8;
+        let (params, xn, kg, span) = im2col_params(geom, samples, grp)?;
+        let r = self.call(Op::Im2col, &params, &[as_bytes(&x[..xn])], kg * span, 0)?;
+        for (row, src) in cols
+            .chunks_mut(ld.max(1))
+            .zip(r.payload.chunks_exact(span.max(1)))
+        {
+            for (d, &v) in row[..span].iter_mut().zip(src) {
+                *d = v as i8;
+            }
         }
         Ok(())
     }
+}
+
+/// `[cin, h, w, cout, kh, kw, sh, sw, ph, pw, groups, oh, ow]` of `g`.
+pub(crate) fn geom_of(g: &ConvGeom) -> [usize; 13] {
+    [
+        g.cin, g.h, g.w, g.cout, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.groups, g.oh, g.ow,
+    ]
+}
+
+/// The parameters of an im2col request, the input bytes it reads, and its output rows and row
+/// length.
+pub(crate) fn im2col_params(
+    geom: [usize; 13],
+    samples: usize,
+    grp: usize,
+) -> Result<([u32; 15], usize, usize, usize), DspError> {
+    const OP: &str = "im2col";
+    let [cin, h, w, _, kh, kw, _, _, _, _, groups, oh, ow] = geom;
+    let mut params = [0u32; 15];
+    for (p, &d) in params.iter_mut().zip(geom.iter().chain(&[samples, grp])) {
+        *p = u32_of(OP, d)?;
+    }
+    let kg = cin / groups.max(1) * kh * kw;
+    Ok((params, samples * cin * h * w, kg, samples * oh * ow))
 }

@@ -30,6 +30,14 @@ pub enum DspError {
         /// Its status.
         status: u32,
     },
+    /// The DSP did not answer `op` within the transport's time-out (a hung DSP); its process was
+    /// killed.
+    TimedOut {
+        /// The operation.
+        op: &'static str,
+        /// The time-out.
+        after: std::time::Duration,
+    },
     /// An operand is larger than the protocol or the DSP's memory takes.
     TooLarge {
         /// The operation.
@@ -48,6 +56,7 @@ impl DspError {
             DspError::Died { .. } => "the DSP died mid-step",
             DspError::BadReply { .. } => "the DSP answered garbage",
             DspError::Refused { .. } => "the DSP refused a request",
+            DspError::TimedOut { .. } => "the DSP did not answer in time",
             DspError::TooLarge { .. } => "an operand is too large for the DSP",
         }
     }
@@ -66,6 +75,9 @@ impl fmt::Display for DspError {
                     "the DSP refused {op} (status {status}: {})",
                     status_name(*status)
                 )
+            }
+            DspError::TimedOut { op, after } => {
+                write!(f, "the DSP did not answer {op} within {after:?}; killed")
             }
             DspError::TooLarge { op, bytes } => {
                 write!(f, "{op}: {bytes} bytes exceed what the DSP takes")

@@ -4,6 +4,8 @@
 //!
 //! # Interface (IDL) and the stub/skel split
 //!
+//! The interface is `dsp/frugal_skel.idl`:
+//!
 //! ```idl
 //! #include "remote.idl"
 //! interface frugal_skel : remote_handle64 {
@@ -20,8 +22,11 @@
 //! with the Hexagon SDK from `dsp/kernels.c` and the `serve` function of `dsp/skel.c` (the pipe loop
 //! replaced by `frugal_skel_call(request, reply)`, the same frame checks), loaded by the DSP's RPC
 //! daemon when the handle `"file:///libfrugal_skel.so?frugal_skel_skel_handle_invoke&_modver=1.0"`
-//! is opened. Buffers are copied by the RPC layer (ION/dma-buf mapping through `rpcmem_alloc` is
-//! the next step, as for the pipe's planned DSP space).
+//! is opened. Buffers are copied by the RPC layer. The planned DSP space works as over the pipe: its
+//! requests (`PREPARE`, `WRITE`, `IN_SPACE`) are frames like the kernels', served by the same
+//! `serve_space` of `dsp/skel.c`, whose space would be allocated with QuRT's allocator instead of the
+//! `mmap` syscall (not built: no SDK here). Mapping the host's mirror itself to the DSP (ION/dma-buf
+//! through `rpcmem_alloc`, so that the `WRITE`s disappear) is not done.
 //!
 //! Not tested here: there is no phone, SDK or `libcdsprpc.so` on this machine; [`FastRpc::open`]
 //! reports [`DspError::Unavailable`] off Android.

@@ -8,7 +8,9 @@
 //! * [`Transport`]: how requests reach it — [`QemuHexagon`] (the skel under `qemu-hexagon`, here) and
 //!   [`fastrpc::FastRpc`] (a phone's `libcdsprpc.so`, opened at run time).
 //! * [`Dsp`]: the kernels as typed calls; [`DspBackend`]: a frugal [`Backend`](frugal_core::backend::Backend)
-//!   serving `Placement::Dsp` (and `Cpu`) for int8 plans.
+//!   serving `Placement::Dsp` (and `Cpu`) for int8 plans — with a planned DSP memory space
+//!   ([`DspPlan`], [`DSP_SPACE`]: mapped once per plan by the skel, the DSP nodes' tensors resident
+//!   there across calls and steps) or copying each call's operands.
 //! * [`cost`]: per-op DSP and CPU costs for the co-scheduling DP (`cargo xtask bench dsp`).
 pub mod backend;
 pub mod cost;
@@ -16,12 +18,13 @@ mod dsp;
 mod error;
 pub mod fastrpc;
 pub mod proto;
+mod space;
 mod transport;
 
-pub use backend::DspBackend;
+pub use backend::{DspBackend, DspPlan, DSP_ALIGN, DSP_SPACE};
 pub use dsp::{Calls, Dsp};
 pub use error::{status_name, DspError};
-pub use transport::{skel_path, QemuHexagon, Transport};
+pub use transport::{skel_path, QemuHexagon, Transport, DEFAULT_TIMEOUT};
 
 /// The shared DSP for tests: `Ok(Some)` when the skel and qemu-hexagon are here, `Ok(None)` when not
 /// (the caller reports *skipped*), `Err` when `FRUGAL_REQUIRE_DSP=1` and they are not.

@@ -12,10 +12,12 @@ pub const RSP_MAGIC: u32 = 0x4158_4846;
 pub const HEADER_WORDS: usize = 6;
 /// Most parameters a request carries.
 pub const MAX_PARAMS: usize = 32;
+/// [`Op::InSpace`]: set in the inner op's word, the output stays in the DSP space (none comes back).
+pub const QUIET: u32 = 0x8000_0000;
 /// Most results a reply carries.
 pub const MAX_RESULTS: usize = 4;
 /// The protocol version the skel answers to a ping.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// The skel's working memory (`ARENA_BYTES` in `dsp/skel.c`): a request's payload and its result
 /// must fit in it together.
 pub const SKEL_ARENA: u64 = 96 << 20;
@@ -42,6 +44,16 @@ pub enum Op {
     Im2col = 8,
     /// The skel exits after answering.
     Exit = 9,
+    /// Frees the DSP space and maps a zeroed one of the given bytes (once per plan).
+    Prepare = 10,
+    /// Writes spans of the DSP space.
+    Write = 11,
+    /// Runs another op on operands gathered from the DSP space, scattering its output there too.
+    InSpace = 12,
+    /// FNV-1a of the whole DSP space (tests: the host's record of it agrees).
+    SpaceSum = 13,
+    /// Never answers (tests: a hung DSP).
+    Hang = 14,
 }
 
 impl Op {
@@ -57,6 +69,11 @@ impl Op {
             Op::Quantize => "quantise",
             Op::Im2col => "im2col",
             Op::Exit => "exit",
+            Op::Prepare => "prepare",
+            Op::Write => "space write",
+            Op::InSpace => "in-space call",
+            Op::SpaceSum => "space checksum",
+            Op::Hang => "hang",
         }
     }
 }

@@ -3,6 +3,8 @@
 use std::io::{BufWriter, Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use crate::error::DspError;
 use crate::proto::{self, Reply, Request};
@@ -36,10 +38,79 @@ pub fn skel_path() -> Result<PathBuf, String> {
 }
 
 struct Proc {
-    child: Child,
+    child: Arc<Mutex<Child>>,
     tx: BufWriter<ChildStdin>,
     rx: ChildStdout,
+    watch: Arc<Watch>,
 }
+
+/// A DSP call's deadline, watched by a thread started with the DSP process (once, not per call): when
+/// a call's reply is late, it kills the process, so the blocked read returns and the call fails with
+/// [`DspError::TimedOut`].
+#[derive(Default)]
+struct Watch {
+    state: Mutex<WatchState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct WatchState {
+    deadline: Option<Instant>,
+    fired: bool,
+    quit: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Watch {
+    fn serve(&self, child: &Mutex<Child>) {
+        let mut st = lock(&self.state);
+        loop {
+            if st.quit {
+                return;
+            }
+            match st.deadline {
+                None => st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner()),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        st.fired = true;
+                        st.deadline = None;
+                        drop(st);
+                        let _ = lock(child).kill();
+                        st = lock(&self.state);
+                    } else {
+                        st = self
+                            .cv
+                            .wait_timeout(st, d - now)
+                            .unwrap_or_else(|e| e.into_inner())
+                            .0;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Arms (`Some`) or disarms the deadline; disarming says whether it fired.
+    fn set(&self, deadline: Option<Instant>) -> bool {
+        let mut st = lock(&self.state);
+        st.deadline = deadline;
+        let fired = std::mem::take(&mut st.fired);
+        self.cv.notify_one();
+        fired
+    }
+
+    fn quit(&self) {
+        lock(&self.state).quit = true;
+        self.cv.notify_one();
+    }
+}
+
+/// How long [`QemuHexagon`] waits for a reply by default (a GEMM of the largest operands the skel
+/// takes runs in seconds under qemu).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The skel running under `qemu-hexagon -cpu v67` (whose HVX runs the v68 kernels), spoken to over
 /// its stdin and stdout. Started on the first call; a failed call kills it and the next call (or
@@ -55,6 +126,13 @@ pub struct QemuHexagon {
     pub calls: u64,
     /// Fault injection (tests): kill the process right before call number `n` (counted in `calls`).
     pub kill_before_call: Option<u64>,
+    /// Fault injection (tests): call number `n` is sent as the skel's `HANG` command instead (it
+    /// never answers).
+    pub hang_at_call: Option<u64>,
+    /// How long a call waits for its reply before the DSP counts as hung
+    /// ([`DspError::TimedOut`]; the process is killed and the next call starts a fresh one).
+    /// [`Duration::MAX`] waits for ever.
+    pub timeout: Duration,
 }
 
 impl QemuHexagon {
@@ -104,6 +182,8 @@ impl QemuHexagon {
             starts: 0,
             calls: 0,
             kill_before_call: None,
+            hang_at_call: None,
+            timeout: DEFAULT_TIMEOUT,
         }
     }
 
@@ -111,10 +191,16 @@ impl QemuHexagon {
     /// for it, so what qemu logs is complete. The next call starts a fresh one.
     pub fn finish(&mut self) -> Result<(), DspError> {
         if let Some(p) = self.proc.take() {
-            let Proc { mut child, tx, rx } = p;
+            let Proc {
+                child,
+                tx,
+                rx,
+                watch,
+            } = p;
+            watch.quit();
             drop(tx);
             drop(rx);
-            let st = child.wait().map_err(DspError::Spawn)?;
+            let st = lock(&child).wait().map_err(DspError::Spawn)?;
             if !st.success() {
                 return Err(DspError::Died {
                     op: "exit",
@@ -127,9 +213,11 @@ impl QemuHexagon {
 
     /// Kills the DSP process (as a crash would).
     pub fn kill(&mut self) {
-        if let Some(mut p) = self.proc.take() {
-            let _ = p.child.kill();
-            let _ = p.child.wait();
+        if let Some(p) = self.proc.take() {
+            p.watch.quit();
+            let mut c = lock(&p.child);
+            let _ = c.kill();
+            let _ = c.wait();
         }
     }
 
@@ -146,10 +234,23 @@ impl QemuHexagon {
             let _ = child.wait();
             return Err(DspError::Unavailable("the DSP process has no pipes".into()));
         };
+        let child = Arc::new(Mutex::new(child));
+        let watch = Arc::new(Watch::default());
+        let (w, c) = (watch.clone(), child.clone());
+        let spawned = std::thread::Builder::new()
+            .name("frugal-dsp-watch".into())
+            .spawn(move || w.serve(&c));
+        if let Err(e) = spawned {
+            let mut c = lock(&child);
+            let _ = c.kill();
+            let _ = c.wait();
+            return Err(DspError::Spawn(e));
+        }
         self.proc = Some(Proc {
             child,
             tx: BufWriter::with_capacity(1 << 16, tx),
             rx,
+            watch,
         });
         self.starts += 1;
         Ok(())
@@ -230,11 +331,34 @@ impl Transport for QemuHexagon {
         self.calls += 1;
         if self.kill_before_call == Some(self.calls) {
             if let Some(p) = self.proc.as_mut() {
-                let _ = p.child.kill();
-                let _ = p.child.wait();
+                let mut c = lock(&p.child);
+                let _ = c.kill();
+                let _ = c.wait();
             }
         }
-        let r = self.exchange(req, reply);
+        let hang = Request {
+            op: proto::Op::Hang,
+            params: &[],
+            payload: &[],
+            reply_len: 0,
+        };
+        let sent = if self.hang_at_call == Some(self.calls) {
+            &hang
+        } else {
+            req
+        };
+        let watch = self.proc.as_ref().map(|p| p.watch.clone());
+        if let Some(w) = &watch {
+            // A time-out too long to represent waits for ever.
+            w.set(Instant::now().checked_add(self.timeout));
+        }
+        let mut r = self.exchange(sent, reply);
+        if watch.is_some_and(|w| w.set(None)) {
+            r = Err(DspError::TimedOut {
+                op: req.op.name(),
+                after: self.timeout,
+            });
+        }
         if r.is_err() {
             // Out of step or dead: never reuse the process.
             self.kill();

@@ -254,3 +254,95 @@ fn im2col_matches_cpu() {
         }
     }
 }
+
+/// The skel's DSP-space requests: a space is mapped per PREPARE (the old one freed), writes and
+/// in-space calls out of its bounds, or nesting a space operation, are refused with a status (never a
+/// crash), and an in-space GEMM gives the CPU's integers and leaves them in the space.
+#[test]
+fn space_requests_are_checked_and_an_in_space_gemm_matches_cpu() {
+    use frugal_hexagon::proto::Op;
+    use frugal_hexagon::DspError;
+    let Some(mut d) = dsp() else { return };
+    let refused = |e: DspError| matches!(e, DspError::Refused { status: 4, .. });
+    assert_eq!(d.prepare_space(1024).unwrap(), (1, 1));
+    assert_eq!(
+        d.prepare_space(4096).unwrap(),
+        (2, 1),
+        "the old space freed"
+    );
+    assert_eq!(d.space_sum().unwrap().1, 4096);
+    // Out of bounds: a write past the end, a span past the end, an inner op that is a space op. (A
+    // refused call makes the transport start a fresh skel: the space is mapped again before each.)
+    d.write_space(4088, &[1; 8]).unwrap();
+    let e = d.write_space(4090, &[1; 8]).unwrap_err();
+    assert!(refused(e), "write past the end");
+    assert_eq!(d.prepare_space(4096).unwrap(), (1, 1));
+    d.in_space(Op::MaxAbs, false, &[[3896, 200, 1, 200]], &[], &[], 0, 1)
+        .unwrap();
+    let e = d
+        .in_space(Op::MaxAbs, false, &[[3900, 200, 1, 200]], &[], &[], 0, 1)
+        .err()
+        .unwrap();
+    assert!(refused(e), "span past the end");
+    assert_eq!(d.prepare_space(4096).unwrap(), (1, 1));
+    let e = d
+        .in_space(Op::Prepare, false, &[], &[], &[16], 0, 3)
+        .err()
+        .unwrap();
+    assert!(
+        matches!(e, DspError::Refused { status: 3, .. }),
+        "nested space op: {e}"
+    );
+    assert_eq!(d.prepare_space(4096).unwrap(), (1, 1));
+    // C[3×5] = A[3×4]·B[4×5], A at 0, B at 64, C (i32, row stride 8) at 256, all in the space.
+    let mut rng = Rng::new(4);
+    let (a, b) = (bytes(&mut rng, 12, false), bytes(&mut rng, 20, false));
+    let as_u8 = |v: &[i8]| v.iter().map(|&x| x as u8).collect::<Vec<u8>>();
+    d.write_space(0, &as_u8(&a)).unwrap();
+    d.write_space(64, &as_u8(&b)).unwrap();
+    let params = [3, 5, 4, 4, 1, 5, 1, 0, 12, 20];
+    let c_span = [256, 20, 3, 32];
+    let r = d
+        .in_space(
+            Op::Gemm,
+            false,
+            &[[0, 12, 1, 12], [64, 20, 1, 20]],
+            &[c_span],
+            &params,
+            60,
+            0,
+        )
+        .unwrap();
+    let got: Vec<i32> = r
+        .payload
+        .chunks_exact(4)
+        .map(|v| i32::from_le_bytes([v[0], v[1], v[2], v[3]]))
+        .collect();
+    let mut want = [0i32; 15];
+    let (am, bm) = (
+        MatRef {
+            data: &a,
+            rs: 4,
+            cs: 1,
+        },
+        MatRef {
+            data: &b,
+            rs: 5,
+            cs: 1,
+        },
+    );
+    igemm_reference(3, 5, 4, am, bm, &mut want, 5, false);
+    assert_eq!(got, want);
+    // The space now holds A, B and C's rows (8 words apart), zeros elsewhere.
+    let mut space = vec![0u8; 4096];
+    space[..12].copy_from_slice(&as_u8(&a));
+    space[64..84].copy_from_slice(&as_u8(&b));
+    for (i, row) in want.chunks_exact(5).enumerate() {
+        for (j, v) in row.iter().enumerate() {
+            let at = 256 + 32 * i + 4 * j;
+            space[at..at + 4].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    let sum = frugal_hexagon::proto::fnv(frugal_hexagon::proto::FNV_INIT, &space);
+    assert_eq!(d.space_sum().unwrap(), (sum, 4096));
+}

@@ -178,13 +178,7 @@ impl Dataset {
     /// A permutation of `0..len()` for `epoch`, determined by `(seed, epoch)` alone: the same on every
     /// run and every platform, different from epoch to epoch (Fisher–Yates over SplitMix64).
     pub fn shuffle_indices(&self, seed: u64, epoch: u64) -> Vec<usize> {
-        let mut idx: Vec<usize> = (0..self.len()).collect();
-        let mut rng = Rng::new(hash2(seed, epoch));
-        for i in (1..idx.len()).rev() {
-            let j = rng.below(i as u64 + 1) as usize;
-            idx.swap(i, j);
-        }
-        idx
+        shuffled(self.len(), seed, epoch)
     }
 
     /// The class count as the largest label + 1 (at least 1).
@@ -367,6 +361,18 @@ pub fn load_idx(images_path: &Path, labels_path: &Path, max: f32) -> Result<Data
     let images = read_idx_images(&read_file(images_path)?, &iname, max)?;
     let labels = read_idx_labels(&read_file(labels_path)?, &lname)?;
     dataset_from_idx(images, labels, &iname, &lname)
+}
+
+/// A permutation of `0..len` for `epoch`, determined by `(seed, epoch)` alone (Fisher–Yates over
+/// SplitMix64): [`Dataset::shuffle_indices`]'s order, for hosts that keep samples elsewhere (Python).
+pub fn shuffled(len: usize, seed: u64, epoch: u64) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..len).collect();
+    let mut rng = Rng::new(hash2(seed, epoch));
+    for i in (1..idx.len()).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        idx.swap(i, j);
+    }
+    idx
 }
 
 /// Training and test sets of the bundled UCI handwritten digits (1437 + 360 samples of 1×8×8,

@@ -117,6 +117,7 @@ mod tests {
                 },
                 inputs: vec![Src::Input],
                 trainable: true,
+                update: Default::default(),
             }],
             loss: LossKind::Mse,
             optimizer: OptimizerSpec::Sgd {

@@ -95,7 +95,7 @@ enum Cmd {
         batch_split: bool,
         /// CPU threads for f32 training (default: the cores this process may use). GEMM, convolution
         /// and large element-wise work are split by output ranges, so the results are the same, bit for
-        /// bit, for any count.
+        /// bit, for any count. With `--device auto` the layers placed on the CPU run on them.
         #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
         threads: Option<u16>,
         /// Where f32 steps run: cpu, or gpu (wgpu: Vulkan/Metal/DX12, Mesa's lavapipe without a GPU;

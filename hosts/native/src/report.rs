@@ -17,7 +17,7 @@ pub fn tensor_table(plan: &Plan) -> String {
     );
     for (t, sid) in plan.placed() {
         let info = &g.tensors[t as usize];
-        let life = &plan.lives[sid as usize];
+        let life = &plan.lives[sid];
         let shares = if life.name != info.name {
             life.name.as_str()
         } else {
@@ -31,7 +31,7 @@ pub fn tensor_table(plan: &Plan) -> String {
             info.bytes,
             life.first,
             life.last,
-            plan.offsets[sid as usize],
+            plan.offsets[sid],
             shares
         );
     }
@@ -78,12 +78,11 @@ pub fn summary(plan: &Plan, budget: Option<usize>) -> String {
 /// One rectangle per storage for [`crate::svg::arena_svg`].
 pub fn arena_rects(plan: &Plan) -> Vec<ArenaRect> {
     plan.lives
-        .iter()
-        .enumerate()
+        .iter_enumerated()
         .map(|(i, l)| {
             let merged: Vec<&str> = plan
                 .placed()
-                .filter(|&(_, s)| s as usize == i)
+                .filter(|&(_, s)| s == i)
                 .map(|(t, _)| plan.graph.tensors[t as usize].name.as_str())
                 .filter(|n| *n != l.name)
                 .collect();

@@ -11,7 +11,10 @@ use std::io;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
-use frugal_core::model::{Dims, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpec, Src};
+use frugal_core::graph::Graph;
+use frugal_core::model::{
+    Dims, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpec, Src, Update,
+};
 use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use toml::de::{DeTable, DeValue};
@@ -300,9 +303,14 @@ pub fn parse_model(text: &str) -> Result<ModelFile, SpecError> {
         0 => LossKind::SoftmaxCrossEntropy,
         _ => LossKind::Mse,
     };
+    let width = model
+        .width
+        .as_ref()
+        .map(|w| cx.float(w, Limit::Positive).map(|_| w.get_ref().0))
+        .transpose()?;
     let optimizer = cx.optimizer(&optimizer.get_ref().0)?;
     let layers = match &raw.layers {
-        Some(list) => cx.layers(list)?,
+        Some(list) => cx.layers(list, input, width)?,
         None => {
             return Err(cx.err_in(
                 0..0,
@@ -365,6 +373,7 @@ struct RawModel {
     input: Spanned<DimsList>,
     seed: Option<Spanned<Int>>,
     loss: Spanned<String>,
+    width: Option<Spanned<Number>>,
 }
 
 /// Adam and SGD in one struct; which keys each type takes is checked in code
@@ -393,6 +402,7 @@ struct RawLayer {
     ty: Spanned<String>,
     inputs: Option<Spanned<Seq<Spanned<String>, NameList>>>,
     trainable: Option<Spanned<bool>>,
+    update: Option<Spanned<RawUpdate>>,
     out: Option<Spanned<Int>>,
     kernel: Option<Spanned<Pair>>,
     stride: Option<Spanned<Pair>>,
@@ -408,15 +418,30 @@ struct RawLayer {
     heads: Option<Spanned<Int>>,
     rank: Option<Spanned<Int>>,
     alpha: Option<Spanned<Number>>,
+    expand: Option<Spanned<Int>>,
+    repeat: Option<Spanned<Int>>,
+    scale_width: Option<Spanned<bool>>,
 }
+
+/// A layer's `update` (sparse update): `"all"`, `"frozen"`, `"bias"` or `{ channels = f }`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawUpdate {
+    Name(String),
+    Channels { channels: f64 },
+}
+
+/// The values `update` takes by name.
+const UPDATE_NAMES: &[&str] = &["all", "frozen", "bias"];
 
 impl RawLayer {
     /// The type-specific keys present, with their value spans.
-    fn present(&self) -> [(&'static str, Option<Span>); 15] {
+    fn present(&self) -> [(&'static str, Option<Span>); 19] {
         fn s<T>(v: &Option<Spanned<T>>) -> Option<Span> {
             v.as_ref().map(Spanned::span)
         }
         [
+            ("update", s(&self.update)),
             ("out", s(&self.out)),
             ("kernel", s(&self.kernel)),
             ("stride", s(&self.stride)),
@@ -432,6 +457,9 @@ impl RawLayer {
             ("heads", s(&self.heads)),
             ("rank", s(&self.rank)),
             ("alpha", s(&self.alpha)),
+            ("expand", s(&self.expand)),
+            ("repeat", s(&self.repeat)),
+            ("scale_width", s(&self.scale_width)),
         ]
     }
 }
@@ -602,7 +630,7 @@ impl<'de, T: Deserialize<'de>, N: SeqName> Deserialize<'de> for Seq<T, N> {
 // ---- Key lists for the per-type checks and unknown-key messages ----
 
 const ROOT_KEYS: &[&str] = &["model", "optimizer", "layers", "train", "lora"];
-const MODEL_KEYS: &[&str] = &["input", "seed", "loss"];
+const MODEL_KEYS: &[&str] = &["input", "seed", "loss", "width"];
 const TRAIN_KEYS: &[&str] = &["batch", "epochs", "dataset", "weights"];
 const CSV_KEYS: &[&str] = &["csv", "label_column"];
 const IDX_KEYS: &[&str] = &["idx_images", "idx_labels"];
@@ -644,28 +672,57 @@ const LAYER_TYPES: &[&str] = &[
     "silu",
     "attention",
     "lora_linear",
+    "inverted_residual",
 ];
 
 /// The keys a layer of type `ty` takes: those every layer takes, then its own; for an unknown type,
 /// every layer key.
 fn layer_keys(ty: &str) -> &'static [&'static str] {
     match ty {
-        "linear" => &["name", "type", "inputs", "trainable", "out", "bias"],
+        "linear" => &[
+            "name",
+            "type",
+            "inputs",
+            "trainable",
+            "update",
+            "out",
+            "bias",
+        ],
         "conv2d" => &[
             "name",
             "type",
             "inputs",
             "trainable",
+            "update",
             "out",
             "kernel",
             "stride",
             "padding",
             "groups",
             "bias",
+            "scale_width",
+        ],
+        "inverted_residual" => &[
+            "name",
+            "type",
+            "inputs",
+            "trainable",
+            "out",
+            "expand",
+            "repeat",
+            "stride",
         ],
         "maxpool2d" | "avgpool2d" => &["name", "type", "inputs", "trainable", "kernel", "stride"],
         "reshape" => &["name", "type", "inputs", "trainable", "to"],
-        "batchnorm2d" => &["name", "type", "inputs", "trainable", "eps", "momentum"],
+        "batchnorm2d" => &[
+            "name",
+            "type",
+            "inputs",
+            "trainable",
+            "update",
+            "eps",
+            "momentum",
+        ],
         "dropout" => &["name", "type", "inputs", "trainable", "p"],
         "embedding" => &["name", "type", "inputs", "trainable", "vocab", "dim"],
         "layernorm" | "rmsnorm" => &["name", "type", "inputs", "trainable", "eps"],
@@ -686,6 +743,7 @@ fn layer_keys(ty: &str) -> &'static [&'static str] {
             "type",
             "inputs",
             "trainable",
+            "update",
             "out",
             "kernel",
             "stride",
@@ -701,6 +759,9 @@ fn layer_keys(ty: &str) -> &'static [&'static str] {
             "heads",
             "rank",
             "alpha",
+            "expand",
+            "repeat",
+            "scale_width",
         ],
     }
 }
@@ -1121,6 +1182,8 @@ impl<'d> Doc<'d> {
     fn layers(
         &self,
         list: &Spanned<Seq<Spanned<Table<RawLayer>>, LayerList>>,
+        input: Dims,
+        width: Option<f64>,
     ) -> Result<Vec<LayerSpec>, SpecError> {
         let items = &list.get_ref().0;
         if items.is_empty() {
@@ -1135,7 +1198,10 @@ impl<'d> Doc<'d> {
             .enumerate()
             .map(|(i, l)| default_name(i, &l.get_ref().0))
             .collect();
+        // The spec's layers (an `inverted_residual` entry becomes several) and, per entry, the index
+        // of the spec layer that is its output.
         let mut layers: Vec<LayerSpec> = Vec::with_capacity(items.len());
+        let mut outputs: Vec<u32> = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
             let l = &item.get_ref().0;
             let ty = LAYER_TYPES[self.pick(&l.ty, LAYER_TYPES)?];
@@ -1159,10 +1225,10 @@ impl<'d> Doc<'d> {
             }
             self.only_keys(&l.present(), layer_keys(ty))?;
             let name = &all_names[i];
-            if let Some(first) = layers.iter().position(|p| p.name == *name) {
-                let span = l.name.as_ref().map_or(item.span(), Spanned::span);
+            let name_span = l.name.as_ref().map_or(item.span(), Spanned::span);
+            if let Some(first) = all_names[..i].iter().position(|p| p == name) {
                 return Err(self.err_in(
-                    span,
+                    name_span,
                     &format!("{}.name", layer_label_of(i, name)),
                     SpecErrorKind::DuplicateName {
                         name: name.clone(),
@@ -1170,16 +1236,266 @@ impl<'d> Doc<'d> {
                     },
                 ));
             }
-            let kind = self.layer_kind(item, ty)?;
-            let inputs = self.inputs(item, i, &layers, &all_names, ty)?;
-            layers.push(LayerSpec {
-                name: name.clone(),
-                kind,
-                inputs,
-                trainable: l.trainable.as_ref().is_none_or(|t| *t.get_ref()),
-            });
+            let inputs = self.inputs(item, i, &outputs, &all_names, ty)?;
+            let (trainable, update) = self.update(l, &layer_label_of(i, name))?;
+            let before = layers.len();
+            if ty == "inverted_residual" {
+                self.inverted_residual(
+                    item,
+                    name,
+                    inputs[0],
+                    input,
+                    width,
+                    trainable,
+                    &mut layers,
+                )?;
+            } else {
+                let mut kind = self.layer_kind(item, ty)?;
+                if let (Some(w), LayerKind::Conv2d { out, groups, .. }) = (width, &mut kind) {
+                    if l.scale_width.as_ref().is_none_or(|s| *s.get_ref()) {
+                        let at = l.out.as_ref().map_or(item.span(), Spanned::span);
+                        *out = self.scaled(*out, w, &at)?;
+                        if *out % *groups != 0 {
+                            return Err(self.err(
+                                at,
+                                SpecErrorKind::Invalid(format!(
+                                    "groups = {groups} does not divide out = {out} (after the width multiplier)"
+                                )),
+                            ));
+                        }
+                    }
+                }
+                layers.push(LayerSpec {
+                    name: name.clone(),
+                    kind,
+                    inputs,
+                    trainable,
+                    update,
+                });
+            }
+            // A generated name must not collide with a name written elsewhere in the file, nor a
+            // layer's name with one generated before it (names written twice are duplicates above).
+            for k in before..layers.len() {
+                let n = &layers[k].name;
+                let generated = ty == "inverted_residual";
+                let clash = all_names
+                    .iter()
+                    .enumerate()
+                    .find(|&(j, a)| generated && a == n && j != i)
+                    .map(|(j, _)| j)
+                    .or_else(|| {
+                        layers[..before]
+                            .iter()
+                            .position(|p| p.name == *n)
+                            .and_then(|q| outputs.iter().position(|&o| o as usize >= q))
+                    });
+                if let Some(j) = clash {
+                    return Err(self.err_in(
+                        name_span,
+                        &format!("{}.name", layer_label_of(i, name)),
+                        SpecErrorKind::Invalid(format!(
+                            "the layer \"{n}\" (this {ty} or one it generates) has the name of another layer (layers[{j}] or one it generates)"
+                        )),
+                    ));
+                }
+            }
+            outputs.push((layers.len() - 1) as u32);
         }
         Ok(layers)
+    }
+
+    /// A layer's `trainable` and `update` keys: whether it trains and which part (sparse update).
+    fn update(&self, l: &RawLayer, label: &str) -> Result<(bool, Update), SpecError> {
+        let trainable = l.trainable.as_ref().is_none_or(|t| *t.get_ref());
+        let Some(u) = &l.update else {
+            return Ok((trainable, Update::All));
+        };
+        let field = format!("{label}.update");
+        let at = |kind| Err(self.err_in(u.span(), &field, kind));
+        let (on, update) = match u.get_ref() {
+            RawUpdate::Name(n) if n == "all" => (true, Update::All),
+            RawUpdate::Name(n) if n == "frozen" => (false, Update::All),
+            RawUpdate::Name(n) if n == "bias" => (true, Update::Bias),
+            RawUpdate::Name(n) => {
+                return at(SpecErrorKind::UnknownValue {
+                    value: n.clone(),
+                    known: UPDATE_NAMES,
+                })
+            }
+            RawUpdate::Channels { channels } => {
+                let f = *channels as f32;
+                if !(Update::Channels(f).valid() && *channels > 0.0) {
+                    return at(SpecErrorKind::OutOfRange {
+                        value: channels.to_string(),
+                        must_be: "in (0, 1] (the fraction of output channels updated)",
+                    });
+                }
+                (true, Update::Channels(f))
+            }
+        };
+        if l.trainable.is_some() && trainable != on {
+            return at(SpecErrorKind::Invalid(format!(
+                "update = {update_s} contradicts trainable = {trainable}",
+                update_s = if on {
+                    update.to_string()
+                } else {
+                    "\"frozen\"".into()
+                }
+            )));
+        }
+        Ok((on, update))
+    }
+
+    /// `make_divisible(out × width, 8)`: MobileNet's channel rounding (torchvision's rule: the nearest
+    /// multiple of 8, at least 8, and never below 90 % of `out × width`).
+    fn scaled(&self, out: u32, width: f64, at: &Span) -> Result<u32, SpecError> {
+        let v = out as f64 * width;
+        let mut n = ((v + 4.0).floor() / 8.0).floor() * 8.0;
+        n = n.max(8.0);
+        if n < 0.9 * v {
+            n += 8.0;
+        }
+        if n > u32::MAX as f64 {
+            return Err(self.err(
+                at.clone(),
+                SpecErrorKind::Invalid(format!(
+                    "out = {out} × width = {width} is more than 2^32 - 1 channels"
+                )),
+            ));
+        }
+        Ok(n as u32)
+    }
+
+    /// Appends the layers of an `inverted_residual` entry (MobileNetV2's bottleneck, Sandler et al.
+    /// 2018, Table 1): `repeat` blocks, each a 1×1 expansion to `expand` × its input channels
+    /// (left out when `expand = 1`), a 3×3 depthwise convolution (`stride` in the first block, 1 after),
+    /// a linear 1×1 projection to `out` channels, BatchNorm after every convolution, ReLU6 after the
+    /// first two, and a residual `add` of the block's input where the stride is 1 and the channels
+    /// match. Layer `k` of block `b` of `name` is `{name}_{b}_{k}` (`expand`, `expand_bn`,
+    /// `expand_relu`, `dw`, `dw_bn`, `dw_relu`, `project`, `project_bn`, `add`); `name` itself stands
+    /// for the last block's output.
+    #[allow(clippy::too_many_arguments)]
+    fn inverted_residual(
+        &self,
+        item: &Spanned<Table<RawLayer>>,
+        name: &str,
+        src: Src,
+        input: Dims,
+        width: Option<f64>,
+        trainable: bool,
+        layers: &mut Vec<LayerSpec>,
+    ) -> Result<(), SpecError> {
+        let l = &item.get_ref().0;
+        let span = item.span();
+        let out_v = self.need(&l.out, &span, "out")?;
+        let mut out = self.size(out_v)?;
+        if let Some(w) = width {
+            out = self.scaled(out, w, &out_v.span())?;
+        }
+        let expand = self.int(
+            self.need(&l.expand, &span, "expand")?,
+            1,
+            1 << 16,
+            "an integer in [1, 65536]",
+        )? as u32;
+        let repeat = match &l.repeat {
+            Some(r) => self.int(r, 1, 1 << 16, "an integer in [1, 65536]")? as u32,
+            None => 1,
+        };
+        let stride = l.stride.as_ref().map_or(Ok([1, 1]), |s| self.pair(s, 1))?;
+        // The block input's channels (the hidden width is a multiple of them): realise the layers so
+        // far, which also reports a shape error in them here rather than later.
+        let mut cin = match src {
+            Src::Input => input.c,
+            Src::Layer(j) => {
+                // The layers up to the block's input, and a trainable probe reading it (a prefix of
+                // activations alone would not realise: nothing to train).
+                let mut probe = layers[..=j as usize].to_vec();
+                probe.push(LayerSpec {
+                    name: String::from("\u{0}probe"),
+                    kind: LayerKind::Linear { out: 1, bias: true },
+                    inputs: vec![src],
+                    trainable: true,
+                    update: Update::All,
+                });
+                let prefix = ModelSpec {
+                    input,
+                    layers: probe,
+                    loss: LossKind::Mse,
+                    optimizer: OptimizerSpec::Sgd {
+                        lr: 1.0,
+                        momentum: 0.0,
+                        weight_decay: 0.0,
+                    },
+                    seed: 0,
+                };
+                match Graph::new(&prefix, 1) {
+                    Ok(g) => match g.nodes.iter().find(|n| n.layer == j) {
+                        Some(n) => n.out_dims.c,
+                        None => input.c,
+                    },
+                    Err(e) => {
+                        return Err(self.err(
+                            span,
+                            SpecErrorKind::Invalid(format!("its input does not realise: {e}")),
+                        ))
+                    }
+                }
+            }
+        };
+        let too_wide = || {
+            self.err(
+                span.clone(),
+                SpecErrorKind::Invalid(format!(
+                    "expand = {expand} × the input's channels is more than 2^32 - 1 channels"
+                )),
+            )
+        };
+        let mut prev = src;
+        for b in 0..repeat {
+            let block_in = prev;
+            let s = if b == 0 { stride } else { [1, 1] };
+            let hidden = cin.checked_mul(expand).ok_or_else(too_wide)?;
+            let mut push = |suffix: &str, kind: LayerKind, inputs: Vec<Src>| {
+                layers.push(LayerSpec {
+                    name: format!("{name}_{b}_{suffix}"),
+                    kind,
+                    inputs,
+                    trainable,
+                    update: Update::All,
+                });
+                Src::Layer((layers.len() - 1) as u32)
+            };
+            let bn = LayerKind::BatchNorm2d {
+                eps: 1e-5,
+                momentum: 0.1,
+            };
+            let conv = |out: u32, k: u32, s: [u32; 2], groups: u32| LayerKind::Conv2d {
+                out,
+                kernel: [k, k],
+                stride: s,
+                padding: [k / 2, k / 2],
+                groups,
+                bias: false,
+            };
+            let mut x = block_in;
+            if expand != 1 {
+                x = push("expand", conv(hidden, 1, [1, 1], 1), vec![x]);
+                x = push("expand_bn", bn.clone(), vec![x]);
+                x = push("expand_relu", LayerKind::Relu6, vec![x]);
+            }
+            x = push("dw", conv(hidden, 3, s, hidden), vec![x]);
+            x = push("dw_bn", bn.clone(), vec![x]);
+            x = push("dw_relu", LayerKind::Relu6, vec![x]);
+            x = push("project", conv(out, 1, [1, 1], 1), vec![x]);
+            x = push("project_bn", bn, vec![x]);
+            if s == [1, 1] && cin == out {
+                x = push("add", LayerKind::Add, vec![block_in, x]);
+            }
+            prev = x;
+            cin = out;
+        }
+        Ok(())
     }
 
     fn layer_kind(
@@ -1276,7 +1592,7 @@ impl<'d> Doc<'d> {
         &self,
         item: &Spanned<Table<RawLayer>>,
         index: usize,
-        earlier: &[LayerSpec],
+        outputs: &[u32],
         all: &[String],
         ty: &str,
     ) -> Result<Vec<Src>, SpecError> {
@@ -1291,10 +1607,9 @@ impl<'d> Doc<'d> {
                     )),
                 ));
             }
-            return Ok(vec![if index == 0 {
-                Src::Input
-            } else {
-                Src::Layer(index as u32 - 1)
+            return Ok(vec![match outputs.last() {
+                None => Src::Input,
+                Some(&j) => Src::Layer(j),
             }]);
         };
         let names = &v.get_ref().0;
@@ -1314,8 +1629,8 @@ impl<'d> Doc<'d> {
                 if name == "input" {
                     return Ok(Src::Input);
                 }
-                if let Some(j) = earlier.iter().position(|l| l.name == *name) {
-                    return Ok(Src::Layer(j as u32));
+                if let Some(j) = all[..outputs.len()].iter().position(|l| l == name) {
+                    return Ok(Src::Layer(outputs[j]));
                 }
                 // Not earlier: a later layer (or itself) is a forward reference, otherwise unknown.
                 let kind = match all.iter().position(|a| a == name) {
@@ -1920,7 +2235,7 @@ weights = "w/backbone.safetensors"
         assert_eq!(e.column, Some(1));
         assert!(
             e.to_string().starts_with(
-                "line 19, column 1: layers[3] (\"conv2\"): unknown key \"kernal\" (allowed: name, type, inputs, trainable, out, kernel, stride, padding, groups, bias)"
+                "line 19, column 1: layers[3] (\"conv2\"): unknown key \"kernal\" (allowed: name, type, inputs, trainable, update, out, kernel, stride, padding, groups, bias, scale_width)"
             ),
             "{e}"
         );
@@ -1956,7 +2271,8 @@ weights = "w/backbone.safetensors"
             err_body(&with("[[layers]]\ntype = \"conv3d\"\n")),
             "layers[0].type: unknown value \"conv3d\" (known: linear, conv2d, maxpool2d, avgpool2d, \
              global_avgpool, relu, relu6, sigmoid, tanh, flatten, reshape, add, batchnorm2d, dropout, \
-             embedding, pos_embedding, layernorm, rmsnorm, gelu, silu, attention, lora_linear)"
+             embedding, pos_embedding, layernorm, rmsnorm, gelu, silu, attention, lora_linear, \
+             inverted_residual)"
         );
         assert!(err_body(&HEAD.replace("cross_entropy", "hinge"))
             .starts_with("model.loss: unknown value \"hinge\""));
@@ -2027,6 +2343,163 @@ weights = "w/backbone.safetensors"
             err_body(&with("[[layers]]\ntype = \"relu\"\ninputs = [3]\n"))
                 .contains("inputs: invalid type: integer `3`, expected a string")
         );
+    }
+
+    /// `inverted_residual` writes out MobileNetV2's blocks; `width` scales conv2d and block channels.
+    #[test]
+    fn inverted_residual_and_width() {
+        let text = "[model]\ninput = [3, 8, 8]\nloss = \"cross_entropy\"\nwidth = 0.5\n\n\
+            [optimizer]\ntype = \"sgd\"\nlr = 0.1\n\n\
+            [[layers]]\nname = \"stem\"\ntype = \"conv2d\"\nout = 32\nkernel = 3\npadding = 1\nbias = false\n\
+            [[layers]]\nname = \"a\"\ntype = \"inverted_residual\"\nexpand = 1\nout = 16\n\
+            [[layers]]\nname = \"b\"\ntype = \"inverted_residual\"\nexpand = 6\nout = 16\nrepeat = 2\nstride = 2\n\
+            [[layers]]\nname = \"head\"\ntype = \"conv2d\"\nout = 20\nkernel = 1\nscale_width = false\ninputs = [\"b\"]\n";
+        let m = parse_model(text).unwrap_or_else(|e| panic!("{e}"));
+        let names: Vec<&str> = m.spec.layers.iter().map(|l| l.name.as_str()).collect();
+        #[rustfmt::skip]
+        assert_eq!(names, [
+            "stem",
+            "a_0_dw", "a_0_dw_bn", "a_0_dw_relu", "a_0_project", "a_0_project_bn",
+            "b_0_expand", "b_0_expand_bn", "b_0_expand_relu", "b_0_dw", "b_0_dw_bn", "b_0_dw_relu",
+            "b_0_project", "b_0_project_bn",
+            "b_1_expand", "b_1_expand_bn", "b_1_expand_relu", "b_1_dw", "b_1_dw_bn", "b_1_dw_relu",
+            "b_1_project", "b_1_project_bn", "b_1_add",
+            "head",
+        ]);
+        let l = |n: &str| m.spec.layers.iter().find(|l| l.name == n).unwrap();
+        let at = |n: &str| Src::Layer(names.iter().position(|x| *x == n).unwrap() as u32);
+        let conv = |n: &str| match l(n).kind {
+            LayerKind::Conv2d {
+                out,
+                kernel,
+                stride,
+                padding,
+                groups,
+                bias,
+            } => {
+                assert!(!bias || n == "head", "{n} has a bias");
+                (out, kernel[0], stride[0], padding[0], groups)
+            }
+            ref k => panic!("{n} is {k:?}"),
+        };
+        // width 0.5: stem 32 → 16; block outs 16 → 8; the head keeps 20.
+        assert_eq!(conv("stem"), (16, 3, 1, 1, 1));
+        // Expand 1: no expansion conv; a 16-channel input into 8 channels: no residual.
+        assert_eq!(conv("a_0_dw"), (16, 3, 1, 1, 16));
+        assert_eq!(conv("a_0_project"), (8, 1, 1, 0, 1));
+        assert_eq!(l("a_0_dw").inputs, [at("stem")]);
+        // Stride 2 in the first block only; hidden = 6 × the block's input channels.
+        assert_eq!(conv("b_0_expand"), (48, 1, 1, 0, 1));
+        assert_eq!(conv("b_0_dw"), (48, 3, 2, 1, 48));
+        assert_eq!(conv("b_1_dw"), (48, 3, 1, 1, 48));
+        assert_eq!(l("b_0_expand").inputs, [at("a_0_project_bn")]);
+        assert_eq!(l("b_1_expand").inputs, [at("b_0_project_bn")]);
+        assert_eq!(
+            l("b_1_add").inputs,
+            [at("b_0_project_bn"), at("b_1_project_bn")]
+        );
+        assert_eq!(l("b_1_expand_relu").kind, LayerKind::Relu6);
+        assert!(matches!(
+            l("b_1_project_bn").kind,
+            LayerKind::BatchNorm2d { .. }
+        ));
+        // The entry's name is its last block's output.
+        assert_eq!(l("head").inputs, [at("b_1_add")]);
+        assert_eq!(conv("head"), (20, 1, 1, 0, 1));
+        // The same blocks realise: 3×8×8 → 8×4×4.
+        let g = Graph::new(&m.spec, 2).unwrap();
+        assert_eq!(g.pred_dims(), Dims::new(20, 4, 4));
+
+        // Without width nothing is scaled (an out of 10 stays 10).
+        let plain = with("[[layers]]\ntype = \"conv2d\"\nout = 10\nkernel = 1\n");
+        assert!(matches!(
+            parse_model(&plain).unwrap().spec.layers[0].kind,
+            LayerKind::Conv2d { out: 10, .. }
+        ));
+
+        let ir = |keys: &str| {
+            with(&format!(
+                "[[layers]]\nname = \"b\"\ntype = \"inverted_residual\"\n{keys}"
+            ))
+        };
+        assert!(
+            err_body(&ir("out = 8\n")).contains("missing key \"expand\""),
+            "{}",
+            err_body(&ir("out = 8\n"))
+        );
+        assert!(err_body(&ir("expand = 6\n")).contains("missing key \"out\""));
+        assert!(err_body(&ir("expand = 0\nout = 8\n"))
+            .contains("expand: must be an integer in [1, 65536], got 0"));
+        assert!(err_body(&ir("expand = 6\nout = 8\nrepeat = 0\n"))
+            .contains("repeat: must be an integer in [1, 65536], got 0"));
+        assert!(
+            err_body(&ir("expand = 6\nout = 8\nkernel = 3\n")).contains("unknown key \"kernel\"")
+        );
+        assert!(err_body(&with("[[layers]]\ntype = \"relu\"\nexpand = 2\n"))
+            .contains("unknown key \"expand\""));
+        assert!(err_body(&with(
+            "[[layers]]\ntype = \"linear\"\nout = 2\nscale_width = false\n"
+        ))
+        .contains("unknown key \"scale_width\""));
+        // A generated name that another layer has.
+        let clash = with("[[layers]]\nname = \"b_0_dw\"\ntype = \"relu\"\n[[layers]]\nname = \"b\"\ntype = \"inverted_residual\"\nexpand = 1\nout = 8\n");
+        assert!(
+            err_body(&clash).contains("has the name of another layer"),
+            "{}",
+            err_body(&clash)
+        );
+        // Its input must realise (the hidden width depends on its channels).
+        let bad_in = with("[[layers]]\ntype = \"conv2d\"\nout = 4\nkernel = 9\n[[layers]]\ntype = \"inverted_residual\"\nexpand = 6\nout = 8\n");
+        assert!(
+            err_body(&bad_in).contains("its input does not realise"),
+            "{}",
+            err_body(&bad_in)
+        );
+        // width: positive and finite; a depthwise conv whose groups no longer divide the scaled out.
+        let w = |v: &str, rest: &str| {
+            format!("[model]\ninput = [1, 8, 8]\nloss = \"mse\"\nwidth = {v}\n[optimizer]\ntype = \"sgd\"\nlr = 0.1\n{rest}")
+        };
+        let one = "[[layers]]\ntype = \"relu\"\n";
+        assert!(err_body(&w("0", one)).contains("width: must be a finite number > 0"));
+        assert!(err_body(&w("nan", one)).contains("width: must be a finite number > 0"));
+        assert!(err_body(&w(
+            "0.5",
+            "[[layers]]\ntype = \"conv2d\"\nout = 32\nkernel = 3\ngroups = 32\n"
+        ))
+        .contains("does not divide out = 16 (after the width multiplier)"));
+    }
+
+    #[test]
+    fn sparse_updates_parse_and_bad_ones_are_named() {
+        let conv = "type = \"conv2d\"\nout = 4\nkernel = 3\npadding = 1";
+        let one = |extra: &str| {
+            parse_model(&with(&format!("[[layers]]\n{conv}\n{extra}\n")))
+                .map(|m| (m.spec.layers[0].trainable, m.spec.layers[0].update))
+        };
+        assert_eq!(one("").unwrap(), (true, Update::All));
+        assert_eq!(one("update = \"all\"").unwrap(), (true, Update::All));
+        assert_eq!(one("update = \"frozen\"").unwrap(), (false, Update::All));
+        assert_eq!(one("update = \"bias\"").unwrap(), (true, Update::Bias));
+        assert_eq!(
+            one("update = { channels = 0.25 }").unwrap(),
+            (true, Update::Channels(0.25))
+        );
+        let err = |extra: &str| one(extra).unwrap_err().to_string();
+        assert!(
+            err("update = \"some\"")
+                .contains("layers[0] (\"conv2d0\").update: unknown value \"some\""),
+            "{}",
+            err("update = \"some\"")
+        );
+        for bad in ["0", "0.0", "1.5", "-0.25"] {
+            let e = err(&format!("update = {{ channels = {bad} }}"));
+            assert!(e.contains("update: must be in (0, 1]"), "{e}");
+        }
+        let e = err("trainable = false\nupdate = \"bias\"");
+        assert!(e.contains("contradicts trainable = false"), "{e}");
+        // The key exists only for layers with parameters.
+        let e = err_body(&with("[[layers]]\ntype = \"relu\"\nupdate = \"bias\"\n"));
+        assert!(e.contains("unknown key \"update\""), "{e}");
     }
 
     #[test]

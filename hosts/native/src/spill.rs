@@ -467,6 +467,7 @@ mod tests {
             kind,
             inputs: vec![src],
             trainable: true,
+            update: frugal_core::model::Update::All,
         };
         let conv = LayerKind::Conv2d {
             out: 4,

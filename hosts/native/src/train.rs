@@ -328,7 +328,13 @@ fn train_auto(
     let mut x = alloc_zeroed::<f32>(n * per, "the batch buffer")?;
     let mut y = alloc_zeroed::<u32>(n * train.tokens, "the label buffer")?;
     train.batch(&idx, &mut x, &mut y);
-    let (auto, backend) = frugal_wgpu::auto::auto_plan(&plan, backend, &x, Target::Classes(&y), 3)?;
+    // The CPU side runs on `threads` workers: measured so, trained so.
+    let pool = ThreadPool::new(opts.threads).map_err(|e| {
+        TrainError::Mismatch(format!("cannot start {} CPU threads: {e}", opts.threads))
+    })?;
+    let cpu = CpuBackend::with_pool(&pool);
+    let (auto, backend) =
+        frugal_wgpu::auto::auto_plan(&plan, &cpu, backend, &x, Target::Classes(&y), 3)?;
     let mixed = auto.plan.clone();
     // The budget bounds each space on its own: the host arena, the GPU memory.
     for needed in [mixed.needed_bytes(), mixed.space_bytes(GPU_SPACE)] {
@@ -383,14 +389,11 @@ fn train_auto(
         }
         drop(backend);
         let mut arena = alloc_zeroed::<u8>(plan.needed_bytes(), "the arena")?;
-        let pool = ThreadPool::new(opts.threads).map_err(|e| {
-            TrainError::Mismatch(format!("cannot start {} CPU threads: {e}", opts.threads))
-        })?;
-        let ex = Executor::with_backend(&plan, &arena, CpuBackend::with_pool(&pool))?;
+        let ex = Executor::with_backend(&plan, &arena, cpu)?;
         return run(ex, &mut arena, how, model, data, opts, weights);
     }
     let mut arena = alloc_zeroed::<u8>(mixed.needed_bytes(), "the arena")?;
-    let ex = Executor::with_backend(&mixed, &arena, MixedBackend::new(backend))?;
+    let ex = Executor::with_backend(&mixed, &arena, MixedBackend::with_cpu(cpu, backend))?;
     run(ex, &mut arena, how, model, data, opts, weights)
 }
 

@@ -34,6 +34,7 @@ impl B {
             kind,
             inputs: vec![src],
             trainable: true,
+            update: frugal_core::model::Update::All,
         });
         self
     }

@@ -46,6 +46,7 @@ mod native {
             kind,
             inputs: vec![from],
             trainable: true,
+            update: frugal_core::model::Update::All,
         };
         use LayerKind as K;
         use Src::{Input, Layer};
@@ -116,8 +117,15 @@ mod native {
             let x: Vec<f32> = (0..batch * per).map(|i| (i % 17) as f32 / 16.0).collect();
             let y: Vec<u32> = (0..batch).map(|i| (i % classes) as u32).collect();
             let backend = GpuBackend::open().map_err(|e| e.to_string())?;
-            let (auto, backend) =
-                auto_plan(&plan, backend, &x, Target::Classes(&y), 5).map_err(|e| e.to_string())?;
+            let (auto, backend) = auto_plan(
+                &plan,
+                &CpuBackend::new(),
+                backend,
+                &x,
+                Target::Classes(&y),
+                5,
+            )
+            .map_err(|e| e.to_string())?;
             let l = auto.measured.link;
             println!(
                 "{title}, batch {batch} — link: host→GPU {:.1} µs + {:.2} GB/s, GPU→host {:.1} µs + {:.2} GB/s",

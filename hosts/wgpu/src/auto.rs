@@ -18,6 +18,7 @@ use frugal_core::backend::{CpuBackend, ExecError, Placement, Target};
 use frugal_core::exec::Executor;
 use frugal_core::plan::{Instr, Phase, Plan};
 use frugal_core::policy::mixed::{place_by_cost, Link};
+use frugal_core::pool::WorkerPool;
 
 use crate::{gpu_plan, mixed_plan, Gpu, GpuBackend, GpuError};
 
@@ -59,10 +60,12 @@ fn per_node(plan: &Plan, per_eo: &[f64], steps: f64) -> Vec<f64> {
     out
 }
 
-/// Measures `plan`'s nodes on the CPU and on `gpu` (a fresh backend on the same adapter is opened for
-/// it), and the link, training `steps` steps (after one warm-up) on `x`/`target` in throwaway memory.
-pub fn measure(
+/// Measures `plan`'s nodes on the CPU (on `cpu`, with the worker pool the mixed plan's CPU side will
+/// run on) and on `gpu`, and the link, training `steps` steps (after one warm-up) on `x`/`target` in
+/// throwaway memory.
+pub fn measure<P: WorkerPool + Clone>(
     plan: &Plan,
+    cpu: &CpuBackend<P>,
     gpu: GpuBackend,
     x: &[f32],
     target: Target<'_>,
@@ -73,7 +76,7 @@ pub fn measure(
     let mut cpu_eo = vec![0.0f64; plan.program.len()];
     {
         let mut arena = vec![0u8; plan.needed_bytes()];
-        let mut ex = Executor::with_backend(plan, &arena, CpuBackend::new())?;
+        let mut ex = Executor::with_backend(plan, &arena, cpu.clone())?;
         ex.init_params(&mut arena, 1)?;
         ex.train_step(&mut arena, x, target)?;
         for _ in 0..steps {
@@ -130,15 +133,16 @@ fn plan_move_bytes(plan: &Plan) -> usize {
 }
 
 /// Measures (see [`measure`]), places by the DP and builds the mixed plan; gives the GPU backend back
-/// for the caller to wrap in a [`crate::MixedBackend`].
-pub fn auto_plan(
+/// for the caller to wrap in a [`crate::MixedBackend`] beside `cpu`.
+pub fn auto_plan<P: WorkerPool + Clone>(
     plan: &Plan,
+    cpu: &CpuBackend<P>,
     gpu: GpuBackend,
     x: &[f32],
     target: Target<'_>,
     steps: usize,
 ) -> Result<(Auto, GpuBackend), ExecError> {
-    let (measured, gpu) = measure(plan, gpu, x, target, steps)?;
+    let (measured, gpu) = measure(plan, cpu, gpu, x, target, steps)?;
     let (predicted, devices) = place_by_cost(plan, &measured.node, &measured.link)
         .map_err(|_| ExecError::Unsupported("no finite placement (a node neither device runs)"))?;
     let mixed = mixed_plan(plan.clone(), &devices).map_err(|e| {

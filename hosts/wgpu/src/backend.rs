@@ -341,7 +341,7 @@ fn steps_of(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
     };
     let bytes = |o: Opnd| -> Result<u64, ExecError> {
         let s = storage(o).ok_or(ExecError::BadPlan("a redirected operand without storage"))?;
-        Ok(plan.lives[s as usize].bytes as u64)
+        Ok(plan.lives[s].bytes as u64)
     };
     let mut out = Steps::new();
     for op in raw.iter() {
@@ -1567,7 +1567,7 @@ fn totals(prep: &mut Prepared) -> Result<LossOut, ExecError> {
 fn range_of(plan: &Plan, t: TensorId, eo: Eo) -> Result<(usize, usize), ExecError> {
     let s = plan
         .storage_at(t, eo)
-        .ok_or(ExecError::Tensor("tensor is not in the GPU's memory"))? as usize;
+        .ok_or(ExecError::Tensor("tensor is not in the GPU's memory"))?;
     let life = plan
         .lives
         .get(s)
@@ -1620,6 +1620,17 @@ fn check(plan: &Plan, beside_cpu: bool) -> Result<(), ExecError> {
     let served = |p: Placement| p == Placement::Gpu || (beside_cpu && p == Placement::Cpu);
     if let Some(i) = plan.program.iter().find(|i| !served(i.placement)) {
         return Err(ExecError::Placement(i.placement));
+    }
+    // A sparse update of a channel subset (gradients of the leading rows only) has no GPU kernels.
+    if plan.graph.params().any(|(_, p)| {
+        p.grad.is_some()
+            && p.updated
+                < plan.graph.tensors[p.value as usize].bytes
+                    / plan.graph.tensors[p.value as usize].dtype.size()
+    }) {
+        return Err(ExecError::Unsupported(
+            "a sparse update of a channel subset (update = {channels = f}) on the GPU",
+        ));
     }
     let mixed = plan.program.iter().any(|i| i.placement != Placement::Gpu);
     if mixed {
@@ -1791,8 +1802,8 @@ impl Backend for GpuBackend {
         // A mixed plan's moves to the host land here: its largest one.
         let moves_bytes = (0..plan.n_eo())
             .filter_map(|eo| plan.move_storages(eo))
-            .filter(|&(from, _)| plan.lives[from as usize].space == GPU_SPACE)
-            .map(|(from, _)| plan.lives[from as usize].bytes as u64)
+            .filter(|&(from, _)| plan.lives[from].space == GPU_SPACE)
+            .map(|(from, _)| plan.lives[from].bytes as u64)
             .max()
             .unwrap_or(0);
         let moves = (moves_bytes > 0).then(|| {

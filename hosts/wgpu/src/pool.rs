@@ -30,7 +30,8 @@ pub(crate) struct Params {
     /// `1/(window size)`: average pools multiply by it, as the CPU does (`ops::pool`): WGSL's `/`
     /// may be off by ulps on real GPUs.
     inv: f32,
-    pad: u32,
+    /// Always 0: `pool.wgsl`'s `rounded` ORs products with it so that no driver fuses them into an FMA.
+    zero: u32,
 }
 
 pub(crate) fn params(g: &PoolGeom, n: usize, accumulate: bool) -> Result<Params, GpuError> {
@@ -49,7 +50,7 @@ pub(crate) fn params(g: &PoolGeom, n: usize, accumulate: bool) -> Result<Params,
         ow: u(g.ow)?,
         accumulate: accumulate as u32,
         inv: 1.0 / (g.kh * g.kw) as f32,
-        pad: 0,
+        zero: 0,
     })
 }
 
@@ -202,6 +203,6 @@ pub(crate) fn gap_params(planes: usize, hw: usize, accumulate: bool) -> Result<P
         ow: 1,
         accumulate: accumulate as u32,
         inv: 1.0 / hw as f32,
-        pad: 0,
+        zero: 0,
     })
 }

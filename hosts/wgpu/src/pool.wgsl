@@ -14,7 +14,15 @@ struct Params {
     ow: u32,
     accumulate: u32,
     inv: f32, // 1/(window size), from the host: averages multiply by it as the CPU does
-    _pad1: u32,
+    zero: u32, // always 0, written by the host: see `rounded`
+}
+
+// `v` rounded to f32 where it stands. A product that feeds an addition may be fused into one FMA by the
+// driver (NVIDIA's Vulkan compiler does; the CPU rounds the product first): OR-ing its bits with a
+// uniform the compiler cannot prove zero makes the product a value of its own, so it is rounded before
+// the addition, as on the CPU.
+fn rounded(v: f32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(v) | p.zero);
 }
 
 // Bindings `p`, `a`, `b`, `c`, `d` and `index`: see `prelude.wgsl`.
@@ -129,7 +137,7 @@ fn avg_grad(@builtin(global_invocation_id) gid: vec3<u32>) {
             }
             let ox = (x - j) / p.sw;
             if (ox < p.ow) {
-                acc = acc + a[plane * p.oh * p.ow + oy * p.ow + ox] * p.inv;
+                acc = acc + rounded(a[plane * p.oh * p.ow + oy * p.ow + ox] * p.inv);
             }
         }
     }
@@ -159,7 +167,7 @@ fn gap_grad(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (e >= p.planes * hw) {
         return;
     }
-    let v = a[e / hw] * p.inv;
+    let v = rounded(a[e / hw] * p.inv);
     if (p.accumulate != 0u) {
         c[e] = c[e] + v;
     } else {

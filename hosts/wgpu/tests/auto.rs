@@ -8,6 +8,7 @@ mod models;
 use frugal_core::backend::{CpuBackend, Placement};
 use frugal_core::exec::Executor;
 use frugal_core::model::LossKind;
+use frugal_core::pool::ThreadPool;
 use frugal_wgpu::auto::auto_plan;
 use frugal_wgpu::MixedBackend;
 use models::{batch, cnn, mlp, plan, target, ADAM, SGD};
@@ -23,7 +24,10 @@ fn the_measured_placement_trains_as_on_the_cpu() {
         };
         let p = plan(&spec, mb, 1);
         let (x, y, t) = batch(&spec, mb, 7, 5);
-        let (auto, gpu) = auto_plan(&p, backend, &x, target(spec.loss, &y, &t), 2).unwrap();
+        // Measured and trained with the CPU side on 2 workers, as `frugal train --device auto` does.
+        let pool = ThreadPool::new(2).unwrap();
+        let cpu = CpuBackend::with_pool(&pool);
+        let (auto, gpu) = auto_plan(&p, &cpu, backend, &x, target(spec.loss, &y, &t), 2).unwrap();
         let n = p.graph.nodes.len();
         assert_eq!(auto.devices.len(), n);
         assert_eq!(auto.measured.node.len(), n);
@@ -74,7 +78,9 @@ fn the_measured_placement_trains_as_on_the_cpu() {
             }
             match gpu {
                 Some(g) => {
-                    steps!(Executor::with_backend(pl, &arena, MixedBackend::new(g)).unwrap())
+                    steps!(
+                        Executor::with_backend(pl, &arena, MixedBackend::with_cpu(cpu, g)).unwrap()
+                    )
                 }
                 None => steps!(Executor::with_backend(pl, &arena, CpuBackend::new()).unwrap()),
             }

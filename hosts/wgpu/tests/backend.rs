@@ -193,6 +193,42 @@ fn a_non_finite_loss_is_refused_and_the_weights_stay() {
     assert_eq!(ex.steps() as usize, step, "a refused step is not counted");
 }
 
+/// A sparse update whose parts the GPU has kernels for (bias-only convolutions and classifier, a frozen
+/// depthwise layer) trains on the GPU as on the CPU; a channel subset is refused when the executor is
+/// created, with a typed error.
+#[test]
+fn a_bias_only_update_trains_on_the_gpu_and_a_channel_subset_is_refused() {
+    use frugal_core::model::Update;
+    let mut spec = cnn(SGD);
+    for l in &mut spec.layers {
+        match l.kind {
+            LayerKind::Conv2d { bias: true, .. } | LayerKind::Linear { .. } => {
+                l.update = Update::Bias
+            }
+            LayerKind::Conv2d { .. } => l.trainable = false,
+            _ => {}
+        }
+    }
+    let p = plan(&spec, 12, 1);
+    let cpu = on_cpu(&p, &spec, &[12], 4, 5);
+    let Some(gpu) = on_gpu(&p, &spec, &[12], 4, 5) else {
+        return;
+    };
+    agree(&gpu, &cpu, "bias-only update");
+    let Some(backend) = common::backend() else {
+        return;
+    };
+    let mut spec = cnn(SGD);
+    spec.layers[0].update = Update::Channels(0.5);
+    let gp = gpu_plan(plan(&spec, 4, 1));
+    let arena = vec![0u8; gp.needed_bytes()];
+    match Executor::with_backend(&gp, &arena, backend) {
+        Err(ExecError::Unsupported(why)) => assert!(why.contains("channel subset"), "{why}"),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("a channel-subset update was accepted"),
+    }
+}
+
 #[test]
 fn a_plan_with_a_layer_without_gpu_kernels_is_refused_at_creation() {
     let Some(backend) = common::backend() else {

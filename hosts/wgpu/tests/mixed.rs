@@ -12,6 +12,7 @@ use frugal_core::backend::{CpuBackend, ExecError, Placement};
 use frugal_core::exec::{Executor, Target};
 use frugal_core::model::{LossKind, ModelSpec, OptimizerSpec};
 use frugal_core::plan::{Phase, Plan, SpaceId};
+use frugal_core::pool::ThreadPool;
 use frugal_wgpu::{mixed_plan, MixedBackend, GPU_SPACE};
 use models::{batch, bn_cnn, cnn, mlp, plan, train, Trained, ADAM, SGD};
 
@@ -73,9 +74,12 @@ fn placements(n: usize) -> Vec<(String, Vec<Placement>)> {
     out
 }
 
-/// Trains `p` placed every way of [`placements`] on the GPU and the CPU, against the CPU alone.
+/// Trains `p` placed every way of [`placements`] on the GPU and the CPU, against the CPU alone. The
+/// random placements run their CPU side on a 2-worker pool (`--threads` beside a GPU), the alternating
+/// ones on one thread.
 fn check_model(spec: &ModelSpec, p: &Plan, sizes: &[usize], steps: usize, outs: usize, what: &str) {
     let cpu = train(p, CpuBackend::new(), spec, sizes, steps, outs);
+    let pool = ThreadPool::new(2).unwrap();
     for (how, devices) in placements(p.graph.nodes.len()) {
         let Some(backend) = common::backend() else {
             return;
@@ -90,7 +94,12 @@ fn check_model(spec: &ModelSpec, p: &Plan, sizes: &[usize], steps: usize, outs: 
             on_gpu > 0 || !devices.contains(&Placement::Gpu),
             "{what}, {how}"
         );
-        let got = train(&mp, MixedBackend::new(backend), spec, sizes, steps, outs);
+        let got = if how.starts_with("random") {
+            let mixed = MixedBackend::with_cpu(CpuBackend::with_pool(&pool), backend);
+            train(&mp, mixed, spec, sizes, steps, outs)
+        } else {
+            train(&mp, MixedBackend::new(backend), spec, sizes, steps, outs)
+        };
         agree(&got, &cpu, &format!("{what}, {how} {devices:?}"));
     }
 }
@@ -156,7 +165,7 @@ fn a_non_finite_loss_leaves_the_weights_of_both_devices_unchanged() {
         // Both devices hold weights.
         let spaces: Vec<SpaceId> = tensors
             .iter()
-            .map(|&t| mp.lives[mp.storage_at(t, 0).unwrap() as usize].space)
+            .map(|&t| mp.lives[mp.storage_at(t, 0).unwrap()].space)
             .collect();
         assert!(spaces.contains(&SpaceId::HOST) && spaces.contains(&GPU_SPACE));
         let mut refused = None;
@@ -197,7 +206,7 @@ fn mixed_steps_create_no_gpu_objects_and_submit_once_per_crossing() {
     let mp = mixed_plan(base.clone(), &alternating(base.graph.nodes.len(), true)).unwrap();
     let crossings = (0..mp.n_eo())
         .filter_map(|eo| mp.move_storages(eo))
-        .filter(|&(a, b)| mp.lives[a as usize].space != mp.lives[b as usize].space)
+        .filter(|&(a, b)| mp.lives[a].space != mp.lives[b].space)
         .count() as u64;
     assert!(crossings > 0);
     let before = backend.counters().hal;

@@ -1,7 +1,7 @@
 //! An accelerator's hand in the int8 kernels (`std` only; tests too): while a host's [`Offload`] is installed on
 //! the calling thread ([`install`]), [`igemm`](super::igemm), [`rescale_i32_to_i8`](super::rescale_i32_to_i8),
-//! [`maxpool2x2`](super::maxpool2x2), [`maxpool2x2_grad`](super::maxpool2x2_grad) and
-//! [`quantize_f32`](super::quantize_f32) ask it first, and [`IgemmKernel::selected`](super::IgemmKernel::selected)
+//! [`maxpool2x2`](super::maxpool2x2), [`maxpool2x2_grad`](super::maxpool2x2_grad),
+//! [`quantize_f32`](super::quantize_f32) and the int8 convolutions' im2col (`quant::ops::im2col`) ask it first, and [`IgemmKernel::selected`](super::IgemmKernel::selected)
 //! answers `Portable`, so the int8 layer ops take their plain GEMM paths (no packing-free CPU
 //! products) — the same integers, since every product is exact. A method that returns `false`
 //! (declined, or its device failed: the offload remembers why) leaves the work to the CPU kernel.
@@ -58,6 +58,22 @@ pub trait Offload {
     ) -> bool;
     /// [`quantize_f32`](super::quantize_f32) (`dst` at least as long as `src`).
     fn quantize(&mut self, src: &[f32], k: f32, dst: &mut [i8]) -> bool;
+    /// `quant::ops::im2col` of group `grp` of `samples` samples `x`: `cols[kg × ld]`, sample `s` in
+    /// columns `[s·P, (s+1)·P)` of each row, zero padding, the columns from `samples·P` to `ld`
+    /// untouched. `geom` = `[cin, h, w, cout, kh, kw, sh, sw, ph, pw, groups, oh, ow]` (a checked
+    /// convolution geometry). Declined by default.
+    #[allow(clippy::too_many_arguments)]
+    fn im2col(
+        &mut self,
+        _geom: [usize; 13],
+        _x: &[i8],
+        _samples: usize,
+        _grp: usize,
+        _cols: &mut [i8],
+        _ld: usize,
+    ) -> bool {
+        false
+    }
 }
 
 std::thread_local! {
@@ -72,6 +88,18 @@ pub fn install(o: Box<dyn Offload>) -> Option<Box<dyn Offload>> {
 /// Removes this thread's offload and returns it.
 pub fn take() -> Option<Box<dyn Offload>> {
     HOOK.with(|h| h.borrow_mut().take())
+}
+
+/// Asks the installed offload to do an im2col ([`Offload::im2col`]); whether it did.
+pub fn im2col(
+    geom: [usize; 13],
+    x: &[i8],
+    samples: usize,
+    grp: usize,
+    cols: &mut [i8],
+    ld: usize,
+) -> bool {
+    with(|o| o.im2col(geom, x, samples, grp, cols, ld)) == Some(true)
 }
 
 /// Whether an offload is installed on this thread.

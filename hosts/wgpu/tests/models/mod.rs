@@ -27,6 +27,7 @@ pub fn layer(name: &str, kind: LayerKind, inputs: &[Src]) -> LayerSpec {
         kind,
         inputs: inputs.to_vec(),
         trainable: true,
+        update: frugal_core::model::Update::All,
     }
 }
 

@@ -1,0 +1,108 @@
+//! MobileNetV2 (BatchNorm after every convolution, exact): the memory policies' plans train
+//! bit-identically to the plain plan at several budgets, and fit them. The golden case's tiny
+//! MobileNetV2 (`tests/golden/mobilenetv2.toml`: every kind of block the example has, 5 of its 17
+//! blocks, 8×8) at batch 16, so that a plan takes a moment to make on CI's two cores (the greedy lays
+//! the program out again after every discard; the example's 515-instruction program takes tens of
+//! seconds per plan, which `cargo xtask bench budget` spends).
+use std::path::Path;
+
+use frugal_cli::spec_toml::load_model;
+use frugal_core::budget::Budget;
+use frugal_core::exec::{Executor, Target};
+use frugal_core::graph::Graph;
+use frugal_core::model::ModelSpec;
+use frugal_core::plan::{Phase, Plan};
+use frugal_core::policy::{self, CostModel, PolicyKind};
+use frugal_core::rng::Rng;
+
+const BATCH: usize = 16;
+
+fn spec() -> ModelSpec {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/mobilenetv2.toml");
+    load_model(&path).expect("the golden model parses").spec
+}
+
+/// Losses of 2 steps on fixed samples, then every persistent tensor (weights, optimizer state,
+/// BatchNorm running statistics).
+fn train(p: &Plan) -> Vec<f32> {
+    let mut arena = vec![0xA5u8; p.needed_bytes()];
+    let mut ex = Executor::new(p, &arena).unwrap();
+    ex.init_params(&mut arena, 5).unwrap();
+    let mut rng = Rng::new(11);
+    let x: Vec<f32> = (0..BATCH * p.graph.input_dims.numel())
+        .map(|_| rng.uniform(-1.0, 1.0))
+        .collect();
+    let y: Vec<u32> = (0..BATCH as u32).map(|i| i % 10).collect();
+    let mut out = Vec::new();
+    for _ in 0..2 {
+        out.push(
+            ex.train_step(&mut arena, &x, Target::Classes(&y))
+                .unwrap()
+                .loss,
+        );
+    }
+    for (_, _, t) in ex.state_tensors().collect::<Vec<_>>() {
+        out.extend_from_slice(ex.read(&mut arena, t).unwrap());
+    }
+    out
+}
+
+#[test]
+fn policy_plans_are_bit_exact_with_the_plain_plan_and_fit() {
+    let spec = spec();
+    let g = Graph::new(&spec, BATCH).unwrap();
+    let convs = spec
+        .layers
+        .iter()
+        .filter(|l| l.name.ends_with("_dw"))
+        .count();
+    assert_eq!(convs, 5, "five inverted-residual blocks");
+    let plain = Plan::new(g.clone());
+    let want = train(&plain);
+    let cost = CostModel::estimate(&g);
+    let arena = plain.needed_bytes();
+    // Three quarters and half of the arena (the policy search), and the deepest plan the greedy
+    // reaches (recompute with nothing left to discard: the smallest budget).
+    let mut plans = Vec::new();
+    for budget in [arena * 3 / 4, arena / 2] {
+        let frac = budget as f64 / arena as f64;
+        let c = policy::plan_for_budget(&spec, BATCH, Budget::new(budget), PolicyKind::Auto, &cost)
+            .unwrap_or_else(|e| panic!("no plan at {frac:.3} of the arena: {e}"));
+        assert!(c.plan.needed_bytes() <= budget, "over budget at {frac:.3}");
+        plans.push(c.plan);
+    }
+    let (Ok(floor) | Err(floor)) = policy::recompute(&g, 1, 0, &cost);
+    assert!(
+        floor.needed_bytes() < arena / 2,
+        "floor {} vs arena {arena}",
+        floor.needed_bytes()
+    );
+    plans.push(floor);
+    let mut recomputing = 0;
+    for c in &plans {
+        let frac = c.needed_bytes() as f64 / arena as f64;
+        // Exact BatchNorm: never split the batch.
+        assert_eq!((c.graph.batch, c.micro_batches), (BATCH, 1));
+        let rc = c
+            .program
+            .iter()
+            .filter(|i| i.phase == Phase::Recompute)
+            .count();
+        recomputing += usize::from(rc > 0);
+        let got = train(c);
+        assert_eq!(got.len(), want.len());
+        let same = got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(
+            same,
+            "the plan at {frac:.3} of the arena ({rc} recomputes) changed the result"
+        );
+        println!("{frac:.3} of the arena: {rc} recomputes, bit-identical");
+    }
+    assert_eq!(
+        recomputing, 3,
+        "every budget below the arena needs recomputation"
+    );
+}
