@@ -1320,7 +1320,12 @@ impl<'a> Builder<'a> {
             let needed = [
                 true,
                 // A Linear/Conv2d weight gradient needs the GEMM's room; a bias-only one does not.
-                node.params.first().is_some_and(|p| p.grad.is_some()),
+                // LoRA's weight is frozen: its adapters' gradients need the room.
+                if matches!(node.op, NodeOp::Lora(_)) {
+                    node.params.iter().any(|p| p.grad.is_some())
+                } else {
+                    node.params.first().is_some_and(|p| p.grad.is_some())
+                },
                 node.d_in.iter().any(|d| d.is_some()),
             ];
             for (slot, (elems, tag)) in [(fwd, "F"), (gw, "CG"), (gx, "CD")].into_iter().enumerate()
