@@ -7,8 +7,8 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::exec::{ExecError, Executor, Target};
-use crate::graph::{Graph, TensorKind};
-use crate::model::{Dims, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpec, Src};
+use crate::graph::{Graph, GraphError, TensorKind};
+use crate::model::{Dims, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpec, Src, Update};
 use crate::plan::tests::check_layout;
 use crate::plan::{Phase, Plan, PlanShape};
 use crate::policy::{self, CostModel};
@@ -309,4 +309,34 @@ fn bad_token_ids_are_typed_errors() {
         Err(ExecError::BadBatch(..))
     ));
     ex.train_step(&mut arena, &x, Target::Classes(&y)).unwrap();
+}
+
+/// A partial (sparse) update of an embedding, positional table, norm or LoRA layer is refused by
+/// name: their gradient kernels write whole tensors.
+#[test]
+fn sequence_layers_refuse_a_partial_update() {
+    for (layer, lora) in [
+        ("tok", false),
+        ("pos", false),
+        ("h0.ln1", false),
+        ("h0.qkv", true),
+    ] {
+        for update in [Update::Bias, Update::Channels(0.5)] {
+            let mut spec = gpt(11, 6, 8, 2, 1, false, lora);
+            let i = spec.layers.iter().position(|l| l.name == layer).unwrap();
+            spec.layers[i].update = update;
+            match Graph::new(&spec, 2) {
+                Err(GraphError::Layer {
+                    index,
+                    name,
+                    reason,
+                    ..
+                }) => {
+                    assert_eq!((index, name.as_str()), (i, layer));
+                    assert!(reason.contains("not supported"), "{layer}: {reason}");
+                }
+                other => panic!("{layer} {update:?}: {:?}", other.map(|_| ())),
+            }
+        }
+    }
 }

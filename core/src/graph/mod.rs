@@ -1003,11 +1003,6 @@ impl<'a> Builder<'a> {
                         ),
                     ));
                 }
-                if l.update == Update::Bias && !shapes.iter().any(|s| s.0 == "bias") {
-                    return Err(bad(
-                        "update = \"bias\" needs a layer with a bias (bias = true)",
-                    ));
-                }
                 // The sequence layers' gradient kernels write whole tensors (an embedding scatters
                 // into any row): they train in full or not at all.
                 if matches!(
@@ -1025,6 +1020,11 @@ impl<'a> Builder<'a> {
                             l.update,
                             l.kind.type_name()
                         ),
+                    ));
+                }
+                if l.update == Update::Bias && !shapes.iter().any(|s| s.0 == "bias") {
+                    return Err(bad(
+                        "update = \"bias\" needs a layer with a bias (bias = true)",
                     ));
                 }
             }
