@@ -247,8 +247,25 @@ fn run_torch(py: &str, id: &str, batch: usize, threads: usize) -> Result<(f64, f
     let spec = format!(
         r#"{{"workload": "{id}", "batch": {batch}, "threads": {threads}, "lr": 0.01, "warmup": 2, "steps": 5, "max_steps": 200, "min_time": 1.0}}"#
     );
+    let script = torch_script();
+    torch_summary(
+        py,
+        &[script.as_os_str(), "--child".as_ref(), spec.as_ref()],
+        threads,
+        &format!("PyTorch {id} b{batch}"),
+    )
+}
+
+/// Runs a reference script of tests/bench/pytorch with `args` on `threads` BLAS/OpenMP threads and
+/// returns its `SUMMARY ms peak` line's two numbers; `what` names the run in errors.
+pub(crate) fn torch_summary(
+    py: &str,
+    args: &[&std::ffi::OsStr],
+    threads: usize,
+    what: &str,
+) -> Result<(f64, f64), String> {
     let mut cmd = Command::new(py);
-    cmd.arg(torch_script()).args(["--child", &spec]);
+    cmd.args(args);
     for k in ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"] {
         cmd.env(k, threads.to_string());
     }
@@ -261,7 +278,7 @@ fn run_torch(py: &str, id: &str, batch: usize, threads: usize) -> Result<(f64, f
         .find(|l| l.starts_with("SUMMARY "))
         .ok_or_else(|| {
             format!(
-                "PyTorch {id} b{batch}: no SUMMARY line: {}",
+                "{what}: no SUMMARY line: {}",
                 String::from_utf8_lossy(&out.stderr)
                     .lines()
                     .last()

@@ -120,34 +120,19 @@ fn run_frugal(batch: usize, steps: usize) -> Result<(f64, f64, usize), String> {
 
 fn run_torch(py: &str, batch: usize, steps: usize) -> Result<(f64, f64), String> {
     let script = root().join("tests/bench/pytorch/seq_ref.py");
-    let mut cmd = Command::new(py);
-    cmd.arg(script)
-        .args(["--batch", &batch.to_string(), "--steps", &steps.to_string()]);
-    for k in ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"] {
-        cmd.env(k, "1");
-    }
-    let out = cmd
-        .output()
-        .map_err(|e| format!("cannot start PyTorch ({py}): {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("SUMMARY "))
-        .ok_or_else(|| {
-            format!(
-                "PyTorch: no SUMMARY line: {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })?;
-    let f: Vec<f64> = line
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|v| v.parse().ok())
-        .collect();
-    match f[..] {
-        [ms, peak] => Ok((ms, peak)),
-        _ => Err(format!("bad SUMMARY line: {line}")),
-    }
+    let (b, st) = (batch.to_string(), steps.to_string());
+    crate::bench::torch_summary(
+        py,
+        &[
+            script.as_os_str(),
+            "--batch".as_ref(),
+            b.as_ref(),
+            "--steps".as_ref(),
+            st.as_ref(),
+        ],
+        1,
+        "PyTorch",
+    )
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
