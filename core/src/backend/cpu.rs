@@ -13,6 +13,12 @@ use crate::plan::{Eo, Instr, Phase, Plan, LOSS_NODE};
 use crate::pool::{SingleThread, WorkerPool};
 use crate::rng::{hash2, Rng};
 
+/// A sequence layer in a build without the `seq` feature (the graph refuses such a model first,
+/// naming the layer; this is for a plan that reached the backend some other way).
+#[cfg(not(feature = "seq"))]
+const NO_SEQ: ExecError =
+    ExecError::Unsupported("a sequence layer: frugal-core was built without its `seq` feature");
+
 /// The portable CPU backend (SIMD where the target has it), single-threaded unless given a pool.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuBackend<P: WorkerPool = SingleThread> {
@@ -342,6 +348,7 @@ fn input<'a>(
     }
 }
 
+#[cfg(feature = "seq")]
 /// The model input's token ids for an embedding, checked (an id that is not an integer below `vocab`
 /// is a typed error, never an index out of bounds).
 fn token_ids(xext: &[f32], elems: usize, vocab: usize) -> Result<&[f32], ExecError> {
@@ -355,6 +362,7 @@ fn token_ids(xext: &[f32], elems: usize, vocab: usize) -> Result<&[f32], ExecErr
     Ok(ids)
 }
 
+#[cfg(feature = "seq")]
 /// A norm's saved tensors: (mean — LayerNorm only, rstd).
 fn norm_saved(node: &Node, rms: bool) -> (Option<TensorId>, Option<TensorId>) {
     if rms {
@@ -364,6 +372,7 @@ fn norm_saved(node: &Node, rms: bool) -> (Option<TensorId>, Option<TensorId>) {
     }
 }
 
+#[cfg(feature = "seq")]
 /// A LoRA Linear's parameters: base weight, base bias, adapters A and B with their gradients.
 struct LoraParams {
     w: TensorId,
@@ -374,6 +383,7 @@ struct LoraParams {
     dbm: Option<TensorId>,
 }
 
+#[cfg(feature = "seq")]
 fn lora_params(node: &Node) -> Result<LoraParams, ExecError> {
     let bad = ExecError::BadPlan("a LoRA layer without its base weight and adapters");
     let p = &node.params;
@@ -550,6 +560,14 @@ fn forward(
                 });
             }
         }
+        #[cfg(not(feature = "seq"))]
+        NodeOp::Embedding { .. }
+        | NodeOp::PosEmbedding { .. }
+        | NodeOp::Norm { .. }
+        | NodeOp::Smooth(_)
+        | NodeOp::Attention(_)
+        | NodeOp::Lora(_) => return Err(NO_SEQ),
+        #[cfg(feature = "seq")]
         NodeOp::Embedding { vocab, dim } => {
             let [tb, yb] = carve(
                 a,
@@ -561,6 +579,7 @@ fn forward(
             let ids = token_ids(xext, in_elems, *vocab)?;
             ops::seq::embedding_fwd(ids, f32s(tb)?, *dim, f32s(yb)?);
         }
+        #[cfg(feature = "seq")]
         NodeOp::PosEmbedding { per } => {
             if same(plan, eo, xin, node.out) {
                 let [pb, yb] = carve(
@@ -584,6 +603,7 @@ fn forward(
                 ops::seq::pos_fwd(n, *per, x, f32s(pb)?, f32s(yb)?);
             }
         }
+        #[cfg(feature = "seq")]
         NodeOp::Norm { dim, eps, rms } => {
             let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
             let (mean, rstd) = norm_saved(node, *rms);
@@ -611,6 +631,7 @@ fn forward(
                 f32s(rb)?,
             );
         }
+        #[cfg(feature = "seq")]
         NodeOp::Smooth(k) => {
             let [xb, yb] = carve(
                 a,
@@ -623,6 +644,7 @@ fn forward(
             let k = *k;
             ops::par_map(pool, f32s(yb)?, &|r, y| ops::seq::smooth_fwd(k, &x[r], y));
         }
+        #[cfg(feature = "seq")]
         NodeOp::Attention(g) => {
             let [xb, pb, yb, sb] = carve(
                 a,
@@ -641,6 +663,7 @@ fn forward(
             let x = input(plan, xin, xb, xext, in_elems)?;
             ops::seq::attention_fwd(g, n, x, f32s(pb)?, f32s(yb)?, f32s(sb)?);
         }
+        #[cfg(feature = "seq")]
         NodeOp::Lora(g) => {
             let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
             let l = lora_params(node)?;
@@ -828,6 +851,12 @@ fn grad_w(
                 _ => return Err(ExecError::BadPlan("not a linear or convolution layer")),
             }
         }
+        #[cfg(not(feature = "seq"))]
+        NodeOp::Embedding { .. }
+        | NodeOp::PosEmbedding { .. }
+        | NodeOp::Norm { .. }
+        | NodeOp::Lora(_) => return Err(NO_SEQ),
+        #[cfg(feature = "seq")]
         NodeOp::Embedding { vocab, dim } => {
             let [dyb, dwb] = carve(
                 a,
@@ -836,6 +865,7 @@ fn grad_w(
             let ids = token_ids(xext, in_elems, *vocab)?;
             ops::seq::embedding_grad_w(ids, f32s(dyb)?, *dim, f32s(dwb)?, acc_w);
         }
+        #[cfg(feature = "seq")]
         NodeOp::PosEmbedding { per } => {
             let [dyb, dwb] = carve(
                 a,
@@ -843,6 +873,7 @@ fn grad_w(
             )?;
             ops::seq::pos_grad_w(n, *per, f32s(dyb)?, f32s(dwb)?, acc_w);
         }
+        #[cfg(feature = "seq")]
         NodeOp::Norm { dim, rms, .. } => {
             let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
             let (mean, rstd) = norm_saved(node, *rms);
@@ -870,6 +901,7 @@ fn grad_w(
                 acc_w,
             );
         }
+        #[cfg(feature = "seq")]
         NodeOp::Lora(g) => {
             let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
             let l = lora_params(node)?;
@@ -1111,11 +1143,20 @@ fn grad_x(
                 }
             }
         }
+        #[cfg(not(feature = "seq"))]
+        NodeOp::Embedding { .. }
+        | NodeOp::PosEmbedding { .. }
+        | NodeOp::Norm { .. }
+        | NodeOp::Smooth(_)
+        | NodeOp::Attention(_)
+        | NodeOp::Lora(_) => return Err(NO_SEQ),
+        #[cfg(feature = "seq")]
         NodeOp::Embedding { .. } => {
             return Err(ExecError::BadPlan(
                 "an input derivative of an embedding (its input is token ids)",
             ))
         }
+        #[cfg(feature = "seq")]
         NodeOp::PosEmbedding { .. } => {
             let dx = dx.ok_or(ExecError::BadPlan("derivative without a target"))?;
             if !same(plan, eo, dy, dx) {
@@ -1129,6 +1170,7 @@ fn grad_x(
                 ops::copy_or_acc(f32s(dyb)?, f32s(dxb)?, acc);
             }
         }
+        #[cfg(feature = "seq")]
         NodeOp::Norm { dim, rms, .. } => {
             let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
             let (mean, rstd) = norm_saved(node, *rms);
@@ -1155,6 +1197,7 @@ fn grad_x(
                 acc,
             );
         }
+        #[cfg(feature = "seq")]
         NodeOp::Smooth(k) => {
             let [xb, dyb, dxb] = carve(
                 a,
@@ -1169,6 +1212,7 @@ fn grad_x(
                 ops::seq::smooth_grad(k, &x[r.clone()], &dy[r], dx, acc)
             });
         }
+        #[cfg(feature = "seq")]
         NodeOp::Attention(g) => {
             let [xb, pb, dyb, dxb, sb] = carve(
                 a,
@@ -1196,6 +1240,7 @@ fn grad_x(
                 f32s(sb)?,
             );
         }
+        #[cfg(feature = "seq")]
         NodeOp::Lora(g) => {
             let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
             let l = lora_params(node)?;

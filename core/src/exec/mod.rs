@@ -15,7 +15,7 @@ mod nonfinite_tests;
 mod permute;
 #[cfg(test)]
 mod record_tests;
-#[cfg(test)]
+#[cfg(all(test, feature = "seq"))]
 pub(crate) mod seq_tests;
 #[cfg(test)]
 mod space_tests;

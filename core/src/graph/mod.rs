@@ -657,6 +657,17 @@ impl<'a> Builder<'a> {
                     ),
                 ));
             }
+            if !cfg!(feature = "seq") && l.kind.is_sequence_layer() {
+                return Err(err(
+                    li,
+                    name,
+                    format!(
+                        "{} is a sequence layer, and this build of frugal-core has none \
+                         (it was built without its `seq` feature)",
+                        l.kind.type_name()
+                    ),
+                ));
+            }
             let mut inputs = Vec::with_capacity(arity);
             let mut in_dims = Vec::with_capacity(arity);
             let mut in_rg = false;

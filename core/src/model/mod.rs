@@ -197,6 +197,21 @@ impl LayerKind {
             LayerKind::LoraLinear { .. } => "lora_linear",
         }
     }
+
+    /// Whether it is one of the sequence layers, whose kernels the core's `seq` feature builds.
+    pub fn is_sequence_layer(&self) -> bool {
+        matches!(
+            self,
+            LayerKind::Embedding { .. }
+                | LayerKind::PosEmbedding
+                | LayerKind::LayerNorm { .. }
+                | LayerKind::RmsNorm { .. }
+                | LayerKind::Gelu
+                | LayerKind::Silu
+                | LayerKind::Attention { .. }
+                | LayerKind::LoraLinear { .. }
+        )
+    }
 }
 
 /// One layer.

@@ -1,13 +1,19 @@
 //! Sequence layers on `[n, t, d]` tensors (row-major; `rows = n·t` token rows of `d` features):
 //! token embedding, learned positional embedding, LayerNorm and RMSNorm over the last axis, GELU and
 //! SiLU, causal multi-head self-attention and a Linear with LoRA adapters. Forward and backward, generic
-//! over [`Real`] like every op; temporary storage comes from caller-provided scratch whose length is
+//! over [`Real`](crate::kernels::Real) like every op; temporary storage comes from caller-provided scratch whose length is
 //! given by the `*_scratch_len` functions (never proportional to the batch, except LoRA's rank-sized
 //! rows, which the graph sizes per batch).
 //!
 //! Token ids arrive as the model input (f32 values holding integers); [`check_ids`] validates them
 //! (the backend calls it before any op reads them) and the ops index with `id as usize`, bounds-checked.
-use crate::kernels::{gemm, gemm_scratch_len, MatRef, Real};
+//!
+//! The kernels are built with the core's `seq` feature (on by default); the geometry, the scratch sizes
+//! and [`check_ids`] always are, so the graph and the backends can name these layers and refuse them
+//! in a build without it.
+use crate::kernels::gemm_scratch_len;
+#[cfg(feature = "seq")]
+use crate::kernels::{gemm, MatRef, Real};
 
 // ---------------------------------------------------------------------------------------------------
 // Embeddings
@@ -25,6 +31,7 @@ pub fn check_ids(ids: &[f32], vocab: usize) -> Result<(), (usize, f32)> {
 }
 
 /// `y[r] = table[ids[r]]` for every token row `r` (`dim` features per row).
+#[cfg(feature = "seq")]
 pub fn embedding_fwd<T: Real>(ids: &[f32], table: &[T], dim: usize, y: &mut [T]) {
     for (row, &id) in y.chunks_exact_mut(dim.max(1)).zip(ids) {
         let id = id as usize;
@@ -34,6 +41,7 @@ pub fn embedding_fwd<T: Real>(ids: &[f32], table: &[T], dim: usize, y: &mut [T])
 
 /// `dW[ids[r]] += dy[r]`: only the rows of the tokens seen are touched by the scatter (the rest of the
 /// gradient is zeroed when not `accumulate`, so the optimizer sees PyTorch's dense gradient).
+#[cfg(feature = "seq")]
 pub fn embedding_grad_w<T: Real>(
     ids: &[f32],
     dy: &[T],
@@ -53,6 +61,7 @@ pub fn embedding_grad_w<T: Real>(
 }
 
 /// `y[b, t] = x[b, t] + p[t]` for `n` sequences of `per = t·d` elements.
+#[cfg(feature = "seq")]
 pub fn pos_fwd<T: Real>(n: usize, per: usize, x: &[T], p: &[T], y: &mut [T]) {
     for (ys, xs) in y[..n * per].chunks_exact_mut(per).zip(x.chunks_exact(per)) {
         for ((y, &x), &p) in ys.iter_mut().zip(xs).zip(p) {
@@ -62,6 +71,7 @@ pub fn pos_fwd<T: Real>(n: usize, per: usize, x: &[T], p: &[T], y: &mut [T]) {
 }
 
 /// [`pos_fwd`] in place (`y` holds `x`).
+#[cfg(feature = "seq")]
 pub fn pos_fwd_inplace<T: Real>(n: usize, per: usize, p: &[T], y: &mut [T]) {
     for ys in y[..n * per].chunks_exact_mut(per) {
         for (y, &p) in ys.iter_mut().zip(p) {
@@ -71,6 +81,7 @@ pub fn pos_fwd_inplace<T: Real>(n: usize, per: usize, p: &[T], y: &mut [T]) {
 }
 
 /// `dp = Σ_b dy[b]` (added into `dp` when `accumulate`).
+#[cfg(feature = "seq")]
 pub fn pos_grad_w<T: Real>(n: usize, per: usize, dy: &[T], dp: &mut [T], accumulate: bool) {
     let dp = &mut dp[..per];
     if !accumulate {
@@ -91,6 +102,7 @@ pub fn pos_grad_w<T: Real>(n: usize, per: usize, dy: &[T], dp: &mut [T], accumul
 /// `x̂ = (x − μ)·rstd` (LayerNorm, biased variance like PyTorch) or `x̂ = x·rstd`, `rstd = 1/√(var + ε)`
 /// resp. `1/√(mean(x²) + ε)`. Saves `μ` and `rstd` per row for the backward.
 #[allow(clippy::too_many_arguments)]
+#[cfg(feature = "seq")]
 pub fn norm_fwd<T: Real>(
     rows: usize,
     dim: usize,
@@ -135,6 +147,7 @@ pub fn norm_fwd<T: Real>(
 
 /// `dγ = Σ_rows dy·x̂`, `dβ = Σ_rows dy` (added when `accumulate`).
 #[allow(clippy::too_many_arguments)]
+#[cfg(feature = "seq")]
 pub fn norm_grad_w<T: Real>(
     rows: usize,
     dim: usize,
@@ -174,6 +187,7 @@ pub fn norm_grad_w<T: Real>(
 
 /// `dx = rstd·(γ·dy − mean(γ·dy) − x̂·mean(γ·dy·x̂))` (LayerNorm; RMSNorm drops the middle term).
 #[allow(clippy::too_many_arguments)]
+#[cfg(feature = "seq")]
 pub fn norm_grad_x<T: Real>(
     rows: usize,
     dim: usize,
@@ -224,11 +238,14 @@ pub enum Smooth {
     Silu,
 }
 
+#[cfg(feature = "seq")]
 const FRAC_1_SQRT_2: f32 = core::f32::consts::FRAC_1_SQRT_2;
 /// 1/√(2π).
+#[cfg(feature = "seq")]
 const INV_SQRT_2PI: f32 = 0.398_942_3;
 
 /// `y = a(x)`.
+#[cfg(feature = "seq")]
 pub fn smooth_fwd<T: Real>(a: Smooth, x: &[T], y: &mut [T]) {
     let half = T::from_f32(0.5);
     for (y, &x) in y.iter_mut().zip(x) {
@@ -240,6 +257,7 @@ pub fn smooth_fwd<T: Real>(a: Smooth, x: &[T], y: &mut [T]) {
 }
 
 /// `dx = a'(x)·dy` (added when `accumulate`).
+#[cfg(feature = "seq")]
 pub fn smooth_grad<T: Real>(a: Smooth, x: &[T], dy: &[T], dx: &mut [T], accumulate: bool) {
     let half = T::from_f32(0.5);
     for ((d, &x), &g) in dx.iter_mut().zip(x).zip(dy) {
@@ -305,6 +323,7 @@ pub fn attention_bwd_scratch_len(g: &AttnGeom) -> usize {
 
 /// Forward of `n` sequences: per sample and head, `S = Q·Kᵀ/√dh` (written into `p`), masked to
 /// `j ≤ i`, softmax per row (the stored probabilities, 0 above the diagonal), `O = P·V`.
+#[cfg(feature = "seq")]
 pub fn attention_fwd<T: Real>(
     g: &AttnGeom,
     n: usize,
@@ -356,6 +375,7 @@ pub fn attention_fwd<T: Real>(
 /// Input derivative of `n` sequences from the saved probabilities: `dV = Pᵀ·dO`, `dP = dO·Vᵀ`,
 /// `dS = P∘(dP − rowsum(P∘dP))/√dh`, `dQ = dS·K`, `dK = dSᵀ·Q` (added into `dqkv` when `accumulate`).
 #[allow(clippy::too_many_arguments)]
+#[cfg(feature = "seq")]
 pub fn attention_grad_x<T: Real>(
     g: &AttnGeom,
     n: usize,
@@ -481,6 +501,7 @@ pub fn lora_bwd_scratch_len(g: &LoraGeom, rows: usize) -> usize {
 
 /// Forward of `rows` token rows: `u = s·x·Aᵀ` (saved), `y = x·Wᵀ + b + u·Bᵀ`.
 #[allow(clippy::too_many_arguments)]
+#[cfg(feature = "seq")]
 pub fn lora_fwd<T: Real>(
     g: &LoraGeom,
     rows: usize,
@@ -524,6 +545,7 @@ pub fn lora_fwd<T: Real>(
 
 /// Adapter gradients: `dB = dYᵀ·u`, `dA = (s·dY·B)ᵀ·x` (added when `accumulate`).
 #[allow(clippy::too_many_arguments)]
+#[cfg(feature = "seq")]
 pub fn lora_grad_w<T: Real>(
     g: &LoraGeom,
     rows: usize,
@@ -571,6 +593,7 @@ pub fn lora_grad_w<T: Real>(
 }
 
 /// `t = s·dY·B` (`rows × rank`).
+#[cfg(feature = "seq")]
 fn scaled_dy_b<T: Real>(
     g: &LoraGeom,
     rows: usize,
@@ -597,6 +620,7 @@ fn scaled_dy_b<T: Real>(
 
 /// Input derivative: `dx = dY·W + (s·dY·B)·A` (added when `accumulate`).
 #[allow(clippy::too_many_arguments)]
+#[cfg(feature = "seq")]
 pub fn lora_grad_x<T: Real>(
     g: &LoraGeom,
     rows: usize,
@@ -625,6 +649,6 @@ pub fn lora_grad_x<T: Real>(
     );
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "seq"))]
 #[path = "seq_tests.rs"]
 mod tests;
