@@ -102,7 +102,6 @@ fn main() -> ExitCode {
         Some("bench") => bench::main(&args[1..]),
         Some("__bench-seq-one") => seq::child(&args[1..]),
         Some("__bench-swap-one") => swap::child(&args[1..]),
-        Some("__bench-one") => bench::child(&args[1..]),
         Some("firmware") => ready(&[Leg::FirmwareM4, Leg::FirmwareM0, Leg::FirmwareM7])
             .and_then(|()| firmware::main(&args[1..])),
         Some("mcu-pretrain") => mcu::main(&args[1..]),
