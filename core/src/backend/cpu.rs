@@ -157,8 +157,14 @@ pub(crate) fn init_params_f32(plan: &Plan, arena: &mut [u8], seed: u64) -> Resul
             } else if matches!(node.op, NodeOp::Lora(_)) && last {
                 // LoRA's B starts at zero: the adapted layer starts as its base (PEFT's init).
                 v.fill(0.0);
-            } else if let NodeOp::Embedding { .. } | NodeOp::PosEmbedding { .. } = node.op {
-                // PyTorch's nn.Embedding: N(0, 1) (Box–Muller on the same uniform stream).
+            } else if cfg!(feature = "seq")
+                && matches!(
+                    node.op,
+                    NodeOp::Embedding { .. } | NodeOp::PosEmbedding { .. }
+                )
+            {
+                // PyTorch's nn.Embedding: N(0, 1) (Box–Muller on the same uniform stream; not built
+                // without `seq`, which has no embeddings: it is the core's only use of `cosf`).
                 for x in v.iter_mut() {
                     let (u1, u2) = (rng.uniform(1e-7, 1.0), rng.uniform(0.0, 1.0));
                     *x = libm::sqrtf(-2.0 * libm::logf(u1))

@@ -316,6 +316,19 @@ pub enum GraphError {
     Loss(String),
 }
 
+/// Layer `li` (`name`) is a sequence layer and the core was built without them.
+fn no_seq(li: usize, name: &str, kind: &LayerKind) -> GraphError {
+    GraphError::Layer {
+        index: li,
+        name: String::from(name),
+        reason: format!(
+            "{} is a sequence layer, and this build of frugal-core has none \
+             (it was built without its `seq` feature)",
+            kind.type_name()
+        ),
+    }
+}
+
 impl fmt::Display for GraphError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -658,15 +671,7 @@ impl<'a> Builder<'a> {
                 ));
             }
             if !cfg!(feature = "seq") && l.kind.is_sequence_layer() {
-                return Err(err(
-                    li,
-                    name,
-                    format!(
-                        "{} is a sequence layer, and this build of frugal-core has none \
-                         (it was built without its `seq` feature)",
-                        l.kind.type_name()
-                    ),
-                ));
+                return Err(no_seq(li, name, &l.kind));
             }
             let mut inputs = Vec::with_capacity(arity);
             let mut in_dims = Vec::with_capacity(arity);
@@ -697,6 +702,7 @@ impl<'a> Builder<'a> {
             let x = in_dims[0];
             let fin = x.numel();
             let bad = |r: &str| err(li, name, String::from(r));
+            #[cfg(feature = "seq")]
             let need_seq = |what: &str| {
                 if x_seq {
                     Ok(())
@@ -727,6 +733,7 @@ impl<'a> Builder<'a> {
                         od,
                     )
                 }
+                #[cfg(feature = "seq")]
                 LayerKind::LoraLinear {
                     out, rank, alpha, ..
                 } => {
@@ -749,6 +756,7 @@ impl<'a> Builder<'a> {
                     };
                     (NodeOp::Lora(g), od)
                 }
+                #[cfg(feature = "seq")]
                 LayerKind::Embedding { vocab, dim } => {
                     if l.inputs[0] != Src::Input || x.h != 1 || x.w != 1 {
                         return Err(bad(
@@ -766,10 +774,12 @@ impl<'a> Builder<'a> {
                         seq_out(*dim),
                     )
                 }
+                #[cfg(feature = "seq")]
                 LayerKind::PosEmbedding => {
                     need_seq("pos_embedding")?;
                     (NodeOp::PosEmbedding { per: fin }, x)
                 }
+                #[cfg(feature = "seq")]
                 LayerKind::LayerNorm { eps } | LayerKind::RmsNorm { eps } => {
                     if !(eps.is_finite() && *eps > 0.0) {
                         return Err(bad("a norm needs eps > 0"));
@@ -785,8 +795,11 @@ impl<'a> Builder<'a> {
                         x,
                     )
                 }
+                #[cfg(feature = "seq")]
                 LayerKind::Gelu => (NodeOp::Smooth(Smooth::Gelu), x),
+                #[cfg(feature = "seq")]
                 LayerKind::Silu => (NodeOp::Smooth(Smooth::Silu), x),
+                #[cfg(feature = "seq")]
                 LayerKind::Attention { heads } => {
                     need_seq("attention")?;
                     let (heads, w) = (*heads as usize, x.w as usize);
@@ -921,6 +934,9 @@ impl<'a> Builder<'a> {
                     }
                     (NodeOp::Dropout { p: *p }, x)
                 }
+                // Refused above (`no_seq`); a build without `seq` has no arm for them.
+                #[cfg(not(feature = "seq"))]
+                _ => return Err(no_seq(li, name, &l.kind)),
             };
             let out_elems = self.batched(out_dims, name)?;
             let share = match op {
@@ -967,6 +983,7 @@ impl<'a> Builder<'a> {
                         shapes.push(("bias", vec![*fout], false));
                     }
                 }
+                #[cfg(feature = "seq")]
                 (LayerKind::LoraLinear { bias, .. }, NodeOp::Lora(g)) => {
                     shapes.push(("weight", vec![g.fout, g.fin], true));
                     if *bias {
@@ -985,12 +1002,15 @@ impl<'a> Builder<'a> {
                     shapes.push(("weight", vec![*c], false));
                     shapes.push(("bias", vec![*c], false));
                 }
+                #[cfg(feature = "seq")]
                 (_, NodeOp::Embedding { vocab, dim }) => {
                     shapes.push(("weight", vec![*vocab, *dim], false));
                 }
+                #[cfg(feature = "seq")]
                 (_, NodeOp::PosEmbedding { .. }) => {
                     shapes.push(("weight", vec![x.c as usize, x.w as usize], false));
                 }
+                #[cfg(feature = "seq")]
                 (_, NodeOp::Norm { dim, rms, .. }) => {
                     shapes.push(("weight", vec![*dim], false));
                     if !*rms {
@@ -1116,6 +1136,7 @@ impl<'a> Builder<'a> {
                         )?);
                     }
                 }
+                #[cfg(feature = "seq")]
                 NodeOp::Norm { dim, rms, .. } => {
                     let rows =
                         n.checked_mul(fin / dim.max(1))
@@ -1137,6 +1158,7 @@ impl<'a> Builder<'a> {
                         Share::Own,
                     )?);
                 }
+                #[cfg(feature = "seq")]
                 NodeOp::Attention(g) => {
                     let elems = g.probs_per_sample().checked_mul(n).ok_or_else(|| {
                         GraphError::TooLarge {
@@ -1150,6 +1172,7 @@ impl<'a> Builder<'a> {
                         Share::Own,
                     )?);
                 }
+                #[cfg(feature = "seq")]
                 NodeOp::Lora(g) => {
                     let elems = (fin / g.fin.max(1))
                         .checked_mul(n)
@@ -1312,11 +1335,13 @@ impl<'a> Builder<'a> {
                     let s = ops::linear_scratch_len_threads(rows, *fin, *fout, self.threads);
                     (s, s, s)
                 }
+                #[cfg(feature = "seq")]
                 NodeOp::Lora(g) => {
                     let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
                     let b = ops::seq::lora_bwd_scratch_len(g, rows);
                     (ops::seq::lora_gemm_scratch_len(g, rows), b, b)
                 }
+                #[cfg(feature = "seq")]
                 NodeOp::Attention(g) => (
                     ops::seq::attention_fwd_scratch_len(g),
                     0,
