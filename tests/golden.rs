@@ -40,7 +40,8 @@ fn check_case(name: &str) {
             .collect();
     let x = &data["x"].1;
     let y: Vec<u32> = data["y"].1.iter().map(|&v| v as u32).collect();
-    let batch = y.len();
+    // A sequence model has a label per token: the batch is the input's sample count.
+    let batch = x.len() / model.spec.input.numel();
 
     let plan = Plan::new(Graph::new(&model.spec, batch).expect("graph"));
     let mut arena = vec![0u8; plan.needed_bytes()];
@@ -173,6 +174,21 @@ fn tiny_mobilenetv2_matches_pytorch() {
 #[test]
 fn small_cnn_with_sgd_momentum_and_weight_decay_matches_pytorch() {
     check_case("cnn_sgd");
+}
+
+/// A 2-block GPT (embedding, positions, LayerNorm/RMSNorm, causal attention, GELU/SiLU MLP, residual
+/// adds, head; sequence cross-entropy) trained in full with AdamW.
+#[test]
+fn gpt_matches_pytorch() {
+    check_case("gpt");
+}
+
+/// The same GPT with LoRA adapters on every qkv and proj projection, everything else frozen, AdamW:
+/// losses, the adapters' first-step gradients and every tensor after 3 steps (the frozen ones
+/// unchanged).
+#[test]
+fn gpt_with_lora_matches_pytorch() {
+    check_case("gpt_lora");
 }
 
 /// A sparse update (channel subsets through the im2col, depthwise, pointwise and linear paths, BatchNorm

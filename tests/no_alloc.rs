@@ -43,10 +43,51 @@ fn main() {
             micro_batched_adaptive_steps_switch_without_allocating,
         ),
         (
+            "transformer_steps_allocate_nothing",
+            transformer_steps_allocate_nothing,
+        ),
+        (
             "sparse_update_steps_allocate_nothing",
             sparse_update_steps_allocate_nothing,
         ),
     ]);
+}
+
+/// A transformer step (embedding, positions, LayerNorm/RMSNorm, causal attention, GELU/SiLU, residual
+/// adds, sequence cross-entropy, AdamW) allocates nothing — trained in full and with LoRA adapters,
+/// whole batch and micro-batched, plus evaluation and prediction.
+fn transformer_steps_allocate_nothing() {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden");
+    for case in ["gpt", "gpt_lora"] {
+        let spec = frugal_cli::spec_toml::load_model(&dir.join(format!("{case}.toml")))
+            .unwrap()
+            .spec;
+        let (batch, seq) = (4, spec.input.numel());
+        let x: Vec<f32> = (0..batch * seq).map(|i| ((i * 7) % 128) as f32).collect();
+        let y: Vec<u32> = (0..batch * seq).map(|i| ((i * 5) % 128) as u32).collect();
+        for m in [1usize, 2] {
+            let plan = Plan::shaped(
+                Graph::new(&spec, batch / m).unwrap(),
+                frugal_core::plan::PlanShape {
+                    micro_batches: m as u16,
+                    in_place: true,
+                },
+            );
+            let mut arena = vec![0u8; plan.needed_bytes()];
+            let mut ex = Executor::new(&plan, &arena).unwrap();
+            ex.init_params(&mut arena, 1).unwrap();
+            let ((), n) = allocations(|| {
+                for _ in 0..2 {
+                    ex.train_step(&mut arena, &x, Target::Classes(&y)).unwrap();
+                }
+                if m == 1 {
+                    ex.evaluate(&mut arena, &x, Target::Classes(&y)).unwrap();
+                    ex.predict(&mut arena, &x).unwrap();
+                }
+            });
+            assert_eq!(n, 0, "{case}, {m} micro-batch(es): heap allocations");
+        }
+    }
 }
 
 fn training_steps_allocate_nothing() {

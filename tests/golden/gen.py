@@ -24,6 +24,7 @@ plus tests/golden/manifest.json (torch version, per-case losses, tensor shapes).
 rerunning with the same torch version reproduces the files byte for byte.
 """
 import json
+import math
 import os
 import struct
 import sys
@@ -56,6 +57,59 @@ REDUCED = {"mobilenetv2"}
 # Smallest distance of a ReLU/ReLU6 input from its kinks that those cases accept (f32 rounding of
 # O(1) values is ~1e-7).
 MIN_KINK_MARGIN = 2e-6
+
+# Sequence cases (no example to match): token ids from data/kjv/genesis.txt (ASCII bytes), a batch
+# of SEQ_BATCH windows of the model's input length, next-byte labels; cross-entropy over every token.
+SEQ_CASES = ["gpt", "gpt_lora"]
+SEQ_BATCH = 4
+KJV = os.path.join(ROOT, "data", "kjv", "genesis.txt")
+
+
+class PosEmbedding(nn.Module):
+    """frugal's pos_embedding: a learned [seq, dim] table added to every sequence."""
+
+    def __init__(self, seq, dim):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(seq, dim))
+
+    def forward(self, x):
+        return x + self.weight
+
+
+class Attention(nn.Module):
+    """frugal's attention: causal multi-head self-attention on [N, T, 3D] (q, k, v side by side)."""
+
+    def __init__(self, heads):
+        super().__init__()
+        self.heads = heads
+
+    def forward(self, qkv):
+        n, t, d3 = qkv.shape
+        d = d3 // 3
+        dh = d // self.heads
+        q, k, v = (z.reshape(n, t, self.heads, dh).transpose(1, 2) for z in qkv.split(d, dim=-1))
+        s = q @ k.transpose(-1, -2) / math.sqrt(dh)
+        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+        p = torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1)
+        return (p @ v).transpose(1, 2).reshape(n, t, d)
+
+
+class LoraLinear(nn.Module):
+    """frugal's lora_linear (PEFT's layout): frozen weight/bias, trainable lora_A [r, in], lora_B [out, r];
+    y = x·Wᵀ + b + (alpha/r)·x·Aᵀ·Bᵀ. B starts random here (PEFT: zero) so that A gets a gradient at
+    the first step and the golden checks it."""
+
+    def __init__(self, fin, fout, bias, rank, alpha):
+        super().__init__()
+        base = nn.Linear(fin, fout, bias=bias)
+        self.weight = nn.Parameter(base.weight.detach().clone(), requires_grad=False)
+        self.bias = nn.Parameter(base.bias.detach().clone(), requires_grad=False) if bias else None
+        self.lora_A = nn.Linear(fin, rank, bias=False)
+        self.lora_B = nn.Linear(rank, fout, bias=False)
+        self.scale = alpha / rank
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias) + self.scale * self.lora_B(self.lora_A(x))
 
 
 def pair(v):
@@ -130,8 +184,11 @@ class Net(nn.Module):
         super().__init__()
         c, h, w = spec["model"]["input"] + [1] * (3 - len(spec["model"]["input"]))
         shapes = {"input": (c, h, w)}
+        if spec["layers"][0]["type"] == "embedding":  # token ids: [N, T]
+            shapes = {"input": (c, 1, 1)}
         self.graph = []  # (name, type, input names, extra)
         prev = "input"
+        self.lora = spec.get("lora")
         aliases = {}  # an inverted_residual's name -> its last generated layer
         for i, entry in enumerate(spec["layers"]):
             entry = dict(entry)
@@ -149,10 +206,30 @@ class Net(nn.Module):
         srcs = L["inputs"]
         ins = [shapes[s] for s in srcs]
         c, h, w = ins[0]
+        seq = c == "seq"
         extra = None
-        if t == "linear":
-            mod = nn.Linear(c * h * w, L["out"], bias=L.get("bias", True))
-            out = (L["out"], 1, 1)
+        lora = self.lora
+        is_lora = t == "linear" and lora and any(
+            name == tg or name.endswith("." + tg) for tg in lora["targets"])
+        if is_lora:
+            mod = LoraLinear(w if seq else c * h * w, L["out"], L.get("bias", True),
+                             lora["rank"], lora.get("alpha", lora["rank"]))
+            out = ("seq", h, L["out"]) if seq else (L["out"], 1, 1)
+        elif t == "linear":
+            mod = nn.Linear(w if seq else c * h * w, L["out"], bias=L.get("bias", True))
+            out = ("seq", h, L["out"]) if seq else (L["out"], 1, 1)
+        elif t == "embedding":
+            mod, out = nn.Embedding(L["vocab"], L["dim"]), ("seq", c, L["dim"])
+        elif t == "pos_embedding":
+            mod, out = PosEmbedding(h, w), ins[0]
+        elif t == "layernorm":
+            mod, out = nn.LayerNorm(w, eps=L.get("eps", 1e-5)), ins[0]
+        elif t == "rmsnorm":
+            mod, out = nn.RMSNorm(w, eps=L.get("eps", 1e-6)), ins[0]
+        elif t in ("gelu", "silu"):
+            mod, out = (nn.GELU() if t == "gelu" else nn.SiLU()), ins[0]
+        elif t == "attention":
+            mod, out = Attention(L["heads"]), ("seq", h, w // 3)
         elif t == "conv2d":
             k, s, p = pair(L["kernel"]), pair(L.get("stride", 1)), pair(L.get("padding", 0))
             g = L.get("groups", 1)
@@ -181,7 +258,9 @@ class Net(nn.Module):
         else:
             sys.exit(f"{name}: layer type {t} not supported here (dropout masks would not match)")
         if mod is not None:
-            self.add_module(name, mod)
+            self.put(name, mod)
+            if lora and not is_lora:  # LoRA fine-tuning: everything but the adapters frozen
+                mod.requires_grad_(False)
             upd = L.get("update", "all")
             if not L.get("trainable", True) or upd == "frozen":
                 mod.requires_grad_(False)
@@ -200,28 +279,49 @@ class Net(nn.Module):
         shapes[name] = out
         return name
 
+    def put(self, name, mod):
+        """Adds `mod` under a dotted name (`h0.ln1`) through nested containers, so that state_dict
+        keys are frugal's parameter names."""
+        *path, last = name.split(".")
+        parent = self
+        for p in path:
+            if not hasattr(parent, p):
+                parent.add_module(p, nn.Module())
+            parent = getattr(parent, p)
+        parent.add_module(last, mod)
+
+    def get(self, name):
+        m = self
+        for p in name.split("."):
+            m = getattr(m, p)
+        return m
+
     def train(self, mode=True):
         super().train(mode)
         for name, t, _, extra, _ in self.graph:  # a frozen BatchNorm runs in eval mode
             if t == "batchnorm2d" and extra == "frozen":
-                getattr(self, name).eval()
+                self.get(name).eval()
         return self
 
     def forward(self, x):
         n = x.shape[0]
+        if self.graph[0][1] == "embedding":
+            x = x.long()
         acts = {"input": x}
         for name, t, srcs, _, out in self.graph:
             ins = [acts[s] for s in srcs]
-            if t == "linear":
-                y = getattr(self, name)(ins[0].reshape(n, -1)).reshape(n, *out)
+            if t == "linear" and out[0] == "seq":
+                y = self.get(name)(ins[0])
+            elif t == "linear":
+                y = self.get(name)(ins[0].reshape(n, -1)).reshape(n, *out)
             elif t in ("flatten", "reshape"):
                 y = ins[0].reshape(n, *out)
             elif t == "add":
                 y = ins[0] + ins[1]
             else:
-                y = getattr(self, name)(ins[0])
+                y = self.get(name)(ins[0])
             acts[name] = y
-        return y.reshape(n, -1)
+        return y if self.graph[-1][4][0] == "seq" else y.reshape(n, -1)
 
 
 def make_optimizer(spec, params):
@@ -230,6 +330,10 @@ def make_optimizer(spec, params):
     if o["type"] == "adam":
         return torch.optim.Adam(params, lr=o["lr"], betas=(o.get("beta1", 0.9), o.get("beta2", 0.999)),
                                 eps=o.get("eps", 1e-8), weight_decay=wd, foreach=False)
+    if o["type"] == "adamw":
+        return torch.optim.AdamW(params, lr=o["lr"], betas=(o.get("beta1", 0.9), o.get("beta2", 0.999)),
+                                 eps=o.get("eps", 1e-8), weight_decay=o.get("weight_decay", 0.01),
+                                 foreach=False)
     if o["type"] == "sgd":
         return torch.optim.SGD(params, lr=o["lr"], momentum=o.get("momentum", 0.0), dampening=0.0,
                                nesterov=False, weight_decay=wd, foreach=False)
@@ -278,7 +382,7 @@ def load_toml(path):
 
 def run_case(name, x, y):
     spec = load_toml(os.path.join(HERE, f"{name}.toml"))
-    if CASES[name] is not None:
+    if CASES.get(name) is not None:
         example = load_toml(os.path.join(ROOT, "examples", f"{CASES[name]}.toml"))
         if name in REDUCED:
             types = lambda s: {(L["type"], L.get("expand") == 1) for L in s["layers"]}
@@ -306,14 +410,14 @@ def run_case(name, x, y):
     for mod in model.modules():
         if isinstance(mod, (nn.ReLU, nn.ReLU6)):
             mod.register_forward_hook(kink_hook)
-    out = {"x": x, "y": y.float()}
+    out = {"x": x.float(), "y": y.float()}
     out.update(state(model, "init"))
     opt = make_optimizer(spec, [p for p in model.parameters() if p.requires_grad])
     losses = []
     for step in range(STEPS):
         opt.zero_grad()
         logits = model(x)
-        loss = F.cross_entropy(logits, y)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         loss.backward()
         if step == 0:
             out["logits0"] = logits.detach().clone()
@@ -332,7 +436,7 @@ def run_case(name, x, y):
     out = {k: v.contiguous() for k, v in out.items()}
     for k, v in out.items():
         assert v.dtype == torch.float32 and torch.isfinite(v).all(), k
-    meta = {"case": name, "torch": torch.__version__, "steps": str(STEPS), "batch": str(BATCH),
+    meta = {"case": name, "torch": torch.__version__, "steps": str(STEPS), "batch": str(x.shape[0]),
             "model": f"tests/golden/{name}.toml"}
     # One metadata key: safetensors writes a multi-key metadata map in random order.
     path = os.path.join(HERE, f"{name}.safetensors")
@@ -342,6 +446,9 @@ def run_case(name, x, y):
 
 
 def main():
+    # `gen.py CASE...` regenerates only those cases (the manifest keeps the others): PyTorch's CPU
+    # kernels may round differently on another machine, and unchanged cases should stay byte-identical.
+    only = set(sys.argv[1:])
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     torch.set_default_dtype(torch.float32)
@@ -350,8 +457,26 @@ def main():
     x = (images[:BATCH].float() / 16.0).reshape(BATCH, 1, 8, 8).contiguous()
     y = labels[:BATCH].long()
     manifest = {"torch": torch.__version__, "batch": BATCH, "steps": STEPS, "cases": {}}
+    if only:
+        with open(os.path.join(HERE, "manifest.json")) as f:
+            manifest["cases"] = json.load(f)["cases"]
     for name in CASES:
+        if only and name not in only:
+            continue
         losses, shapes = run_case(name, x, y)
+        manifest["cases"][name] = {"losses": losses, "tensors": shapes}
+        print(f"{name:12s} losses " + " ".join(f"{l:.6f}" for l in losses))
+    with open(KJV, "rb") as f:
+        text = f.read()
+    for name in SEQ_CASES:
+        if only and name not in only:
+            continue
+        t = load_toml(os.path.join(HERE, f"{name}.toml"))["model"]["input"][0]
+        ids = torch.tensor(list(text[: SEQ_BATCH * t + 1]), dtype=torch.long)
+        assert int(ids.max()) < 128, "the golden sequence cases use ASCII text (vocab 128)"
+        sx = ids[:-1].reshape(SEQ_BATCH, t)
+        sy = ids[1:].reshape(SEQ_BATCH, t)
+        losses, shapes = run_case(name, sx, sy)
         manifest["cases"][name] = {"losses": losses, "tensors": shapes}
         print(f"{name:12s} losses " + " ".join(f"{l:.6f}" for l in losses))
     with open(os.path.join(HERE, "manifest.json"), "w") as f:

@@ -36,6 +36,61 @@ fn trainer() -> Trainer {
     .unwrap()
 }
 
+/// A sequence model's bytes: token embedding, then a vocabulary head.
+#[cfg(not(feature = "seq"))]
+fn sequence_model() -> Vec<u8> {
+    use frugal_core::model::*;
+    let layer = |name: &str, kind, inputs| LayerSpec {
+        name: name.into(),
+        kind,
+        inputs,
+        trainable: true,
+        update: Update::All,
+    };
+    frugal_core::format::encode_model(&ModelSpec {
+        input: Dims::flat(8),
+        layers: vec![
+            layer(
+                "tok",
+                LayerKind::Embedding { vocab: 16, dim: 4 },
+                vec![Src::Input],
+            ),
+            layer(
+                "head",
+                LayerKind::Linear {
+                    out: 16,
+                    bias: false,
+                },
+                vec![Src::Layer(0)],
+            ),
+        ],
+        loss: LossKind::SoftmaxCrossEntropy,
+        optimizer: OptimizerSpec::Sgd {
+            lr: 0.1,
+            momentum: 0.0,
+            weight_decay: 0.0,
+        },
+        seed: 1,
+    })
+}
+
+/// The CPU module is built without the core's `seq` feature (its size limit): a sequence model is a
+/// `ModelError` naming its first sequence layer, never a trap.
+#[cfg(not(feature = "seq"))]
+#[wasm_bindgen_test]
+fn the_cpu_module_refuses_sequence_layers_by_name() {
+    let e = Trainer::create(&sequence_model(), &[], None)
+        .err()
+        .expect("an error");
+    let (name, msg) = thrown(e);
+    assert_eq!(name, "ModelError");
+    assert!(
+        msg.contains("layers[0] (\"tok\")") && msg.contains("embedding is a sequence layer"),
+        "{msg}"
+    );
+    assert!(msg.contains("`seq` feature"), "{msg}");
+}
+
 #[wasm_bindgen_test]
 fn bad_samples_throw_errors_and_keep_the_trainer_usable() {
     let mut t = trainer();

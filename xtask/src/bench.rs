@@ -1,20 +1,15 @@
 //! `cargo xtask bench memory`: the reference workloads, each in a fresh child process (so one run's pages
-//! never count for another), measured like `../shared/reference/pytorch-harness`: baseline RSS after the
+//! never count for another; `frugal-bench-child`, a small binary of this package that the bench builds,
+//! linking only the core and the workloads, so its baseline is the training process's own), measured like `../shared/reference/pytorch-harness`: baseline RSS after the
 //! model, data and arena exist; kernel high-water mark reset; 2 warm-up steps and timed steps; peak = the
 //! high-water mark minus the baseline; ms/step = the median step.
+use std::path::PathBuf;
 use std::process::Command;
-use std::time::Instant;
 
 use crate::stats::median;
 
 use frugal_cli::workloads;
-use frugal_core::backend::CpuBackend;
-use frugal_core::exec::{Executor, Target};
-use frugal_core::graph::{Graph, GraphOptions};
-use frugal_core::model::LossKind;
-use frugal_core::plan::Plan;
-use frugal_core::pool::ThreadPool;
-use frugal_core::rng::Rng;
+pub(crate) use xtask::measure::{arg, status_kib};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -38,112 +33,6 @@ const REFERENCE: &[(&str, usize, f64, f64, &str)] = &[
     ("small_cnn", 128, 13.1, 20.0, "Burn ndarray"),
 ];
 
-pub(crate) fn status_kib(field: &str) -> usize {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    s.lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-pub(crate) fn arg<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map(String::as_str)
-}
-
-/// The measuring child: prints one `RESULT` line.
-pub fn child(args: &[String]) -> Result<(), String> {
-    let id = arg(args, "--workload").ok_or("--workload missing")?;
-    let batch: usize = arg(args, "--batch")
-        .ok_or("--batch missing")?
-        .parse()
-        .map_err(|e| format!("{e}"))?;
-    let min_steps: usize = arg(args, "--steps")
-        .unwrap_or("5")
-        .parse()
-        .map_err(|e| format!("{e}"))?;
-    let min_secs: f64 = arg(args, "--min-seconds")
-        .unwrap_or("1")
-        .parse()
-        .map_err(|e| format!("{e}"))?;
-    let threads: usize = arg(args, "--threads")
-        .unwrap_or("1")
-        .parse()
-        .map_err(|e| format!("{e}"))?;
-    let w = workloads::all()
-        .into_iter()
-        .find(|w| w.id == id)
-        .ok_or_else(|| format!("unknown workload {id}"))?;
-    // Scratch for every worker (per-worker packing and unfolding room): the memory columns of a
-    // threaded row include it.
-    let options = GraphOptions {
-        threads,
-        ..GraphOptions::default()
-    };
-    let plan = Plan::new(Graph::with_options(&w.spec, batch, options).map_err(|e| e.to_string())?);
-    let mut arena = vec![0u8; plan.needed_bytes()];
-    let pool =
-        ThreadPool::new(threads).map_err(|e| format!("cannot start {threads} threads: {e}"))?;
-    let mut ex = Executor::with_backend(&plan, &arena, CpuBackend::with_pool(&pool))
-        .map_err(|e| e.to_string())?;
-    ex.init_params(&mut arena, 0).map_err(|e| e.to_string())?;
-    let per = w.spec.input.numel();
-    let outs = plan.graph.pred_dims().numel();
-    let mut rng = Rng::new(0);
-    let x: Vec<f32> = (0..batch * per).map(|_| rng.uniform(-1.0, 1.0)).collect();
-    let tv: Vec<f32> = (0..if w.spec.loss == LossKind::Mse {
-        batch * outs
-    } else {
-        0
-    })
-        .map(|_| rng.uniform(-1.0, 1.0))
-        .collect();
-    let tc: Vec<u32> = (0..batch).map(|i| (i % outs) as u32).collect();
-    let target = || {
-        if w.spec.loss == LossKind::Mse {
-            Target::Values(&tv)
-        } else {
-            Target::Classes(&tc)
-        }
-    };
-    let weights: usize = plan
-        .graph
-        .params()
-        .map(|(_, p)| plan.graph.tensors[p.value as usize].bytes)
-        .sum();
-    let data = x.len() * 4 + tv.len() * 4 + tc.len() * 4;
-
-    let baseline = status_kib("VmRSS:");
-    // Reset the kernel's high-water mark to the current RSS (as the reference harness does).
-    std::fs::write("/proc/self/clear_refs", "5").map_err(|e| format!("cannot reset VmHWM: {e}"))?;
-    for _ in 0..2 {
-        ex.train_step(&mut arena, &x, target())
-            .map_err(|e| e.to_string())?;
-    }
-    let mut times = Vec::new();
-    let start = Instant::now();
-    while times.len() < min_steps || (start.elapsed().as_secs_f64() < min_secs && times.len() < 200)
-    {
-        let t = Instant::now();
-        ex.train_step(&mut arena, &x, target())
-            .map_err(|e| e.to_string())?;
-        times.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    let peak = status_kib("VmHWM:");
-    times.sort_by(|a, b| a.total_cmp(b));
-    let median = times[times.len() / 2];
-    println!(
-        "RESULT {id} {batch} {} {} {baseline} {peak} {median:.4} {weights} {data} {}",
-        plan.arena_bytes,
-        plan.lower_bound,
-        times.len()
-    );
-    Ok(())
-}
-
 struct Row {
     id: String,
     batch: usize,
@@ -166,7 +55,6 @@ fn run_child(
 ) -> Result<Row, String> {
     let out = Command::new(exe)
         .args([
-            "__bench-one",
             "--workload",
             id,
             "--batch",
@@ -209,6 +97,27 @@ fn run_child(
     })
 }
 
+/// The measuring child's name (`xtask/src/bin/frugal-bench-child.rs`).
+const CHILD: &str = "frugal-bench-child";
+
+/// Builds the measuring child in this build's profile and returns its path (beside this executable).
+fn child_exe() -> Result<PathBuf, String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "-q", "-p", "xtask", "--bin", CHILD]);
+    if !cfg!(debug_assertions) {
+        cmd.arg("--release");
+    }
+    let st = cmd
+        .status()
+        .map_err(|e| format!("cannot run cargo to build {CHILD}: {e}"))?;
+    if !st.success() {
+        return Err(format!("building {CHILD} failed ({st})"));
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    Ok(exe.with_file_name(format!("{CHILD}{}", std::env::consts::EXE_SUFFIX)))
+}
+
 /// The repository's copy of the PyTorch reference harness (`tests/bench/pytorch/torch_ref.py`).
 fn torch_script() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -249,8 +158,25 @@ fn run_torch(py: &str, id: &str, batch: usize, threads: usize) -> Result<(f64, f
     let spec = format!(
         r#"{{"workload": "{id}", "batch": {batch}, "threads": {threads}, "lr": 0.01, "warmup": 2, "steps": 5, "max_steps": 200, "min_time": 1.0}}"#
     );
+    let script = torch_script();
+    torch_summary(
+        py,
+        &[script.as_os_str(), "--child".as_ref(), spec.as_ref()],
+        threads,
+        &format!("PyTorch {id} b{batch}"),
+    )
+}
+
+/// Runs a reference script of tests/bench/pytorch with `args` on `threads` BLAS/OpenMP threads and
+/// returns its `SUMMARY ms peak` line's two numbers; `what` names the run in errors.
+pub(crate) fn torch_summary(
+    py: &str,
+    args: &[&std::ffi::OsStr],
+    threads: usize,
+    what: &str,
+) -> Result<(f64, f64), String> {
     let mut cmd = Command::new(py);
-    cmd.arg(torch_script()).args(["--child", &spec]);
+    cmd.args(args);
     for k in ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"] {
         cmd.env(k, threads.to_string());
     }
@@ -263,7 +189,7 @@ fn run_torch(py: &str, id: &str, batch: usize, threads: usize) -> Result<(f64, f
         .find(|l| l.starts_with("SUMMARY "))
         .ok_or_else(|| {
             format!(
-                "PyTorch {id} b{batch}: no SUMMARY line: {}",
+                "{what}: no SUMMARY line: {}",
                 String::from_utf8_lossy(&out.stderr)
                     .lines()
                     .last()
@@ -335,7 +261,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
             }
         }
     };
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let exe = child_exe()?;
     let mut rows: Vec<Measured> = Vec::new();
     for w in workloads::all() {
         if only.as_ref().is_some_and(|o| !o.contains(&w.id)) {

@@ -56,6 +56,7 @@ mod kernels;
 mod mcu;
 mod miri;
 mod python;
+mod seq;
 mod setup;
 mod sgemm;
 mod sparse;
@@ -98,9 +99,10 @@ fn main() -> ExitCode {
         Some("bench") if args.get(1).map(String::as_str) == Some("igemm") => {
             igemm::main(&args[2..])
         }
+        Some("bench") if args.get(1).map(String::as_str) == Some("seq") => seq::main(&args[2..]),
         Some("bench") => bench::main(&args[1..]),
+        Some("__bench-seq-one") => seq::child(&args[1..]),
         Some("__bench-swap-one") => swap::child(&args[1..]),
-        Some("__bench-one") => bench::child(&args[1..]),
         Some("__bench-int8-one") => int8::child(&args[1..]),
         Some("firmware") => ready(&[Leg::FirmwareM4, Leg::FirmwareM0, Leg::FirmwareM7])
             .and_then(|()| firmware::main(&args[1..])),
@@ -111,7 +113,7 @@ fn main() -> ExitCode {
         Some("miri") => ready(&[Leg::Miri]).and_then(|()| miri::main(&args[1..])),
         Some("fuzz") => ready(&[Leg::Fuzz]).and_then(|()| fuzz::main(&args[1..])),
         _ => {
-            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|planning|sparse|swap|int8|sgemm|igemm|gpu|aarch64|dsp … | cross | android [--bench] | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit|mps2-an500 | mcu-pretrain | miri | fuzz [--time SECS] [TARGET…]");
+            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|planning|seq|sparse|swap|int8|sgemm|igemm|gpu|aarch64|dsp … | cross | android [--bench] | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit|mps2-an500 | mcu-pretrain | miri | fuzz [--time SECS] [TARGET…]");
             Err("unknown task".into())
         }
     };

@@ -100,7 +100,7 @@ impl Leg {
             Leg::Fmt => "formatting (cargo fmt --check)",
             Leg::Clippy => "clippy, warnings denied",
             Leg::Tests => "the workspace tests",
-            Leg::NoStd => "frugal-core without std for Cortex-M4F, Cortex-M0 and wasm32",
+            Leg::NoStd => "frugal-core without std for Cortex-M4F, Cortex-M0 and wasm32 (with and without alloc, seq)",
             Leg::Memory => "the memory benchmark's targets",
             Leg::Gpu => "the wgpu kernels on this machine's adapter (lavapipe without a GPU)",
             Leg::Dsp => "the Hexagon DSP kernels and backend under qemu-hexagon, bit-exact with the CPU",
@@ -155,6 +155,11 @@ impl Leg {
                     let build = ["build", "-p", "frugal-core", "--no-default-features"];
                     cargo(&[&build[..], &["--target", target]].concat())?;
                     cargo(&[&build[..], &["--features", "alloc", "--target", target]].concat())?;
+                    // The sequence layers' kernels, with and without the planner.
+                    cargo(&[&build[..], &["--features", "seq", "--target", target]].concat())?;
+                    cargo(
+                        &[&build[..], &["--features", "alloc,seq", "--target", target]].concat(),
+                    )?;
                 }
                 Ok(())
             }

@@ -13,6 +13,12 @@ use crate::plan::{Eo, Instr, Phase, Plan, LOSS_NODE};
 use crate::pool::{SingleThread, WorkerPool};
 use crate::rng::{hash2, Rng};
 
+/// A sequence layer in a build without the `seq` feature (the graph refuses such a model first,
+/// naming the layer; this is for a plan that reached the backend some other way).
+#[cfg(not(feature = "seq"))]
+const NO_SEQ: ExecError =
+    ExecError::Unsupported("a sequence layer: frugal-core was built without its `seq` feature");
+
 /// The portable CPU backend (SIMD where the target has it), single-threaded unless given a pool.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuBackend<P: WorkerPool = SingleThread> {
@@ -139,13 +145,31 @@ pub(crate) fn init_params_f32(plan: &Plan, arena: &mut [u8], seed: u64) -> Resul
     for node in &plan.graph.nodes {
         let fan_in = match &node.op {
             NodeOp::Linear { fin, .. } => *fin,
+            NodeOp::Lora(g) => g.fin,
             NodeOp::Conv(g) => g.cin / g.groups * g.kh * g.kw,
             _ => 0,
         };
         for (k, p) in node.params.iter().enumerate() {
             let v = tensor_mut(plan, arena, p.value)?;
-            if let NodeOp::BatchNorm { .. } = node.op {
+            let last = k + 1 == node.params.len();
+            if let NodeOp::BatchNorm { .. } | NodeOp::Norm { .. } = node.op {
                 v.fill(if k == 0 { 1.0 } else { 0.0 });
+            } else if matches!(node.op, NodeOp::Lora(_)) && last {
+                // LoRA's B starts at zero: the adapted layer starts as its base (PEFT's init).
+                v.fill(0.0);
+            } else if cfg!(feature = "seq")
+                && matches!(
+                    node.op,
+                    NodeOp::Embedding { .. } | NodeOp::PosEmbedding { .. }
+                )
+            {
+                // PyTorch's nn.Embedding: N(0, 1) (Box–Muller on the same uniform stream; not built
+                // without `seq`, which has no embeddings: it is the core's only use of `cosf`).
+                for x in v.iter_mut() {
+                    let (u1, u2) = (rng.uniform(1e-7, 1.0), rng.uniform(0.0, 1.0));
+                    *x = libm::sqrtf(-2.0 * libm::logf(u1))
+                        * libm::cosf(2.0 * core::f32::consts::PI * u2);
+                }
             } else {
                 let bound = 1.0 / libm::sqrtf(fan_in.max(1) as f32);
                 for x in v.iter_mut() {
@@ -236,14 +260,16 @@ fn run_loss(
     let g = &plan.graph;
     let per = g.pred_dims().numel();
     let pred = g.pred();
+    // Cross-entropy runs over every token of a sequence prediction (`tokens` rows of `classes`).
+    let (rows, classes) = (n * g.tokens.max(1), per / g.tokens.max(1));
     let mismatch = ExecError::BadBatch("target kind does not match the loss", 0);
     if !train {
         let [p] = carve(a, [reg(plan, eo, Some(pred), n * per)?])?;
         let p = f32s(p)?;
         return match (g.loss, target) {
             (LossKind::SoftmaxCrossEntropy, Target::Classes(y)) => {
-                let (sum, c) = ops::softmax_ce_eval(n, per, p, y);
-                Ok((sum / n as f32, c))
+                let (sum, c) = ops::softmax_ce_eval(rows, classes, p, y);
+                Ok((sum / rows as f32, c))
             }
             (LossKind::Mse, Target::Values(t)) => Ok((ops::mse_eval(p, t), 0)),
             _ => Err(mismatch),
@@ -254,7 +280,7 @@ fn run_loss(
         let p = f32s(p)?;
         let r = match (g.loss, target) {
             (LossKind::SoftmaxCrossEntropy, Target::Classes(y)) => {
-                ops::softmax_ce_inplace(n, per, p, y)
+                ops::softmax_ce_inplace(rows, classes, p, y)
             }
             (LossKind::Mse, Target::Values(t)) => (ops::mse_inplace(p, t), 0),
             _ => return Err(mismatch),
@@ -270,7 +296,9 @@ fn run_loss(
         )?;
         let (p, d) = (f32s(p)?, f32s(d)?);
         let r = match (g.loss, target) {
-            (LossKind::SoftmaxCrossEntropy, Target::Classes(y)) => ops::softmax_ce(n, per, p, y, d),
+            (LossKind::SoftmaxCrossEntropy, Target::Classes(y)) => {
+                ops::softmax_ce(rows, classes, p, y, d)
+            }
             (LossKind::Mse, Target::Values(t)) => (ops::mse(p, t, d), 0),
             _ => return Err(mismatch),
         };
@@ -326,6 +354,60 @@ fn input<'a>(
     }
 }
 
+#[cfg(feature = "seq")]
+/// The model input's token ids for an embedding, checked (an id that is not an integer below `vocab`
+/// is a typed error, never an index out of bounds).
+fn token_ids(xext: &[f32], elems: usize, vocab: usize) -> Result<&[f32], ExecError> {
+    let ids = xext.get(..elems).ok_or(ExecError::BadBatch(
+        "input shorter than the model input",
+        xext.len(),
+    ))?;
+    ops::seq::check_ids(ids, vocab).map_err(|(i, _)| {
+        ExecError::BadBatch("token id is not an integer below the vocabulary size", i)
+    })?;
+    Ok(ids)
+}
+
+#[cfg(feature = "seq")]
+/// A norm's saved tensors: (mean — LayerNorm only, rstd).
+fn norm_saved(node: &Node, rms: bool) -> (Option<TensorId>, Option<TensorId>) {
+    if rms {
+        (None, node.saved.first().copied())
+    } else {
+        (node.saved.first().copied(), node.saved.get(1).copied())
+    }
+}
+
+#[cfg(feature = "seq")]
+/// A LoRA Linear's parameters: base weight, base bias, adapters A and B with their gradients.
+struct LoraParams {
+    w: TensorId,
+    b: Option<TensorId>,
+    a: TensorId,
+    bm: TensorId,
+    da: Option<TensorId>,
+    dbm: Option<TensorId>,
+}
+
+#[cfg(feature = "seq")]
+fn lora_params(node: &Node) -> Result<LoraParams, ExecError> {
+    let bad = ExecError::BadPlan("a LoRA layer without its base weight and adapters");
+    let p = &node.params;
+    let (w, b, a, bm) = match p.as_slice() {
+        [w, a, bm] => (w, None, a, bm),
+        [w, b, a, bm] => (w, Some(b.value), a, bm),
+        _ => return Err(bad),
+    };
+    Ok(LoraParams {
+        w: w.value,
+        b,
+        a: a.value,
+        bm: bm.value,
+        da: a.grad,
+        dbm: bm.grad,
+    })
+}
+
 #[allow(clippy::too_many_arguments)]
 fn forward(
     pool: &dyn WorkerPool,
@@ -360,7 +442,8 @@ fn forward(
             let (w, b, y, s) = (f32s(wb)?, opt_f32(bb)?.map(|b| &*b), f32s(yb)?, f32s(sb)?);
             match &node.op {
                 NodeOp::Linear { fin, fout } => {
-                    ops::linear_fwd_par(pool, n, *fin, *fout, x, w, b, y, s)
+                    let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
+                    ops::linear_fwd_par(pool, rows, *fin, *fout, x, w, b, y, s)
                 }
                 NodeOp::Conv(g) => ops::conv_fwd_par(pool, g, n, x, w, b, y, s),
                 _ => return Err(ExecError::BadPlan("not a linear or convolution layer")),
@@ -482,6 +565,140 @@ fn forward(
                     ops::add_fwd(&ax[r.clone()], &bx[r], y)
                 });
             }
+        }
+        #[cfg(not(feature = "seq"))]
+        NodeOp::Embedding { .. }
+        | NodeOp::PosEmbedding { .. }
+        | NodeOp::Norm { .. }
+        | NodeOp::Smooth(_)
+        | NodeOp::Attention(_)
+        | NodeOp::Lora(_) => return Err(NO_SEQ),
+        #[cfg(feature = "seq")]
+        NodeOp::Embedding { vocab, dim } => {
+            let [tb, yb] = carve(
+                a,
+                [
+                    whole(plan, eo, w)?,
+                    reg(plan, eo, Some(node.out), out_elems)?,
+                ],
+            )?;
+            let ids = token_ids(xext, in_elems, *vocab)?;
+            ops::seq::embedding_fwd(ids, f32s(tb)?, *dim, f32s(yb)?);
+        }
+        #[cfg(feature = "seq")]
+        NodeOp::PosEmbedding { per } => {
+            if same(plan, eo, xin, node.out) {
+                let [pb, yb] = carve(
+                    a,
+                    [
+                        whole(plan, eo, w)?,
+                        reg(plan, eo, Some(node.out), out_elems)?,
+                    ],
+                )?;
+                ops::seq::pos_fwd_inplace(n, *per, f32s(pb)?, f32s(yb)?);
+            } else {
+                let [xb, pb, yb] = carve(
+                    a,
+                    [
+                        reg(plan, eo, Some(xin), in_elems)?,
+                        whole(plan, eo, w)?,
+                        reg(plan, eo, Some(node.out), out_elems)?,
+                    ],
+                )?;
+                let x = input(plan, xin, xb, xext, in_elems)?;
+                ops::seq::pos_fwd(n, *per, x, f32s(pb)?, f32s(yb)?);
+            }
+        }
+        #[cfg(feature = "seq")]
+        NodeOp::Norm { dim, eps, rms } => {
+            let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
+            let (mean, rstd) = norm_saved(node, *rms);
+            let [xb, gb, bb, yb, mb, rb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(xin), in_elems)?,
+                    whole(plan, eo, w)?,
+                    whole(plan, eo, if *rms { None } else { b })?,
+                    reg(plan, eo, Some(node.out), out_elems)?,
+                    reg(plan, eo, mean, rows)?,
+                    reg(plan, eo, rstd, rows)?,
+                ],
+            )?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            ops::seq::norm_fwd(
+                rows,
+                *dim,
+                *eps,
+                x,
+                f32s(gb)?,
+                opt_f32(bb)?.map(|b| &*b),
+                f32s(yb)?,
+                opt_f32(mb)?,
+                f32s(rb)?,
+            );
+        }
+        #[cfg(feature = "seq")]
+        NodeOp::Smooth(k) => {
+            let [xb, yb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(xin), in_elems)?,
+                    reg(plan, eo, Some(node.out), out_elems)?,
+                ],
+            )?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            let k = *k;
+            ops::par_map(pool, f32s(yb)?, &|r, y| ops::seq::smooth_fwd(k, &x[r], y));
+        }
+        #[cfg(feature = "seq")]
+        NodeOp::Attention(g) => {
+            let [xb, pb, yb, sb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(xin), in_elems)?,
+                    reg(
+                        plan,
+                        eo,
+                        node.saved.first().copied(),
+                        n * g.probs_per_sample(),
+                    )?,
+                    reg(plan, eo, Some(node.out), out_elems)?,
+                    whole(plan, eo, s)?,
+                ],
+            )?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            ops::seq::attention_fwd(g, n, x, f32s(pb)?, f32s(yb)?, f32s(sb)?);
+        }
+        #[cfg(feature = "seq")]
+        NodeOp::Lora(g) => {
+            let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
+            let l = lora_params(node)?;
+            let [xb, wb, bb, ab, bmb, ub, yb, sb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(xin), in_elems)?,
+                    whole(plan, eo, Some(l.w))?,
+                    whole(plan, eo, l.b)?,
+                    whole(plan, eo, Some(l.a))?,
+                    whole(plan, eo, Some(l.bm))?,
+                    reg(plan, eo, node.saved.first().copied(), rows * g.rank)?,
+                    reg(plan, eo, Some(node.out), out_elems)?,
+                    whole(plan, eo, s)?,
+                ],
+            )?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            ops::seq::lora_fwd(
+                g,
+                rows,
+                x,
+                f32s(wb)?,
+                opt_f32(bb)?.map(|b| &*b),
+                f32s(ab)?,
+                f32s(bmb)?,
+                f32s(ub)?,
+                f32s(yb)?,
+                f32s(sb)?,
+            );
         }
         // A frozen BatchNorm merged in place with its input (the planner's choice).
         NodeOp::BatchNorm {
@@ -631,13 +848,94 @@ fn grad_w(
             let (dy, dw, db, s) = (f32s(dyb)?, opt_f32(dwb)?, opt_f32(dbb)?, f32s(sb)?);
             match &node.op {
                 NodeOp::Linear { fin, fout } => {
-                    ops::linear_grad_w_rows_par(pool, n, *fin, *fout, rows, x, dy, dw, db, acc_w, s)
+                    let m = n * node.op.rows_per_sample(node.in_dims[0].numel());
+                    ops::linear_grad_w_rows_par(pool, m, *fin, *fout, rows, x, dy, dw, db, acc_w, s)
                 }
                 NodeOp::Conv(g) => {
                     ops::conv_grad_w_rows_par(pool, g, n, rows, x, dy, dw, db, acc_w, s)
                 }
                 _ => return Err(ExecError::BadPlan("not a linear or convolution layer")),
             }
+        }
+        #[cfg(not(feature = "seq"))]
+        NodeOp::Embedding { .. }
+        | NodeOp::PosEmbedding { .. }
+        | NodeOp::Norm { .. }
+        | NodeOp::Lora(_) => return Err(NO_SEQ),
+        #[cfg(feature = "seq")]
+        NodeOp::Embedding { vocab, dim } => {
+            let [dyb, dwb] = carve(
+                a,
+                [reg(plan, eo, Some(dy), out_elems)?, whole(plan, eo, dw)?],
+            )?;
+            let ids = token_ids(xext, in_elems, *vocab)?;
+            ops::seq::embedding_grad_w(ids, f32s(dyb)?, *dim, f32s(dwb)?, acc_w);
+        }
+        #[cfg(feature = "seq")]
+        NodeOp::PosEmbedding { per } => {
+            let [dyb, dwb] = carve(
+                a,
+                [reg(plan, eo, Some(dy), out_elems)?, whole(plan, eo, dw)?],
+            )?;
+            ops::seq::pos_grad_w(n, *per, f32s(dyb)?, f32s(dwb)?, acc_w);
+        }
+        #[cfg(feature = "seq")]
+        NodeOp::Norm { dim, rms, .. } => {
+            let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
+            let (mean, rstd) = norm_saved(node, *rms);
+            let [xb, dyb, mb, rb, dgb, dbb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(xin), in_elems)?,
+                    reg(plan, eo, Some(dy), out_elems)?,
+                    reg(plan, eo, mean, rows)?,
+                    reg(plan, eo, rstd, rows)?,
+                    whole(plan, eo, dw)?,
+                    whole(plan, eo, if *rms { None } else { db })?,
+                ],
+            )?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            ops::seq::norm_grad_w(
+                rows,
+                *dim,
+                x,
+                f32s(dyb)?,
+                opt_f32(mb)?.map(|m| &*m),
+                f32s(rb)?,
+                f32s(dgb)?,
+                opt_f32(dbb)?,
+                acc_w,
+            );
+        }
+        #[cfg(feature = "seq")]
+        NodeOp::Lora(g) => {
+            let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
+            let l = lora_params(node)?;
+            let [xb, ub, dyb, bmb, dab, dbmb, sb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(xin), in_elems)?,
+                    reg(plan, eo, node.saved.first().copied(), rows * g.rank)?,
+                    reg(plan, eo, Some(dy), out_elems)?,
+                    whole(plan, eo, Some(l.bm))?,
+                    whole(plan, eo, l.da)?,
+                    whole(plan, eo, l.dbm)?,
+                    whole(plan, eo, s)?,
+                ],
+            )?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            ops::seq::lora_grad_w(
+                g,
+                rows,
+                x,
+                f32s(ub)?,
+                f32s(dyb)?,
+                f32s(bmb)?,
+                f32s(dab)?,
+                f32s(dbmb)?,
+                acc_w,
+                f32s(sb)?,
+            );
         }
         NodeOp::BatchNorm { c, hw, .. } => {
             let [xb, dyb, mb, ib, dgb, dbb] = carve(
@@ -716,7 +1014,8 @@ fn grad_x(
             let (dy, w, dx, s) = (f32s(dyb)?, f32s(wb)?, f32s(dxb)?, f32s(sb)?);
             match &node.op {
                 NodeOp::Linear { fin, fout } => {
-                    ops::linear_grad_x_par(pool, n, *fin, *fout, dy, w, dx, acc, s)
+                    let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
+                    ops::linear_grad_x_par(pool, rows, *fin, *fout, dy, w, dx, acc, s)
                 }
                 NodeOp::Conv(g) => ops::conv_grad_x_par(pool, g, n, dy, w, dx, acc, s),
                 _ => return Err(ExecError::BadPlan("not a linear or convolution layer")),
@@ -849,6 +1148,130 @@ fn grad_x(
                     ops::copy_or_acc(f32s(dyb)?, f32s(dab)?, acc);
                 }
             }
+        }
+        #[cfg(not(feature = "seq"))]
+        NodeOp::Embedding { .. }
+        | NodeOp::PosEmbedding { .. }
+        | NodeOp::Norm { .. }
+        | NodeOp::Smooth(_)
+        | NodeOp::Attention(_)
+        | NodeOp::Lora(_) => return Err(NO_SEQ),
+        #[cfg(feature = "seq")]
+        NodeOp::Embedding { .. } => {
+            return Err(ExecError::BadPlan(
+                "an input derivative of an embedding (its input is token ids)",
+            ))
+        }
+        #[cfg(feature = "seq")]
+        NodeOp::PosEmbedding { .. } => {
+            let dx = dx.ok_or(ExecError::BadPlan("derivative without a target"))?;
+            if !same(plan, eo, dy, dx) {
+                let [dyb, dxb] = carve(
+                    a,
+                    [
+                        reg(plan, eo, Some(dy), out_elems)?,
+                        reg(plan, eo, Some(dx), in_elems)?,
+                    ],
+                )?;
+                ops::copy_or_acc(f32s(dyb)?, f32s(dxb)?, acc);
+            }
+        }
+        #[cfg(feature = "seq")]
+        NodeOp::Norm { dim, rms, .. } => {
+            let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
+            let (mean, rstd) = norm_saved(node, *rms);
+            let [xb, dyb, gb, mb, rb, dxb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(node.inputs[0]), in_elems)?,
+                    reg(plan, eo, Some(dy), out_elems)?,
+                    whole(plan, eo, w)?,
+                    reg(plan, eo, mean, rows)?,
+                    reg(plan, eo, rstd, rows)?,
+                    reg(plan, eo, need_dx()?, in_elems)?,
+                ],
+            )?;
+            ops::seq::norm_grad_x(
+                rows,
+                *dim,
+                f32s(xb)?,
+                f32s(dyb)?,
+                f32s(gb)?,
+                opt_f32(mb)?.map(|m| &*m),
+                f32s(rb)?,
+                f32s(dxb)?,
+                acc,
+            );
+        }
+        #[cfg(feature = "seq")]
+        NodeOp::Smooth(k) => {
+            let [xb, dyb, dxb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(node.inputs[0]), in_elems)?,
+                    reg(plan, eo, Some(dy), out_elems)?,
+                    reg(plan, eo, need_dx()?, in_elems)?,
+                ],
+            )?;
+            let (k, x, dy) = (*k, &*f32s(xb)?, &*f32s(dyb)?);
+            ops::par_map(pool, f32s(dxb)?, &|r, dx| {
+                ops::seq::smooth_grad(k, &x[r.clone()], &dy[r], dx, acc)
+            });
+        }
+        #[cfg(feature = "seq")]
+        NodeOp::Attention(g) => {
+            let [xb, pb, dyb, dxb, sb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(node.inputs[0]), in_elems)?,
+                    reg(
+                        plan,
+                        eo,
+                        node.saved.first().copied(),
+                        n * g.probs_per_sample(),
+                    )?,
+                    reg(plan, eo, Some(dy), out_elems)?,
+                    reg(plan, eo, need_dx()?, in_elems)?,
+                    whole(plan, eo, s)?,
+                ],
+            )?;
+            ops::seq::attention_grad_x(
+                g,
+                n,
+                f32s(xb)?,
+                f32s(pb)?,
+                f32s(dyb)?,
+                f32s(dxb)?,
+                acc,
+                f32s(sb)?,
+            );
+        }
+        #[cfg(feature = "seq")]
+        NodeOp::Lora(g) => {
+            let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
+            let l = lora_params(node)?;
+            let [dyb, wb, ab, bmb, dxb, sb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(dy), out_elems)?,
+                    whole(plan, eo, Some(l.w))?,
+                    whole(plan, eo, Some(l.a))?,
+                    whole(plan, eo, Some(l.bm))?,
+                    reg(plan, eo, need_dx()?, in_elems)?,
+                    whole(plan, eo, s)?,
+                ],
+            )?;
+            ops::seq::lora_grad_x(
+                g,
+                rows,
+                f32s(dyb)?,
+                f32s(wb)?,
+                f32s(ab)?,
+                f32s(bmb)?,
+                f32s(dxb)?,
+                acc,
+                f32s(sb)?,
+            );
         }
         NodeOp::BatchNorm {
             c, hw, eps, train, ..

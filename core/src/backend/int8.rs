@@ -576,7 +576,14 @@ impl<'p> CpuInt8<'p> {
                 };
                 self.set_ex(out, e);
             }
-            NodeOp::BatchNorm { .. } | NodeOp::Dropout { .. } => {
+            NodeOp::BatchNorm { .. }
+            | NodeOp::Dropout { .. }
+            | NodeOp::Embedding { .. }
+            | NodeOp::PosEmbedding { .. }
+            | NodeOp::Norm { .. }
+            | NodeOp::Smooth(_)
+            | NodeOp::Attention(_)
+            | NodeOp::Lora(_) => {
                 return Err(ExecError::BadPlan(
                     "layer kind is not part of int8 training",
                 ))
@@ -983,7 +990,14 @@ impl<'p> CpuInt8<'p> {
                     }
                 }
             }
-            NodeOp::BatchNorm { .. } | NodeOp::Dropout { .. } => {
+            NodeOp::BatchNorm { .. }
+            | NodeOp::Dropout { .. }
+            | NodeOp::Embedding { .. }
+            | NodeOp::PosEmbedding { .. }
+            | NodeOp::Norm { .. }
+            | NodeOp::Smooth(_)
+            | NodeOp::Attention(_)
+            | NodeOp::Lora(_) => {
                 return Err(ExecError::BadPlan(
                     "layer kind is not part of int8 training",
                 ))

@@ -15,6 +15,8 @@ mod nonfinite_tests;
 mod permute;
 #[cfg(test)]
 mod record_tests;
+#[cfg(all(test, feature = "seq"))]
+pub(crate) mod seq_tests;
 #[cfg(test)]
 mod space_tests;
 #[cfg(test)]
@@ -531,8 +533,9 @@ impl<'p, B: Backend> Executor<'p, B> {
             return Err(ExecError::BadPlan("a loss without targets"));
         };
         let outs = plan.graph.pred_dims().numel();
+        let tk = plan.graph.tokens;
         let t = match target {
-            Target::Classes(y) => Target::Classes(&y[start..start + n_mb]),
+            Target::Classes(y) => Target::Classes(&y[start * tk..(start + n_mb) * tk]),
             Target::Values(v) => Target::Values(&v[start * outs..(start + n_mb) * outs]),
         };
         let out = self.backend.loss(&cx, host, t, run.n)?;
@@ -725,10 +728,24 @@ fn check_batch(
         return Err(ExecError::NonFinite("the input batch"));
     }
     let classes = g.pred_dims().numel();
+    // A graph has embeddings only with the `seq` feature (constant-folded away without it).
+    if let Some(NodeOp::Embedding { vocab, .. }) = g.nodes.first().map(|nd| &nd.op) {
+        if let Err((i, _)) = cfg!(feature = "seq")
+            .then(|| crate::ops::seq::check_ids(x, *vocab))
+            .unwrap_or(Ok(()))
+        {
+            return Err(ExecError::BadBatch(
+                "token id is not an integer below the vocabulary size",
+                i,
+            ));
+        }
+    }
     match (g.loss, target) {
         (_, None) => {}
         (LossKind::SoftmaxCrossEntropy, Some(Target::Classes(y))) => {
-            if y.len() != n {
+            // A sequence prediction has a label per token.
+            let classes = classes / g.tokens.max(1);
+            if y.len() != n * g.tokens.max(1) {
                 return Err(ExecError::BadBatch(
                     "label count differs from the sample count",
                     y.len(),

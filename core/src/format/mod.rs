@@ -283,6 +283,18 @@ pub fn encode_model(m: &ModelSpec) -> Vec<u8> {
                 w.f32(v);
             }
         }
+        OptimizerSpec::AdamW {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } => {
+            w.u8(2);
+            for v in [lr, beta1, beta2, eps, weight_decay] {
+                w.f32(v);
+            }
+        }
     }
     w.u32(m.layers.len() as u32);
     for l in &m.layers {
@@ -359,6 +371,38 @@ pub fn encode_model(m: &ModelSpec) -> Vec<u8> {
                 w.u8(13);
                 w.f32(*p);
             }
+            LayerKind::Embedding { vocab, dim } => {
+                w.u8(14);
+                w.u32(*vocab);
+                w.u32(*dim);
+            }
+            LayerKind::PosEmbedding => w.u8(15),
+            LayerKind::LayerNorm { eps } => {
+                w.u8(16);
+                w.f32(*eps);
+            }
+            LayerKind::RmsNorm { eps } => {
+                w.u8(17);
+                w.f32(*eps);
+            }
+            LayerKind::Gelu => w.u8(18),
+            LayerKind::Silu => w.u8(19),
+            LayerKind::Attention { heads } => {
+                w.u8(20);
+                w.u32(*heads);
+            }
+            LayerKind::LoraLinear {
+                out,
+                bias,
+                rank,
+                alpha,
+            } => {
+                w.u8(21);
+                w.u32(*out);
+                w.u8(*bias as u8);
+                w.u32(*rank);
+                w.f32(*alpha);
+            }
         }
     }
     frame(MODEL_MAGIC, MODEL_VERSION, &w.0)
@@ -413,6 +457,13 @@ pub fn decode_model(data: &[u8]) -> Result<ModelSpec, FormatError> {
             beta2: r.f32("adam.beta2")?,
             eps: r.f32("adam.eps")?,
             weight_decay: r.f32("adam.weight_decay")?,
+        },
+        2 => OptimizerSpec::AdamW {
+            lr: r.f32("adamw.lr")?,
+            beta1: r.f32("adamw.beta1")?,
+            beta2: r.f32("adamw.beta2")?,
+            eps: r.f32("adamw.eps")?,
+            weight_decay: r.f32("adamw.weight_decay")?,
         },
         _ => {
             return Err(FormatError::BadValue {
@@ -525,6 +576,28 @@ pub fn decode_model(data: &[u8]) -> Result<ModelSpec, FormatError> {
             },
             13 => LayerKind::Dropout {
                 p: r.f32("dropout.p")?,
+            },
+            14 => LayerKind::Embedding {
+                vocab: r.u32("embedding.vocab")?,
+                dim: r.u32("embedding.dim")?,
+            },
+            15 => LayerKind::PosEmbedding,
+            16 => LayerKind::LayerNorm {
+                eps: r.f32("layernorm.eps")?,
+            },
+            17 => LayerKind::RmsNorm {
+                eps: r.f32("rmsnorm.eps")?,
+            },
+            18 => LayerKind::Gelu,
+            19 => LayerKind::Silu,
+            20 => LayerKind::Attention {
+                heads: r.u32("attention.heads")?,
+            },
+            21 => LayerKind::LoraLinear {
+                out: r.u32("lora_linear.out")?,
+                bias: flag(&mut r, "lora_linear.bias")?,
+                rank: r.u32("lora_linear.rank")?,
+                alpha: r.f32("lora_linear.alpha")?,
             },
             _ => {
                 return Err(FormatError::BadValue {

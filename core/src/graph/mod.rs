@@ -9,6 +9,7 @@ use core::fmt;
 
 use crate::kernels::int8::KernelFamily;
 use crate::model::{Dims, LayerKind, LossKind, ModelSpec, OptimizerSpec, Precision, Src, Update};
+use crate::ops::seq::{AttnGeom, LoraGeom, Smooth};
 use crate::ops::{self, Act, ConvGeom, PoolGeom};
 
 /// Index of a tensor in [`Graph::tensors`].
@@ -162,6 +163,52 @@ pub enum NodeOp {
         /// Drop probability.
         p: f32,
     },
+    /// Token embedding (reads the model input's token ids).
+    Embedding {
+        /// Vocabulary size.
+        vocab: usize,
+        /// Width.
+        dim: usize,
+    },
+    /// Learned positional embedding added to each sequence (`per = seq·dim` elements).
+    PosEmbedding {
+        /// Elements per sample.
+        per: usize,
+    },
+    /// LayerNorm (`rms` false) or RMSNorm over the last axis of `dim`.
+    Norm {
+        /// Normalised width.
+        dim: usize,
+        /// Epsilon.
+        eps: f32,
+        /// RMSNorm (no mean, no bias).
+        rms: bool,
+    },
+    /// GELU or SiLU (backward from the input).
+    Smooth(Smooth),
+    /// Causal multi-head self-attention.
+    Attention(AttnGeom),
+    /// Linear with frozen base weights and LoRA adapters.
+    Lora(LoraGeom),
+}
+
+impl NodeOp {
+    /// Whether a forward (or recompute) rewrites the node's saved tensors from its inputs alone, so a
+    /// recomputation regenerates them (all but BatchNorm, whose saved statistics are the batch's).
+    pub fn saved_recomputable(&self) -> bool {
+        !matches!(self, NodeOp::BatchNorm { .. })
+    }
+    /// Token rows per sample of a Linear, LoRA Linear or norm (1 unless applied to each token of a
+    /// sequence) from its per-sample input size.
+    pub fn rows_per_sample(&self, in_numel: usize) -> usize {
+        let width = match self {
+            NodeOp::Linear { fin, .. } => *fin,
+            NodeOp::Lora(g) => g.fin,
+            NodeOp::Norm { dim, .. } => *dim,
+            _ => return 1,
+        };
+        in_numel / width.max(1)
+    }
 }
 
 /// A trainable or frozen parameter of a node.
@@ -269,6 +316,19 @@ pub enum GraphError {
     Loss(String),
 }
 
+/// Layer `li` (`name`) is a sequence layer and the core was built without them.
+fn no_seq(li: usize, name: &str, kind: &LayerKind) -> GraphError {
+    GraphError::Layer {
+        index: li,
+        name: String::from(name),
+        reason: format!(
+            "{} is a sequence layer, and this build of frugal-core has none \
+             (it was built without its `seq` feature)",
+            kind.type_name()
+        ),
+    }
+}
+
 impl fmt::Display for GraphError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -327,6 +387,9 @@ pub struct Graph {
     /// Most i32 elements an int8 Linear weight gradient accumulates at once (0: the whole gradient;
     /// always 0 in f32). See [`GraphOptions::grad_tile`].
     pub grad_tile: usize,
+    /// Labels per sample: the sequence length when the prediction is a sequence (a class per token:
+    /// sequence cross-entropy, the mean over every token), else 1.
+    pub tokens: usize,
 }
 
 /// How a [`ModelSpec`] is realised besides its batch size.
@@ -586,6 +649,9 @@ impl<'a> Builder<'a> {
         // Forward pass: resolve shapes, create outputs, parameters, saved tensors and scratch.
         let mut nodes: Vec<Node> = Vec::with_capacity(spec.layers.len());
         let mut requires_grad: Vec<bool> = Vec::with_capacity(spec.layers.len());
+        // Whether each layer's output is a sequence `[seq, 1, dim]` (from an Embedding on): Linear and
+        // the norms then act on the last axis of each token.
+        let mut is_seq: Vec<bool> = Vec::with_capacity(spec.layers.len());
         for (li, l) in spec.layers.iter().enumerate() {
             let name = l.name.as_str();
             let arity = if matches!(l.kind, LayerKind::Add) {
@@ -604,9 +670,13 @@ impl<'a> Builder<'a> {
                     ),
                 ));
             }
+            if !cfg!(feature = "seq") && l.kind.is_sequence_layer() {
+                return Err(no_seq(li, name, &l.kind));
+            }
             let mut inputs = Vec::with_capacity(arity);
             let mut in_dims = Vec::with_capacity(arity);
             let mut in_rg = false;
+            let mut x_seq = false;
             for s in &l.inputs {
                 match *s {
                     Src::Input => {
@@ -618,6 +688,7 @@ impl<'a> Builder<'a> {
                         inputs.push(p.out);
                         in_dims.push(p.out_dims);
                         in_rg |= requires_grad[j as usize];
+                        x_seq |= is_seq[j as usize];
                     }
                     Src::Layer(j) => {
                         return Err(err(
@@ -631,18 +702,122 @@ impl<'a> Builder<'a> {
             let x = in_dims[0];
             let fin = x.numel();
             let bad = |r: &str| err(li, name, String::from(r));
+            #[cfg(feature = "seq")]
+            let need_seq = |what: &str| {
+                if x_seq {
+                    Ok(())
+                } else {
+                    Err(err(
+                        li,
+                        name,
+                        format!("{what} needs a sequence input (after an embedding), got {x}"),
+                    ))
+                }
+            };
+            let seq_out = |w: u32| Dims::new(x.c, 1, w);
             let (op, out_dims) = match &l.kind {
                 LayerKind::Linear { out, .. } => {
                     if *out == 0 {
                         return Err(bad("out must be at least 1"));
                     }
+                    let (fin, od) = if x_seq {
+                        (x.w as usize, seq_out(*out))
+                    } else {
+                        (fin, Dims::flat(*out))
+                    };
                     (
                         NodeOp::Linear {
                             fin,
                             fout: *out as usize,
                         },
-                        Dims::flat(*out),
+                        od,
                     )
+                }
+                #[cfg(feature = "seq")]
+                LayerKind::LoraLinear {
+                    out, rank, alpha, ..
+                } => {
+                    if *out == 0 || *rank == 0 {
+                        return Err(bad("lora_linear needs out ≥ 1 and rank ≥ 1"));
+                    }
+                    if !alpha.is_finite() {
+                        return Err(bad("lora_linear needs a finite alpha"));
+                    }
+                    let (fin, od) = if x_seq {
+                        (x.w as usize, seq_out(*out))
+                    } else {
+                        (fin, Dims::flat(*out))
+                    };
+                    let g = LoraGeom {
+                        fin,
+                        fout: *out as usize,
+                        rank: *rank as usize,
+                        scale: *alpha / *rank as f32,
+                    };
+                    (NodeOp::Lora(g), od)
+                }
+                #[cfg(feature = "seq")]
+                LayerKind::Embedding { vocab, dim } => {
+                    if l.inputs[0] != Src::Input || x.h != 1 || x.w != 1 {
+                        return Err(bad(
+                            "embedding reads the model input, which must be [seq] token ids",
+                        ));
+                    }
+                    if *vocab == 0 || *dim == 0 {
+                        return Err(bad("embedding needs vocab ≥ 1 and dim ≥ 1"));
+                    }
+                    (
+                        NodeOp::Embedding {
+                            vocab: *vocab as usize,
+                            dim: *dim as usize,
+                        },
+                        seq_out(*dim),
+                    )
+                }
+                #[cfg(feature = "seq")]
+                LayerKind::PosEmbedding => {
+                    need_seq("pos_embedding")?;
+                    (NodeOp::PosEmbedding { per: fin }, x)
+                }
+                #[cfg(feature = "seq")]
+                LayerKind::LayerNorm { eps } | LayerKind::RmsNorm { eps } => {
+                    if !(eps.is_finite() && *eps > 0.0) {
+                        return Err(bad("a norm needs eps > 0"));
+                    }
+                    let dim = if x_seq { x.w as usize } else { fin };
+                    let rms = matches!(l.kind, LayerKind::RmsNorm { .. });
+                    (
+                        NodeOp::Norm {
+                            dim,
+                            eps: *eps,
+                            rms,
+                        },
+                        x,
+                    )
+                }
+                #[cfg(feature = "seq")]
+                LayerKind::Gelu => (NodeOp::Smooth(Smooth::Gelu), x),
+                #[cfg(feature = "seq")]
+                LayerKind::Silu => (NodeOp::Smooth(Smooth::Silu), x),
+                #[cfg(feature = "seq")]
+                LayerKind::Attention { heads } => {
+                    need_seq("attention")?;
+                    let (heads, w) = (*heads as usize, x.w as usize);
+                    if heads == 0 || w % 3 != 0 || (w / 3) % heads != 0 {
+                        return Err(err(
+                            li,
+                            name,
+                            format!(
+                                "attention needs [seq, 3·dim] input (queries, keys, values) with dim divisible by heads = {heads}; got {x}"
+                            ),
+                        ));
+                    }
+                    let g = AttnGeom {
+                        seq: x.c as usize,
+                        dim: w / 3,
+                        heads,
+                    };
+                    (NodeOp::Attention(g), seq_out((w / 3) as u32))
                 }
                 LayerKind::Conv2d {
                     out,
@@ -759,6 +934,9 @@ impl<'a> Builder<'a> {
                     }
                     (NodeOp::Dropout { p: *p }, x)
                 }
+                // Refused above (`no_seq`); a build without `seq` has no arm for them.
+                #[cfg(not(feature = "seq"))]
+                _ => return Err(no_seq(li, name, &l.kind)),
             };
             let out_elems = self.batched(out_dims, name)?;
             let share = match op {
@@ -768,6 +946,7 @@ impl<'a> Builder<'a> {
                 NodeOp::Act(_)
                 | NodeOp::Dropout { .. }
                 | NodeOp::Add
+                | NodeOp::PosEmbedding { .. }
                 | NodeOp::BatchNorm { train: false, .. } => Share::ModifyView(inputs[0]),
                 _ => Share::Own,
             };
@@ -795,23 +974,48 @@ impl<'a> Builder<'a> {
             let mut stats = Vec::new();
             let mut saved = Vec::new();
             let trainable = l.trainable;
-            let mut shapes: Vec<(&str, Vec<usize>)> = Vec::new();
+            // (name, shape, frozen whatever the layer says: LoRA's base weights).
+            let mut shapes: Vec<(&str, Vec<usize>, bool)> = Vec::new();
             match (&l.kind, &op) {
                 (LayerKind::Linear { bias, .. }, NodeOp::Linear { fin, fout }) => {
-                    shapes.push(("weight", vec![*fout, *fin]));
+                    shapes.push(("weight", vec![*fout, *fin], false));
                     if *bias {
-                        shapes.push(("bias", vec![*fout]));
+                        shapes.push(("bias", vec![*fout], false));
                     }
                 }
-                (LayerKind::Conv2d { bias, .. }, NodeOp::Conv(g)) => {
-                    shapes.push(("weight", vec![g.cout, g.cin / g.groups, g.kh, g.kw]));
+                #[cfg(feature = "seq")]
+                (LayerKind::LoraLinear { bias, .. }, NodeOp::Lora(g)) => {
+                    shapes.push(("weight", vec![g.fout, g.fin], true));
                     if *bias {
-                        shapes.push(("bias", vec![g.cout]));
+                        shapes.push(("bias", vec![g.fout], true));
+                    }
+                    shapes.push(("lora_A.weight", vec![g.rank, g.fin], false));
+                    shapes.push(("lora_B.weight", vec![g.fout, g.rank], false));
+                }
+                (LayerKind::Conv2d { bias, .. }, NodeOp::Conv(g)) => {
+                    shapes.push(("weight", vec![g.cout, g.cin / g.groups, g.kh, g.kw], false));
+                    if *bias {
+                        shapes.push(("bias", vec![g.cout], false));
                     }
                 }
                 (_, NodeOp::BatchNorm { c, .. }) => {
-                    shapes.push(("weight", vec![*c]));
-                    shapes.push(("bias", vec![*c]));
+                    shapes.push(("weight", vec![*c], false));
+                    shapes.push(("bias", vec![*c], false));
+                }
+                #[cfg(feature = "seq")]
+                (_, NodeOp::Embedding { vocab, dim }) => {
+                    shapes.push(("weight", vec![*vocab, *dim], false));
+                }
+                #[cfg(feature = "seq")]
+                (_, NodeOp::PosEmbedding { .. }) => {
+                    shapes.push(("weight", vec![x.c as usize, x.w as usize], false));
+                }
+                #[cfg(feature = "seq")]
+                (_, NodeOp::Norm { dim, rms, .. }) => {
+                    shapes.push(("weight", vec![*dim], false));
+                    if !*rms {
+                        shapes.push(("bias", vec![*dim], false));
+                    }
                 }
                 _ => {}
             }
@@ -830,6 +1034,25 @@ impl<'a> Builder<'a> {
                         ),
                     ));
                 }
+                // The sequence layers' gradient kernels write whole tensors (an embedding scatters
+                // into any row): they train in full or not at all.
+                if matches!(
+                    op,
+                    NodeOp::Embedding { .. }
+                        | NodeOp::PosEmbedding { .. }
+                        | NodeOp::Norm { .. }
+                        | NodeOp::Lora(_)
+                ) {
+                    return Err(err(
+                        li,
+                        name,
+                        format!(
+                            "update = {} is not supported on a {} layer (it trains in full or is frozen)",
+                            l.update,
+                            l.kind.type_name()
+                        ),
+                    ));
+                }
                 if l.update == Update::Bias && !shapes.iter().any(|s| s.0 == "bias") {
                     return Err(bad(
                         "update = \"bias\" needs a layer with a bias (bias = true)",
@@ -837,7 +1060,8 @@ impl<'a> Builder<'a> {
                 }
             }
             let mut params = Vec::with_capacity(shapes.len());
-            for (pname, shape) in shapes {
+            for (pname, shape, frozen) in shapes {
+                let trainable = trainable && !frozen;
                 let full = format!("{name}.{pname}");
                 let elems = shape
                     .iter()
@@ -912,6 +1136,57 @@ impl<'a> Builder<'a> {
                         )?);
                     }
                 }
+                #[cfg(feature = "seq")]
+                NodeOp::Norm { dim, rms, .. } => {
+                    let rows =
+                        n.checked_mul(fin / dim.max(1))
+                            .ok_or_else(|| GraphError::TooLarge {
+                                tensor: format!("{name}.rstd"),
+                            })?;
+                    if !rms {
+                        saved.push(self.tensor(
+                            format!("{name}.mean"),
+                            TensorKind::Activation,
+                            rows,
+                            Share::Own,
+                        )?);
+                    }
+                    saved.push(self.tensor(
+                        format!("{name}.rstd"),
+                        TensorKind::Activation,
+                        rows,
+                        Share::Own,
+                    )?);
+                }
+                #[cfg(feature = "seq")]
+                NodeOp::Attention(g) => {
+                    let elems = g.probs_per_sample().checked_mul(n).ok_or_else(|| {
+                        GraphError::TooLarge {
+                            tensor: format!("{name}.probs"),
+                        }
+                    })?;
+                    saved.push(self.tensor(
+                        format!("{name}.probs"),
+                        TensorKind::Activation,
+                        elems,
+                        Share::Own,
+                    )?);
+                }
+                #[cfg(feature = "seq")]
+                NodeOp::Lora(g) => {
+                    let elems = (fin / g.fin.max(1))
+                        .checked_mul(n)
+                        .and_then(|r| r.checked_mul(g.rank))
+                        .ok_or_else(|| GraphError::TooLarge {
+                            tensor: format!("{name}.lora_u"),
+                        })?;
+                    saved.push(self.tensor(
+                        format!("{name}.lora_u"),
+                        TensorKind::Activation,
+                        elems,
+                        Share::Own,
+                    )?);
+                }
                 NodeOp::MaxPool(_) => {
                     let dtype = if self.precision == Precision::F32 {
                         DType::U32
@@ -930,6 +1205,11 @@ impl<'a> Builder<'a> {
             }
             let rg = in_rg || params.iter().any(|p| p.grad.is_some());
             requires_grad.push(rg);
+            is_seq.push(match op {
+                NodeOp::View => false,
+                NodeOp::Embedding { .. } => true,
+                _ => x_seq,
+            });
             stats.shrink_to_fit();
             saved.shrink_to_fit();
             nodes.push(Node {
@@ -955,7 +1235,12 @@ impl<'a> Builder<'a> {
             .last()
             .map(|n| (n.out, n.out_dims))
             .ok_or(GraphError::Empty)?;
-        if spec.loss == LossKind::SoftmaxCrossEntropy && last.1.numel() < 2 {
+        let tokens = if is_seq.last().copied().unwrap_or(false) {
+            last.1.c as usize
+        } else {
+            1
+        };
+        if spec.loss == LossKind::SoftmaxCrossEntropy && last.1.numel() / tokens.max(1) < 2 {
             return Err(GraphError::Loss(format!(
                 "cross_entropy needs at least 2 classes, the last layer gives {}",
                 last.1
@@ -1012,6 +1297,7 @@ impl<'a> Builder<'a> {
                     }
                     NodeOp::Act(_)
                     | NodeOp::Dropout { .. }
+                    | NodeOp::PosEmbedding { .. }
                     | NodeOp::BatchNorm { train: true, .. } => Share::ModifyView(d_out_id),
                     NodeOp::Add if k == 0 => Share::ModifyView(d_out_id),
                     _ => Share::Own,
@@ -1045,9 +1331,22 @@ impl<'a> Builder<'a> {
                     ext_in,
                 ),
                 NodeOp::Linear { fin, fout } => {
-                    let s = ops::linear_scratch_len_threads(n, *fin, *fout, self.threads);
+                    let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
+                    let s = ops::linear_scratch_len_threads(rows, *fin, *fout, self.threads);
                     (s, s, s)
                 }
+                #[cfg(feature = "seq")]
+                NodeOp::Lora(g) => {
+                    let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
+                    let b = ops::seq::lora_bwd_scratch_len(g, rows);
+                    (ops::seq::lora_gemm_scratch_len(g, rows), b, b)
+                }
+                #[cfg(feature = "seq")]
+                NodeOp::Attention(g) => (
+                    ops::seq::attention_fwd_scratch_len(g),
+                    0,
+                    ops::seq::attention_bwd_scratch_len(g),
+                ),
                 NodeOp::Conv(g) => {
                     let s = ops::conv_scratch_len_threads(g, n, self.threads);
                     (s, s, s)
@@ -1057,7 +1356,12 @@ impl<'a> Builder<'a> {
             let needed = [
                 true,
                 // A Linear/Conv2d weight gradient needs the GEMM's room; a bias-only one does not.
-                node.params.first().is_some_and(|p| p.grad.is_some()),
+                // LoRA's weight is frozen: its adapters' gradients need the room.
+                if matches!(node.op, NodeOp::Lora(_)) {
+                    node.params.iter().any(|p| p.grad.is_some())
+                } else {
+                    node.params.first().is_some_and(|p| p.grad.is_some())
+                },
                 node.d_in.iter().any(|d| d.is_some()),
             ];
             for (slot, (elems, tag)) in [(fwd, "F"), (gw, "CG"), (gx, "CD")].into_iter().enumerate()
@@ -1106,6 +1410,7 @@ impl<'a> Builder<'a> {
             precision: self.precision,
             kernels: self.kernels,
             grad_tile: self.grad_tile,
+            tokens,
         })
     }
 }

@@ -57,7 +57,15 @@ pub fn check_supported(precision: Precision, spec: &ModelSpec) -> Result<(), Gra
             | LayerKind::Sigmoid
             | LayerKind::Tanh
             | LayerKind::Relu6
-            | LayerKind::Dropout { .. } => Some(format!(
+            | LayerKind::Dropout { .. }
+            | LayerKind::Embedding { .. }
+            | LayerKind::PosEmbedding
+            | LayerKind::LayerNorm { .. }
+            | LayerKind::RmsNorm { .. }
+            | LayerKind::Gelu
+            | LayerKind::Silu
+            | LayerKind::Attention { .. }
+            | LayerKind::LoraLinear { .. } => Some(format!(
                 "{} is not part of int8 training (supported: linear, conv2d, relu, maxpool2d, avgpool2d, global_avgpool, flatten, reshape, add); train it with --precision f32",
                 l.kind.type_name()
             )),

@@ -41,6 +41,8 @@ pub trait Real:
     fn ln(self) -> Self;
     /// Hyperbolic tangent.
     fn tanh(self) -> Self;
+    /// The error function.
+    fn erf(self) -> Self;
     /// `self` is finite.
     fn is_finite(self) -> bool;
     /// Larger of two (NaN-propagation unspecified).
@@ -115,6 +117,9 @@ impl Real for f32 {
     fn tanh(self) -> Self {
         libm::tanhf(self)
     }
+    fn erf(self) -> Self {
+        libm::erff(self)
+    }
     fn is_finite(self) -> bool {
         f32::is_finite(self)
     }
@@ -170,6 +175,9 @@ impl Real for f64 {
     }
     fn tanh(self) -> Self {
         libm::tanh(self)
+    }
+    fn erf(self) -> Self {
+        libm::erf(self)
     }
     fn is_finite(self) -> bool {
         f64::is_finite(self)

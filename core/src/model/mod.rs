@@ -123,6 +123,50 @@ pub enum LayerKind {
         /// Drop probability in [0, 1).
         p: f32,
     },
+    /// Token embedding: the model input is `seq` token ids (`[seq]`, f32 values holding integers below
+    /// `vocab`); the output is the sequence `[seq, dim]` (per-sample `Dims { c: seq, h: 1, w: dim }`).
+    /// Layers after it work on sequences: Linear acts on the last axis of each token. Weight
+    /// `[vocab, dim]`.
+    Embedding {
+        /// Vocabulary size.
+        vocab: u32,
+        /// Embedding width.
+        dim: u32,
+    },
+    /// Learned positional embedding added to a sequence: weight `[seq, dim]`.
+    PosEmbedding,
+    /// LayerNorm over the last axis (weight γ, bias β).
+    LayerNorm {
+        /// Added to the variance.
+        eps: f32,
+    },
+    /// RMSNorm over the last axis (weight γ).
+    RmsNorm {
+        /// Added to the mean square.
+        eps: f32,
+    },
+    /// GELU, exact (erf) form: `x·Φ(x)`.
+    Gelu,
+    /// SiLU: `x·σ(x)`.
+    Silu,
+    /// Causal multi-head self-attention on a `[seq, 3·dim]` input (queries, keys and values side by
+    /// side, as a Linear to `3·dim` gives them), output `[seq, dim]`; no parameters.
+    Attention {
+        /// Heads (dividing `dim`).
+        heads: u32,
+    },
+    /// Linear with frozen base weights and trainable LoRA adapters:
+    /// `y = x·Wᵀ + b + (alpha/rank)·x·Aᵀ·Bᵀ`, `A [rank, in]`, `B [out, rank]` (B starts at zero).
+    LoraLinear {
+        /// Output features.
+        out: u32,
+        /// Has a (frozen) bias.
+        bias: bool,
+        /// Adapter rank.
+        rank: u32,
+        /// Scale numerator (`alpha / rank` multiplies the adapter's output).
+        alpha: f32,
+    },
 }
 
 impl LayerKind {
@@ -143,7 +187,30 @@ impl LayerKind {
             LayerKind::Add => "add",
             LayerKind::BatchNorm2d { .. } => "batchnorm2d",
             LayerKind::Dropout { .. } => "dropout",
+            LayerKind::Embedding { .. } => "embedding",
+            LayerKind::PosEmbedding => "pos_embedding",
+            LayerKind::LayerNorm { .. } => "layernorm",
+            LayerKind::RmsNorm { .. } => "rmsnorm",
+            LayerKind::Gelu => "gelu",
+            LayerKind::Silu => "silu",
+            LayerKind::Attention { .. } => "attention",
+            LayerKind::LoraLinear { .. } => "lora_linear",
         }
+    }
+
+    /// Whether it is one of the sequence layers, whose kernels the core's `seq` feature builds.
+    pub fn is_sequence_layer(&self) -> bool {
+        matches!(
+            self,
+            LayerKind::Embedding { .. }
+                | LayerKind::PosEmbedding
+                | LayerKind::LayerNorm { .. }
+                | LayerKind::RmsNorm { .. }
+                | LayerKind::Gelu
+                | LayerKind::Silu
+                | LayerKind::Attention { .. }
+                | LayerKind::LoraLinear { .. }
+        )
     }
 }
 
@@ -247,6 +314,19 @@ pub enum OptimizerSpec {
         /// L2 weight decay.
         weight_decay: f32,
     },
+    /// AdamW (`torch.optim.AdamW`): decoupled weight decay `p ← p·(1 − lr·wd)` before the Adam step.
+    AdamW {
+        /// Learning rate.
+        lr: f32,
+        /// β₁.
+        beta1: f32,
+        /// β₂.
+        beta2: f32,
+        /// ε.
+        eps: f32,
+        /// Decoupled weight decay.
+        weight_decay: f32,
+    },
 }
 
 impl OptimizerSpec {
@@ -255,13 +335,15 @@ impl OptimizerSpec {
         match self {
             OptimizerSpec::Sgd { momentum, .. } if *momentum != 0.0 => 1,
             OptimizerSpec::Sgd { .. } => 0,
-            OptimizerSpec::Adam { .. } => 2,
+            OptimizerSpec::Adam { .. } | OptimizerSpec::AdamW { .. } => 2,
         }
     }
     /// Learning rate.
     pub fn lr(&self) -> f32 {
         match self {
-            OptimizerSpec::Sgd { lr, .. } | OptimizerSpec::Adam { lr, .. } => *lr,
+            OptimizerSpec::Sgd { lr, .. }
+            | OptimizerSpec::Adam { lr, .. }
+            | OptimizerSpec::AdamW { lr, .. } => *lr,
         }
     }
 }

@@ -25,6 +25,7 @@ pub mod elementwise;
 pub mod linear;
 pub mod loss;
 pub mod pool;
+pub mod seq;
 
 #[cfg(test)]
 mod testutil;

@@ -53,33 +53,61 @@ pub fn apply(
             beta2,
             eps,
             weight_decay,
-        } => {
-            let [m, v] = state else { return };
-            // PyTorch computes the bias corrections in Python floats (f64).
-            let t = ctx.t as i32;
-            let bc1 = 1.0 - libm::pow(beta1 as f64, t as f64);
-            let bc2 = 1.0 - libm::pow(beta2 as f64, t as f64);
-            let step_size = (lr as f64 / bc1) as f32;
-            let bc2_sqrt = libm::sqrt(bc2) as f32;
-            let w1 = 1.0 - beta1;
-            let w2 = 1.0 - beta2;
-            for (((w, &g), m), v) in w.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-                let g = if weight_decay != 0.0 {
-                    g + weight_decay * *w
-                } else {
-                    g
-                };
-                // exp_avg.lerp_(grad, 1-β1): weight < 0.5 uses self + w·(end − self).
-                *m = if w1 < 0.5 {
-                    *m + w1 * (g - *m)
-                } else {
-                    g - (g - *m) * (1.0 - w1)
-                };
-                *v = *v * beta2 + w2 * g * g;
-                let denom = libm::sqrtf(*v) / bc2_sqrt + eps;
-                // addcdiv_(m, denom, value=-step_size) computes (value·m)/denom.
-                *w += (-step_size * *m) / denom;
-            }
+        } => adam(ctx, w, g, state, lr, beta1, beta2, eps, weight_decay, 0.0),
+        OptimizerSpec::AdamW {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } => adam(ctx, w, g, state, lr, beta1, beta2, eps, 0.0, weight_decay),
+    }
+}
+
+/// Adam with L2 decay `weight_decay` added to the gradient, or AdamW with decoupled decay `decoupled` (PyTorch
+/// `p.mul_(1 − lr·wd)` before the moments).
+#[allow(clippy::too_many_arguments)]
+fn adam(
+    ctx: StepCtx,
+    w: &mut [f32],
+    g: &[f32],
+    state: &mut [&mut [f32]],
+    lr: f32,
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+    weight_decay: f32,
+    decoupled: f32,
+) {
+    let [m, v] = state else { return };
+    // PyTorch computes the bias corrections in Python floats (f64).
+    let t = ctx.t as i32;
+    let bc1 = 1.0 - libm::pow(beta1 as f64, t as f64);
+    let bc2 = 1.0 - libm::pow(beta2 as f64, t as f64);
+    let step_size = (lr as f64 / bc1) as f32;
+    let bc2_sqrt = libm::sqrt(bc2) as f32;
+    let w1 = 1.0 - beta1;
+    let w2 = 1.0 - beta2;
+    // PyTorch computes 1 − lr·wd in Python floats (f64).
+    let shrink = (1.0 - lr as f64 * decoupled as f64) as f32;
+    for (((w, &g), m), v) in w.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+        if decoupled != 0.0 {
+            *w *= shrink;
         }
+        let g = if weight_decay != 0.0 {
+            g + weight_decay * *w
+        } else {
+            g
+        };
+        // exp_avg.lerp_(grad, 1-β1): weight < 0.5 uses self + w·(end − self).
+        *m = if w1 < 0.5 {
+            *m + w1 * (g - *m)
+        } else {
+            g - (g - *m) * (1.0 - w1)
+        };
+        *v = *v * beta2 + w2 * g * g;
+        let denom = libm::sqrtf(*v) / bc2_sqrt + eps;
+        // addcdiv_(m, denom, value=-step_size) computes (value·m)/denom.
+        *w += (-step_size * *m) / denom;
     }
 }

@@ -321,6 +321,10 @@ pub fn touches(g: &Graph, ins: &Instr, out: &mut Vec<TensorId>) {
         Phase::GradW => {
             out.extend(n.d_out);
             out.extend(n.params.iter().filter_map(|p| p.grad));
+            if matches!(n.op, NodeOp::Lora(_)) {
+                // dA needs the adapter B.
+                out.extend(n.params.last().map(|p| p.value));
+            }
             out.extend(n.saved.iter().copied());
             // A bias-only update of a Linear/Conv2d (sparse update) sums dL/d(out) alone: its input
             // need not be saved for it.
@@ -348,6 +352,12 @@ pub fn touches(g: &Graph, ins: &Instr, out: &mut Vec<TensorId>) {
                     }
                 }
                 NodeOp::Act(_) => out.push(n.out),
+                NodeOp::Norm { .. } => {
+                    out.extend(n.params.first().map(|p| p.value));
+                    out.extend(n.inputs.iter().copied());
+                }
+                NodeOp::Smooth(_) | NodeOp::Attention(_) => out.extend(n.inputs.iter().copied()),
+                NodeOp::Lora(_) => out.extend(n.params.iter().map(|p| p.value)),
                 _ => {}
             }
             out.extend(n.scratch[scratch_slot::GRAD_X]);

@@ -172,7 +172,7 @@ pub(crate) fn random_model(
     }
 }
 
-fn check_layout(p: &Plan) {
+pub(crate) fn check_layout(p: &Plan) {
     assert!(
         p.arena_bytes >= p.lower_bound,
         "arena {} below lower bound {}",

@@ -43,7 +43,17 @@ pub fn flops_per_sample(g: &Graph, node: usize, phase: Phase) -> u64 {
         (
             NodeOp::Linear { fin, fout },
             Phase::Forward | Phase::Recompute | Phase::GradW | Phase::GradX,
-        ) => 2 * (*fin as u64) * (*fout as u64),
+        ) => 2 * (*fin as u64) * (*fout as u64) * n.op.rows_per_sample(inp as usize) as u64,
+        (NodeOp::Lora(l), Phase::Forward | Phase::Recompute | Phase::GradW | Phase::GradX) => {
+            let rows = n.op.rows_per_sample(inp as usize) as u64;
+            2 * rows * (l.fin * l.fout + l.rank * (l.fin + l.fout)) as u64
+        }
+        (NodeOp::Attention(a), Phase::Forward | Phase::Recompute | Phase::GradX) => {
+            // Q·Kᵀ and P·V (forward); four products of the same size backward.
+            let k = if phase == Phase::GradX { 4 } else { 2 };
+            k * 2 * (a.seq * a.seq * a.dim) as u64
+        }
+        (NodeOp::Norm { .. }, _) => 8 * out,
         (NodeOp::Conv(c), Phase::Forward | Phase::Recompute | Phase::GradW | Phase::GradX) => {
             2 * (c.cin / c.groups * c.kh * c.kw) as u64 * out
         }

@@ -87,8 +87,11 @@ pub struct Dataset {
     pub classes: u32,
     /// Samples, row-major: `len() × dims.numel()` values.
     pub x: Vec<f32>,
-    /// One class index per sample.
+    /// `tokens` class indices per sample.
     pub y: Vec<u32>,
+    /// Labels per sample: 1, or the sequence length of a text data set (a next-token label per
+    /// token, [`crate::text`]).
+    pub tokens: usize,
 }
 
 impl Dataset {
@@ -129,12 +132,18 @@ impl Dataset {
             classes,
             x,
             y,
+            tokens: 1,
         })
     }
 
     /// Number of samples.
     pub fn len(&self) -> usize {
-        self.y.len()
+        self.y.len() / self.tokens.max(1)
+    }
+
+    /// The labels of samples `i..i + n`.
+    pub fn labels(&self, i: usize, n: usize) -> &[u32] {
+        &self.y[i * self.tokens..(i + n) * self.tokens]
     }
 
     /// Whether there are no samples.
@@ -153,16 +162,16 @@ impl Dataset {
     /// range (both are caller bugs, not data errors).
     pub fn batch(&self, indices: &[usize], xbuf: &mut [f32], ybuf: &mut [u32]) {
         let n = self.dims.numel();
+        let t = self.tokens;
         assert!(
-            xbuf.len() >= indices.len() * n && ybuf.len() >= indices.len(),
+            xbuf.len() >= indices.len() * n && ybuf.len() >= indices.len() * t,
             "batch buffers too small for {} samples of {}",
             indices.len(),
             self.dims
         );
         for (k, &i) in indices.iter().enumerate() {
-            let (x, y) = self.sample(i);
-            xbuf[k * n..(k + 1) * n].copy_from_slice(x);
-            ybuf[k] = y;
+            xbuf[k * n..(k + 1) * n].copy_from_slice(&self.x[i * n..(i + 1) * n]);
+            ybuf[k * t..(k + 1) * t].copy_from_slice(self.labels(i, 1));
         }
     }
 

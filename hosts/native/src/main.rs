@@ -73,6 +73,11 @@ enum Cmd {
         /// Weights to load before training (overrides the model file's).
         #[arg(long)]
         weights: Option<PathBuf>,
+        /// A model file with a [lora] section: also write the adapters alone here (safetensors with
+        /// PEFT's tensor names, and an adapter_config.json beside it). --save then holds the base
+        /// weights with the adapters merged in, loadable by the base model file.
+        #[arg(long)]
+        save_adapters: Option<PathBuf>,
         /// Numeric precision: f32, int8 (pure integer: int8 weights, NITI update), int8-master (int8
         /// compute, f32 master weights and the model's optimizer), or f16-storage (f32 compute, the
         /// activations kept for the backward pass stored as IEEE half). int8 runs the plain plan.
@@ -134,6 +139,26 @@ enum Cmd {
         #[arg(long)]
         save_table: Option<PathBuf>,
     },
+    /// Sample text from a trained sequence model (an embedding first; bytes as tokens).
+    Generate {
+        /// Model description.
+        model: PathBuf,
+        /// Trained weights (safetensors; for a LoRA model file, the base weights and adapters).
+        #[arg(long)]
+        weights: PathBuf,
+        /// Text to continue.
+        #[arg(long, default_value = "")]
+        prompt: String,
+        /// Bytes to generate.
+        #[arg(long, default_value_t = 200)]
+        length: usize,
+        /// Softmax temperature (> 0; lower is greedier).
+        #[arg(long, default_value_t = 0.8)]
+        temperature: f32,
+        /// Sampling seed (the same seed, weights and prompt give the same text).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Convert a model (TOML) to frugal's binary model format (`.frgm`, versioned and checksummed), the
     /// form devices, the browser and the wasm sandbox load.
     Convert {
@@ -173,8 +198,46 @@ fn cost_model(
     }
 }
 
+fn save_tensors(path: &Path, t: &[(String, Vec<usize>, Vec<f32>)]) -> Res {
+    let named: Vec<(&str, &[usize], &[f32])> = t
+        .iter()
+        .map(|(n, s, v)| (n.as_str(), s.as_slice(), v.as_slice()))
+        .collect();
+    checkpoint::save_safetensors(path, &named, None)?;
+    Ok(())
+}
+
 fn run(cli: Cli) -> Res {
     match cli.cmd {
+        Cmd::Generate {
+            model,
+            weights,
+            prompt,
+            length,
+            temperature,
+            seed,
+        } => {
+            let mf = load_model(&model)?;
+            let text = frugal_cli::generate::generate(
+                &mf.spec,
+                |ex, arena| {
+                    let n = train::load_weights(ex, arena, &weights)?;
+                    if n == 0 {
+                        return Err(
+                            format!("{}: no tensor of the model in it", weights.display()).into(),
+                        );
+                    }
+                    Ok(())
+                },
+                prompt.as_bytes(),
+                frugal_cli::generate::Sampling {
+                    length,
+                    temperature,
+                    seed,
+                },
+            )?;
+            println!("{prompt}{}", String::from_utf8_lossy(&text));
+        }
         Cmd::Convert { model, out } => {
             let mf = load_model(&model)?;
             let bytes = frugal_core::format::encode_model(&mf.spec);
@@ -205,8 +268,14 @@ fn run(cli: Cli) -> Res {
             batch_split,
             threads,
             on,
+            save_adapters,
         } => {
             let mf = load_model(&model)?;
+            if save_adapters.is_some() && mf.lora.is_none() {
+                return Err(
+                    format!("--save-adapters: {} has no [lora] section", model.display()).into(),
+                );
+            }
             // fp16 storage is an opt-in approximation of the f32 plan (compute stays f32).
             let f16_storage = precision == "f16-storage";
             let precision = if f16_storage {
@@ -217,7 +286,7 @@ fn run(cli: Cli) -> Res {
             let batch = batch.or(mf.train.batch.map(|b| b as usize)).unwrap_or(32);
             let epochs = epochs.or(mf.train.epochs).unwrap_or(10);
             let source = mf.train.dataset.clone().unwrap_or(DatasetSource::Digits);
-            let (train_set, test_set) = train::load_data(&source)?;
+            let (train_set, test_set) = train::load_data(&source, mf.spec.input.numel())?;
             // No --budget: what the device can give now (available memory, the cgroup's room).
             let (budget_v, device) = match budget {
                 Some(b) => (Budget::new(b), None),
@@ -312,23 +381,55 @@ fn run(cli: Cli) -> Res {
             };
             let w = weights.or(mf.train.weights.clone());
             let rep = train::train(&mf, &train_set, &test_set, &opts, w.as_ref())?;
-            let correct = (rep.test_accuracy * rep.test_samples as f32).round() as usize;
-            println!(
-                "held-out accuracy: {:.2}% ({correct}/{})",
-                rep.test_accuracy * 100.0,
-                rep.test_samples
-            );
+            if train_set.tokens > 1 {
+                let (b, a) = rep.test_loss;
+                println!(
+                    "held-out next-token accuracy: {:.2}% over {} tokens; perplexity {:.3} before training → {:.3} ({:+.1}%)",
+                    rep.test_accuracy * 100.0,
+                    rep.test_samples * train_set.tokens,
+                    b.exp(),
+                    a.exp(),
+                    (a.exp() / b.exp() - 1.0) * 100.0
+                );
+            } else {
+                let correct = (rep.test_accuracy * rep.test_samples as f32).round() as usize;
+                println!(
+                    "held-out accuracy: {:.2}% ({correct}/{})",
+                    rep.test_accuracy * 100.0,
+                    rep.test_samples
+                );
+            }
             let save = save.unwrap_or_else(|| default_checkpoint(&model));
             if let Some(dir) = save.parent().filter(|d| !d.as_os_str().is_empty()) {
                 std::fs::create_dir_all(dir)?;
             }
-            let named: Vec<(&str, &[usize], &[f32])> = rep
-                .tensors
-                .iter()
-                .map(|(n, s, v)| (n.as_str(), s.as_slice(), v.as_slice()))
-                .collect();
-            checkpoint::save_safetensors(&save, &named, None)?;
-            println!("checkpoint: {}", save.display());
+            let tensors = match &mf.lora {
+                Some(l) => {
+                    if let Some(path) = &save_adapters {
+                        let a = frugal_cli::lora::adapters(&mf.spec, &rep.tensors)?;
+                        save_tensors(path, &a)?;
+                        let cfg = path.with_file_name("adapter_config.json");
+                        fsutil::write_atomic(
+                            &cfg,
+                            frugal_cli::lora::adapter_config(l.rank, l.alpha, &l.targets)
+                                .as_bytes(),
+                        )?;
+                        println!("adapters: {} (+ {})", path.display(), cfg.display());
+                    }
+                    frugal_cli::lora::merge(&mf.spec, &rep.tensors)?
+                }
+                None => rep.tensors.clone(),
+            };
+            save_tensors(&save, &tensors)?;
+            println!(
+                "checkpoint: {}{}",
+                save.display(),
+                if mf.lora.is_some() {
+                    " (adapters merged into the base weights)"
+                } else {
+                    ""
+                }
+            );
             if let Some(p) = plot {
                 fsutil::write_atomic(&p, curves_svg(&rep.epochs).as_bytes())?;
                 println!("curves: {}", p.display());

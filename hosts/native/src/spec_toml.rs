@@ -27,6 +27,20 @@ pub struct ModelFile {
     pub spec: ModelSpec,
     /// The `[train]` section (all fields absent when there is none).
     pub train: TrainConfig,
+    /// The `[lora]` section, when the model fine-tunes LoRA adapters (already applied to `spec`: the
+    /// targeted Linear layers are LoRA Linears, every other layer frozen).
+    pub lora: Option<LoraConfig>,
+}
+
+/// The `[lora]` section: which Linear layers get adapters, of which rank and scale.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoraConfig {
+    /// Adapter rank.
+    pub rank: u32,
+    /// Scale numerator (`alpha / rank`).
+    pub alpha: f32,
+    /// Layer names or name suffixes (`"qkv"` matches `h0.qkv`), as PEFT's `target_modules`.
+    pub targets: Vec<String>,
 }
 
 /// The `[train]` section: CLI-only training settings. Absent values are for the CLI to default.
@@ -54,6 +68,12 @@ pub enum DatasetSource {
         images: PathBuf,
         /// The label file.
         labels: PathBuf,
+    },
+    /// `{ text = "…" }`: a text file, tokenised into bytes ([`crate::text`]); a sample is a window of
+    /// the model input's length, its labels the next bytes.
+    Text {
+        /// The file.
+        path: PathBuf,
     },
     /// `{ csv = "…", label_column = 0 }`: a numeric CSV file ([`crate::data::load_csv`]).
     Csv {
@@ -242,7 +262,7 @@ pub fn load_model(path: &Path) -> Result<ModelFile, SpecError> {
             resolve(images);
             resolve(labels);
         }
-        Some(DatasetSource::Csv { path, .. }) => resolve(path),
+        Some(DatasetSource::Csv { path, .. }) | Some(DatasetSource::Text { path }) => resolve(path),
         Some(DatasetSource::Digits) | None => {}
     }
     Ok(model)
@@ -303,6 +323,11 @@ pub fn parse_model(text: &str) -> Result<ModelFile, SpecError> {
         Some(t) => cx.train(&t.get_ref().0)?,
         None => TrainConfig::default(),
     };
+    let mut layers = layers;
+    let lora = match &raw.lora {
+        Some(l) => Some(cx.lora(l, &mut layers)?),
+        None => None,
+    };
     Ok(ModelFile {
         spec: ModelSpec {
             input,
@@ -312,6 +337,7 @@ pub fn parse_model(text: &str) -> Result<ModelFile, SpecError> {
             seed,
         },
         train,
+        lora,
     })
 }
 
@@ -330,6 +356,15 @@ struct RawFile {
     optimizer: Option<Spanned<Table<RawOptimizer>>>,
     layers: Option<Spanned<Seq<Spanned<Table<RawLayer>>, LayerList>>>,
     train: Option<Spanned<Table<RawTrain>>>,
+    lora: Option<Spanned<Table<RawLora>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLora {
+    rank: Spanned<Int>,
+    alpha: Option<Spanned<Number>>,
+    targets: Spanned<Seq<Spanned<String>, NameList>>,
 }
 
 #[derive(Deserialize)]
@@ -378,6 +413,11 @@ struct RawLayer {
     eps: Option<Spanned<Number>>,
     momentum: Option<Spanned<Number>>,
     p: Option<Spanned<Number>>,
+    vocab: Option<Spanned<Int>>,
+    dim: Option<Spanned<Int>>,
+    heads: Option<Spanned<Int>>,
+    rank: Option<Spanned<Int>>,
+    alpha: Option<Spanned<Number>>,
     expand: Option<Spanned<Int>>,
     repeat: Option<Spanned<Int>>,
     scale_width: Option<Spanned<bool>>,
@@ -396,7 +436,7 @@ const UPDATE_NAMES: &[&str] = &["all", "frozen", "bias"];
 
 impl RawLayer {
     /// The type-specific keys present, with their value spans.
-    fn present(&self) -> [(&'static str, Option<Span>); 14] {
+    fn present(&self) -> [(&'static str, Option<Span>); 19] {
         fn s<T>(v: &Option<Spanned<T>>) -> Option<Span> {
             v.as_ref().map(Spanned::span)
         }
@@ -412,6 +452,11 @@ impl RawLayer {
             ("eps", s(&self.eps)),
             ("momentum", s(&self.momentum)),
             ("p", s(&self.p)),
+            ("vocab", s(&self.vocab)),
+            ("dim", s(&self.dim)),
+            ("heads", s(&self.heads)),
+            ("rank", s(&self.rank)),
+            ("alpha", s(&self.alpha)),
             ("expand", s(&self.expand)),
             ("repeat", s(&self.repeat)),
             ("scale_width", s(&self.scale_width)),
@@ -432,6 +477,7 @@ struct RawTrain {
 #[serde(deny_unknown_fields)]
 struct RawFiles {
     csv: Option<Spanned<String>>,
+    text: Option<Spanned<String>>,
     label_column: Option<Spanned<Int>>,
     idx_images: Option<Spanned<String>>,
     idx_labels: Option<Spanned<String>>,
@@ -583,12 +629,14 @@ impl<'de, T: Deserialize<'de>, N: SeqName> Deserialize<'de> for Seq<T, N> {
 
 // ---- Key lists for the per-type checks and unknown-key messages ----
 
-const ROOT_KEYS: &[&str] = &["model", "optimizer", "layers", "train"];
+const ROOT_KEYS: &[&str] = &["model", "optimizer", "layers", "train", "lora"];
 const MODEL_KEYS: &[&str] = &["input", "seed", "loss", "width"];
 const TRAIN_KEYS: &[&str] = &["batch", "epochs", "dataset", "weights"];
 const CSV_KEYS: &[&str] = &["csv", "label_column"];
 const IDX_KEYS: &[&str] = &["idx_images", "idx_labels"];
-const FILES_KEYS: &[&str] = &["csv", "label_column", "idx_images", "idx_labels"];
+const FILES_KEYS: &[&str] = &["csv", "label_column", "idx_images", "idx_labels", "text"];
+const TEXT_KEYS: &[&str] = &["text"];
+const LORA_KEYS: &[&str] = &["rank", "alpha", "targets"];
 const ADAM_KEYS: &[&str] = &["type", "lr", "beta1", "beta2", "eps", "weight_decay"];
 const SGD_KEYS: &[&str] = &["type", "lr", "momentum", "weight_decay"];
 const OPTIMIZER_KEYS: &[&str] = &[
@@ -616,6 +664,14 @@ const LAYER_TYPES: &[&str] = &[
     "add",
     "batchnorm2d",
     "dropout",
+    "embedding",
+    "pos_embedding",
+    "layernorm",
+    "rmsnorm",
+    "gelu",
+    "silu",
+    "attention",
+    "lora_linear",
     "inverted_residual",
 ];
 
@@ -668,6 +724,19 @@ fn layer_keys(ty: &str) -> &'static [&'static str] {
             "momentum",
         ],
         "dropout" => &["name", "type", "inputs", "trainable", "p"],
+        "embedding" => &["name", "type", "inputs", "trainable", "vocab", "dim"],
+        "layernorm" | "rmsnorm" => &["name", "type", "inputs", "trainable", "eps"],
+        "attention" => &["name", "type", "inputs", "trainable", "heads"],
+        "lora_linear" => &[
+            "name",
+            "type",
+            "inputs",
+            "trainable",
+            "out",
+            "bias",
+            "rank",
+            "alpha",
+        ],
         t if LAYER_TYPES.contains(&t) => &["name", "type", "inputs", "trainable"],
         _ => &[
             "name",
@@ -685,6 +754,11 @@ fn layer_keys(ty: &str) -> &'static [&'static str] {
             "eps",
             "momentum",
             "p",
+            "vocab",
+            "dim",
+            "heads",
+            "rank",
+            "alpha",
             "expand",
             "repeat",
             "scale_width",
@@ -880,11 +954,13 @@ impl<'d> Doc<'d> {
                 "" => ROOT_KEYS,
                 "model" => MODEL_KEYS,
                 "train" => TRAIN_KEYS,
+                "lora" => LORA_KEYS,
                 "train.dataset" if has("csv") => CSV_KEYS,
+                "train.dataset" if has("text") => TEXT_KEYS,
                 "train.dataset" if has("idx_images") || has("idx_labels") => IDX_KEYS,
                 "train.dataset" => FILES_KEYS,
                 "optimizer" => match ty() {
-                    Some("adam") => ADAM_KEYS,
+                    Some("adam") | Some("adamw") => ADAM_KEYS,
                     Some("sgd") => SGD_KEYS,
                     _ => OPTIMIZER_KEYS,
                 },
@@ -1064,7 +1140,8 @@ impl<'d> Doc<'d> {
     }
 
     fn optimizer(&self, o: &RawOptimizer) -> Result<OptimizerSpec, SpecError> {
-        let adam = self.pick(&o.ty, &["adam", "sgd"])? == 0;
+        let kind = self.pick(&o.ty, &["adam", "sgd", "adamw"])?;
+        let adam = kind != 1;
         let s = |v: &Option<Spanned<Number>>| v.as_ref().map(Spanned::span);
         let present = [
             ("beta1", s(&o.beta1)),
@@ -1074,8 +1151,18 @@ impl<'d> Doc<'d> {
         ];
         self.only_keys(&present, if adam { ADAM_KEYS } else { SGD_KEYS })?;
         let lr = self.float(&o.lr, Limit::Positive)?;
-        let weight_decay = self.opt_float(&o.weight_decay, Limit::NonNegative, 0.0)?;
-        Ok(if adam {
+        // torch.optim.AdamW's default decay is 0.01; Adam's and SGD's 0.
+        let default_wd = if kind == 2 { 0.01 } else { 0.0 };
+        let weight_decay = self.opt_float(&o.weight_decay, Limit::NonNegative, default_wd)?;
+        Ok(if kind == 2 {
+            OptimizerSpec::AdamW {
+                lr,
+                beta1: self.opt_float(&o.beta1, Limit::UnitOpen, 0.9)?,
+                beta2: self.opt_float(&o.beta2, Limit::UnitOpen, 0.999)?,
+                eps: self.opt_float(&o.eps, Limit::Positive, 1e-8)?,
+                weight_decay,
+            }
+        } else if adam {
             OptimizerSpec::Adam {
                 lr,
                 beta1: self.opt_float(&o.beta1, Limit::UnitOpen, 0.9)?,
@@ -1472,6 +1559,31 @@ impl<'d> Doc<'d> {
             "dropout" => LayerKind::Dropout {
                 p: self.opt_float(&l.p, Limit::UnitOpen, 0.5)?,
             },
+            "embedding" => LayerKind::Embedding {
+                vocab: self.size(self.need(&l.vocab, &span, "vocab")?)?,
+                dim: self.size(self.need(&l.dim, &span, "dim")?)?,
+            },
+            "pos_embedding" => LayerKind::PosEmbedding,
+            "layernorm" => LayerKind::LayerNorm {
+                eps: self.opt_float(&l.eps, Limit::Positive, 1e-5)?,
+            },
+            "rmsnorm" => LayerKind::RmsNorm {
+                eps: self.opt_float(&l.eps, Limit::Positive, 1e-6)?,
+            },
+            "gelu" => LayerKind::Gelu,
+            "silu" => LayerKind::Silu,
+            "attention" => LayerKind::Attention {
+                heads: self.size(self.need(&l.heads, &span, "heads")?)?,
+            },
+            "lora_linear" => {
+                let rank = self.size(self.need(&l.rank, &span, "rank")?)?;
+                LayerKind::LoraLinear {
+                    out: self.size(self.need(&l.out, &span, "out")?)?,
+                    bias,
+                    rank,
+                    alpha: self.opt_float(&l.alpha, Limit::Positive, rank as f32)?,
+                }
+            }
             _ => unreachable!("type checked against LAYER_TYPES"),
         })
     }
@@ -1533,6 +1645,67 @@ impl<'d> Doc<'d> {
             .collect()
     }
 
+    /// The `[lora]` section, applied: every Linear whose name matches a target becomes a LoRA Linear
+    /// (same name, so its base weights load from the pretrained file), every other layer is frozen.
+    fn lora(
+        &self,
+        l: &Spanned<Table<RawLora>>,
+        layers: &mut [LayerSpec],
+    ) -> Result<LoraConfig, SpecError> {
+        let r = &l.get_ref().0;
+        let rank = self.size(&r.rank)?;
+        let alpha = self.opt_float(&r.alpha, Limit::Positive, rank as f32)?;
+        let mut targets = Vec::new();
+        for t in &r.targets.get_ref().0 {
+            let name = t.get_ref();
+            let hit = |n: &str| n == name || n.ends_with(&format!(".{name}"));
+            let mut found = false;
+            for layer in layers.iter_mut().filter(|x| hit(&x.name)) {
+                let LayerKind::Linear { out, bias } = layer.kind else {
+                    return Err(self.err_in(
+                        t.span(),
+                        "lora.targets",
+                        SpecErrorKind::Invalid(format!(
+                            "LoRA target {name:?} matches layer {:?}, a {}; only linear layers take adapters",
+                            layer.name,
+                            layer.kind.type_name()
+                        )),
+                    ));
+                };
+                layer.kind = LayerKind::LoraLinear {
+                    out,
+                    bias,
+                    rank,
+                    alpha,
+                };
+                found = true;
+            }
+            if !found {
+                return Err(self.err_in(
+                    t.span(),
+                    "lora.targets",
+                    SpecErrorKind::Invalid(format!("LoRA target {name:?} matches no layer")),
+                ));
+            }
+            targets.push(name.clone());
+        }
+        if targets.is_empty() {
+            return Err(self.err_in(
+                r.targets.span(),
+                "lora.targets",
+                SpecErrorKind::Invalid("LoRA needs at least one target layer".into()),
+            ));
+        }
+        for layer in layers.iter_mut() {
+            layer.trainable = matches!(layer.kind, LayerKind::LoraLinear { .. });
+        }
+        Ok(LoraConfig {
+            rank,
+            alpha,
+            targets,
+        })
+    }
+
     fn train(&self, t: &RawTrain) -> Result<TrainConfig, SpecError> {
         let dataset = match &t.dataset {
             None => None,
@@ -1547,6 +1720,7 @@ impl<'d> Doc<'d> {
                                 "digits",
                                 "{ idx_images, idx_labels }",
                                 "{ csv, label_column }",
+                                "{ text }",
                             ],
                         },
                     ))
@@ -1555,12 +1729,18 @@ impl<'d> Doc<'d> {
                     let s = |v: &Option<Spanned<String>>| v.as_ref().map(Spanned::span);
                     let present = [
                         ("csv", s(&f.csv)),
+                        ("text", s(&f.text)),
                         ("label_column", f.label_column.as_ref().map(Spanned::span)),
                         ("idx_images", s(&f.idx_images)),
                         ("idx_labels", s(&f.idx_labels)),
                     ];
                     let span = v.span();
-                    if let Some(csv) = &f.csv {
+                    if let Some(text) = &f.text {
+                        self.only_keys(&present, TEXT_KEYS)?;
+                        DatasetSource::Text {
+                            path: self.path(text)?,
+                        }
+                    } else if let Some(csv) = &f.csv {
                         self.only_keys(&present, CSV_KEYS)?;
                         DatasetSource::Csv {
                             path: self.path(csv)?,
@@ -1582,7 +1762,7 @@ impl<'d> Doc<'d> {
                         return Err(self.err(
                             span,
                             SpecErrorKind::Invalid(
-                                "a dataset table needs either idx_images and idx_labels, or csv"
+                                "a dataset table needs idx_images and idx_labels, csv, or text"
                                     .into(),
                             ),
                         ));
@@ -1634,6 +1814,140 @@ mod tests {
     use proptest::prelude::*;
 
     const HEAD: &str = "[model]\ninput = [1, 8, 8]\nloss = \"cross_entropy\"\n\n[optimizer]\ntype = \"adam\"\nlr = 0.001\n\n";
+
+    const SEQ: &str = r#"
+[model]
+input = [8]
+loss = "cross_entropy"
+
+[optimizer]
+type = "adamw"
+lr = 0.01
+
+[[layers]]
+name = "tok"
+type = "embedding"
+vocab = 16
+dim = 8
+
+[[layers]]
+type = "pos_embedding"
+
+[[layers]]
+name = "b.ln"
+type = "layernorm"
+
+[[layers]]
+name = "b.qkv"
+type = "linear"
+out = 24
+bias = false
+
+[[layers]]
+type = "attention"
+heads = 2
+
+[[layers]]
+name = "b.proj"
+type = "linear"
+out = 8
+
+[[layers]]
+type = "rmsnorm"
+eps = 1e-5
+
+[[layers]]
+type = "silu"
+
+[[layers]]
+type = "gelu"
+
+[[layers]]
+name = "head"
+type = "linear"
+out = 16
+"#;
+
+    #[test]
+    fn sequence_layers_and_lora_parse() {
+        let m = parse_model(SEQ).unwrap();
+        assert_eq!(
+            m.spec.optimizer,
+            OptimizerSpec::AdamW {
+                lr: 0.01,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.01
+            }
+        );
+        assert_eq!(
+            m.spec.layers[0].kind,
+            LayerKind::Embedding { vocab: 16, dim: 8 }
+        );
+        assert_eq!(m.spec.layers[4].kind, LayerKind::Attention { heads: 2 });
+        assert_eq!(m.spec.layers[6].kind, LayerKind::RmsNorm { eps: 1e-5 });
+        assert!(m.lora.is_none());
+        frugal_core::graph::Graph::new(&m.spec, 2).unwrap();
+
+        let lora = format!("{SEQ}\n[lora]\nrank = 2\nalpha = 4\ntargets = [\"qkv\", \"b.proj\"]\n");
+        let m = parse_model(&lora).unwrap();
+        let l = m.lora.unwrap();
+        assert_eq!((l.rank, l.alpha), (2, 4.0));
+        for layer in &m.spec.layers {
+            let adapted = layer.name == "b.qkv" || layer.name == "b.proj";
+            assert_eq!(layer.trainable, adapted, "{}", layer.name);
+            assert_eq!(
+                matches!(layer.kind, LayerKind::LoraLinear { rank: 2, .. }),
+                adapted,
+                "{}",
+                layer.name
+            );
+        }
+        let g = frugal_core::graph::Graph::new(&m.spec, 2).unwrap();
+        assert!(g
+            .params()
+            .all(|(_, p)| p.grad.is_some() == p.name.contains(".lora_")));
+
+        // Typed errors: a target that matches nothing, or a layer that is not linear.
+        let e = err(&format!("{SEQ}\n[lora]\nrank = 2\ntargets = [\"nope\"]\n"));
+        assert!(e.contains("matches no layer"), "{e}");
+        let e = err(&format!("{SEQ}\n[lora]\nrank = 2\ntargets = [\"tok\"]\n"));
+        assert!(e.contains("only linear layers"), "{e}");
+        let e = err(&format!("{SEQ}\n[lora]\nrank = 0\ntargets = [\"qkv\"]\n"));
+        assert!(e.contains("lora.rank") || e.contains("positive"), "{e}");
+        let e = err(&SEQ.replace("heads = 2", "heads = 2\nvocab = 3"));
+        assert!(e.contains("unknown key"), "{e}");
+        let e = err(&SEQ.replace("vocab = 16\n", ""));
+        assert!(e.contains("vocab"), "{e}");
+    }
+
+    #[test]
+    fn the_char_gpt_examples_parse_and_keep_their_layers_in_step() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        let base = load_model(&dir.join("char-gpt.toml")).unwrap();
+        let lora = load_model(&dir.join("char-gpt-lora.toml")).unwrap();
+        assert!(base.lora.is_none() && lora.lora.is_some());
+        assert_eq!(base.spec.layers.len(), lora.spec.layers.len());
+        for (a, b) in base.spec.layers.iter().zip(&lora.spec.layers) {
+            assert_eq!(a.name, b.name);
+            match (&a.kind, &b.kind) {
+                (
+                    LayerKind::Linear { out, bias },
+                    LayerKind::LoraLinear {
+                        out: o, bias: c, ..
+                    },
+                ) => {
+                    assert_eq!((out, bias), (o, c))
+                }
+                (x, y) => assert_eq!(x, y, "{}", a.name),
+            }
+        }
+        assert!(matches!(
+            lora.train.dataset,
+            Some(DatasetSource::Text { .. })
+        ));
+    }
 
     /// HEAD followed by `rest`.
     fn with(rest: &str) -> String {
@@ -1956,12 +2270,14 @@ weights = "w/backbone.safetensors"
         assert_eq!(
             err_body(&with("[[layers]]\ntype = \"conv3d\"\n")),
             "layers[0].type: unknown value \"conv3d\" (known: linear, conv2d, maxpool2d, avgpool2d, \
-             global_avgpool, relu, relu6, sigmoid, tanh, flatten, reshape, add, batchnorm2d, dropout, inverted_residual)"
+             global_avgpool, relu, relu6, sigmoid, tanh, flatten, reshape, add, batchnorm2d, dropout, \
+             embedding, pos_embedding, layernorm, rmsnorm, gelu, silu, attention, lora_linear, \
+             inverted_residual)"
         );
         assert!(err_body(&HEAD.replace("cross_entropy", "hinge"))
             .starts_with("model.loss: unknown value \"hinge\""));
-        assert!(err_body(&HEAD.replace("adam", "adamw"))
-            .starts_with("optimizer.type: unknown value \"adamw\""));
+        assert!(err_body(&HEAD.replace("adam", "nadam"))
+            .starts_with("optimizer.type: unknown value \"nadam\""));
         assert!(err_body(&with(
             "[[layers]]\ntype=\"relu\"\n[train]\ndataset = \"mnist\"\n"
         ))
@@ -2321,7 +2637,7 @@ weights = "w/backbone.safetensors"
         );
         assert_eq!(
             err(&with("[[layers]]\ntype = \"relu\"\n[train]\ndataset = { foo = 1 }\n")),
-            "line 12, column 13: train.dataset: unknown key \"foo\" (allowed: csv, label_column, idx_images, idx_labels)"
+            "line 12, column 13: train.dataset: unknown key \"foo\" (allowed: csv, label_column, idx_images, idx_labels, text)"
         );
         assert_eq!(
             err(&with("[[layers]]\ntype = \"relu\"\n[train]\ndataset = 3\n")),

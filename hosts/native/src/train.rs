@@ -70,6 +70,9 @@ pub struct TrainReport {
     pub test_accuracy: f32,
     /// Held-out samples.
     pub test_samples: usize,
+    /// Held-out mean loss before the first update (after loading weights) and after training: for a
+    /// text data set, `exp` of each is the held-out perplexity.
+    pub test_loss: (f32, f32),
     /// Arena size of the plan.
     pub arena_bytes: usize,
     /// Lower bound of the plan.
@@ -166,13 +169,15 @@ pub fn split(ds: Dataset) -> Result<(Dataset, Dataset), DataError> {
 }
 
 /// Loads the model file's data set as (train, test).
-pub fn load_data(src: &DatasetSource) -> Result<(Dataset, Dataset), DataError> {
+/// `seq` is the model's input length (a text data set's window).
+pub fn load_data(src: &DatasetSource, seq: usize) -> Result<(Dataset, Dataset), DataError> {
     match src {
         DatasetSource::Digits => Ok(data::digits()),
         DatasetSource::Idx { images, labels } => split(data::load_idx(images, labels, 255.0)?),
         DatasetSource::Csv { path, label_column } => {
             split(data::load_csv(path, *label_column, None)?)
         }
+        DatasetSource::Text { path } => crate::text::load(path, seq),
     }
 }
 
@@ -244,14 +249,15 @@ pub fn evaluate<B: Backend>(
         let s = ex.evaluate(
             arena,
             &ds.x[i * per..(i + n) * per],
-            Target::Classes(&ds.y[i..i + n]),
+            Target::Classes(ds.labels(i, n)),
         )?;
         correct += s.correct;
         loss += s.loss as f64 * n as f64;
         i += n;
     }
+    // A text data set counts a prediction per token.
     Ok((
-        correct as f32 / ds.len().max(1) as f32,
+        correct as f32 / (ds.len() * ds.tokens).max(1) as f32,
         (loss / ds.len().max(1) as f64) as f32,
     ))
 }
@@ -320,7 +326,7 @@ fn train_auto(
     let per = model.spec.input.numel();
     let idx: Vec<usize> = (0..n).collect();
     let mut x = alloc_zeroed::<f32>(n * per, "the batch buffer")?;
-    let mut y = alloc_zeroed::<u32>(n, "the label buffer")?;
+    let mut y = alloc_zeroed::<u32>(n * train.tokens, "the label buffer")?;
     train.batch(&idx, &mut x, &mut y);
     // The CPU side runs on `threads` workers: measured so, trained so.
     let pool = ThreadPool::new(opts.threads).map_err(|e| {
@@ -475,10 +481,11 @@ fn run<B: Backend>(
             println!("loaded {n} tensors from {}", w.display());
         }
     }
+    let (_, loss_before) = evaluate(&mut ex, arena, test)?;
     let per = spec.input.numel();
     let rows = opts.batch.max(plan.batch());
     let mut xbuf = alloc_zeroed::<f32>(rows.saturating_mul(per), "the batch buffer")?;
-    let mut ybuf = alloc_zeroed::<u32>(rows, "the label buffer")?;
+    let mut ybuf = alloc_zeroed::<u32>(rows * train.tokens, "the label buffer")?;
     let steps = train.len().div_ceil(opts.batch) as u64;
     let mut curves = Vec::new();
     for epoch in 0..opts.epochs {
@@ -489,14 +496,18 @@ fn run<B: Backend>(
         for chunk in order.chunks(opts.batch) {
             let n = chunk.len();
             train.batch(chunk, &mut xbuf, &mut ybuf);
-            let s = ex.train_step(arena, &xbuf[..n * per], Target::Classes(&ybuf[..n]))?;
+            let s = ex.train_step(
+                arena,
+                &xbuf[..n * per],
+                Target::Classes(&ybuf[..n * train.tokens]),
+            )?;
             loss_sum += s.loss as f64 * n as f64;
             correct += s.correct;
             seen += n;
             if let Some(b) = &bar {
                 b.step(
                     (loss_sum / seen as f64) as f32,
-                    correct as f32 / seen as f32,
+                    correct as f32 / (seen * train.tokens) as f32,
                 );
             }
         }
@@ -504,7 +515,7 @@ fn run<B: Backend>(
         let p = EpochPoint {
             epoch: epoch + 1,
             train_loss: (loss_sum / seen.max(1) as f64) as f32,
-            train_acc: correct as f32 / seen.max(1) as f32,
+            train_acc: correct as f32 / (seen * train.tokens).max(1) as f32,
             test_acc: Some(test_acc),
         };
         if let Some(b) = bar {
@@ -512,7 +523,7 @@ fn run<B: Backend>(
         }
         curves.push(p);
     }
-    let (test_accuracy, _) = evaluate(&mut ex, arena, test)?;
+    let (test_accuracy, loss_after) = evaluate(&mut ex, arena, test)?;
     let mut tensors = Vec::new();
     for (name, shape, t) in ex.state_tensors().collect::<Vec<_>>() {
         // Read back from wherever it lives (the GPU's memory for a GPU plan).
@@ -522,6 +533,7 @@ fn run<B: Backend>(
         epochs: curves,
         test_accuracy,
         test_samples: test.len(),
+        test_loss: (loss_before, loss_after),
         // The memory the tensors need where they run (a GPU plan's host arena is empty).
         arena_bytes: plan
             .arena_bytes
@@ -594,14 +606,15 @@ pub fn evaluate_int8(
         let s = ex.evaluate(
             arena,
             &ds.x[i * per..(i + n) * per],
-            Target::Classes(&ds.y[i..i + n]),
+            Target::Classes(ds.labels(i, n)),
         )?;
         correct += s.correct;
         loss += s.loss as f64 * n as f64;
         i += n;
     }
+    // A text data set counts a prediction per token.
     Ok((
-        correct as f32 / ds.len().max(1) as f32,
+        correct as f32 / (ds.len() * ds.tokens).max(1) as f32,
         (loss / ds.len().max(1) as f64) as f32,
     ))
 }
@@ -746,7 +759,7 @@ pub fn train_int8_with(
         per_epoch.push(c);
         curves.push(p);
     }
-    let (test_accuracy, _) = evaluate_int8(&mut ex, &mut arena, test)?;
+    let (test_accuracy, test_loss) = evaluate_int8(&mut ex, &mut arena, test)?;
     let mut tensors = Vec::new();
     for (name, shape, t) in ex.state_tensors().collect::<Vec<_>>() {
         tensors.push((name, shape, ex.read_f32(&mut arena, t)?));
@@ -756,6 +769,8 @@ pub fn train_int8_with(
             epochs: curves,
             test_accuracy,
             test_samples: test.len(),
+            // Int8 runs never carry a text data set (int8 refuses sequence layers): no before.
+            test_loss: (f32::NAN, test_loss),
             arena_bytes: plan.arena_bytes,
             lower_bound: plan.lower_bound,
             tensors,

@@ -116,7 +116,7 @@ fn run(cmd: Cmd) -> Result<(), Box<dyn std::error::Error>> {
             model.display()
         )
     })?;
-    let (train, test) = load_data(&dataset)?;
+    let (train, test) = load_data(&dataset, mf.spec.input.numel())?;
     let seed = seed.unwrap_or(mf.spec.seed);
     let opts = SessionOptions {
         budget,

@@ -278,6 +278,14 @@ fn unsupported(op: &NodeOp) -> Option<&'static str> {
         | NodeOp::AvgPool(_)
         | NodeOp::GlobalAvgPool { .. }
         | NodeOp::BatchNorm { .. } => None,
+        NodeOp::Embedding { .. }
+        | NodeOp::PosEmbedding { .. }
+        | NodeOp::Norm { .. }
+        | NodeOp::Smooth(_)
+        | NodeOp::Attention(_)
+        | NodeOp::Lora(_) => Some(
+            "sequence layers (embedding, norms, GELU/SiLU, attention, LoRA) have no GPU kernels yet",
+        ),
     }
 }
 
@@ -887,6 +895,11 @@ fn raw_steps(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
                             out.push(copy(dy, da, acc)?)?;
                         }
                     }
+                }
+                op => {
+                    return Err(ExecError::Unsupported(
+                        unsupported(op).unwrap_or("a layer without a GPU derivative kernel"),
+                    ))
                 }
             }
         }
@@ -1661,6 +1674,12 @@ fn check(plan: &Plan, beside_cpu: bool) -> Result<(), ExecError> {
         if let Some(why) = unsupported(&n.op) {
             return Err(ExecError::Unsupported(why));
         }
+    }
+    if matches!(
+        plan.graph.optimizer,
+        frugal_core::model::OptimizerSpec::AdamW { .. }
+    ) {
+        return Err(ExecError::Unsupported("AdamW has no GPU kernel yet"));
     }
     let last_loss = plan.program.iter().rposition(|i| i.phase == Phase::Loss);
     let first_apply = plan.program.iter().position(|i| i.phase == Phase::Apply);

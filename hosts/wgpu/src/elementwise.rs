@@ -69,6 +69,25 @@ pub(crate) fn optim_params(spec: &OptimizerSpec, t: u32, n: u32) -> (usize, Para
                 2,
             )
         }
+        // Refused when the backend prepares a plan (`check`): no AdamW kernel. Plain Adam's kernel
+        // without decay keeps this total.
+        OptimizerSpec::AdamW {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            ..
+        } => optim_params(
+            &OptimizerSpec::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay: 0.0,
+            },
+            t,
+            n,
+        ),
     }
 }
 

@@ -259,6 +259,45 @@ fn a_plan_with_a_layer_without_gpu_kernels_is_refused_at_creation() {
         Executor::with_backend(&cpu_plan, &arena, backend),
         Err(ExecError::Placement(_))
     ));
+    // Sequence layers and AdamW have no GPU kernels yet: refused, naming them.
+    let seq = frugal_core::model::Dims::flat(4);
+    let mut spec = mlp(LossKind::SoftmaxCrossEntropy, SGD, 5);
+    spec.input = seq;
+    spec.layers = vec![
+        models::layer("tok", K::Embedding { vocab: 5, dim: 3 }, &[Src::Input]),
+        models::layer("fc", K::Linear { out: 5, bias: true }, &[Src::Layer(0)]),
+    ];
+    for (opt, word) in [(SGD, "sequence layers"), (ADAM, "sequence layers")] {
+        spec.optimizer = opt;
+        let gp = gpu_plan(Plan::new(Graph::new(&spec, 2).unwrap()));
+        let arena = vec![0u8; gp.needed_bytes()];
+        let Some(backend) = common::backend() else {
+            return;
+        };
+        match Executor::with_backend(&gp, &arena, backend) {
+            Err(ExecError::Unsupported(why)) => assert!(why.contains(word), "{why}"),
+            Err(e) => panic!("wrong error: {e}"),
+            Ok(_) => panic!("a plan with an embedding was accepted"),
+        }
+    }
+    let mut spec = mlp(LossKind::SoftmaxCrossEntropy, SGD, 5);
+    spec.optimizer = OptimizerSpec::AdamW {
+        lr: 0.01,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+    };
+    let gp = gpu_plan(Plan::new(Graph::new(&spec, 4).unwrap()));
+    let arena = vec![0u8; gp.needed_bytes()];
+    let Some(backend) = common::backend() else {
+        return;
+    };
+    match Executor::with_backend(&gp, &arena, backend) {
+        Err(ExecError::Unsupported(why)) => assert!(why.contains("AdamW"), "{why}"),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("an AdamW plan was accepted"),
+    }
 }
 
 #[test]

@@ -835,6 +835,7 @@ fn reference(
                     })
                     .collect()
             }
+            op => unreachable!("{op:?}: no conformance case (the GPU refuses sequence layers)"),
         };
         v.insert(node.out, y);
     }
@@ -1030,6 +1031,7 @@ fn reference(
                         }
                     }
                 }
+                op => unreachable!("{op:?}: no conformance case (the GPU refuses sequence layers)"),
             }
             for (t, dx) in node.inputs.iter().zip(dxs) {
                 let e = d.entry(*t).or_insert_with(|| vec![0.0; dx.len()]);
@@ -1077,6 +1079,7 @@ fn reference_update(
                 w[i] -= lr * step;
             }
         }
+        OptimizerSpec::AdamW { .. } => unreachable!("the GPU refuses AdamW"),
         OptimizerSpec::Adam {
             lr,
             beta1,

@@ -171,11 +171,7 @@ fn sgd_and_adam_steps_match_the_cpu() {
         },
     ];
     for spec in specs {
-        let slots = match spec {
-            OptimizerSpec::Sgd { momentum, .. } if momentum != 0.0 => 1,
-            OptimizerSpec::Sgd { .. } => 0,
-            OptimizerSpec::Adam { .. } => 2,
-        };
+        let slots = spec.state_slots();
         let (mut w, mut state) = (data(len, 5, 1.0), vec![0f32; slots * len]);
         let (mut gw, mut gs) = (w.clone(), state.clone());
         for t in 1..=3u32 {

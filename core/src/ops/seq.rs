@@ -1,0 +1,654 @@
+//! Sequence layers on `[n, t, d]` tensors (row-major; `rows = n·t` token rows of `d` features):
+//! token embedding, learned positional embedding, LayerNorm and RMSNorm over the last axis, GELU and
+//! SiLU, causal multi-head self-attention and a Linear with LoRA adapters. Forward and backward, generic
+//! over [`Real`](crate::kernels::Real) like every op; temporary storage comes from caller-provided scratch whose length is
+//! given by the `*_scratch_len` functions (never proportional to the batch, except LoRA's rank-sized
+//! rows, which the graph sizes per batch).
+//!
+//! Token ids arrive as the model input (f32 values holding integers); [`check_ids`] validates them
+//! (the backend calls it before any op reads them) and the ops index with `id as usize`, bounds-checked.
+//!
+//! The kernels are built with the core's `seq` feature (on by default); the geometry, the scratch sizes
+//! and [`check_ids`] always are, so the graph and the backends can name these layers and refuse them
+//! in a build without it.
+use crate::kernels::gemm_scratch_len;
+#[cfg(feature = "seq")]
+use crate::kernels::{gemm, MatRef, Real};
+
+// ---------------------------------------------------------------------------------------------------
+// Embeddings
+// ---------------------------------------------------------------------------------------------------
+
+/// The first id that is not an integer in `0..vocab`, with its index.
+pub fn check_ids(ids: &[f32], vocab: usize) -> Result<(), (usize, f32)> {
+    match ids
+        .iter()
+        .position(|&v| !(v >= 0.0 && v < vocab as f32 && (v as u32) as f32 == v))
+    {
+        Some(i) => Err((i, ids[i])),
+        None => Ok(()),
+    }
+}
+
+/// `y[r] = table[ids[r]]` for every token row `r` (`dim` features per row).
+#[cfg(feature = "seq")]
+pub fn embedding_fwd<T: Real>(ids: &[f32], table: &[T], dim: usize, y: &mut [T]) {
+    for (row, &id) in y.chunks_exact_mut(dim.max(1)).zip(ids) {
+        let id = id as usize;
+        row.copy_from_slice(&table[id * dim..(id + 1) * dim]);
+    }
+}
+
+/// `dW[ids[r]] += dy[r]`: only the rows of the tokens seen are touched by the scatter (the rest of the
+/// gradient is zeroed when not `accumulate`, so the optimizer sees PyTorch's dense gradient).
+#[cfg(feature = "seq")]
+pub fn embedding_grad_w<T: Real>(
+    ids: &[f32],
+    dy: &[T],
+    dim: usize,
+    dw: &mut [T],
+    accumulate: bool,
+) {
+    if !accumulate {
+        dw.iter_mut().for_each(|v| *v = T::ZERO);
+    }
+    for (row, &id) in dy.chunks_exact(dim.max(1)).zip(ids) {
+        let id = id as usize;
+        for (d, &g) in dw[id * dim..(id + 1) * dim].iter_mut().zip(row) {
+            *d += g;
+        }
+    }
+}
+
+/// `y[b, t] = x[b, t] + p[t]` for `n` sequences of `per = t·d` elements.
+#[cfg(feature = "seq")]
+pub fn pos_fwd<T: Real>(n: usize, per: usize, x: &[T], p: &[T], y: &mut [T]) {
+    for (ys, xs) in y[..n * per].chunks_exact_mut(per).zip(x.chunks_exact(per)) {
+        for ((y, &x), &p) in ys.iter_mut().zip(xs).zip(p) {
+            *y = x + p;
+        }
+    }
+}
+
+/// [`pos_fwd`] in place (`y` holds `x`).
+#[cfg(feature = "seq")]
+pub fn pos_fwd_inplace<T: Real>(n: usize, per: usize, p: &[T], y: &mut [T]) {
+    for ys in y[..n * per].chunks_exact_mut(per) {
+        for (y, &p) in ys.iter_mut().zip(p) {
+            *y += p;
+        }
+    }
+}
+
+/// `dp = Σ_b dy[b]` (added into `dp` when `accumulate`).
+#[cfg(feature = "seq")]
+pub fn pos_grad_w<T: Real>(n: usize, per: usize, dy: &[T], dp: &mut [T], accumulate: bool) {
+    let dp = &mut dp[..per];
+    if !accumulate {
+        dp.iter_mut().for_each(|v| *v = T::ZERO);
+    }
+    for ds in dy[..n * per].chunks_exact(per) {
+        for (d, &g) in dp.iter_mut().zip(ds) {
+            *d += g;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// LayerNorm / RMSNorm over the last axis
+// ---------------------------------------------------------------------------------------------------
+
+/// LayerNorm (`mean = Some`) or RMSNorm (`mean = None`) of `rows` rows of `dim`: `y = x̂·γ (+ β)` with
+/// `x̂ = (x − μ)·rstd` (LayerNorm, biased variance like PyTorch) or `x̂ = x·rstd`, `rstd = 1/√(var + ε)`
+/// resp. `1/√(mean(x²) + ε)`. Saves `μ` and `rstd` per row for the backward.
+#[allow(clippy::too_many_arguments)]
+#[cfg(feature = "seq")]
+pub fn norm_fwd<T: Real>(
+    rows: usize,
+    dim: usize,
+    eps: f32,
+    x: &[T],
+    g: &[T],
+    b: Option<&[T]>,
+    y: &mut [T],
+    mut mean: Option<&mut [T]>,
+    rstd: &mut [T],
+) {
+    let inv_d = T::ONE / T::from_usize(dim.max(1));
+    let eps = T::from_f32(eps);
+    for r in 0..rows {
+        let xs = &x[r * dim..(r + 1) * dim];
+        let ys = &mut y[r * dim..(r + 1) * dim];
+        let mu = match mean.as_deref_mut() {
+            Some(m) => {
+                let mut s = T::ZERO;
+                xs.iter().for_each(|&v| s += v);
+                m[r] = s * inv_d;
+                m[r]
+            }
+            None => T::ZERO,
+        };
+        let mut ss = T::ZERO;
+        xs.iter().for_each(|&v| {
+            let c = v - mu;
+            ss += c * c
+        });
+        let rs = T::ONE / (ss * inv_d + eps).sqrt();
+        rstd[r] = rs;
+        for (j, (y, &v)) in ys.iter_mut().zip(xs).enumerate() {
+            let h = (v - mu) * rs * g[j];
+            *y = match b {
+                Some(b) => h + b[j],
+                None => h,
+            };
+        }
+    }
+}
+
+/// `dγ = Σ_rows dy·x̂`, `dβ = Σ_rows dy` (added when `accumulate`).
+#[allow(clippy::too_many_arguments)]
+#[cfg(feature = "seq")]
+pub fn norm_grad_w<T: Real>(
+    rows: usize,
+    dim: usize,
+    x: &[T],
+    dy: &[T],
+    mean: Option<&[T]>,
+    rstd: &[T],
+    dg: &mut [T],
+    db: Option<&mut [T]>,
+    accumulate: bool,
+) {
+    let dg = &mut dg[..dim];
+    if !accumulate {
+        dg.iter_mut().for_each(|v| *v = T::ZERO);
+    }
+    for r in 0..rows {
+        let mu = mean.map_or(T::ZERO, |m| m[r]);
+        let rs = rstd[r];
+        let xs = &x[r * dim..(r + 1) * dim];
+        let ds = &dy[r * dim..(r + 1) * dim];
+        for ((d, &v), &g) in dg.iter_mut().zip(xs).zip(ds) {
+            *d += g * ((v - mu) * rs);
+        }
+    }
+    if let Some(db) = db {
+        let db = &mut db[..dim];
+        if !accumulate {
+            db.iter_mut().for_each(|v| *v = T::ZERO);
+        }
+        for ds in dy[..rows * dim].chunks_exact(dim.max(1)) {
+            for (d, &g) in db.iter_mut().zip(ds) {
+                *d += g;
+            }
+        }
+    }
+}
+
+/// `dx = rstd·(γ·dy − mean(γ·dy) − x̂·mean(γ·dy·x̂))` (LayerNorm; RMSNorm drops the middle term).
+#[allow(clippy::too_many_arguments)]
+#[cfg(feature = "seq")]
+pub fn norm_grad_x<T: Real>(
+    rows: usize,
+    dim: usize,
+    x: &[T],
+    dy: &[T],
+    g: &[T],
+    mean: Option<&[T]>,
+    rstd: &[T],
+    dx: &mut [T],
+    accumulate: bool,
+) {
+    let inv_d = T::ONE / T::from_usize(dim.max(1));
+    for r in 0..rows {
+        let mu = mean.map_or(T::ZERO, |m| m[r]);
+        let rs = rstd[r];
+        let xs = &x[r * dim..(r + 1) * dim];
+        let ds = &dy[r * dim..(r + 1) * dim];
+        let (mut s1, mut s2) = (T::ZERO, T::ZERO);
+        for j in 0..dim {
+            let gd = g[j] * ds[j];
+            s1 += gd;
+            s2 += gd * ((xs[j] - mu) * rs);
+        }
+        let m1 = if mean.is_some() { s1 * inv_d } else { T::ZERO };
+        let m2 = s2 * inv_d;
+        let dxs = &mut dx[r * dim..(r + 1) * dim];
+        for j in 0..dim {
+            let v = rs * (g[j] * ds[j] - m1 - (xs[j] - mu) * rs * m2);
+            if accumulate {
+                dxs[j] += v;
+            } else {
+                dxs[j] = v;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// GELU, SiLU (their derivatives need the input, so they never run in place)
+// ---------------------------------------------------------------------------------------------------
+
+/// An activation whose derivative is a function of its input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Smooth {
+    /// `x·Φ(x) = ½x(1 + erf(x/√2))` (PyTorch's exact `nn.GELU()`).
+    Gelu,
+    /// `x·σ(x)` (`nn.SiLU`).
+    Silu,
+}
+
+#[cfg(feature = "seq")]
+const FRAC_1_SQRT_2: f32 = core::f32::consts::FRAC_1_SQRT_2;
+/// 1/√(2π).
+#[cfg(feature = "seq")]
+const INV_SQRT_2PI: f32 = 0.398_942_3;
+
+/// `y = a(x)`.
+#[cfg(feature = "seq")]
+pub fn smooth_fwd<T: Real>(a: Smooth, x: &[T], y: &mut [T]) {
+    let half = T::from_f32(0.5);
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y = match a {
+            Smooth::Gelu => half * x * (T::ONE + (x * T::from_f32(FRAC_1_SQRT_2)).erf()),
+            Smooth::Silu => x / (T::ONE + (-x).exp()),
+        };
+    }
+}
+
+/// `dx = a'(x)·dy` (added when `accumulate`).
+#[cfg(feature = "seq")]
+pub fn smooth_grad<T: Real>(a: Smooth, x: &[T], dy: &[T], dx: &mut [T], accumulate: bool) {
+    let half = T::from_f32(0.5);
+    for ((d, &x), &g) in dx.iter_mut().zip(x).zip(dy) {
+        let k = match a {
+            Smooth::Gelu => {
+                let cdf = half * (T::ONE + (x * T::from_f32(FRAC_1_SQRT_2)).erf());
+                cdf + x * T::from_f32(INV_SQRT_2PI) * (-half * x * x).exp()
+            }
+            Smooth::Silu => {
+                let s = T::ONE / (T::ONE + (-x).exp());
+                s * (T::ONE + x * (T::ONE - s))
+            }
+        };
+        if accumulate {
+            *d += k * g;
+        } else {
+            *d = k * g;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Causal multi-head self-attention
+// ---------------------------------------------------------------------------------------------------
+
+/// Geometry of causal self-attention: input `qkv` `[n, seq, 3·dim]` (queries, keys, values side by side,
+/// each `heads` heads of `dim/heads`), output `[n, seq, dim]`, probabilities `[n, heads, seq, seq]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnGeom {
+    /// Sequence length.
+    pub seq: usize,
+    /// Model width (heads × head width).
+    pub dim: usize,
+    /// Heads.
+    pub heads: usize,
+}
+
+impl AttnGeom {
+    /// Width of one head.
+    pub fn head_dim(&self) -> usize {
+        self.dim / self.heads.max(1)
+    }
+    /// Elements of one sample's probabilities.
+    pub fn probs_per_sample(&self) -> usize {
+        self.heads * self.seq * self.seq
+    }
+}
+
+/// Scratch elements of the forward (GEMM packing).
+pub fn attention_fwd_scratch_len(g: &AttnGeom) -> usize {
+    let (t, dh) = (g.seq, g.head_dim());
+    gemm_scratch_len(t, t, dh).max(gemm_scratch_len(t, dh, t))
+}
+
+/// Scratch elements of the backward: one `seq × seq` block of `dP` plus GEMM packing.
+pub fn attention_bwd_scratch_len(g: &AttnGeom) -> usize {
+    let (t, dh) = (g.seq, g.head_dim());
+    t * t
+        + gemm_scratch_len(t, t, dh)
+            .max(gemm_scratch_len(t, dh, t))
+            .max(gemm_scratch_len(t, dh, t))
+}
+
+/// Forward of `n` sequences: per sample and head, `S = Q·Kᵀ/√dh` (written into `p`), masked to
+/// `j ≤ i`, softmax per row (the stored probabilities, 0 above the diagonal), `O = P·V`.
+#[cfg(feature = "seq")]
+pub fn attention_fwd<T: Real>(
+    g: &AttnGeom,
+    n: usize,
+    qkv: &[T],
+    p: &mut [T],
+    o: &mut [T],
+    scratch: &mut [T],
+) {
+    let (t, d, dh) = (g.seq, g.dim, g.head_dim());
+    let ld = 3 * d;
+    let scale = T::ONE / T::from_usize(dh).sqrt();
+    for b in 0..n {
+        let xb = &qkv[b * t * ld..(b + 1) * t * ld];
+        for h in 0..g.heads {
+            let pb = &mut p[(b * g.heads + h) * t * t..(b * g.heads + h + 1) * t * t];
+            let q = MatRef::row_major(&xb[h * dh..], ld);
+            let kt = MatRef {
+                data: &xb[d + h * dh..],
+                rs: 1,
+                cs: ld,
+            };
+            gemm(t, t, dh, q, kt, pb, t, false, scratch);
+            for i in 0..t {
+                let row = &mut pb[i * t..(i + 1) * t];
+                let mut m = row[0] * scale;
+                for &v in &row[1..=i] {
+                    let v = v * scale;
+                    if v > m {
+                        m = v;
+                    }
+                }
+                let mut s = T::ZERO;
+                for v in &mut row[..=i] {
+                    let e = (*v * scale - m).exp();
+                    *v = e;
+                    s += e;
+                }
+                let inv = T::ONE / s;
+                row[..=i].iter_mut().for_each(|v| *v *= inv);
+                row[i + 1..].iter_mut().for_each(|v| *v = T::ZERO);
+            }
+            let v = MatRef::row_major(&xb[2 * d + h * dh..], ld);
+            let ob = &mut o[b * t * d + h * dh..];
+            gemm(t, dh, t, MatRef::row_major(pb, t), v, ob, d, false, scratch);
+        }
+    }
+}
+
+/// Input derivative of `n` sequences from the saved probabilities: `dV = Pᵀ·dO`, `dP = dO·Vᵀ`,
+/// `dS = P∘(dP − rowsum(P∘dP))/√dh`, `dQ = dS·K`, `dK = dSᵀ·Q` (added into `dqkv` when `accumulate`).
+#[allow(clippy::too_many_arguments)]
+#[cfg(feature = "seq")]
+pub fn attention_grad_x<T: Real>(
+    g: &AttnGeom,
+    n: usize,
+    qkv: &[T],
+    p: &[T],
+    d_o: &[T],
+    dqkv: &mut [T],
+    accumulate: bool,
+    scratch: &mut [T],
+) {
+    let (t, d, dh) = (g.seq, g.dim, g.head_dim());
+    let ld = 3 * d;
+    let scale = T::ONE / T::from_usize(dh).sqrt();
+    if !accumulate {
+        dqkv[..n * t * ld].iter_mut().for_each(|v| *v = T::ZERO);
+    }
+    let (dp, scratch) = scratch.split_at_mut(t * t);
+    for b in 0..n {
+        let xb = &qkv[b * t * ld..(b + 1) * t * ld];
+        let dxb = &mut dqkv[b * t * ld..(b + 1) * t * ld];
+        let dob = &d_o[b * t * d..(b + 1) * t * d];
+        for h in 0..g.heads {
+            let pb = &p[(b * g.heads + h) * t * t..(b * g.heads + h + 1) * t * t];
+            let dout = MatRef::row_major(&dob[h * dh..], d);
+            // dV += Pᵀ·dO.
+            gemm(
+                t,
+                dh,
+                t,
+                MatRef::row_major_t(pb, t),
+                dout,
+                &mut dxb[2 * d + h * dh..],
+                ld,
+                true,
+                scratch,
+            );
+            // dP = dO·Vᵀ.
+            let vt = MatRef {
+                data: &xb[2 * d + h * dh..],
+                rs: 1,
+                cs: ld,
+            };
+            gemm(t, t, dh, dout, vt, dp, t, false, scratch);
+            for i in 0..t {
+                let pr = &pb[i * t..(i + 1) * t];
+                let dr = &mut dp[i * t..(i + 1) * t];
+                let mut s = T::ZERO;
+                for j in 0..=i {
+                    s += pr[j] * dr[j];
+                }
+                for j in 0..=i {
+                    dr[j] = pr[j] * (dr[j] - s) * scale;
+                }
+                dr[i + 1..].iter_mut().for_each(|v| *v = T::ZERO);
+            }
+            // dQ += dS·K.
+            gemm(
+                t,
+                dh,
+                t,
+                MatRef::row_major(dp, t),
+                MatRef::row_major(&xb[d + h * dh..], ld),
+                &mut dxb[h * dh..],
+                ld,
+                true,
+                scratch,
+            );
+            // dK += dSᵀ·Q.
+            gemm(
+                t,
+                dh,
+                t,
+                MatRef::row_major_t(dp, t),
+                MatRef::row_major(&xb[h * dh..], ld),
+                &mut dxb[d + h * dh..],
+                ld,
+                true,
+                scratch,
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Linear with LoRA adapters: y = x·Wᵀ + b + s·(x·Aᵀ)·Bᵀ, W and b frozen
+// ---------------------------------------------------------------------------------------------------
+
+/// Shape of a LoRA Linear: `W [fout, fin]`, `A [rank, fin]`, `B [fout, rank]`, `scale = alpha/rank`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LoraGeom {
+    /// Input features.
+    pub fin: usize,
+    /// Output features.
+    pub fout: usize,
+    /// Adapter rank.
+    pub rank: usize,
+    /// `alpha / rank`.
+    pub scale: f32,
+}
+
+/// GEMM packing elements any LoRA phase needs for `rows` token rows.
+pub fn lora_gemm_scratch_len(g: &LoraGeom, rows: usize) -> usize {
+    let (i, o, r) = (g.fin, g.fout, g.rank);
+    [
+        gemm_scratch_len(rows, o, i),
+        gemm_scratch_len(rows, r, i),
+        gemm_scratch_len(rows, o, r),
+        gemm_scratch_len(rows, r, o),
+        gemm_scratch_len(r, i, rows),
+        gemm_scratch_len(o, r, rows),
+        gemm_scratch_len(rows, i, o),
+        gemm_scratch_len(rows, i, r),
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0)
+}
+
+/// Scratch elements of the backward phases: `rows × rank` for `s·dY·B` plus GEMM packing.
+pub fn lora_bwd_scratch_len(g: &LoraGeom, rows: usize) -> usize {
+    rows * g.rank + lora_gemm_scratch_len(g, rows)
+}
+
+/// Forward of `rows` token rows: `u = s·x·Aᵀ` (saved), `y = x·Wᵀ + b + u·Bᵀ`.
+#[allow(clippy::too_many_arguments)]
+#[cfg(feature = "seq")]
+pub fn lora_fwd<T: Real>(
+    g: &LoraGeom,
+    rows: usize,
+    x: &[T],
+    w: &[T],
+    bias: Option<&[T]>,
+    a: &[T],
+    bm: &[T],
+    u: &mut [T],
+    y: &mut [T],
+    scratch: &mut [T],
+) {
+    let (fin, fout, r) = (g.fin, g.fout, g.rank);
+    super::linear_fwd(rows, fin, fout, x, w, bias, y, scratch);
+    let u = &mut u[..rows * r];
+    gemm(
+        rows,
+        r,
+        fin,
+        MatRef::row_major(x, fin),
+        MatRef::row_major_t(a, fin),
+        u,
+        r,
+        false,
+        scratch,
+    );
+    let s = T::from_f32(g.scale);
+    u.iter_mut().for_each(|v| *v *= s);
+    gemm(
+        rows,
+        fout,
+        r,
+        MatRef::row_major(u, r),
+        MatRef::row_major_t(bm, r),
+        &mut y[..rows * fout],
+        fout,
+        true,
+        scratch,
+    );
+}
+
+/// Adapter gradients: `dB = dYᵀ·u`, `dA = (s·dY·B)ᵀ·x` (added when `accumulate`).
+#[allow(clippy::too_many_arguments)]
+#[cfg(feature = "seq")]
+pub fn lora_grad_w<T: Real>(
+    g: &LoraGeom,
+    rows: usize,
+    x: &[T],
+    u: &[T],
+    dy: &[T],
+    bm: &[T],
+    da: &mut [T],
+    db: &mut [T],
+    accumulate: bool,
+    scratch: &mut [T],
+) {
+    let (fin, fout, r) = (g.fin, g.fout, g.rank);
+    let (t, scratch) = scratch.split_at_mut(rows * r);
+    if rows == 0 {
+        if !accumulate {
+            da[..r * fin].iter_mut().for_each(|v| *v = T::ZERO);
+            db[..fout * r].iter_mut().for_each(|v| *v = T::ZERO);
+        }
+        return;
+    }
+    gemm(
+        fout,
+        r,
+        rows,
+        MatRef::row_major_t(dy, fout),
+        MatRef::row_major(u, r),
+        &mut db[..fout * r],
+        r,
+        accumulate,
+        scratch,
+    );
+    scaled_dy_b(g, rows, dy, bm, t, scratch);
+    gemm(
+        r,
+        fin,
+        rows,
+        MatRef::row_major_t(t, r),
+        MatRef::row_major(x, fin),
+        &mut da[..r * fin],
+        fin,
+        accumulate,
+        scratch,
+    );
+}
+
+/// `t = s·dY·B` (`rows × rank`).
+#[cfg(feature = "seq")]
+fn scaled_dy_b<T: Real>(
+    g: &LoraGeom,
+    rows: usize,
+    dy: &[T],
+    bm: &[T],
+    t: &mut [T],
+    scratch: &mut [T],
+) {
+    let (fout, r) = (g.fout, g.rank);
+    gemm(
+        rows,
+        r,
+        fout,
+        MatRef::row_major(dy, fout),
+        MatRef::row_major(bm, r),
+        &mut t[..rows * r],
+        r,
+        false,
+        scratch,
+    );
+    let s = T::from_f32(g.scale);
+    t[..rows * r].iter_mut().for_each(|v| *v *= s);
+}
+
+/// Input derivative: `dx = dY·W + (s·dY·B)·A` (added when `accumulate`).
+#[allow(clippy::too_many_arguments)]
+#[cfg(feature = "seq")]
+pub fn lora_grad_x<T: Real>(
+    g: &LoraGeom,
+    rows: usize,
+    dy: &[T],
+    w: &[T],
+    a: &[T],
+    bm: &[T],
+    dx: &mut [T],
+    accumulate: bool,
+    scratch: &mut [T],
+) {
+    let (fin, fout, r) = (g.fin, g.fout, g.rank);
+    let (t, scratch) = scratch.split_at_mut(rows * r);
+    super::linear_grad_x(rows, fin, fout, dy, w, dx, accumulate, scratch);
+    scaled_dy_b(g, rows, dy, bm, t, scratch);
+    gemm(
+        rows,
+        fin,
+        r,
+        MatRef::row_major(t, r),
+        MatRef::row_major(a, fin),
+        &mut dx[..rows * fin],
+        fin,
+        true,
+        scratch,
+    );
+}
+
+#[cfg(all(test, feature = "seq"))]
+#[path = "seq_tests.rs"]
+mod tests;

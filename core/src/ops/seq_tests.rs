@@ -1,0 +1,199 @@
+//! Finite-difference checks of every sequence op (f64 path; tolerances in `testutil`), and the f32
+//! path against the f64 one.
+use super::*;
+use crate::ops::testutil::*;
+use crate::rng::Rng;
+
+/// Checks `analytic` (the op's gradient w.r.t. `x`) against central differences of `loss(x)`.
+fn fd_check(what: &str, x: &[f64], analytic: &[f64], loss: impl FnMut(&[f64]) -> f64) {
+    let want = fd_grad(x, loss);
+    assert_close(what, analytic, &want, FD_TOL, FD_FLOOR);
+}
+
+#[test]
+fn embedding_and_positions() {
+    let mut rng = Rng::new(1);
+    let (n, t, d, vocab) = (2, 3, 4, 5);
+    let ids: Vec<f32> = [0.0, 3.0, 3.0, 4.0, 1.0, 0.0].to_vec();
+    assert!(check_ids(&ids, vocab).is_ok());
+    assert_eq!(check_ids(&[1.0, 5.0], vocab), Err((1, 5.0)));
+    assert_eq!(check_ids(&[1.5], vocab), Err((0, 1.5)));
+    assert_eq!(check_ids(&[-1.0], vocab), Err((0, -1.0)));
+    assert!(check_ids(&[f32::NAN], vocab).is_err());
+    let table = rand_vec(&mut rng, vocab * d, -1.0, 1.0);
+    let pos = rand_vec(&mut rng, t * d, -1.0, 1.0);
+    let r = rand_vec(&mut rng, n * t * d, -1.0, 1.0);
+    let f = |table: &[f64], pos: &[f64]| {
+        let mut e = vec![0.0; n * t * d];
+        embedding_fwd(&ids, table, d, &mut e);
+        let mut y = vec![0.0; n * t * d];
+        pos_fwd(n, t * d, &e, pos, &mut y);
+        let mut y2 = e.clone();
+        pos_fwd_inplace(n, t * d, pos, &mut y2);
+        assert_eq!(y, y2);
+        dotf(&y, &r)
+    };
+    let mut dw = vec![7.0; vocab * d];
+    embedding_grad_w(&ids, &r, d, &mut dw, false);
+    // Token 2 is never seen: its gradient row is zero.
+    assert!(dw[2 * d..3 * d].iter().all(|&v| v == 0.0));
+    fd_check("embedding dW", &table, &dw, |tb| f(tb, &pos));
+    let mut dp = vec![0.0; t * d];
+    pos_grad_w(n, t * d, &r, &mut dp, false);
+    fd_check("positions dP", &pos, &dp, |p| f(&table, p));
+}
+
+#[test]
+fn layernorm_and_rmsnorm() {
+    let mut rng = Rng::new(2);
+    let (rows, dim) = (5, 6);
+    let x = rand_vec(&mut rng, rows * dim, -2.0, 2.0);
+    let g = rand_vec(&mut rng, dim, 0.5, 1.5);
+    let b = rand_vec(&mut rng, dim, -0.5, 0.5);
+    let r = rand_vec(&mut rng, rows * dim, -1.0, 1.0);
+    for rms in [false, true] {
+        let fwd = |x: &[f64], g: &[f64], b: &[f64]| {
+            let mut y = vec![0.0; rows * dim];
+            let mut mean = vec![0.0; rows];
+            let mut rstd = vec![0.0; rows];
+            let bias = if rms { None } else { Some(b) };
+            let m = if rms { None } else { Some(&mut mean[..]) };
+            norm_fwd(rows, dim, 1e-5, x, g, bias, &mut y, m, &mut rstd);
+            (y, mean, rstd)
+        };
+        let (_, mean, rstd) = fwd(&x, &g, &b);
+        let m = if rms { None } else { Some(&mean[..]) };
+        let mut dg = vec![0.0; dim];
+        let mut db = vec![0.0; dim];
+        let dbo = if rms { None } else { Some(&mut db[..]) };
+        norm_grad_w(rows, dim, &x, &r, m, &rstd, &mut dg, dbo, false);
+        let mut dx = vec![0.0; rows * dim];
+        norm_grad_x(rows, dim, &x, &r, &g, m, &rstd, &mut dx, false);
+        let what = if rms { "rmsnorm" } else { "layernorm" };
+        fd_check(&format!("{what} dx"), &x, &dx, |x| {
+            dotf(&fwd(x, &g, &b).0, &r)
+        });
+        fd_check(&format!("{what} dγ"), &g, &dg, |g| {
+            dotf(&fwd(&x, g, &b).0, &r)
+        });
+        if !rms {
+            fd_check("layernorm dβ", &b, &db, |b| dotf(&fwd(&x, &g, b).0, &r));
+        }
+        // Accumulation adds.
+        let mut dx2 = dx.clone();
+        norm_grad_x(rows, dim, &x, &r, &g, m, &rstd, &mut dx2, true);
+        assert!(dx2
+            .iter()
+            .zip(&dx)
+            .all(|(a, b)| (a - 2.0 * b).abs() < 1e-12));
+    }
+}
+
+#[test]
+fn gelu_and_silu() {
+    let mut rng = Rng::new(3);
+    let x = rand_vec(&mut rng, 40, -4.0, 4.0);
+    let r = rand_vec(&mut rng, 40, -1.0, 1.0);
+    for a in [Smooth::Gelu, Smooth::Silu] {
+        let mut dx = vec![0.0; 40];
+        smooth_grad(a, &x, &r, &mut dx, false);
+        fd_check(&format!("{a:?}"), &x, &dx, |x| {
+            let mut y = vec![0.0; 40];
+            smooth_fwd(a, x, &mut y);
+            dotf(&y, &r)
+        });
+        // f32 against f64: libm's erff/expf and three f32 products each round (ε = 6e-8); near the
+        // zero crossing the floor (1e-2 of the largest output) turns those ulps into ~1e-6 relative.
+        let x32 = to_f32(&x);
+        let mut y32 = vec![0.0f32; 40];
+        smooth_fwd(a, &x32, &mut y32);
+        let mut y64 = vec![0.0; 40];
+        smooth_fwd(a, &x, &mut y64);
+        assert_close(&format!("{a:?} f32"), &widen(&y32), &y64, 1e-5, 1e-2);
+    }
+}
+
+#[test]
+fn causal_attention() {
+    let mut rng = Rng::new(4);
+    let g = AttnGeom {
+        seq: 5,
+        dim: 6,
+        heads: 2,
+    };
+    let n = 2;
+    let qkv = rand_vec(&mut rng, n * g.seq * 3 * g.dim, -1.0, 1.0);
+    let r = rand_vec(&mut rng, n * g.seq * g.dim, -1.0, 1.0);
+    let fwd = |x: &[f64]| {
+        let mut p = vec![0.0; n * g.probs_per_sample()];
+        let mut o = vec![0.0; n * g.seq * g.dim];
+        let mut s = vec![0.0; attention_fwd_scratch_len(&g)];
+        attention_fwd(&g, n, x, &mut p, &mut o, &mut s);
+        (p, o)
+    };
+    let (p, o) = fwd(&qkv);
+    // Causal: the first token's output is its own value; probabilities above the diagonal are zero.
+    assert!((0..g.dim).all(|j| (o[j] - qkv[2 * g.dim + j]).abs() < 1e-12));
+    for h in 0..g.heads {
+        for i in 0..g.seq {
+            let row = &p[(h * g.seq + i) * g.seq..(h * g.seq + i + 1) * g.seq];
+            assert!(row[i + 1..].iter().all(|&v| v == 0.0));
+            assert!((row.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        }
+    }
+    let mut dx = vec![0.0; qkv.len()];
+    let mut s = vec![0.0; attention_bwd_scratch_len(&g)];
+    attention_grad_x(&g, n, &qkv, &p, &r, &mut dx, false, &mut s);
+    fd_check("attention dqkv", &qkv, &dx, |x| dotf(&fwd(x).1, &r));
+    // Changing a later token leaves earlier outputs unchanged (no look-ahead).
+    let mut x2 = qkv.clone();
+    let last = (g.seq - 1) * 3 * g.dim;
+    x2[last..last + 3 * g.dim]
+        .iter_mut()
+        .for_each(|v| *v += 0.5);
+    let o2 = fwd(&x2).1;
+    assert_eq!(o[..(g.seq - 1) * g.dim], o2[..(g.seq - 1) * g.dim]);
+    // The f32 path (SIMD GEMM) agrees with f64: O(1) values, sums of ≤ 5 terms.
+    let mut p32 = vec![0.0f32; p.len()];
+    let mut o32 = vec![0.0f32; o.len()];
+    let mut s32 = vec![0.0f32; attention_fwd_scratch_len(&g)];
+    attention_fwd(&g, n, &to_f32(&qkv), &mut p32, &mut o32, &mut s32);
+    assert_close("attention f32", &widen(&o32), &o, 1e-5, 1e-2);
+}
+
+#[test]
+fn lora_linear() {
+    let mut rng = Rng::new(5);
+    let g = LoraGeom {
+        fin: 5,
+        fout: 4,
+        rank: 2,
+        scale: 1.5,
+    };
+    let rows = 6;
+    let x = rand_vec(&mut rng, rows * g.fin, -1.0, 1.0);
+    let w = rand_vec(&mut rng, g.fout * g.fin, -1.0, 1.0);
+    let b = rand_vec(&mut rng, g.fout, -1.0, 1.0);
+    let a = rand_vec(&mut rng, g.rank * g.fin, -1.0, 1.0);
+    let bm = rand_vec(&mut rng, g.fout * g.rank, -1.0, 1.0);
+    let r = rand_vec(&mut rng, rows * g.fout, -1.0, 1.0);
+    let sl =
+        lora_bwd_scratch_len(&g, rows).max(crate::ops::linear_scratch_len(rows, g.fin, g.fout));
+    let fwd = |x: &[f64], a: &[f64], bm: &[f64]| {
+        let mut u = vec![0.0; rows * g.rank];
+        let mut y = vec![0.0; rows * g.fout];
+        let mut s = vec![0.0; sl];
+        lora_fwd(&g, rows, x, &w, Some(&b), a, bm, &mut u, &mut y, &mut s);
+        (u, y)
+    };
+    let (u, _) = fwd(&x, &a, &bm);
+    let mut s = vec![0.0; sl];
+    let mut da = vec![0.0; a.len()];
+    let mut db = vec![0.0; bm.len()];
+    lora_grad_w(&g, rows, &x, &u, &r, &bm, &mut da, &mut db, false, &mut s);
+    let mut dx = vec![0.0; x.len()];
+    lora_grad_x(&g, rows, &r, &w, &a, &bm, &mut dx, false, &mut s);
+    fd_check("lora dA", &a, &da, |a| dotf(&fwd(&x, a, &bm).1, &r));
+    fd_check("lora dB", &bm, &db, |bm| dotf(&fwd(&x, &a, bm).1, &r));
+    fd_check("lora dx", &x, &dx, |x| dotf(&fwd(x, &a, &bm).1, &r));
+}

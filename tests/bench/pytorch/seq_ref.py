@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""PyTorch reference for `cargo xtask bench seq`: examples/char-gpt.toml built as a PyTorch module
+(by tests/golden/gen.py's Net, one module per TOML layer), trained with AdamW on windows of
+data/kjv/genesis.txt; 1 thread (the caller sets OMP_NUM_THREADS too). Prints
+`SUMMARY <median ms/step> <peak RSS over the baseline, bytes>`: the baseline is the RSS after the model
+and data are built, the peak the kernel's high-water mark after it is reset there (as torch_ref.py).
+"""
+import argparse
+import os
+import sys
+import time
+import tomllib
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "golden"))
+from gen import Net  # noqa: E402
+
+
+def kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1])
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=5)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    with open(os.path.join(ROOT, "examples", "char-gpt.toml"), "rb") as f:
+        spec = tomllib.load(f)
+    torch.manual_seed(1)
+    model = Net(spec)
+    model.train()
+    o = spec["optimizer"]
+    opt = torch.optim.AdamW(model.parameters(), lr=o["lr"], weight_decay=o.get("weight_decay", 0.01),
+                            foreach=False)
+    t = spec["model"]["input"][0]
+    with open(os.path.join(ROOT, "data", "kjv", "genesis.txt"), "rb") as f:
+        text = f.read()
+    ids = torch.tensor(list(text[: a.batch * t + 1]), dtype=torch.long)
+    x, y = ids[:-1].reshape(a.batch, t).float(), ids[1:].reshape(a.batch, t)
+    base = kib("VmRSS:")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+    def step():
+        opt.zero_grad()
+        logits = model(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss.backward()
+        opt.step()
+
+    for _ in range(2):
+        step()
+    times = []
+    for _ in range(a.steps):
+        s = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - s) * 1e3)
+    times.sort()
+    peak = kib("VmHWM:")
+    print(f"SUMMARY {times[len(times) // 2]:.3f} {(peak - base) * 1024}")
+
+
+if __name__ == "__main__":
+    main()
