@@ -16,6 +16,8 @@ mod permute;
 #[cfg(test)]
 mod record_tests;
 #[cfg(test)]
+mod rnn_tests;
+#[cfg(test)]
 pub(crate) mod seq_tests;
 #[cfg(test)]
 mod space_tests;

@@ -403,6 +403,14 @@ pub fn encode_model(m: &ModelSpec) -> Vec<u8> {
                 w.u32(*rank);
                 w.f32(*alpha);
             }
+            LayerKind::Lstm { hidden } => {
+                w.u8(22);
+                w.u32(*hidden);
+            }
+            LayerKind::Gru { hidden } => {
+                w.u8(23);
+                w.u32(*hidden);
+            }
         }
     }
     frame(MODEL_MAGIC, MODEL_VERSION, &w.0)
@@ -598,6 +606,12 @@ pub fn decode_model(data: &[u8]) -> Result<ModelSpec, FormatError> {
                 bias: flag(&mut r, "lora_linear.bias")?,
                 rank: r.u32("lora_linear.rank")?,
                 alpha: r.f32("lora_linear.alpha")?,
+            },
+            22 => LayerKind::Lstm {
+                hidden: r.u32("lstm.hidden")?,
+            },
+            23 => LayerKind::Gru {
+                hidden: r.u32("gru.hidden")?,
             },
             _ => {
                 return Err(FormatError::BadValue {
