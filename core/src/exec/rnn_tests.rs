@@ -126,7 +126,7 @@ fn lstm_and_gru_train_stacked_and_sharing_is_bit_exact() {
         let r = g.nodes.iter().find(|n| n.name == "rnn1").unwrap();
         assert!(matches!(r.op, NodeOp::Rnn(_)));
         let gw = if gru { 15 } else { 20 };
-        assert_eq!(r.params[0].name, "rnn1.weight_hh");
+        assert_eq!(r.params[0].name, "rnn1.weight_hh_l0");
         assert_eq!(r.params[0].shape, vec![gw, 5]);
         assert_eq!(r.params[1].shape, vec![gw]);
         let shared = Plan::new(g.clone());

@@ -1017,8 +1017,8 @@ impl<'a> Builder<'a> {
                     }
                 }
                 (_, NodeOp::Rnn(g)) => {
-                    shapes.push(("weight_hh", vec![g.gate_width(), g.hidden], false));
-                    shapes.push(("bias_hh", vec![g.gate_width()], false));
+                    shapes.push(("weight_hh_l0", vec![g.gate_width(), g.hidden], false));
+                    shapes.push(("bias_hh_l0", vec![g.gate_width()], false));
                 }
                 _ => {}
             }

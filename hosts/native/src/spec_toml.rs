@@ -421,6 +421,7 @@ struct RawLayer {
     expand: Option<Spanned<Int>>,
     repeat: Option<Spanned<Int>>,
     scale_width: Option<Spanned<bool>>,
+    hidden: Option<Spanned<Int>>,
 }
 
 /// A layer's `update` (sparse update): `"all"`, `"frozen"`, `"bias"` or `{ channels = f }`.
@@ -436,7 +437,7 @@ const UPDATE_NAMES: &[&str] = &["all", "frozen", "bias"];
 
 impl RawLayer {
     /// The type-specific keys present, with their value spans.
-    fn present(&self) -> [(&'static str, Option<Span>); 19] {
+    fn present(&self) -> [(&'static str, Option<Span>); 20] {
         fn s<T>(v: &Option<Spanned<T>>) -> Option<Span> {
             v.as_ref().map(Spanned::span)
         }
@@ -460,6 +461,7 @@ impl RawLayer {
             ("expand", s(&self.expand)),
             ("repeat", s(&self.repeat)),
             ("scale_width", s(&self.scale_width)),
+            ("hidden", s(&self.hidden)),
         ]
     }
 }
@@ -673,6 +675,8 @@ const LAYER_TYPES: &[&str] = &[
     "attention",
     "lora_linear",
     "inverted_residual",
+    "lstm",
+    "gru",
 ];
 
 /// The keys a layer of type `ty` takes: those every layer takes, then its own; for an unknown type,
@@ -727,6 +731,7 @@ fn layer_keys(ty: &str) -> &'static [&'static str] {
         "embedding" => &["name", "type", "inputs", "trainable", "vocab", "dim"],
         "layernorm" | "rmsnorm" => &["name", "type", "inputs", "trainable", "eps"],
         "attention" => &["name", "type", "inputs", "trainable", "heads"],
+        "lstm" | "gru" => &["name", "type", "inputs", "trainable", "hidden"],
         "lora_linear" => &[
             "name",
             "type",
@@ -762,6 +767,7 @@ fn layer_keys(ty: &str) -> &'static [&'static str] {
             "expand",
             "repeat",
             "scale_width",
+            "hidden",
         ],
     }
 }
@@ -1249,6 +1255,8 @@ impl<'d> Doc<'d> {
                     trainable,
                     &mut layers,
                 )?;
+            } else if ty == "lstm" || ty == "gru" {
+                self.recurrent(item, name, ty, inputs[0], trainable, &mut layers)?;
             } else {
                 let mut kind = self.layer_kind(item, ty)?;
                 if let (Some(w), LayerKind::Conv2d { out, groups, .. }) = (width, &mut kind) {
@@ -1277,7 +1285,7 @@ impl<'d> Doc<'d> {
             // layer's name with one generated before it (names written twice are duplicates above).
             for k in before..layers.len() {
                 let n = &layers[k].name;
-                let generated = ty == "inverted_residual";
+                let generated = matches!(ty, "inverted_residual" | "lstm" | "gru");
                 let clash = all_names
                     .iter()
                     .enumerate()
@@ -1495,6 +1503,56 @@ impl<'d> Doc<'d> {
             prev = x;
             cin = out;
         }
+        Ok(())
+    }
+
+    /// Appends the layers of an `lstm` or `gru` entry (one PyTorch `nn.LSTM`/`nn.GRU` layer,
+    /// `batch_first`, zero initial state): the input projection of every time step, a linear
+    /// `{name}_ih` to `4·hidden` (LSTM: gates i, f, g, o) or `3·hidden` (GRU: r, z, n) — PyTorch's
+    /// `weight_ih_l0`, `bias_ih_l0` as `{name}_ih.weight`, `{name}_ih.bias` —, then the recurrent
+    /// layer `{name}` (`{name}.weight_hh_l0`, `{name}.bias_hh_l0`), whose output is every hidden
+    /// state.
+    fn recurrent(
+        &self,
+        item: &Spanned<Table<RawLayer>>,
+        name: &str,
+        ty: &str,
+        src: Src,
+        trainable: bool,
+        layers: &mut Vec<LayerSpec>,
+    ) -> Result<(), SpecError> {
+        let l = &item.get_ref().0;
+        let span = item.span();
+        let hidden_v = self.need(&l.hidden, &span, "hidden")?;
+        let hidden = self.size(hidden_v)?;
+        let gates = if ty == "lstm" { 4 } else { 3 };
+        let out = hidden.checked_mul(gates).ok_or_else(|| {
+            self.err(
+                hidden_v.span(),
+                SpecErrorKind::Invalid(format!(
+                    "hidden = {hidden}: {gates}·hidden is more than 2^32 - 1 features"
+                )),
+            )
+        })?;
+        layers.push(LayerSpec {
+            name: format!("{name}_ih"),
+            kind: LayerKind::Linear { out, bias: true },
+            inputs: vec![src],
+            trainable,
+            update: Update::All,
+        });
+        let kind = if ty == "lstm" {
+            LayerKind::Lstm { hidden }
+        } else {
+            LayerKind::Gru { hidden }
+        };
+        layers.push(LayerSpec {
+            name: name.to_string(),
+            kind,
+            inputs: vec![Src::Layer((layers.len() - 1) as u32)],
+            trainable,
+            update: Update::All,
+        });
         Ok(())
     }
 
