@@ -1980,6 +1980,57 @@ out = 16
         assert!(e.contains("vocab"), "{e}");
     }
 
+    /// An `lstm`/`gru` entry is its input projection `NAME_ih` (a linear to 4·hidden / 3·hidden) and
+    /// the recurrent layer `NAME`, which later entries name; stacked by listing two.
+    #[test]
+    fn lstm_and_gru_entries() {
+        let rnn = |ty: &str, keys: &str| {
+            format!(
+                "[model]\ninput = [6]\nloss = \"cross_entropy\"\n[optimizer]\ntype = \"adam\"\nlr = 0.01\n\
+                 [[layers]]\nname = \"tok\"\ntype = \"embedding\"\nvocab = 16\ndim = 8\n\
+                 [[layers]]\nname = \"r1\"\ntype = \"{ty}\"\n{keys}\n\
+                 [[layers]]\nname = \"r2\"\ntype = \"{ty}\"\nhidden = 5\n\
+                 [[layers]]\nname = \"head\"\ntype = \"linear\"\nout = 16\ninputs = [\"r2\"]\n"
+            )
+        };
+        for (ty, gates) in [("lstm", 4), ("gru", 3)] {
+            let m = parse_model(&rnn(ty, "hidden = 7")).unwrap_or_else(|e| panic!("{e}"));
+            let names: Vec<&str> = m.spec.layers.iter().map(|l| l.name.as_str()).collect();
+            assert_eq!(names, ["tok", "r1_ih", "r1", "r2_ih", "r2", "head"]);
+            let l = &m.spec.layers;
+            assert_eq!(
+                l[1].kind,
+                LayerKind::Linear {
+                    out: gates * 7,
+                    bias: true
+                }
+            );
+            assert_eq!(l[1].inputs, [Src::Layer(0)]);
+            assert_eq!(l[2].inputs, [Src::Layer(1)]);
+            assert_eq!(l[3].inputs, [Src::Layer(2)]);
+            assert_eq!(l[5].inputs, [Src::Layer(4)]);
+            let want = if ty == "lstm" {
+                LayerKind::Lstm { hidden: 5 }
+            } else {
+                LayerKind::Gru { hidden: 5 }
+            };
+            assert_eq!(l[4].kind, want);
+            frugal_core::graph::Graph::new(&m.spec, 2).unwrap();
+            // Typed errors.
+            let e = err(&rnn(ty, ""));
+            assert!(e.contains("missing key \"hidden\""), "{e}");
+            let e = err(&rnn(ty, "hidden = 0"));
+            assert!(e.contains("hidden"), "{e}");
+            let e = err(&rnn(ty, "hidden = 4\nout = 3"));
+            assert!(e.contains("unknown key \"out\""), "{e}");
+            let e = err(&rnn(ty, "hidden = 4\nupdate = \"bias\""));
+            assert!(e.contains("unknown key \"update\""), "{e}");
+            // A generated name another layer has.
+            let e = err(&rnn(ty, "hidden = 4").replace("name = \"tok\"", "name = \"r2_ih\""));
+            assert!(e.contains("has the name of another layer"), "{e}");
+        }
+    }
+
     #[test]
     fn the_char_gpt_examples_parse_and_keep_their_layers_in_step() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
@@ -2330,7 +2381,7 @@ weights = "w/backbone.safetensors"
             "layers[0].type: unknown value \"conv3d\" (known: linear, conv2d, maxpool2d, avgpool2d, \
              global_avgpool, relu, relu6, sigmoid, tanh, flatten, reshape, add, batchnorm2d, dropout, \
              embedding, pos_embedding, layernorm, rmsnorm, gelu, silu, attention, lora_linear, \
-             inverted_residual)"
+             inverted_residual, lstm, gru)"
         );
         assert!(err_body(&HEAD.replace("cross_entropy", "hinge"))
             .starts_with("model.loss: unknown value \"hinge\""));
