@@ -112,26 +112,6 @@ fn sigmoid<T: Real>(x: T) -> T {
     T::ONE / (T::ONE + (-x).exp())
 }
 
-/// σ(x) for any [`Real`]: the vectorisable f32 path in single precision, libm's in f64 (the reference).
-#[inline(always)]
-pub(crate) fn sigmoid_real<T: Real>(x: T) -> T {
-    if single::<T>() {
-        T::from_f32(sigmoid_f32(x.to_f32()))
-    } else {
-        sigmoid(x)
-    }
-}
-
-/// tanh(x) for any [`Real`] (as [`sigmoid_real`]).
-#[inline(always)]
-pub(crate) fn tanh_real<T: Real>(x: T) -> T {
-    if single::<T>() {
-        T::from_f32(tanh_f32(x.to_f32()))
-    } else {
-        x.tanh()
-    }
-}
-
 /// `y = a(x)`.
 pub fn act_fwd<T: Real>(a: Act, x: &[T], y: &mut [T]) {
     let it = y.iter_mut().zip(x);

@@ -16,7 +16,7 @@
 //! gradients then read `dxg`: `dW_hh = Σ_t dgᵀ·h_{t−1}` per sample (one GEMM over its steps) and
 //! `db_hh = Σ dg`, where `dg` is `dxg` except for the GRU's n gate (`r ∘ dn`).
 use crate::kernels::{gemm, gemm_scratch_len, MatRef, Real};
-use crate::ops::act::{sigmoid_real, tanh_real};
+use crate::ops::act::{act_fwd, act_fwd_inplace, Act};
 
 /// Which recurrent cell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,12 +66,12 @@ pub fn rnn_fwd_scratch_len(g: &RnnGeom, n: usize) -> usize {
     own + gemm_scratch_len(n, gw, g.hidden)
 }
 
-/// Scratch elements of the input derivative for `n` samples (the carried `dh`, the LSTM's `dc` or the
-/// GRU's recurrent gate derivative of one step, GEMM packing).
+/// Scratch elements of the input derivative for `n` samples (the carried `dh`; the LSTM's `dc` and
+/// one row of `tanh(c)` or the GRU's recurrent gate derivative of one step; GEMM packing).
 pub fn rnn_grad_x_scratch_len(g: &RnnGeom, n: usize) -> usize {
     let gw = g.gate_width();
     let own = match g.cell {
-        Cell::Lstm => 2 * n * g.hidden,
+        Cell::Lstm => 2 * n * g.hidden + g.hidden,
         Cell::Gru => n * g.hidden + n * gw,
     };
     own + gemm_scratch_len(n, g.hidden, gw)
@@ -90,7 +90,8 @@ pub fn rnn_grad_w_scratch_len(g: &RnnGeom) -> usize {
 
 /// Forward of `n` sequences: `xg` the input projection, `w` = `W_hh`, `b` = `b_hh`; writes the gates
 /// after their nonlinearities (`gates`), the per-step state (`state`: LSTM `c_t`, GRU
-/// `W_hn·h_{t−1} + b_hn`) and the output `y` (every `h_t`).
+/// `W_hn·h_{t−1} + b_hn`) and the output `y` (every `h_t`). The element-wise work of a step is a few
+/// simple passes over rows of `hidden` (each vectorises).
 #[allow(clippy::too_many_arguments)]
 pub fn rnn_fwd<T: Real>(
     g: &RnnGeom,
@@ -134,16 +135,27 @@ pub fn rnn_fwd<T: Real>(
                     let gr = &mut gates[s * gs + t * gw..s * gs + (t + 1) * gw];
                     let (ifg, o) = gr.split_at_mut(3 * h);
                     let (i_f, gg) = ifg.split_at_mut(2 * h);
-                    i_f.iter_mut().for_each(|v| *v = sigmoid_real(*v));
-                    o.iter_mut().for_each(|v| *v = sigmoid_real(*v));
-                    gg.iter_mut().for_each(|v| *v = tanh_real(*v));
+                    act_fwd_inplace(Act::Sigmoid, i_f);
+                    act_fwd_inplace(Act::Sigmoid, o);
+                    act_fwd_inplace(Act::Tanh, gg);
                     let (i, f) = i_f.split_at(h);
                     let base = s * ys + t * h;
-                    for j in 0..h {
-                        let prev = if t > 0 { state[base - h + j] } else { T::ZERO };
-                        let c = f[j] * prev + i[j] * gg[j];
-                        state[base + j] = c;
-                        y[base + j] = o[j] * tanh_real(c);
+                    let (before, after) = state.split_at_mut(base);
+                    let c = &mut after[..h];
+                    // c = f·c_{t−1} + i·g (c_{−1} = 0).
+                    for ((c, &i), &g) in c.iter_mut().zip(i).zip(&*gg) {
+                        *c = i * g;
+                    }
+                    if t > 0 {
+                        for ((c, &f), &p) in c.iter_mut().zip(f).zip(&before[base - h..]) {
+                            *c += f * p;
+                        }
+                    }
+                    // h = o·tanh(c).
+                    let y_out = &mut y[base..base + h];
+                    act_fwd(Act::Tanh, c, y_out);
+                    for (y, &o) in y_out.iter_mut().zip(&*o) {
+                        *y *= o;
                     }
                 }
             }
@@ -171,18 +183,31 @@ pub fn rnn_fwd<T: Real>(
                 for s in 0..n {
                     let gr = &mut gates[s * gs + t * gw..s * gs + (t + 1) * gw];
                     let hr = &hg[s * gw..(s + 1) * gw];
+                    let (rz, nn) = gr.split_at_mut(2 * h);
+                    // r, z = σ(x + h·W_hhᵀ + b_hh).
+                    for (v, &q) in rz.iter_mut().zip(&hr[..2 * h]) {
+                        *v += q;
+                    }
+                    act_fwd_inplace(Act::Sigmoid, rz);
+                    // n = tanh(x_n + r·(W_hn·h + b_hn)).
+                    let hn = &hr[2 * h..];
+                    for ((v, &r), &q) in nn.iter_mut().zip(&rz[..h]).zip(hn) {
+                        *v += r * q;
+                    }
+                    act_fwd_inplace(Act::Tanh, nn);
                     let base = s * ys + t * h;
-                    for j in 0..h {
-                        let r = sigmoid_real(gr[j] + hr[j]);
-                        let z = sigmoid_real(gr[h + j] + hr[h + j]);
-                        let hn = hr[2 * h + j];
-                        let nn = tanh_real(gr[2 * h + j] + r * hn);
-                        let prev = if t > 0 { y[base - h + j] } else { T::ZERO };
-                        gr[j] = r;
-                        gr[h + j] = z;
-                        gr[2 * h + j] = nn;
-                        state[base + j] = hn;
-                        y[base + j] = (T::ONE - z) * nn + z * prev;
+                    state[base..base + h].copy_from_slice(hn);
+                    // h = (1 − z)·n + z·h_{t−1} (h_{−1} = 0).
+                    let (before, after) = y.split_at_mut(base);
+                    let y_out = &mut after[..h];
+                    let z = &rz[h..];
+                    for ((y, &z), &nv) in y_out.iter_mut().zip(z).zip(&*nn) {
+                        *y = (T::ONE - z) * nv;
+                    }
+                    if t > 0 {
+                        for ((y, &z), &p) in y_out.iter_mut().zip(z).zip(&before[base - h..]) {
+                            *y += z * p;
+                        }
                     }
                 }
             }
@@ -207,29 +232,56 @@ pub fn rnn_grad_x<T: Real>(
 ) {
     let (t_len, h, gw) = (g.seq, g.hidden, g.gate_width());
     let (ys, gs) = (t_len * h, t_len * gw);
+    let one = T::ONE;
     let (dh, scratch) = scratch.split_at_mut(n * h);
     dh.iter_mut().for_each(|v| *v = T::ZERO);
     match g.cell {
         Cell::Lstm => {
             let (dc, scratch) = scratch.split_at_mut(n * h);
+            let (tc, scratch) = scratch.split_at_mut(h);
             dc.iter_mut().for_each(|v| *v = T::ZERO);
             for t in (0..t_len).rev() {
                 for s in 0..n {
                     let gr = &gates[s * gs + t * gw..s * gs + (t + 1) * gw];
+                    let (gi, gf, gg, go) =
+                        (&gr[..h], &gr[h..2 * h], &gr[2 * h..3 * h], &gr[3 * h..]);
                     let dr = &mut dxg[s * gs + t * gw..s * gs + (t + 1) * gw];
+                    let (di, rest) = dr.split_at_mut(h);
+                    let (df, rest) = rest.split_at_mut(h);
+                    let (dg, d_o) = rest.split_at_mut(h);
                     let base = s * ys + t * h;
-                    for j in 0..h {
-                        let (i, f, gg, o) = (gr[j], gr[h + j], gr[2 * h + j], gr[3 * h + j]);
-                        let c = state[base + j];
-                        let prev = if t > 0 { state[base - h + j] } else { T::ZERO };
-                        let dht = dy[base + j] + dh[s * h + j];
-                        let tc = tanh_real(c);
-                        let dct = dht * o * (T::ONE - tc * tc) + dc[s * h + j];
-                        dc[s * h + j] = dct * f;
-                        dr[j] = dct * gg * i * (T::ONE - i);
-                        dr[h + j] = dct * prev * f * (T::ONE - f);
-                        dr[2 * h + j] = dct * i * (T::ONE - gg * gg);
-                        dr[3 * h + j] = dht * tc * o * (T::ONE - o);
+                    let dht = &mut dh[s * h..(s + 1) * h];
+                    let dct = &mut dc[s * h..(s + 1) * h];
+                    // dh_t = dy_t + the carried dh; tanh(c_t).
+                    for (d, &v) in dht.iter_mut().zip(&dy[base..base + h]) {
+                        *d += v;
+                    }
+                    act_fwd(Act::Tanh, &state[base..base + h], tc);
+                    // do = dh·tanh(c)·o(1 − o); dc = dh·o·(1 − tanh²c) + the carried dc.
+                    for (((d, &dh), &tc), &o) in d_o.iter_mut().zip(&*dht).zip(&*tc).zip(go) {
+                        *d = dh * tc * o * (one - o);
+                    }
+                    for (((dc, &dh), &tc), &o) in dct.iter_mut().zip(&*dht).zip(&*tc).zip(go) {
+                        *dc += dh * o * (one - tc * tc);
+                    }
+                    // di = dc·g·i(1 − i); dg = dc·i·(1 − g²); df = dc·c_{t−1}·f(1 − f).
+                    for (((d, &dc), &g), &i) in di.iter_mut().zip(&*dct).zip(gg).zip(gi) {
+                        *d = dc * g * i * (one - i);
+                    }
+                    for (((d, &dc), &g), &i) in dg.iter_mut().zip(&*dct).zip(gg).zip(gi) {
+                        *d = dc * i * (one - g * g);
+                    }
+                    if t > 0 {
+                        let prev = &state[base - h..base];
+                        for (((d, &dc), &p), &f) in df.iter_mut().zip(&*dct).zip(prev).zip(gf) {
+                            *d = dc * p * f * (one - f);
+                        }
+                    } else {
+                        df.iter_mut().for_each(|d| *d = T::ZERO);
+                    }
+                    // The carried dc_{t−1} = dc·f.
+                    for (dc, &f) in dct.iter_mut().zip(gf) {
+                        *dc *= f;
                     }
                 }
                 if t > 0 {
@@ -253,23 +305,44 @@ pub fn rnn_grad_x<T: Real>(
             for t in (0..t_len).rev() {
                 for s in 0..n {
                     let gr = &gates[s * gs + t * gw..s * gs + (t + 1) * gw];
+                    let (gr_r, gr_z, gr_n) = (&gr[..h], &gr[h..2 * h], &gr[2 * h..]);
                     let dr = &mut dxg[s * gs + t * gw..s * gs + (t + 1) * gw];
+                    let (dr_r, rest) = dr.split_at_mut(h);
+                    let (dr_z, dr_n) = rest.split_at_mut(h);
                     let dq = &mut dhg[s * gw..(s + 1) * gw];
                     let base = s * ys + t * h;
-                    for j in 0..h {
-                        let (r, z, nn) = (gr[j], gr[h + j], gr[2 * h + j]);
-                        let prev = if t > 0 { y[base - h + j] } else { T::ZERO };
-                        let dht = dy[base + j] + dh[s * h + j];
-                        let dn = dht * (T::ONE - z) * (T::ONE - nn * nn);
-                        let dz = dht * (prev - nn) * z * (T::ONE - z);
-                        let drr = dn * state[base + j] * r * (T::ONE - r);
-                        dr[j] = drr;
-                        dr[h + j] = dz;
-                        dr[2 * h + j] = dn;
-                        dq[j] = drr;
-                        dq[h + j] = dz;
-                        dq[2 * h + j] = dn * r;
-                        dh[s * h + j] = dht * z;
+                    let hn = &state[base..base + h];
+                    let dht = &mut dh[s * h..(s + 1) * h];
+                    for (d, &v) in dht.iter_mut().zip(&dy[base..base + h]) {
+                        *d += v;
+                    }
+                    // dn = dh·(1 − z)·(1 − n²); dz = dh·(h_{t−1} − n)·z(1 − z);
+                    // dr = dn·(W_hn·h + b_hn)·r(1 − r).
+                    for (((d, &dh), &z), &nv) in dr_n.iter_mut().zip(&*dht).zip(gr_z).zip(gr_n) {
+                        *d = dh * (one - z) * (one - nv * nv);
+                    }
+                    for (((d, &dh), &z), &nv) in dr_z.iter_mut().zip(&*dht).zip(gr_z).zip(gr_n) {
+                        *d = -dh * nv * z * (one - z);
+                    }
+                    if t > 0 {
+                        let prev = &y[base - h..base];
+                        for (((d, &dh), &z), &p) in dr_z.iter_mut().zip(&*dht).zip(gr_z).zip(prev) {
+                            *d += dh * p * z * (one - z);
+                        }
+                    }
+                    for (((d, &dn), &q), &r) in dr_r.iter_mut().zip(&*dr_n).zip(hn).zip(gr_r) {
+                        *d = dn * q * r * (one - r);
+                    }
+                    // The recurrent GEMM's output derivative: (dr, dz, r·dn).
+                    let (dq_rz, dq_n) = dq.split_at_mut(2 * h);
+                    dq_rz[..h].copy_from_slice(dr_r);
+                    dq_rz[h..].copy_from_slice(dr_z);
+                    for ((d, &dn), &r) in dq_n.iter_mut().zip(&*dr_n).zip(gr_r) {
+                        *d = dn * r;
+                    }
+                    // The direct path: dh_{t−1} = dh·z (+ the GEMM below).
+                    for (d, &z) in dht.iter_mut().zip(gr_z) {
+                        *d *= z;
                     }
                 }
                 if t > 0 {

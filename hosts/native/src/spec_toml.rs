@@ -2031,6 +2031,25 @@ out = 16
         }
     }
 
+    /// `examples/char-lstm.toml`: an LSTM language model of 0.5–1 M parameters on text.
+    #[test]
+    fn the_char_lstm_example_parses() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        let m = load_model(&dir.join("char-lstm.toml")).unwrap();
+        assert!(m
+            .spec
+            .layers
+            .iter()
+            .any(|l| matches!(l.kind, LayerKind::Lstm { .. })));
+        let g = frugal_core::graph::Graph::new(&m.spec, 2).unwrap();
+        let params: usize = g
+            .params()
+            .map(|(_, p)| p.shape.iter().product::<usize>())
+            .sum();
+        assert!((500_000..=1_000_000).contains(&params), "{params}");
+        assert!(matches!(m.train.dataset, Some(DatasetSource::Text { .. })));
+    }
+
     #[test]
     fn the_char_gpt_examples_parse_and_keep_their_layers_in_step() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
