@@ -1397,7 +1397,7 @@ impl<'a> Builder<'a> {
                 ),
                 NodeOp::Rnn(g) => (
                     ops::rnn::rnn_fwd_scratch_len(g, n),
-                    ops::rnn::rnn_grad_w_scratch_len(g),
+                    ops::rnn::rnn_grad_w_scratch_len(g, n),
                     ops::rnn::rnn_grad_x_scratch_len(g, n),
                 ),
                 NodeOp::Conv(g) => {

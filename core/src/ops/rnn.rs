@@ -13,8 +13,8 @@
 //!
 //! The backward runs through time once, in the input-derivative phase, writing `dxg` (the gate
 //! pre-activations' derivative, which is also the projection's output derivative); the weight
-//! gradients then read `dxg`: `dW_hh = Σ_t dgᵀ·h_{t−1}` per sample (one GEMM over its steps) and
-//! `db_hh = Σ dg`, where `dg` is `dxg` except for the GRU's n gate (`r ∘ dn`).
+//! gradients then read `dxg`: `dW_hh = Σ_t dgᵀ·h_{t−1}` (one GEMM per chunk of samples, ≥ 512 steps
+//! deep) and `db_hh = Σ dg`, where `dg` is `dxg` except for the GRU's n gate (`r ∘ dn`).
 use crate::kernels::{gemm, gemm_scratch_len, MatRef, Real};
 use crate::ops::act::{act_fwd, act_fwd_inplace, Act};
 
@@ -77,15 +77,22 @@ pub fn rnn_grad_x_scratch_len(g: &RnnGeom, n: usize) -> usize {
     own + gemm_scratch_len(n, g.hidden, gw)
 }
 
-/// Scratch elements of the weight gradient (the GRU's recurrent gate derivatives of one sample, GEMM
-/// packing); independent of the batch.
-pub fn rnn_grad_w_scratch_len(g: &RnnGeom) -> usize {
-    let gw = g.gate_width();
-    let own = match g.cell {
-        Cell::Lstm => 0,
-        Cell::Gru => g.seq * gw,
-    };
-    own + gemm_scratch_len(gw, g.hidden, g.seq.saturating_sub(1))
+/// Samples per weight-gradient GEMM: enough of them that the product is ≥ 512 steps deep (a GEMM
+/// over one sample's few steps would rewrite all of `dW_hh` for little work), at most `n`.
+fn grad_w_chunk(g: &RnnGeom, n: usize) -> usize {
+    n.min((512 / g.seq.max(1)).max(1))
+}
+
+/// Scratch elements of the weight gradient for up to `n` samples: a chunk of samples' `h_{t−1}` rows
+/// (and the GRU's recurrent gate derivatives), GEMM packing; bounded by 512 steps' rows, not the batch.
+pub fn rnn_grad_w_scratch_len(g: &RnnGeom, n: usize) -> usize {
+    let (gw, steps) = (g.gate_width(), grad_w_chunk(g, n) * g.seq);
+    let own = steps * g.hidden
+        + match g.cell {
+            Cell::Lstm => 0,
+            Cell::Gru => steps * gw,
+        };
+    own + gemm_scratch_len(gw, g.hidden, steps)
 }
 
 /// Forward of `n` sequences: `xg` the input projection, `w` = `W_hh`, `b` = `b_hh`; writes the gates
@@ -366,7 +373,8 @@ pub fn rnn_grad_x<T: Real>(
 
 /// Weight gradients of `n` sequences from `dxg` (written by [`rnn_grad_x`]), the output `y` and the
 /// saved `gates` (the GRU's reset gate): `dW_hh = Σ_{s, t≥1} dg[s,t]ᵀ·y[s,t−1]`, `db_hh = Σ dg` (added
-/// into `dw`, `db` when `accumulate`).
+/// into `dw`, `db` when `accumulate`). One GEMM per chunk of samples against their `y` shifted by one
+/// step (a zero row at `t = 0`).
 #[allow(clippy::too_many_arguments)]
 pub fn rnn_grad_w<T: Real>(
     g: &RnnGeom,
@@ -384,32 +392,43 @@ pub fn rnn_grad_w<T: Real>(
     let (dw, db) = (&mut dw[..gw * h], &mut db[..gw]);
     if !accumulate {
         db.iter_mut().for_each(|v| *v = T::ZERO);
-        if t_len < 2 || n == 0 {
+        if n == 0 {
             dw.iter_mut().for_each(|v| *v = T::ZERO);
         }
     }
+    let cs = grad_w_chunk(g, n);
+    let (shifted, rest) = scratch.split_at_mut(cs * ys);
     let (tmp, scratch) = match g.cell {
-        Cell::Lstm => scratch.split_at_mut(0),
-        Cell::Gru => scratch.split_at_mut(gs),
+        Cell::Lstm => rest.split_at_mut(0),
+        Cell::Gru => rest.split_at_mut(cs * gs),
     };
-    for s in 0..n {
-        let dgs = &dxg[s * gs..(s + 1) * gs];
+    for (ci, s0) in (0..n).step_by(cs.max(1)).enumerate() {
+        let c = cs.min(n - s0);
+        for (dst, src) in shifted
+            .chunks_exact_mut(ys)
+            .zip(y[s0 * ys..].chunks_exact(ys))
+            .take(c)
+        {
+            dst[..h].iter_mut().for_each(|v| *v = T::ZERO);
+            dst[h..].copy_from_slice(&src[..ys - h]);
+        }
+        let dgs = &dxg[s0 * gs..(s0 + c) * gs];
         // The recurrent GEMM's output derivative: dxg, but r∘dn for the GRU's n gate.
         let dq: &[T] = match g.cell {
             Cell::Lstm => dgs,
             Cell::Gru => {
-                let gr = &gates[s * gs..(s + 1) * gs];
+                let gr = &gates[s0 * gs..(s0 + c) * gs];
                 for ((q, d), r) in tmp
                     .chunks_exact_mut(gw)
                     .zip(dgs.chunks_exact(gw))
                     .zip(gr.chunks_exact(gw))
                 {
                     q[..2 * h].copy_from_slice(&d[..2 * h]);
-                    for j in 0..h {
-                        q[2 * h + j] = d[2 * h + j] * r[j];
+                    for ((q, &d), &r) in q[2 * h..].iter_mut().zip(&d[2 * h..]).zip(&r[..h]) {
+                        *q = d * r;
                     }
                 }
-                tmp
+                &tmp[..c * gs]
             }
         };
         for row in dq.chunks_exact(gw) {
@@ -417,19 +436,17 @@ pub fn rnn_grad_w<T: Real>(
                 *b += v;
             }
         }
-        if t_len >= 2 {
-            gemm(
-                gw,
-                h,
-                t_len - 1,
-                MatRef::row_major_t(&dq[gw..], gw),
-                MatRef::row_major(&y[s * ys..], h),
-                dw,
-                h,
-                accumulate || s > 0,
-                scratch,
-            );
-        }
+        gemm(
+            gw,
+            h,
+            c * t_len,
+            MatRef::row_major_t(dq, gw),
+            MatRef::row_major(&shifted[..c * ys], h),
+            dw,
+            h,
+            accumulate || ci > 0,
+            scratch,
+        );
     }
 }
 
