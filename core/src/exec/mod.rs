@@ -16,7 +16,7 @@ mod permute;
 #[cfg(test)]
 mod record_tests;
 #[cfg(test)]
-mod rnn_tests;
+pub(crate) mod rnn_tests;
 #[cfg(test)]
 pub(crate) mod seq_tests;
 #[cfg(test)]

@@ -813,6 +813,19 @@ mod tests {
         assert_eq!(decode_model(&encode_model(&m)).unwrap(), m);
     }
 
+    /// LSTM and GRU layers round-trip, encoded as kind 22 / 23 (after the other layers' codes)
+    /// followed by the hidden width.
+    #[test]
+    fn recurrent_models_round_trip() {
+        for gru in [false, true] {
+            let m = crate::exec::rnn_tests::rnn_lm(gru, 11, 6, 6, 5, 2);
+            let b = encode_model(&m);
+            assert_eq!(decode_model(&b).unwrap(), m);
+            let code = if gru { 23 } else { 22 };
+            assert!(b.windows(5).any(|w| w == [code, 5, 0, 0, 0]));
+        }
+    }
+
     #[test]
     fn corrupt_payload_is_a_checksum_error() {
         let mut b = encode_model(&sample());
