@@ -813,7 +813,9 @@ impl<'a> Builder<'a> {
                         seq: x.c as usize,
                         hidden: *hidden as usize,
                     };
-                    if *hidden == 0 || (x.w as usize) != g.gate_width() {
+                    // The gate width is checked before anything multiplies it (a 32-bit target).
+                    let fits = cell.gates().checked_mul(g.hidden) == Some(x.w as usize);
+                    if *hidden == 0 || !fits {
                         return Err(err(
                             li,
                             name,
