@@ -191,6 +191,19 @@ fn gpt_with_lora_matches_pytorch() {
     check_case("gpt_lora");
 }
 
+/// An LSTM language model (embedding, two stacked `lstm` layers — each PyTorch's `nn.LSTM`, here a
+/// projection linear and the recurrent layer —, a head; sequence cross-entropy), Adam.
+#[test]
+fn lstm_matches_pytorch() {
+    check_case("lstm");
+}
+
+/// The same with two `gru` layers (`nn.GRU`: `b_hn` inside the reset product), AdamW.
+#[test]
+fn gru_matches_pytorch() {
+    check_case("gru");
+}
+
 /// A sparse update (channel subsets through the im2col, depthwise, pointwise and linear paths, BatchNorm
 /// β only, a bias-only convolution, a frozen BatchNorm in evaluation mode): updated parameters at
 /// 1e-5, frozen parameters and rows bit-identical.

@@ -55,10 +55,11 @@ fn main() {
 
 /// A transformer step (embedding, positions, LayerNorm/RMSNorm, causal attention, GELU/SiLU, residual
 /// adds, sequence cross-entropy, AdamW) allocates nothing — trained in full and with LoRA adapters,
-/// whole batch and micro-batched, plus evaluation and prediction.
+/// whole batch and micro-batched, plus evaluation and prediction; likewise an LSTM and a GRU language
+/// model step (the golden `lstm` and `gru` cases: two stacked recurrent layers each).
 fn transformer_steps_allocate_nothing() {
     let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden");
-    for case in ["gpt", "gpt_lora"] {
+    for case in ["gpt", "gpt_lora", "lstm", "gru"] {
         let spec = frugal_cli::spec_toml::load_model(&dir.join(format!("{case}.toml")))
             .unwrap()
             .spec;

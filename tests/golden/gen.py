@@ -60,7 +60,7 @@ MIN_KINK_MARGIN = 2e-6
 
 # Sequence cases (no example to match): token ids from data/kjv/genesis.txt (ASCII bytes), a batch
 # of SEQ_BATCH windows of the model's input length, next-byte labels; cross-entropy over every token.
-SEQ_CASES = ["gpt", "gpt_lora"]
+SEQ_CASES = ["gpt", "gpt_lora", "lstm", "gru"]
 SEQ_BATCH = 4
 KJV = os.path.join(ROOT, "data", "kjv", "genesis.txt")
 
@@ -110,6 +110,30 @@ class LoraLinear(nn.Module):
 
     def forward(self, x):
         return F.linear(x, self.weight, self.bias) + self.scale * self.lora_B(self.lora_A(x))
+
+
+class LSTM(nn.LSTM):
+    """frugal's lstm entry: one nn.LSTM layer, batch_first, zero initial state; every hidden state out."""
+
+    def forward(self, x):
+        return super().forward(x)[0]
+
+
+class GRU(nn.GRU):
+    """frugal's gru entry, as LSTM."""
+
+    def forward(self, x):
+        return super().forward(x)[0]
+
+
+def frugal_name(k):
+    """frugal's name of a state_dict entry: an lstm/gru entry's input projection is its own linear
+    layer `{name}_ih` (weight_ih_l0, bias_ih_l0 -> {name}_ih.weight, {name}_ih.bias); every other name
+    (weight_hh_l0, bias_hh_l0 included) is PyTorch's."""
+    for suffix, new in ((".weight_ih_l0", "_ih.weight"), (".bias_ih_l0", "_ih.bias")):
+        if k.endswith(suffix):
+            return k[: -len(suffix)] + new
+    return k
 
 
 def pair(v):
@@ -230,6 +254,9 @@ class Net(nn.Module):
             mod, out = (nn.GELU() if t == "gelu" else nn.SiLU()), ins[0]
         elif t == "attention":
             mod, out = Attention(L["heads"]), ("seq", h, w // 3)
+        elif t in ("lstm", "gru"):
+            mod = (LSTM if t == "lstm" else GRU)(w, L["hidden"], batch_first=True)
+            out = ("seq", h, L["hidden"])
         elif t == "conv2d":
             k, s, p = pair(L["kernel"]), pair(L.get("stride", 1)), pair(L.get("padding", 0))
             g = L.get("groups", 1)
@@ -341,7 +368,7 @@ def make_optimizer(spec, params):
 
 
 def state(model, prefix):
-    return {f"{prefix}.{k}": v.detach().clone().float().contiguous()
+    return {f"{prefix}.{frugal_name(k)}": v.detach().clone().float().contiguous()
             for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
 
 
@@ -423,7 +450,7 @@ def run_case(name, x, y):
             out["logits0"] = logits.detach().clone()
             for k, p in model.named_parameters():
                 if p.requires_grad:
-                    out[f"grad0.{k}"] = p.grad.detach().clone()
+                    out[f"grad0.{frugal_name(k)}"] = p.grad.detach().clone()
         opt.step()
         losses.append(loss.item())
     if name in REDUCED:

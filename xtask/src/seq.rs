@@ -3,7 +3,8 @@
 //! over the process's baseline), the LoRA fine-tuning arena (`examples/char-gpt-lora.toml`) against
 //! full fine-tuning at the same batch, and the transformer under a budget of a quarter of its
 //! unconstrained arena (the plan the policies choose and its time); with `--min`, the smallest budget
-//! any policy reaches (a long search: the greedy recomputation over 44 layers).
+//! any policy reaches (a long search: the greedy recomputation over 44 layers). A second row set: the
+//! character LSTM (`examples/char-lstm.toml`) against PyTorch's `nn.LSTM`, the same harness.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -59,8 +60,8 @@ fn time_plan(plan: &Plan, x: &[f32], y: &[u32], steps: usize) -> Result<f64, Str
     Ok(t[t.len() / 2])
 }
 
-/// The child: one plain-plan run of the char transformer, printing
-/// `RESULT <ms/step> <peak over baseline bytes> <arena bytes>`.
+/// The child: one plain-plan run of `--model` (an example file; the char transformer by default),
+/// printing `RESULT <ms/step> <peak over baseline bytes> <arena bytes>`.
 pub fn child(args: &[String]) -> Result<(), String> {
     let batch: usize = arg(args, "--batch")
         .unwrap_or("32")
@@ -70,7 +71,7 @@ pub fn child(args: &[String]) -> Result<(), String> {
         .unwrap_or("5")
         .parse()
         .map_err(|e| format!("{e}"))?;
-    let s = spec("char-gpt.toml")?;
+    let s = spec(arg(args, "--model").unwrap_or("char-gpt.toml"))?;
     let (x, y) = data(&s, batch)?;
     let baseline = status_kib("VmRSS:");
     std::fs::write("/proc/self/clear_refs", "5").map_err(|e| format!("cannot reset VmHWM: {e}"))?;
@@ -85,11 +86,13 @@ pub fn child(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-fn run_frugal(batch: usize, steps: usize) -> Result<(f64, f64, usize), String> {
+fn run_frugal(model: &str, batch: usize, steps: usize) -> Result<(f64, f64, usize), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let out = Command::new(exe)
         .args([
             "__bench-seq-one",
+            "--model",
+            model,
             "--batch",
             &batch.to_string(),
             "--steps",
@@ -118,13 +121,15 @@ fn run_frugal(batch: usize, steps: usize) -> Result<(f64, f64, usize), String> {
     }
 }
 
-fn run_torch(py: &str, batch: usize, steps: usize) -> Result<(f64, f64), String> {
+fn run_torch(py: &str, model: &str, batch: usize, steps: usize) -> Result<(f64, f64), String> {
     let script = root().join("tests/bench/pytorch/seq_ref.py");
     let (b, st) = (batch.to_string(), steps.to_string());
     crate::bench::torch_summary(
         py,
         &[
             script.as_os_str(),
+            "--model".as_ref(),
+            model.as_ref(),
             "--batch".as_ref(),
             b.as_ref(),
             "--steps".as_ref(),
@@ -202,12 +207,12 @@ pub fn main(args: &[String]) -> Result<(), String> {
     let (mut fm, mut fp, mut tm, mut tp) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut arena = 0;
     for _ in 0..repeat {
-        let (ms, peak, a) = run_frugal(batch, steps)?;
+        let (ms, peak, a) = run_frugal("char-gpt.toml", batch, steps)?;
         fm.push(ms);
         fp.push(peak);
         arena = a;
         if let Some(py) = &torch {
-            let (ms, peak) = run_torch(py, batch, steps)?;
+            let (ms, peak) = run_torch(py, "char-gpt.toml", batch, steps)?;
             tm.push(ms);
             tp.push(peak);
         }
@@ -232,6 +237,8 @@ pub fn main(args: &[String]) -> Result<(), String> {
             median(fp) / median(tp)
         );
     }
+
+    lstm_rows(torch.as_deref(), batch, repeat, steps)?;
 
     // 2. LoRA vs full fine-tuning arenas at the same batch (plain plans).
     let pf = Plan::new(Graph::new(&full, batch).map_err(|e| e.to_string())?);
@@ -305,6 +312,53 @@ pub fn main(args: &[String]) -> Result<(), String> {
             min as f64 / pf.needed_bytes() as f64,
             mib(pf.needed_bytes() as f64),
             s.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+/// The character LSTM (`examples/char-lstm.toml`) against PyTorch's `nn.LSTM` (tests/golden/gen.py's
+/// module for an `lstm` entry): the transformer's harness — fresh processes, frugal and PyTorch
+/// alternating, 1 thread, median ms/step and peak RSS over each process's baseline.
+fn lstm_rows(torch: Option<&str>, batch: usize, repeat: usize, steps: usize) -> Result<(), String> {
+    const MODEL: &str = "char-lstm.toml";
+    let params: usize = Graph::new(&spec(MODEL)?, 1)
+        .map_err(|e| e.to_string())?
+        .params()
+        .map(|(_, p)| p.shape.iter().product::<usize>())
+        .sum();
+    let (mut fm, mut fp, mut tm, mut tp) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut arena = 0;
+    for _ in 0..repeat {
+        let (ms, peak, a) = run_frugal(MODEL, batch, steps)?;
+        fm.push(ms);
+        fp.push(peak);
+        arena = a;
+        if let Some(py) = torch {
+            let (ms, peak) = run_torch(py, MODEL, batch, steps)?;
+            tm.push(ms);
+            tp.push(peak);
+        }
+    }
+    println!("\nchar LSTM (examples/{MODEL}): {params} parameters, batch {batch}, 1 thread");
+    println!("\n| | ms/step (median of {repeat}) | peak RSS over baseline | arena |");
+    println!("|---|---|---|---|");
+    println!(
+        "| frugal | {:.1} | {} | {} |",
+        median(fm.clone()),
+        mib(median(fp.clone())),
+        mib(arena as f64)
+    );
+    if torch.is_some() {
+        println!(
+            "| PyTorch nn.LSTM | {:.1} | {} | |",
+            median(tm.clone()),
+            mib(median(tp.clone()))
+        );
+        println!(
+            "\nfrugal / PyTorch (LSTM): time {:.2}×, peak memory {:.2}×",
+            median(fm) / median(tm),
+            median(fp) / median(tp)
         );
     }
     Ok(())

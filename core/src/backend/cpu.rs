@@ -146,6 +146,8 @@ pub(crate) fn init_params_f32(plan: &Plan, arena: &mut [u8], seed: u64) -> Resul
         let fan_in = match &node.op {
             NodeOp::Linear { fin, .. } => *fin,
             NodeOp::Lora(g) => g.fin,
+            // nn.LSTM/nn.GRU: every parameter uniform ±1/√hidden.
+            NodeOp::Rnn(g) => g.hidden,
             NodeOp::Conv(g) => g.cin / g.groups * g.kh * g.kw,
             _ => 0,
         };
@@ -572,7 +574,8 @@ fn forward(
         | NodeOp::Norm { .. }
         | NodeOp::Smooth(_)
         | NodeOp::Attention(_)
-        | NodeOp::Lora(_) => return Err(NO_SEQ),
+        | NodeOp::Lora(_)
+        | NodeOp::Rnn(_) => return Err(NO_SEQ),
         #[cfg(feature = "seq")]
         NodeOp::Embedding { vocab, dim } => {
             let [tb, yb] = carve(
@@ -696,6 +699,39 @@ fn forward(
                 f32s(ab)?,
                 f32s(bmb)?,
                 f32s(ub)?,
+                f32s(yb)?,
+                f32s(sb)?,
+            );
+        }
+        #[cfg(feature = "seq")]
+        NodeOp::Rnn(g) => {
+            let steps = n * g.seq;
+            let [xb, wb, bb, gb, stb, yb, sb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(xin), in_elems)?,
+                    whole(plan, eo, w)?,
+                    whole(plan, eo, b)?,
+                    reg(
+                        plan,
+                        eo,
+                        node.saved.first().copied(),
+                        steps * g.gate_width(),
+                    )?,
+                    reg(plan, eo, node.saved.get(1).copied(), steps * g.hidden)?,
+                    reg(plan, eo, Some(node.out), out_elems)?,
+                    whole(plan, eo, s)?,
+                ],
+            )?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            ops::rnn::rnn_fwd(
+                g,
+                n,
+                x,
+                f32s(wb)?,
+                f32s(bb)?,
+                f32s(gb)?,
+                f32s(stb)?,
                 f32s(yb)?,
                 f32s(sb)?,
             );
@@ -861,7 +897,8 @@ fn grad_w(
         NodeOp::Embedding { .. }
         | NodeOp::PosEmbedding { .. }
         | NodeOp::Norm { .. }
-        | NodeOp::Lora(_) => return Err(NO_SEQ),
+        | NodeOp::Lora(_)
+        | NodeOp::Rnn(_) => return Err(NO_SEQ),
         #[cfg(feature = "seq")]
         NodeOp::Embedding { vocab, dim } => {
             let [dyb, dwb] = carve(
@@ -933,6 +970,38 @@ fn grad_w(
                 f32s(bmb)?,
                 f32s(dab)?,
                 f32s(dbmb)?,
+                acc_w,
+                f32s(sb)?,
+            );
+        }
+        #[cfg(feature = "seq")]
+        NodeOp::Rnn(g) => {
+            let steps = n * g.seq;
+            let dxg = node.d_in.first().copied().flatten().map(|d| d.0);
+            let [dxb, gb, yb, dwb, dbb, sb] = carve(
+                a,
+                [
+                    reg(plan, eo, dxg, in_elems)?,
+                    reg(
+                        plan,
+                        eo,
+                        node.saved.first().copied(),
+                        steps * g.gate_width(),
+                    )?,
+                    reg(plan, eo, Some(node.out), out_elems)?,
+                    whole(plan, eo, dw)?,
+                    whole(plan, eo, db)?,
+                    whole(plan, eo, s)?,
+                ],
+            )?;
+            ops::rnn::rnn_grad_w(
+                g,
+                n,
+                f32s(dxb)?,
+                f32s(gb)?,
+                f32s(yb)?,
+                f32s(dwb)?,
+                f32s(dbb)?,
                 acc_w,
                 f32s(sb)?,
             );
@@ -1155,7 +1224,8 @@ fn grad_x(
         | NodeOp::Norm { .. }
         | NodeOp::Smooth(_)
         | NodeOp::Attention(_)
-        | NodeOp::Lora(_) => return Err(NO_SEQ),
+        | NodeOp::Lora(_)
+        | NodeOp::Rnn(_) => return Err(NO_SEQ),
         #[cfg(feature = "seq")]
         NodeOp::Embedding { .. } => {
             return Err(ExecError::BadPlan(
@@ -1270,6 +1340,43 @@ fn grad_x(
                 f32s(bmb)?,
                 f32s(dxb)?,
                 acc,
+                f32s(sb)?,
+            );
+        }
+        #[cfg(feature = "seq")]
+        NodeOp::Rnn(g) => {
+            if acc {
+                return Err(ExecError::BadPlan(
+                    "a recurrent layer's input derivative is shared",
+                ));
+            }
+            let steps = n * g.seq;
+            let [dyb, wb, gb, stb, yb, dxb, sb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(dy), out_elems)?,
+                    whole(plan, eo, w)?,
+                    reg(
+                        plan,
+                        eo,
+                        node.saved.first().copied(),
+                        steps * g.gate_width(),
+                    )?,
+                    reg(plan, eo, node.saved.get(1).copied(), steps * g.hidden)?,
+                    reg(plan, eo, Some(node.out), out_elems)?,
+                    reg(plan, eo, need_dx()?, in_elems)?,
+                    whole(plan, eo, s)?,
+                ],
+            )?;
+            ops::rnn::rnn_grad_x(
+                g,
+                n,
+                f32s(dyb)?,
+                f32s(wb)?,
+                f32s(gb)?,
+                f32s(stb)?,
+                f32s(yb)?,
+                f32s(dxb)?,
                 f32s(sb)?,
             );
         }

@@ -583,7 +583,8 @@ impl<'p> CpuInt8<'p> {
             | NodeOp::Norm { .. }
             | NodeOp::Smooth(_)
             | NodeOp::Attention(_)
-            | NodeOp::Lora(_) => {
+            | NodeOp::Lora(_)
+            | NodeOp::Rnn(_) => {
                 return Err(ExecError::BadPlan(
                     "layer kind is not part of int8 training",
                 ))
@@ -997,7 +998,8 @@ impl<'p> CpuInt8<'p> {
             | NodeOp::Norm { .. }
             | NodeOp::Smooth(_)
             | NodeOp::Attention(_)
-            | NodeOp::Lora(_) => {
+            | NodeOp::Lora(_)
+            | NodeOp::Rnn(_) => {
                 return Err(ExecError::BadPlan(
                     "layer kind is not part of int8 training",
                 ))

@@ -756,3 +756,63 @@ fn a_drop_no_switch_meets_after_an_update_is_deferred_to_the_step_end() {
     assert_eq!(ads[0].deferred, 1, "{name}");
     assert_eq!(check.over, 1, "{name}");
 }
+
+/// An LSTM language model (its recurrent layers' derivative phase before their gradient phase,
+/// reading the input derivative it wrote) switches plans at every point of a step within the budget
+/// contract, and trains as the plain plan does: bit-exact on recompute plans, within summation-order
+/// rounding where a micro-batched plan ran part of a step.
+#[cfg(feature = "seq")]
+#[test]
+fn an_lstm_switches_plans_at_every_instruction() {
+    let spec = crate::exec::rnn_tests::rnn_lm(false, 11, 6, 6, 5, 2);
+    let batch = 8;
+    let g = Graph::new(&spec, batch).unwrap();
+    let cost = CostModel::estimate(&g);
+    let plain = Plan::new(g.clone());
+    let min = match recompute(&g, 1, 0, &cost) {
+        Ok(p) | Err(p) => p.needed_bytes(),
+    };
+    assert!(min < plain.needed_bytes());
+    let budgets: Vec<usize> = (0..=4)
+        .map(|k| min + (plain.needed_bytes() - min) * k / 4)
+        .collect();
+    let table = ladder(&spec, batch, &budgets, &cost).unwrap();
+    assert!(table.entries.len() >= 2);
+    let (x, y) = crate::exec::seq_tests::tokens(batch, 6, 11);
+    let want = plain_run(&plain, 2, &x, &y);
+    let top = largest(&table);
+    let top_id = ptr::from_ref(top) as usize;
+    let full = top.needed_bytes();
+    let low = table.entries[0].plan.needed_bytes();
+    let micro = table.entries.iter().any(|e| e.plan.micro_batches > 1);
+    let mut switched = 0;
+    for at in 0..top.program.len() {
+        let (got, ads, check) = adaptive_run(&table, 0, 2, &x, &y, |_, eo, p| {
+            if eo == 0 {
+                Some(full)
+            } else if eo == at && ptr::from_ref(p) as usize == top_id {
+                Some(low)
+            } else {
+                None
+            }
+        })
+        .unwrap_or_else(|e| panic!("drop at {at}: {e}"));
+        assert!(check.instrs > 0);
+        assert!(ads.iter().all(|ad| !ad.restarted), "drop at {at}: {ads:?}");
+        switched += ads.iter().map(|ad| ad.switches as usize).sum::<usize>();
+        if micro {
+            // Micro-batches sum the gradient in another order: a few ulps a step; Adam's normalised
+            // step keeps 2 steps far below 1e-5.
+            let (mut num, mut den) = (0f64, 0f64);
+            for (a, b) in got.iter().zip(&want) {
+                num += (*a as f64 - *b as f64).powi(2);
+                den += (*b as f64).powi(2);
+            }
+            assert!((num / den).sqrt() < 1e-5, "drop at {at}");
+        } else {
+            assert_eq!(bits(&got), bits(&want), "drop at {at}");
+        }
+    }
+    // Each step switches up to the top plan first; most drops switch again.
+    assert!(switched > 2 * top.program.len(), "{switched} switches");
+}

@@ -16,6 +16,8 @@ mod permute;
 #[cfg(test)]
 mod record_tests;
 #[cfg(all(test, feature = "seq"))]
+pub(crate) mod rnn_tests;
+#[cfg(all(test, feature = "seq"))]
 pub(crate) mod seq_tests;
 #[cfg(test)]
 mod space_tests;

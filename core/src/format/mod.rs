@@ -403,6 +403,14 @@ pub fn encode_model(m: &ModelSpec) -> Vec<u8> {
                 w.u32(*rank);
                 w.f32(*alpha);
             }
+            LayerKind::Lstm { hidden } => {
+                w.u8(22);
+                w.u32(*hidden);
+            }
+            LayerKind::Gru { hidden } => {
+                w.u8(23);
+                w.u32(*hidden);
+            }
         }
     }
     frame(MODEL_MAGIC, MODEL_VERSION, &w.0)
@@ -598,6 +606,12 @@ pub fn decode_model(data: &[u8]) -> Result<ModelSpec, FormatError> {
                 bias: flag(&mut r, "lora_linear.bias")?,
                 rank: r.u32("lora_linear.rank")?,
                 alpha: r.f32("lora_linear.alpha")?,
+            },
+            22 => LayerKind::Lstm {
+                hidden: r.u32("lstm.hidden")?,
+            },
+            23 => LayerKind::Gru {
+                hidden: r.u32("gru.hidden")?,
             },
             _ => {
                 return Err(FormatError::BadValue {
@@ -797,6 +811,20 @@ mod tests {
     fn model_round_trips() {
         let m = sample();
         assert_eq!(decode_model(&encode_model(&m)).unwrap(), m);
+    }
+
+    /// LSTM and GRU layers round-trip, encoded as kind 22 / 23 (after the other layers' codes)
+    /// followed by the hidden width.
+    #[cfg(feature = "seq")]
+    #[test]
+    fn recurrent_models_round_trip() {
+        for gru in [false, true] {
+            let m = crate::exec::rnn_tests::rnn_lm(gru, 11, 6, 6, 5, 2);
+            let b = encode_model(&m);
+            assert_eq!(decode_model(&b).unwrap(), m);
+            let code = if gru { 23 } else { 22 };
+            assert!(b.windows(5).any(|w| w == [code, 5, 0, 0, 0]));
+        }
     }
 
     #[test]

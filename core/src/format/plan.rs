@@ -810,6 +810,24 @@ mod tests {
         }
     }
 
+    /// LSTM and GRU plans (their derivative phase before their gradient phase) round-trip, a
+    /// recomputing one included.
+    #[cfg(feature = "seq")]
+    #[test]
+    fn recurrent_plans_round_trip() {
+        for gru in [false, true] {
+            let s = crate::exec::rnn_tests::rnn_lm(gru, 11, 6, 6, 5, 2);
+            let g = Graph::new(&s, 3).unwrap();
+            let cost = crate::policy::CostModel::estimate(&g);
+            let (Ok(min) | Err(min)) = crate::policy::recompute(&g, 1, 0, &cost);
+            for plan in [Plan::new(g.clone()), min] {
+                let (s2, p2) = decode_plan(&encode_plan(&s, &plan)).unwrap();
+                assert_eq!(s2, s);
+                assert_same(&plan, &p2);
+            }
+        }
+    }
+
     #[test]
     fn unknown_strategy_reads_as_stored() {
         let mut plan = plain();

@@ -9,6 +9,7 @@ use core::fmt;
 
 use crate::kernels::int8::KernelFamily;
 use crate::model::{Dims, LayerKind, LossKind, ModelSpec, OptimizerSpec, Precision, Src, Update};
+use crate::ops::rnn::{Cell, RnnGeom};
 use crate::ops::seq::{AttnGeom, LoraGeom, Smooth};
 use crate::ops::{self, Act, ConvGeom, PoolGeom};
 
@@ -190,6 +191,10 @@ pub enum NodeOp {
     Attention(AttnGeom),
     /// Linear with frozen base weights and LoRA adapters.
     Lora(LoraGeom),
+    /// The recurrent part of an LSTM or GRU (input: the gate pre-activations of every step). Its
+    /// derivative phase runs first (back-propagation through time into the input derivative), its
+    /// gradient phase after, reading that derivative ([`crate::plan::step_program`]).
+    Rnn(RnnGeom),
 }
 
 impl NodeOp {
@@ -819,6 +824,32 @@ impl<'a> Builder<'a> {
                     };
                     (NodeOp::Attention(g), seq_out((w / 3) as u32))
                 }
+                LayerKind::Lstm { hidden } | LayerKind::Gru { hidden } => {
+                    let ty = l.kind.type_name();
+                    let cell = if matches!(l.kind, LayerKind::Lstm { .. }) {
+                        Cell::Lstm
+                    } else {
+                        Cell::Gru
+                    };
+                    let g = RnnGeom {
+                        cell,
+                        seq: x.c as usize,
+                        hidden: *hidden as usize,
+                    };
+                    // The gate width is checked before anything multiplies it (a 32-bit target).
+                    let fits = cell.gates().checked_mul(g.hidden) == Some(x.w as usize);
+                    if *hidden == 0 || !fits {
+                        return Err(err(
+                            li,
+                            name,
+                            format!(
+                                "{ty} with hidden = {hidden} needs hidden ≥ 1 and its input the {gates} gate pre-activations of every step, [seq, {gates}·hidden] (a linear to {gates}·{hidden} before it); got {x}",
+                                gates = cell.gates()
+                            ),
+                        ));
+                    }
+                    (NodeOp::Rnn(g), seq_out(*hidden))
+                }
                 LayerKind::Conv2d {
                     out,
                     kernel,
@@ -1017,6 +1048,10 @@ impl<'a> Builder<'a> {
                         shapes.push(("bias", vec![*dim], false));
                     }
                 }
+                (_, NodeOp::Rnn(g)) => {
+                    shapes.push(("weight_hh_l0", vec![g.gate_width(), g.hidden], false));
+                    shapes.push(("bias_hh_l0", vec![g.gate_width()], false));
+                }
                 _ => {}
             }
             if trainable && l.update != Update::All {
@@ -1042,6 +1077,7 @@ impl<'a> Builder<'a> {
                         | NodeOp::PosEmbedding { .. }
                         | NodeOp::Norm { .. }
                         | NodeOp::Lora(_)
+                        | NodeOp::Rnn(_)
                 ) {
                     return Err(err(
                         li,
@@ -1187,6 +1223,24 @@ impl<'a> Builder<'a> {
                         Share::Own,
                     )?);
                 }
+                NodeOp::Rnn(g) => {
+                    // Every step's gates (after their nonlinearities) and state (LSTM cell, GRU
+                    // W_hn·h + b_hn), kept from the forward to the backward through time.
+                    let steps = n.checked_mul(g.seq);
+                    for (what, width) in [("gates", g.gate_width()), ("state", g.hidden)] {
+                        let elems = steps.and_then(|s| s.checked_mul(width)).ok_or_else(|| {
+                            GraphError::TooLarge {
+                                tensor: format!("{name}.{what}"),
+                            }
+                        })?;
+                        saved.push(self.tensor(
+                            format!("{name}.{what}"),
+                            TensorKind::Activation,
+                            elems,
+                            Share::Own,
+                        )?);
+                    }
+                }
                 NodeOp::MaxPool(_) => {
                     let dtype = if self.precision == Precision::F32 {
                         DType::U32
@@ -1274,6 +1328,37 @@ impl<'a> Builder<'a> {
         for ni in (0..nodes.len()).rev() {
             let d_out = deriv.get(&nodes[ni].out).map(|d| d.0);
             nodes[ni].d_out = d_out;
+            if matches!(nodes[ni].op, NodeOp::Rnn(_)) && d_out.is_some() {
+                // The backward through time writes the input derivative, which the weight gradient
+                // then reads: the input must be this layer's alone and need a derivative whenever
+                // the recurrent weights train.
+                let l = &spec.layers[ni];
+                let x = nodes[ni].inputs[0];
+                let src_rg = match l.inputs[0] {
+                    Src::Input => false,
+                    Src::Layer(j) => requires_grad[j as usize],
+                };
+                if consumers.get(&x).copied() != Some(1) {
+                    return Err(err(
+                        ni,
+                        &l.name,
+                        format!(
+                            "{}'s input (the gate pre-activations) must feed no other layer",
+                            l.kind.type_name()
+                        ),
+                    ));
+                }
+                if nodes[ni].has_grad_w() && !src_rg {
+                    return Err(err(
+                        ni,
+                        &l.name,
+                        format!(
+                            "a trainable {} needs a trainable input projection (the linear before it)",
+                            l.kind.type_name()
+                        ),
+                    ));
+                }
+            }
             let mut d_in = Vec::with_capacity(nodes[ni].inputs.len());
             for (k, &t) in nodes[ni].inputs.clone().iter().enumerate() {
                 let src_rg = match spec.layers[ni].inputs[k] {
@@ -1346,6 +1431,11 @@ impl<'a> Builder<'a> {
                     ops::seq::attention_fwd_scratch_len(g),
                     0,
                     ops::seq::attention_bwd_scratch_len(g),
+                ),
+                NodeOp::Rnn(g) => (
+                    ops::rnn::rnn_fwd_scratch_len(g, n),
+                    ops::rnn::rnn_grad_w_scratch_len(g, n),
+                    ops::rnn::rnn_grad_x_scratch_len(g, n),
                 ),
                 NodeOp::Conv(g) => {
                     let s = ops::conv_scratch_len_threads(g, n, self.threads);

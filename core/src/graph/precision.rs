@@ -65,7 +65,9 @@ pub fn check_supported(precision: Precision, spec: &ModelSpec) -> Result<(), Gra
             | LayerKind::Gelu
             | LayerKind::Silu
             | LayerKind::Attention { .. }
-            | LayerKind::LoraLinear { .. } => Some(format!(
+            | LayerKind::LoraLinear { .. }
+            | LayerKind::Lstm { .. }
+            | LayerKind::Gru { .. } => Some(format!(
                 "{} is not part of int8 training (supported: linear, conv2d, relu, maxpool2d, avgpool2d, global_avgpool, flatten, reshape, add); train it with --precision f32",
                 l.kind.type_name()
             )),

@@ -167,6 +167,22 @@ pub enum LayerKind {
         /// Scale numerator (`alpha / rank` multiplies the adapter's output).
         alpha: f32,
     },
+    /// The recurrent part of a one-layer LSTM (PyTorch's `nn.LSTM`, `batch_first`, zero initial
+    /// state): the input is the gate pre-activations `[seq, 4·hidden]` of every time step in the gate
+    /// order i, f, g, o (`x·W_ihᵀ + b_ih`, a Linear before it: the TOML's `lstm` entry writes both);
+    /// the output is every hidden state `[seq, hidden]`. Weight `weight_hh [4·hidden, hidden]`, bias
+    /// `bias_hh [4·hidden]`.
+    Lstm {
+        /// Hidden width.
+        hidden: u32,
+    },
+    /// The recurrent part of a one-layer GRU (`nn.GRU`), as [`LayerKind::Lstm`] with gates r, z, n
+    /// (`[seq, 3·hidden]` in; `b_hn` inside the reset product). Weight `weight_hh [3·hidden, hidden]`,
+    /// bias `bias_hh [3·hidden]`.
+    Gru {
+        /// Hidden width.
+        hidden: u32,
+    },
 }
 
 impl LayerKind {
@@ -195,6 +211,8 @@ impl LayerKind {
             LayerKind::Silu => "silu",
             LayerKind::Attention { .. } => "attention",
             LayerKind::LoraLinear { .. } => "lora_linear",
+            LayerKind::Lstm { .. } => "lstm",
+            LayerKind::Gru { .. } => "gru",
         }
     }
 
@@ -210,6 +228,8 @@ impl LayerKind {
                 | LayerKind::Silu
                 | LayerKind::Attention { .. }
                 | LayerKind::LoraLinear { .. }
+                | LayerKind::Lstm { .. }
+                | LayerKind::Gru { .. }
         )
     }
 }

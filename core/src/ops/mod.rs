@@ -25,6 +25,7 @@ pub mod elementwise;
 pub mod linear;
 pub mod loss;
 pub mod pool;
+pub mod rnn;
 pub mod seq;
 
 #[cfg(test)]

@@ -249,10 +249,16 @@ pub fn step_program(g: &Graph, m: u16) -> Vec<Instr> {
         });
         for i in (0..g.nodes.len()).rev() {
             let n = &g.nodes[i];
+            // A recurrent layer's derivative phase (the backward through time) writes what its
+            // gradient phase reads.
+            let x_first = matches!(n.op, NodeOp::Rnn(_));
+            if x_first && n.has_grad_x(g) {
+                program.push(ins(i, Phase::GradX, mb));
+            }
             if n.has_grad_w() {
                 program.push(ins(i, Phase::GradW, mb));
             }
-            if n.has_grad_x(g) {
+            if !x_first && n.has_grad_x(g) {
                 program.push(ins(i, Phase::GradX, mb));
             }
             if m == 1 && n.has_grad_w() {
@@ -318,6 +324,15 @@ pub fn touches(g: &Graph, ins: &Instr, out: &mut Vec<TensorId>) {
             }
             out.extend(n.scratch[scratch_slot::FWD]);
         }
+        Phase::GradW if matches!(n.op, NodeOp::Rnn(_)) => {
+            // The input derivative (the gates' derivative, written by the derivative phase before
+            // it), every h_t and the saved gates; not the input.
+            out.extend(n.d_in.iter().flatten().map(|d| d.0));
+            out.push(n.out);
+            out.extend(n.params.iter().filter_map(|p| p.grad));
+            out.extend(n.saved.iter().copied());
+            out.extend(n.scratch[scratch_slot::GRAD_W]);
+        }
         Phase::GradW => {
             out.extend(n.d_out);
             out.extend(n.params.iter().filter_map(|p| p.grad));
@@ -358,6 +373,11 @@ pub fn touches(g: &Graph, ins: &Instr, out: &mut Vec<TensorId>) {
                 }
                 NodeOp::Smooth(_) | NodeOp::Attention(_) => out.extend(n.inputs.iter().copied()),
                 NodeOp::Lora(_) => out.extend(n.params.iter().map(|p| p.value)),
+                // W_hh and every h_t (the GRU's update reads h_{t−1}).
+                NodeOp::Rnn(_) => {
+                    out.extend(n.params.first().map(|p| p.value));
+                    out.push(n.out);
+                }
                 _ => {}
             }
             out.extend(n.scratch[scratch_slot::GRAD_X]);

@@ -53,6 +53,10 @@ pub fn flops_per_sample(g: &Graph, node: usize, phase: Phase) -> u64 {
             let k = if phase == Phase::GradX { 4 } else { 2 };
             k * 2 * (a.seq * a.seq * a.dim) as u64
         }
+        (NodeOp::Rnn(r), Phase::Forward | Phase::Recompute | Phase::GradW | Phase::GradX) => {
+            // The recurrent GEMM of every step (h·W_hhᵀ forward, dg·W_hh and dgᵀ·h backward).
+            2 * (r.seq * r.gate_width() * r.hidden) as u64
+        }
         (NodeOp::Norm { .. }, _) => 8 * out,
         (NodeOp::Conv(c), Phase::Forward | Phase::Recompute | Phase::GradW | Phase::GradX) => {
             2 * (c.cin / c.groups * c.kh * c.kw) as u64 * out

@@ -530,6 +530,7 @@ fn values_consistent(g: &Graph, roots: &[TensorId], program: &[Instr]) -> bool {
         };
         let mut reads: Vec<TensorId> = Vec::new();
         match ins.phase {
+            Phase::GradW | Phase::GradX if matches!(n.op, NodeOp::Rnn(_)) => reads.push(n.out),
             Phase::Forward | Phase::Recompute | Phase::GradW => {
                 reads.extend(n.inputs.iter().copied())
             }

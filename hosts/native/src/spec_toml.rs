@@ -421,6 +421,7 @@ struct RawLayer {
     expand: Option<Spanned<Int>>,
     repeat: Option<Spanned<Int>>,
     scale_width: Option<Spanned<bool>>,
+    hidden: Option<Spanned<Int>>,
 }
 
 /// A layer's `update` (sparse update): `"all"`, `"frozen"`, `"bias"` or `{ channels = f }`.
@@ -436,7 +437,7 @@ const UPDATE_NAMES: &[&str] = &["all", "frozen", "bias"];
 
 impl RawLayer {
     /// The type-specific keys present, with their value spans.
-    fn present(&self) -> [(&'static str, Option<Span>); 19] {
+    fn present(&self) -> [(&'static str, Option<Span>); 20] {
         fn s<T>(v: &Option<Spanned<T>>) -> Option<Span> {
             v.as_ref().map(Spanned::span)
         }
@@ -460,6 +461,7 @@ impl RawLayer {
             ("expand", s(&self.expand)),
             ("repeat", s(&self.repeat)),
             ("scale_width", s(&self.scale_width)),
+            ("hidden", s(&self.hidden)),
         ]
     }
 }
@@ -673,6 +675,8 @@ const LAYER_TYPES: &[&str] = &[
     "attention",
     "lora_linear",
     "inverted_residual",
+    "lstm",
+    "gru",
 ];
 
 /// The keys a layer of type `ty` takes: those every layer takes, then its own; for an unknown type,
@@ -727,6 +731,7 @@ fn layer_keys(ty: &str) -> &'static [&'static str] {
         "embedding" => &["name", "type", "inputs", "trainable", "vocab", "dim"],
         "layernorm" | "rmsnorm" => &["name", "type", "inputs", "trainable", "eps"],
         "attention" => &["name", "type", "inputs", "trainable", "heads"],
+        "lstm" | "gru" => &["name", "type", "inputs", "trainable", "hidden"],
         "lora_linear" => &[
             "name",
             "type",
@@ -762,6 +767,7 @@ fn layer_keys(ty: &str) -> &'static [&'static str] {
             "expand",
             "repeat",
             "scale_width",
+            "hidden",
         ],
     }
 }
@@ -1249,6 +1255,8 @@ impl<'d> Doc<'d> {
                     trainable,
                     &mut layers,
                 )?;
+            } else if ty == "lstm" || ty == "gru" {
+                self.recurrent(item, name, ty, inputs[0], trainable, &mut layers)?;
             } else {
                 let mut kind = self.layer_kind(item, ty)?;
                 if let (Some(w), LayerKind::Conv2d { out, groups, .. }) = (width, &mut kind) {
@@ -1277,7 +1285,7 @@ impl<'d> Doc<'d> {
             // layer's name with one generated before it (names written twice are duplicates above).
             for k in before..layers.len() {
                 let n = &layers[k].name;
-                let generated = ty == "inverted_residual";
+                let generated = matches!(ty, "inverted_residual" | "lstm" | "gru");
                 let clash = all_names
                     .iter()
                     .enumerate()
@@ -1495,6 +1503,56 @@ impl<'d> Doc<'d> {
             prev = x;
             cin = out;
         }
+        Ok(())
+    }
+
+    /// Appends the layers of an `lstm` or `gru` entry (one PyTorch `nn.LSTM`/`nn.GRU` layer,
+    /// `batch_first`, zero initial state): the input projection of every time step, a linear
+    /// `{name}_ih` to `4·hidden` (LSTM: gates i, f, g, o) or `3·hidden` (GRU: r, z, n) — PyTorch's
+    /// `weight_ih_l0`, `bias_ih_l0` as `{name}_ih.weight`, `{name}_ih.bias` —, then the recurrent
+    /// layer `{name}` (`{name}.weight_hh_l0`, `{name}.bias_hh_l0`), whose output is every hidden
+    /// state.
+    fn recurrent(
+        &self,
+        item: &Spanned<Table<RawLayer>>,
+        name: &str,
+        ty: &str,
+        src: Src,
+        trainable: bool,
+        layers: &mut Vec<LayerSpec>,
+    ) -> Result<(), SpecError> {
+        let l = &item.get_ref().0;
+        let span = item.span();
+        let hidden_v = self.need(&l.hidden, &span, "hidden")?;
+        let hidden = self.size(hidden_v)?;
+        let gates = if ty == "lstm" { 4 } else { 3 };
+        let out = hidden.checked_mul(gates).ok_or_else(|| {
+            self.err(
+                hidden_v.span(),
+                SpecErrorKind::Invalid(format!(
+                    "hidden = {hidden}: {gates}·hidden is more than 2^32 - 1 features"
+                )),
+            )
+        })?;
+        layers.push(LayerSpec {
+            name: format!("{name}_ih"),
+            kind: LayerKind::Linear { out, bias: true },
+            inputs: vec![src],
+            trainable,
+            update: Update::All,
+        });
+        let kind = if ty == "lstm" {
+            LayerKind::Lstm { hidden }
+        } else {
+            LayerKind::Gru { hidden }
+        };
+        layers.push(LayerSpec {
+            name: name.to_string(),
+            kind,
+            inputs: vec![Src::Layer((layers.len() - 1) as u32)],
+            trainable,
+            update: Update::All,
+        });
         Ok(())
     }
 
@@ -1922,6 +1980,76 @@ out = 16
         assert!(e.contains("vocab"), "{e}");
     }
 
+    /// An `lstm`/`gru` entry is its input projection `NAME_ih` (a linear to 4·hidden / 3·hidden) and
+    /// the recurrent layer `NAME`, which later entries name; stacked by listing two.
+    #[test]
+    fn lstm_and_gru_entries() {
+        let rnn = |ty: &str, keys: &str| {
+            format!(
+                "[model]\ninput = [6]\nloss = \"cross_entropy\"\n[optimizer]\ntype = \"adam\"\nlr = 0.01\n\
+                 [[layers]]\nname = \"tok\"\ntype = \"embedding\"\nvocab = 16\ndim = 8\n\
+                 [[layers]]\nname = \"r1\"\ntype = \"{ty}\"\n{keys}\n\
+                 [[layers]]\nname = \"r2\"\ntype = \"{ty}\"\nhidden = 5\n\
+                 [[layers]]\nname = \"head\"\ntype = \"linear\"\nout = 16\ninputs = [\"r2\"]\n"
+            )
+        };
+        for (ty, gates) in [("lstm", 4), ("gru", 3)] {
+            let m = parse_model(&rnn(ty, "hidden = 7")).unwrap_or_else(|e| panic!("{e}"));
+            let names: Vec<&str> = m.spec.layers.iter().map(|l| l.name.as_str()).collect();
+            assert_eq!(names, ["tok", "r1_ih", "r1", "r2_ih", "r2", "head"]);
+            let l = &m.spec.layers;
+            assert_eq!(
+                l[1].kind,
+                LayerKind::Linear {
+                    out: gates * 7,
+                    bias: true
+                }
+            );
+            assert_eq!(l[1].inputs, [Src::Layer(0)]);
+            assert_eq!(l[2].inputs, [Src::Layer(1)]);
+            assert_eq!(l[3].inputs, [Src::Layer(2)]);
+            assert_eq!(l[5].inputs, [Src::Layer(4)]);
+            let want = if ty == "lstm" {
+                LayerKind::Lstm { hidden: 5 }
+            } else {
+                LayerKind::Gru { hidden: 5 }
+            };
+            assert_eq!(l[4].kind, want);
+            frugal_core::graph::Graph::new(&m.spec, 2).unwrap();
+            // Typed errors.
+            let e = err(&rnn(ty, ""));
+            assert!(e.contains("missing key \"hidden\""), "{e}");
+            let e = err(&rnn(ty, "hidden = 0"));
+            assert!(e.contains("hidden"), "{e}");
+            let e = err(&rnn(ty, "hidden = 4\nout = 3"));
+            assert!(e.contains("unknown key \"out\""), "{e}");
+            let e = err(&rnn(ty, "hidden = 4\nupdate = \"bias\""));
+            assert!(e.contains("unknown key \"update\""), "{e}");
+            // A generated name another layer has.
+            let e = err(&rnn(ty, "hidden = 4").replace("name = \"tok\"", "name = \"r2_ih\""));
+            assert!(e.contains("has the name of another layer"), "{e}");
+        }
+    }
+
+    /// `examples/char-lstm.toml`: an LSTM language model of 0.5–1 M parameters on text.
+    #[test]
+    fn the_char_lstm_example_parses() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        let m = load_model(&dir.join("char-lstm.toml")).unwrap();
+        assert!(m
+            .spec
+            .layers
+            .iter()
+            .any(|l| matches!(l.kind, LayerKind::Lstm { .. })));
+        let g = frugal_core::graph::Graph::new(&m.spec, 2).unwrap();
+        let params: usize = g
+            .params()
+            .map(|(_, p)| p.shape.iter().product::<usize>())
+            .sum();
+        assert!((500_000..=1_000_000).contains(&params), "{params}");
+        assert!(matches!(m.train.dataset, Some(DatasetSource::Text { .. })));
+    }
+
     #[test]
     fn the_char_gpt_examples_parse_and_keep_their_layers_in_step() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
@@ -2272,7 +2400,7 @@ weights = "w/backbone.safetensors"
             "layers[0].type: unknown value \"conv3d\" (known: linear, conv2d, maxpool2d, avgpool2d, \
              global_avgpool, relu, relu6, sigmoid, tanh, flatten, reshape, add, batchnorm2d, dropout, \
              embedding, pos_embedding, layernorm, rmsnorm, gelu, silu, attention, lora_linear, \
-             inverted_residual)"
+             inverted_residual, lstm, gru)"
         );
         assert!(err_body(&HEAD.replace("cross_entropy", "hinge"))
             .starts_with("model.loss: unknown value \"hinge\""));

@@ -283,8 +283,9 @@ fn unsupported(op: &NodeOp) -> Option<&'static str> {
         | NodeOp::Norm { .. }
         | NodeOp::Smooth(_)
         | NodeOp::Attention(_)
-        | NodeOp::Lora(_) => Some(
-            "sequence layers (embedding, norms, GELU/SiLU, attention, LoRA) have no GPU kernels yet",
+        | NodeOp::Lora(_)
+        | NodeOp::Rnn(_) => Some(
+            "sequence layers (embedding, norms, GELU/SiLU, attention, LoRA, LSTM/GRU) have no GPU kernels yet",
         ),
     }
 }

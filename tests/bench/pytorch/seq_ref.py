@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""PyTorch reference for `cargo xtask bench seq`: examples/char-gpt.toml built as a PyTorch module
-(by tests/golden/gen.py's Net, one module per TOML layer), trained with AdamW on windows of
+"""PyTorch reference for `cargo xtask bench seq`: examples/char-gpt.toml (or `--model`, e.g.
+char-lstm.toml: nn.LSTM) built as a PyTorch module (by tests/golden/gen.py's Net, one module per TOML
+layer), trained with the file's optimizer (gen.py's make_optimizer: AdamW, Adam) on windows of
 data/kjv/genesis.txt; 1 thread (the caller sets OMP_NUM_THREADS too). Prints
 `SUMMARY <median ms/step> <peak RSS over the baseline, bytes>`: the baseline is the RSS after the model
 and data are built, the peak the kernel's high-water mark after it is reset there (as torch_ref.py).
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "golden"))
-from gen import Net  # noqa: E402
+from gen import Net, make_optimizer  # noqa: E402
 
 
 def kib(field):
@@ -32,16 +33,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--model", default="char-gpt.toml")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    with open(os.path.join(ROOT, "examples", "char-gpt.toml"), "rb") as f:
+    with open(os.path.join(ROOT, "examples", a.model), "rb") as f:
         spec = tomllib.load(f)
     torch.manual_seed(1)
     model = Net(spec)
     model.train()
-    o = spec["optimizer"]
-    opt = torch.optim.AdamW(model.parameters(), lr=o["lr"], weight_decay=o.get("weight_decay", 0.01),
-                            foreach=False)
+    opt = make_optimizer(spec, model.parameters())
     t = spec["model"]["input"][0]
     with open(os.path.join(ROOT, "data", "kjv", "genesis.txt"), "rb") as f:
         text = f.read()
