@@ -826,6 +826,8 @@ impl<'a> Builder<'a> {
                 }
                 LayerKind::Lstm { hidden } | LayerKind::Gru { hidden } => {
                     let ty = l.kind.type_name();
+                    #[cfg(feature = "seq")]
+                    need_seq(ty)?;
                     let cell = if matches!(l.kind, LayerKind::Lstm { .. }) {
                         Cell::Lstm
                     } else {
