@@ -6,23 +6,30 @@ use super::{
     Backend, Cx, ExecError, LayerOps, LossOps, LossOut, Mode, MoveOps, OptimOps, Placement, Target,
 };
 use crate::graph::{scratch_slot, Node, NodeOp, TensorId, TensorKind};
+use crate::kernels::rows::dequantize_rows;
 use crate::model::LossKind;
 use crate::ops;
 use crate::optim::{self, StepCtx};
+use crate::plan::params::{self, ParamEncoding, ReadOnly, PARAMS_I8};
 use crate::plan::{Eo, Instr, Phase, Plan, LOSS_NODE};
 use crate::pool::{SingleThread, WorkerPool};
 use crate::rng::{hash2, Rng};
 
 /// The portable CPU backend (SIMD where the target has it), single-threaded unless given a pool.
-#[derive(Clone, Copy, Debug, Default)]
+///
+/// It reads frozen parameters from the executor's read-only parameter image when the plan has a
+/// parameter space ([`crate::plan::params`]); int8 weights there are dequantised, one weight at a time,
+/// into a buffer sized by [`Backend::prepare`] (the largest such weight's f32 values; empty otherwise).
+#[derive(Clone, Debug, Default)]
 pub struct CpuBackend<P: WorkerPool = SingleThread> {
     pool: P,
+    dq: alloc::vec::Vec<f32>,
 }
 
 impl CpuBackend {
     /// The CPU backend on the calling thread alone.
     pub fn new() -> Self {
-        Self { pool: SingleThread }
+        Self::with_pool(SingleThread)
     }
 }
 
@@ -30,7 +37,16 @@ impl<P: WorkerPool> CpuBackend<P> {
     /// The CPU backend splitting GEMM, convolution and large element-wise work across `pool`; results
     /// are bit-identical to one thread.
     pub fn with_pool(pool: P) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            dq: alloc::vec::Vec::new(),
+        }
+    }
+
+    /// f32 elements of the dequantisation buffer (0 unless the plan reads int8 weights from its
+    /// parameter image).
+    pub fn dequant_len(&self) -> usize {
+        self.dq.len()
     }
 
     /// The worker pool.
@@ -61,6 +77,10 @@ impl<P: WorkerPool> LayerOps for CpuBackend<P> {
     fn forward(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError> {
         let node = node_of(cx)?;
         let pool: &dyn WorkerPool = &self.pool;
+        let ro = Ro {
+            body: cx.params,
+            dq: &mut self.dq,
+        };
         forward(
             pool,
             cx.plan,
@@ -71,6 +91,7 @@ impl<P: WorkerPool> LayerOps for CpuBackend<P> {
             cx.x,
             cx.mode,
             seed_of(cx),
+            ro,
         )
     }
     fn grad_w(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError> {
@@ -81,7 +102,11 @@ impl<P: WorkerPool> LayerOps for CpuBackend<P> {
     fn grad_x(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError> {
         let node = node_of(cx)?;
         let pool: &dyn WorkerPool = &self.pool;
-        grad_x(pool, cx.plan, cx.eo, host, node, cx.n, seed_of(cx))
+        let ro = Ro {
+            body: cx.params,
+            dq: &mut self.dq,
+        };
+        grad_x(pool, cx.plan, cx.eo, host, node, cx.n, seed_of(cx), ro)
     }
 }
 
@@ -123,6 +148,86 @@ impl<P: WorkerPool> Backend for CpuBackend<P> {
     fn serves(&self, p: Placement) -> bool {
         p == Placement::Cpu
     }
+    /// Checks placements and spaces (the host arena and a read-only parameter space only) and sizes
+    /// the dequantisation buffer for the plan's int8 weights.
+    fn prepare(&mut self, plan: &Plan) -> Result<(), ExecError> {
+        if let Some(i) = plan.program.iter().find(|i| !self.serves(i.placement)) {
+            return Err(ExecError::Placement(i.placement));
+        }
+        if let Some(s) = plan
+            .spaces
+            .iter()
+            .find(|s| ParamEncoding::of_space(s.space).is_none())
+        {
+            return Err(ExecError::Space(s.space.0));
+        }
+        let need = plan
+            .graph
+            .nodes
+            .iter()
+            .filter_map(|n| match (&n.op, n.params.first()) {
+                (NodeOp::Linear { .. } | NodeOp::Conv(_), Some(p)) => plan
+                    .storage_at(p.value, 0)
+                    .filter(|&s| plan.lives[s].space == PARAMS_I8)
+                    .map(|_| plan.graph.tensors[p.value as usize].bytes / 4),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        if self.dq.len() != need {
+            self.dq = alloc::vec![0.0; need];
+        }
+        Ok(())
+    }
+}
+
+/// What parameters are read from besides the arena: the parameter image's body (empty when the plan
+/// has no parameter space) and the buffer int8 weights are dequantised into.
+struct Ro<'r> {
+    body: &'r [u8],
+    dq: &'r mut [f32],
+}
+
+/// A parameter operand: the arena range to carve (`(0, 0)` when it is read from the image) and the
+/// image's view of it.
+fn param<'r>(
+    plan: &Plan,
+    eo: Eo,
+    t: Option<TensorId>,
+    body: &'r [u8],
+) -> Result<((usize, usize), Option<ReadOnly<'r>>), ExecError> {
+    match t {
+        Some(t) if !body.is_empty() => match params::read_only(plan, body, t)? {
+            Some(r) => Ok(((0, 0), Some(r))),
+            None => Ok((whole(plan, eo, Some(t))?, None)),
+        },
+        _ => Ok((whole(plan, eo, t)?, None)),
+    }
+}
+
+/// The f32 values of a parameter operand: carved from the arena, read from the image in place, or (an
+/// int8 weight) dequantised into `dq`.
+fn values<'a>(
+    carved: &'a mut [u8],
+    ro: Option<ReadOnly<'a>>,
+    dq: &'a mut [f32],
+) -> Result<&'a [f32], ExecError> {
+    match ro {
+        None => Ok(f32s(carved)?),
+        Some(ReadOnly::F32(v)) => Ok(v),
+        Some(ReadOnly::I8 { scales, q }) => {
+            let out = dq.get_mut(..q.len()).ok_or(ExecError::BadPlan(
+                "an int8 weight larger than the backend was prepared for",
+            ))?;
+            dequantize_rows(q, scales, out);
+            Ok(out)
+        }
+    }
+}
+
+/// A parameter operand that is never int8 (biases, BatchNorm parameters and statistics).
+fn f32_param<'a>(carved: &'a mut [u8], ro: Option<ReadOnly<'a>>) -> Result<&'a [f32], ExecError> {
+    values(carved, ro, &mut [])
 }
 
 /// Randomness of one instruction: the step's seed and the batch index of its first sample.
@@ -143,6 +248,17 @@ pub(crate) fn init_params_f32(plan: &Plan, arena: &mut [u8], seed: u64) -> Resul
             _ => 0,
         };
         for (k, p) in node.params.iter().enumerate() {
+            if read_only(plan, p.value) {
+                // In the parameter image (the caller's bytes); its draws are made all the same, so the
+                // parameters in the arena start as in the plan that keeps every one there.
+                if !matches!(node.op, NodeOp::BatchNorm { .. }) {
+                    let bound = 1.0 / libm::sqrtf(fan_in.max(1) as f32);
+                    for _ in 0..plan.graph.tensors[p.value as usize].bytes / 4 {
+                        rng.uniform(-bound, bound);
+                    }
+                }
+                continue;
+            }
             let v = tensor_mut(plan, arena, p.value)?;
             if let NodeOp::BatchNorm { .. } = node.op {
                 v.fill(if k == 0 { 1.0 } else { 0.0 });
@@ -157,10 +273,19 @@ pub(crate) fn init_params_f32(plan: &Plan, arena: &mut [u8], seed: u64) -> Resul
             }
         }
         for (k, &s) in node.stats.iter().enumerate() {
-            tensor_mut(plan, arena, s)?.fill(if k == 0 { 0.0 } else { 1.0 });
+            if !read_only(plan, s) {
+                tensor_mut(plan, arena, s)?.fill(if k == 0 { 0.0 } else { 1.0 });
+            }
         }
     }
     Ok(())
+}
+
+/// Tensor `t` lives in the plan's read-only parameter space.
+pub(crate) fn read_only(plan: &Plan, t: TensorId) -> bool {
+    plan.storage_at(t, 0)
+        .and_then(|s| plan.lives.get(s))
+        .is_some_and(|l| ParamEncoding::of_space(l.space).is_some())
 }
 
 /// Whole tensor `t` as a mutable f32 slice.
@@ -337,6 +462,7 @@ fn forward(
     xext: &[f32],
     mode: Mode,
     rs: RunSeed,
+    ro: Ro<'_>,
 ) -> Result<(), ExecError> {
     let xin = node.inputs[0];
     let in_elems = n * node.in_dims[0].numel();
@@ -344,20 +470,28 @@ fn forward(
     let w = node.params.first().map(|p| p.value);
     let b = node.params.get(1).map(|p| p.value);
     let s = node.scratch[scratch_slot::FWD];
+    let body = ro.body;
     match &node.op {
         NodeOp::Linear { .. } | NodeOp::Conv(_) => {
+            let (wr, wro) = param(plan, eo, w, body)?;
+            let (br, bro) = param(plan, eo, b, body)?;
             let [xb, wb, bb, yb, sb] = carve(
                 a,
                 [
                     reg(plan, eo, Some(xin), in_elems)?,
-                    whole(plan, eo, w)?,
-                    whole(plan, eo, b)?,
+                    wr,
+                    br,
                     reg(plan, eo, Some(node.out), out_elems)?,
                     whole(plan, eo, s)?,
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
-            let (w, b, y, s) = (f32s(wb)?, opt_f32(bb)?.map(|b| &*b), f32s(yb)?, f32s(sb)?);
+            let w = values(wb, wro, ro.dq)?;
+            let b = match bro {
+                Some(r) => Some(f32_param(bb, Some(r))?),
+                None => opt_f32(bb)?.map(|b| &*b),
+            };
+            let (y, s) = (f32s(yb)?, f32s(sb)?);
             match &node.op {
                 NodeOp::Linear { fin, fout } => {
                     ops::linear_fwd_par(pool, n, *fin, *fout, x, w, b, y, s)
@@ -491,24 +625,22 @@ fn forward(
             train: false,
             ..
         } if same(plan, eo, xin, node.out) => {
+            let (gr, gro) = param(plan, eo, w, body)?;
+            let (br, bro) = param(plan, eo, b, body)?;
+            let (mr, mro) = param(plan, eo, node.stats.first().copied(), body)?;
+            let (vr, vro) = param(plan, eo, node.stats.get(1).copied(), body)?;
             let [gb, bb, rmb, rvb, yb] = carve(
                 a,
-                [
-                    whole(plan, eo, w)?,
-                    whole(plan, eo, b)?,
-                    whole(plan, eo, node.stats.first().copied())?,
-                    whole(plan, eo, node.stats.get(1).copied())?,
-                    reg(plan, eo, Some(node.out), out_elems)?,
-                ],
+                [gr, br, mr, vr, reg(plan, eo, Some(node.out), out_elems)?],
             )?;
             ops::bn_fwd_eval_inplace(
                 n,
                 *c,
                 *hw,
-                f32s(gb)?,
-                f32s(bb)?,
-                f32s(rmb)?,
-                f32s(rvb)?,
+                f32_param(gb, gro)?,
+                f32_param(bb, bro)?,
+                f32_param(rmb, mro)?,
+                f32_param(rvb, vro)?,
                 *eps,
                 f32s(yb)?,
             );
@@ -520,40 +652,42 @@ fn forward(
             momentum,
             train,
         } => {
+            let (gr, gro) = param(plan, eo, w, body)?;
+            let (br, bro) = param(plan, eo, b, body)?;
+            // Running statistics are read-only only in evaluation mode (the training forward updates
+            // them), so a training BatchNorm always finds them in the arena.
+            let (mr, mro) = param(plan, eo, node.stats.first().copied(), body)?;
+            let (vr, vro) = param(plan, eo, node.stats.get(1).copied(), body)?;
             let [xb, gb, bb, rmb, rvb, yb, mb, ib] = carve(
                 a,
                 [
                     reg(plan, eo, Some(xin), in_elems)?,
-                    whole(plan, eo, w)?,
-                    whole(plan, eo, b)?,
-                    whole(plan, eo, node.stats.first().copied())?,
-                    whole(plan, eo, node.stats.get(1).copied())?,
+                    gr,
+                    br,
+                    mr,
+                    vr,
                     reg(plan, eo, Some(node.out), out_elems)?,
                     whole(plan, eo, node.saved.first().copied())?,
                     whole(plan, eo, node.saved.get(1).copied())?,
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
+            let (gamma, beta) = (f32_param(gb, gro)?, f32_param(bb, bro)?);
+            if *train && (mro.is_some() || vro.is_some()) {
+                return Err(ExecError::BadPlan(
+                    "a training BatchNorm's running statistics are read-only",
+                ));
+            }
             if *train && mode == Mode::Recompute {
-                ops::bn_fwd_recompute(
-                    n,
-                    *c,
-                    *hw,
-                    x,
-                    f32s(gb)?,
-                    f32s(bb)?,
-                    f32s(mb)?,
-                    f32s(ib)?,
-                    f32s(yb)?,
-                );
+                ops::bn_fwd_recompute(n, *c, *hw, x, gamma, beta, f32s(mb)?, f32s(ib)?, f32s(yb)?);
             } else if *train && mode == Mode::Train {
                 ops::bn_fwd_train(
                     n,
                     *c,
                     *hw,
                     x,
-                    f32s(gb)?,
-                    f32s(bb)?,
+                    gamma,
+                    beta,
                     f32s(yb)?,
                     f32s(mb)?,
                     f32s(ib)?,
@@ -568,10 +702,10 @@ fn forward(
                     *c,
                     *hw,
                     x,
-                    f32s(gb)?,
-                    f32s(bb)?,
-                    f32s(rmb)?,
-                    f32s(rvb)?,
+                    gamma,
+                    beta,
+                    f32_param(rmb, mro)?,
+                    f32_param(rvb, vro)?,
                     *eps,
                     f32s(yb)?,
                 );
@@ -684,7 +818,9 @@ fn grad_x(
     node: &Node,
     n: usize,
     rs: RunSeed,
+    ro: Ro<'_>,
 ) -> Result<(), ExecError> {
+    let body = ro.body;
     let in_elems = n * node.in_dims[0].numel();
     let out_elems = n * node.out_dims.numel();
     let dy = node.d_out.ok_or(ExecError::BadPlan(
@@ -704,16 +840,18 @@ fn grad_x(
     let s = node.scratch[scratch_slot::GRAD_X];
     match &node.op {
         NodeOp::Linear { .. } | NodeOp::Conv(_) => {
+            let (wr, wro) = param(plan, eo, w, body)?;
             let [dyb, wb, dxb, sb] = carve(
                 a,
                 [
                     reg(plan, eo, Some(dy), out_elems)?,
-                    whole(plan, eo, w)?,
+                    wr,
                     reg(plan, eo, need_dx()?, in_elems)?,
                     whole(plan, eo, s)?,
                 ],
             )?;
-            let (dy, w, dx, s) = (f32s(dyb)?, f32s(wb)?, f32s(dxb)?, f32s(sb)?);
+            let w = values(wb, wro, ro.dq)?;
+            let (dy, dx, s) = (f32s(dyb)?, f32s(dxb)?, f32s(sb)?);
             match &node.op {
                 NodeOp::Linear { fin, fout } => {
                     ops::linear_grad_x_par(pool, n, *fin, *fout, dy, w, dx, acc, s)
@@ -854,6 +992,7 @@ fn grad_x(
             c, hw, eps, train, ..
         } => {
             let xin = node.inputs[0];
+            let (gr, gro) = param(plan, eo, w, body)?;
             if *train && dx.is_some_and(|d| same(plan, eo, dy, d)) {
                 let [xb, db, mb, ib, gb] = carve(
                     a,
@@ -862,7 +1001,7 @@ fn grad_x(
                         reg(plan, eo, Some(dy), out_elems)?,
                         whole(plan, eo, node.saved.first().copied())?,
                         whole(plan, eo, node.saved.get(1).copied())?,
-                        whole(plan, eo, w)?,
+                        gr,
                     ],
                 )?;
                 ops::bn_grad_x_inplace(
@@ -873,7 +1012,7 @@ fn grad_x(
                     f32s(db)?,
                     f32s(mb)?,
                     f32s(ib)?,
-                    f32s(gb)?,
+                    f32_param(gb, gro)?,
                 );
             } else if *train {
                 let [xb, dyb, mb, ib, gb, dxb] = carve(
@@ -883,7 +1022,7 @@ fn grad_x(
                         reg(plan, eo, Some(dy), out_elems)?,
                         whole(plan, eo, node.saved.first().copied())?,
                         whole(plan, eo, node.saved.get(1).copied())?,
-                        whole(plan, eo, w)?,
+                        gr,
                         reg(plan, eo, need_dx()?, in_elems)?,
                     ],
                 )?;
@@ -895,17 +1034,18 @@ fn grad_x(
                     f32s(dyb)?,
                     f32s(mb)?,
                     f32s(ib)?,
-                    f32s(gb)?,
+                    f32_param(gb, gro)?,
                     f32s(dxb)?,
                     acc,
                 );
             } else {
+                let (vr, vro) = param(plan, eo, node.stats.get(1).copied(), body)?;
                 let [dyb, gb, rvb, dxb] = carve(
                     a,
                     [
                         reg(plan, eo, Some(dy), out_elems)?,
-                        whole(plan, eo, w)?,
-                        whole(plan, eo, node.stats.get(1).copied())?,
+                        gr,
+                        vr,
                         reg(plan, eo, need_dx()?, in_elems)?,
                     ],
                 )?;
@@ -914,8 +1054,8 @@ fn grad_x(
                     *c,
                     *hw,
                     f32s(dyb)?,
-                    f32s(gb)?,
-                    f32s(rvb)?,
+                    f32_param(gb, gro)?,
+                    f32_param(rvb, vro)?,
                     *eps,
                     f32s(dxb)?,
                     acc,

@@ -106,6 +106,9 @@ pub struct Cx<'a> {
     pub start: usize,
     /// The optimizer step this update makes (1-based: Adam's t).
     pub t: u32,
+    /// The body of the read-only parameter image the executor was given (empty when the plan keeps
+    /// every parameter in the arena; see [`crate::plan::params`]).
+    pub params: &'a [u8],
 }
 
 /// What a loss instruction measured on its micro-batch.

@@ -55,6 +55,7 @@ use crate::backend::Placement;
 use crate::graph::{Graph, GraphError, GraphOptions, TensorId, TensorKind};
 use crate::kernels::int8::KernelFamily;
 use crate::model::{Int8Update, ModelSpec, Precision};
+use crate::plan::params::{self, ParamEncoding};
 use crate::plan::{
     lifetimes, lower_bound, share_groups, strategies, IdVec, Instr, Phase, Plan, SpaceId,
     SpaceLayout, StorageId, TensorLife, ALIGN, LOSS_NODE,
@@ -580,7 +581,30 @@ fn get_program(r: &mut Reader<'_>, mut graph: Graph, version: u16) -> Result<Pla
     }
     let mut lt = lt;
     let spaces = if version >= 4 {
-        get_spaces(r, &mut lt.lives)?
+        let at = r.at();
+        let mut spaces = get_spaces(r, &mut lt.lives)?;
+        // Read-only parameters take their encoded sizes (int8 weights), and only read-only tensors
+        // may be there.
+        if spaces
+            .iter()
+            .any(|s| ParamEncoding::of_space(s.space).is_some())
+        {
+            params::apply_encoding(&graph, &lt.group_of, &lt.segments, &mut lt.lives)
+                .map_err(|reason| bad("storage space", at, reason))?;
+            for sp in &mut spaces {
+                let members: Vec<TensorLife> = lt
+                    .lives
+                    .iter()
+                    .filter(|l| l.space == sp.space)
+                    .map(|l| TensorLife {
+                        bytes: l.bytes.div_ceil(sp.align) * sp.align,
+                        ..l.clone()
+                    })
+                    .collect();
+                sp.lower_bound = lower_bound(&members);
+            }
+        }
+        spaces
     } else {
         Vec::new()
     };
