@@ -20,6 +20,18 @@ impl Numerics {
     }
 }
 
+/// Where the frozen parameters of an f32 plan live (see `frugal_core::plan::params`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Frozen {
+    /// In the arena, with everything else.
+    Arena,
+    /// In a read-only parameter image in flash, f32.
+    FlashF32,
+    /// In a read-only parameter image in flash, Linear/Conv weights int8 with per-output-channel
+    /// scales (quantised on the host at build time), dequantised on the fly.
+    FlashInt8,
+}
+
 /// One board and the run the firmware does on it.
 #[derive(Clone, Copy, Debug)]
 pub struct Board {
@@ -78,6 +90,8 @@ pub struct Board {
     pub classes: (u8, u8),
     /// Each 8×8 digit is upscaled by this factor (nearest) into the model's input.
     pub upscale: usize,
+    /// Where the frozen parameters live (f32 builds).
+    pub frozen: Frozen,
 }
 
 /// Netduino Plus 2 (STM32F405, Cortex-M4F): 1 MiB flash, 128 KiB RAM.
@@ -108,6 +122,7 @@ pub const NETDUINOPLUS2: Board = Board {
     weights: None,
     classes: (0, 10),
     upscale: 1,
+    frozen: Frozen::Arena,
 };
 
 /// BBC micro:bit v1 (nRF51822, Cortex-M0, no FPU): 256 KiB flash, 16 KiB RAM. Runs int8 only (f32 and
@@ -151,6 +166,7 @@ pub const MICROBIT: Board = Board {
     weights: None,
     classes: (0, 10),
     upscale: 1,
+    frozen: Frozen::Arena,
 };
 
 /// ARM MPS2 with the AN500 FPGA image (Cortex-M7 with FPU): 4 MiB of SSRAM at 0 stand in for flash,
@@ -174,7 +190,7 @@ pub const MPS2_AN500: Board = Board {
     numerics: &[Numerics::F32],
     int8_update_bits: 0,
     int8_grad_tile: 0,
-    arena: 128 * 1024,
+    arena: 85 * 1024,
     arena_int8: 160 * 1024,
     heap: 48 * 1024,
     heap_int8: 48 * 1024,
@@ -192,6 +208,7 @@ pub const MPS2_AN500: Board = Board {
     weights: Some("firmware/models/mcu-mbv2-pretrained.frgw"),
     classes: (5, 5),
     upscale: 2,
+    frozen: Frozen::FlashInt8,
 };
 
 impl Board {

@@ -89,9 +89,20 @@ static TRAIN_X: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/train_images.b
 static TRAIN_Y: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/train_labels.bin"));
 static TEST_X: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/test_images.bin"));
 static TEST_Y: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/test_labels.bin"));
-/// Pretrained persistent tensors (little-endian f32, in `Executor::state_tensors` order; empty when the
-/// board trains from scratch). Read from flash once, into the arena.
+/// Pretrained persistent tensors that live in the arena (little-endian f32, in
+/// `Executor::state_tensors` order without those in the parameter image; empty when the board trains
+/// from scratch). Read from flash once, into the arena.
 static WEIGHTS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/weights.bin"));
+
+/// Bytes at a 64-byte aligned address (the parameter image's f32 values are read in place).
+#[cfg_attr(feature = "int8", allow(dead_code))]
+#[repr(C, align(64))]
+struct Aligned<T: ?Sized>(T);
+
+/// The read-only parameter image (`frugal_core::plan::params`): the frozen parameters, read from flash
+/// by every step and never copied into RAM (empty when the plan keeps them in the arena).
+#[cfg_attr(feature = "int8", allow(dead_code))]
+static PARAMS: &Aligned<[u8]> = &Aligned(*include_bytes!(concat!(env!("OUT_DIR"), "/params.bin")));
 
 /// One labelled sample as the sensor delivers it.
 #[derive(Clone, Copy)]
@@ -121,7 +132,12 @@ impl<'p> Ex<'p> {
         #[cfg(feature = "int8")]
         let ex = Int8Executor::new(plan, arena)?;
         #[cfg(not(feature = "int8"))]
-        let ex = Executor::new(plan, arena)?;
+        let ex = Executor::with_params(
+            plan,
+            arena,
+            frugal_core::backend::CpuBackend::new(),
+            &PARAMS.0,
+        )?;
         Ok(Ex(ex))
     }
     fn init_params(&mut self, arena: &mut [u8], seed: u64) -> Result<(), ExecError> {
@@ -247,6 +263,16 @@ fn train(plan: &Plan) -> bool {
     if let Err(e) = ex.init_params(arena, BOARD.seed) {
         error!("{}", Display2Format(&e));
         return false;
+    }
+    if let Some((enc, bytes)) = plan.params_space() {
+        info!(
+            "frozen parameters read from flash: {=usize} B parameter image ({=str}), none in the arena",
+            bytes,
+            match enc {
+                frugal_core::plan::params::ParamEncoding::F32 => "f32",
+                frugal_core::plan::params::ParamEncoding::Int8 => "int8 weights, per-channel scales",
+            }
+        );
     }
     if !WEIGHTS.is_empty() {
         let t0 = rt::ticks();

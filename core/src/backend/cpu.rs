@@ -10,7 +10,7 @@ use crate::kernels::rows::dequantize_rows;
 use crate::model::LossKind;
 use crate::ops;
 use crate::optim::{self, StepCtx};
-use crate::plan::params::{self, ParamEncoding, ReadOnly, PARAMS_I8};
+use crate::plan::params::{self, ParamEncoding, ReadOnly};
 use crate::plan::{Eo, Instr, Phase, Plan, LOSS_NODE};
 use crate::pool::{SingleThread, WorkerPool};
 use crate::rng::{hash2, Rng};
@@ -19,11 +19,10 @@ use crate::rng::{hash2, Rng};
 ///
 /// It reads frozen parameters from the executor's read-only parameter image when the plan has a
 /// parameter space ([`crate::plan::params`]); int8 weights there are dequantised, one weight at a time,
-/// into a buffer sized by [`Backend::prepare`] (the largest such weight's f32 values; empty otherwise).
-#[derive(Clone, Debug, Default)]
+/// into the plan's dequantisation region ([`Plan::dequant_region`]).
+#[derive(Clone, Copy, Debug, Default)]
 pub struct CpuBackend<P: WorkerPool = SingleThread> {
     pool: P,
-    dq: alloc::vec::Vec<f32>,
 }
 
 impl CpuBackend {
@@ -37,16 +36,7 @@ impl<P: WorkerPool> CpuBackend<P> {
     /// The CPU backend splitting GEMM, convolution and large element-wise work across `pool`; results
     /// are bit-identical to one thread.
     pub fn with_pool(pool: P) -> Self {
-        Self {
-            pool,
-            dq: alloc::vec::Vec::new(),
-        }
-    }
-
-    /// f32 elements of the dequantisation buffer (0 unless the plan reads int8 weights from its
-    /// parameter image).
-    pub fn dequant_len(&self) -> usize {
-        self.dq.len()
+        Self { pool }
     }
 
     /// The worker pool.
@@ -77,10 +67,7 @@ impl<P: WorkerPool> LayerOps for CpuBackend<P> {
     fn forward(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError> {
         let node = node_of(cx)?;
         let pool: &dyn WorkerPool = &self.pool;
-        let ro = Ro {
-            body: cx.params,
-            dq: &mut self.dq,
-        };
+        let ro = Ro { body: cx.params };
         forward(
             pool,
             cx.plan,
@@ -102,10 +89,7 @@ impl<P: WorkerPool> LayerOps for CpuBackend<P> {
     fn grad_x(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError> {
         let node = node_of(cx)?;
         let pool: &dyn WorkerPool = &self.pool;
-        let ro = Ro {
-            body: cx.params,
-            dq: &mut self.dq,
-        };
+        let ro = Ro { body: cx.params };
         grad_x(pool, cx.plan, cx.eo, host, node, cx.n, seed_of(cx), ro)
     }
 }
@@ -148,8 +132,7 @@ impl<P: WorkerPool> Backend for CpuBackend<P> {
     fn serves(&self, p: Placement) -> bool {
         p == Placement::Cpu
     }
-    /// Checks placements and spaces (the host arena and a read-only parameter space only) and sizes
-    /// the dequantisation buffer for the plan's int8 weights.
+    /// Checks placements and spaces (the host arena and a read-only parameter space only).
     fn prepare(&mut self, plan: &Plan) -> Result<(), ExecError> {
         if let Some(i) = plan.program.iter().find(|i| !self.serves(i.placement)) {
             return Err(ExecError::Placement(i.placement));
@@ -161,31 +144,25 @@ impl<P: WorkerPool> Backend for CpuBackend<P> {
         {
             return Err(ExecError::Space(s.space.0));
         }
-        let need = plan
-            .graph
-            .nodes
-            .iter()
-            .filter_map(|n| match (&n.op, n.params.first()) {
-                (NodeOp::Linear { .. } | NodeOp::Conv(_), Some(p)) => plan
-                    .storage_at(p.value, 0)
-                    .filter(|&s| plan.lives[s].space == PARAMS_I8)
-                    .map(|_| plan.graph.tensors[p.value as usize].bytes / 4),
-                _ => None,
-            })
-            .max()
-            .unwrap_or(0);
-        if self.dq.len() != need {
-            self.dq = alloc::vec![0.0; need];
-        }
         Ok(())
     }
 }
 
 /// What parameters are read from besides the arena: the parameter image's body (empty when the plan
-/// has no parameter space) and the buffer int8 weights are dequantised into.
+/// has no parameter space).
+#[derive(Clone, Copy)]
 struct Ro<'r> {
     body: &'r [u8],
-    dq: &'r mut [f32],
+}
+
+/// The arena range an int8 weight operand is dequantised into (`(0, 0)` for any other operand).
+fn dequant(plan: &Plan, ro: Option<ReadOnly<'_>>) -> Result<(usize, usize), ExecError> {
+    match ro {
+        Some(ReadOnly::I8 { .. }) => plan.dequant_region().ok_or(ExecError::BadPlan(
+            "an int8 weight in a plan without a dequantisation region",
+        )),
+        _ => Ok((0, 0)),
+    }
 }
 
 /// A parameter operand: the arena range to carve (`(0, 0)` when it is read from the image) and the
@@ -206,18 +183,18 @@ fn param<'r>(
 }
 
 /// The f32 values of a parameter operand: carved from the arena, read from the image in place, or (an
-/// int8 weight) dequantised into `dq`.
+/// int8 weight) dequantised into `dq`, its carved dequantisation region.
 fn values<'a>(
     carved: &'a mut [u8],
     ro: Option<ReadOnly<'a>>,
-    dq: &'a mut [f32],
+    dq: &'a mut [u8],
 ) -> Result<&'a [f32], ExecError> {
     match ro {
         None => Ok(f32s(carved)?),
         Some(ReadOnly::F32(v)) => Ok(v),
         Some(ReadOnly::I8 { scales, q }) => {
-            let out = dq.get_mut(..q.len()).ok_or(ExecError::BadPlan(
-                "an int8 weight larger than the backend was prepared for",
+            let out = f32s(dq)?.get_mut(..q.len()).ok_or(ExecError::BadPlan(
+                "an int8 weight larger than the dequantisation region",
             ))?;
             dequantize_rows(q, scales, out);
             Ok(out)
@@ -475,7 +452,7 @@ fn forward(
         NodeOp::Linear { .. } | NodeOp::Conv(_) => {
             let (wr, wro) = param(plan, eo, w, body)?;
             let (br, bro) = param(plan, eo, b, body)?;
-            let [xb, wb, bb, yb, sb] = carve(
+            let [xb, wb, bb, yb, sb, qb] = carve(
                 a,
                 [
                     reg(plan, eo, Some(xin), in_elems)?,
@@ -483,10 +460,11 @@ fn forward(
                     br,
                     reg(plan, eo, Some(node.out), out_elems)?,
                     whole(plan, eo, s)?,
+                    dequant(plan, wro)?,
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
-            let w = values(wb, wro, ro.dq)?;
+            let w = values(wb, wro, qb)?;
             let b = match bro {
                 Some(r) => Some(f32_param(bb, Some(r))?),
                 None => opt_f32(bb)?.map(|b| &*b),
@@ -841,16 +819,17 @@ fn grad_x(
     match &node.op {
         NodeOp::Linear { .. } | NodeOp::Conv(_) => {
             let (wr, wro) = param(plan, eo, w, body)?;
-            let [dyb, wb, dxb, sb] = carve(
+            let [dyb, wb, dxb, sb, qb] = carve(
                 a,
                 [
                     reg(plan, eo, Some(dy), out_elems)?,
                     wr,
                     reg(plan, eo, need_dx()?, in_elems)?,
                     whole(plan, eo, s)?,
+                    dequant(plan, wro)?,
                 ],
             )?;
-            let w = values(wb, wro, ro.dq)?;
+            let w = values(wb, wro, qb)?;
             let (dy, dx, s) = (f32s(dyb)?, f32s(dxb)?, f32s(sb)?);
             match &node.op {
                 NodeOp::Linear { fin, fout } => {

@@ -118,12 +118,39 @@ fn read_only_parameters_leave_the_arena_by_exactly_their_bytes() {
                 .iter()
                 .map(|&t| round_up(crate::plan::params::encoded_bytes(&ro.graph, t, enc)))
                 .sum();
-            // The arena: smaller by exactly the f32 bytes (at the arena's alignment) of what left it.
+            // The arena: smaller by exactly the f32 bytes (at the arena's alignment) of what left it,
+            // but for the region int8 weights are dequantised into, at its top: the largest of them.
+            let largest = tensors
+                .iter()
+                .filter_map(|&t| {
+                    crate::plan::params::weight_rows(&ro.graph, t)
+                        .map(|_| ro.graph.tensors[t as usize].bytes)
+                })
+                .max()
+                .unwrap_or(0);
+            let dequant = match enc {
+                ParamEncoding::F32 => 0,
+                ParamEncoding::Int8 => round_up(largest),
+            };
             assert_eq!(
                 plain.arena_bytes - ro.arena_bytes,
-                f32_bytes,
+                f32_bytes - dequant,
                 "{what} {enc:?}"
             );
+            assert_eq!(
+                ro.dequant_region(),
+                (dequant > 0).then(|| (ro.arena_bytes - dequant, largest)),
+                "{what} {enc:?}"
+            );
+            // The region is above every storage of the arena.
+            let top = ro
+                .lives
+                .iter_enumerated()
+                .filter(|(_, l)| l.space == SpaceId::HOST)
+                .map(|(s, l)| ro.offsets[s] + l.bytes)
+                .max()
+                .unwrap();
+            assert!(top <= ro.arena_bytes - dequant, "{what} {enc:?}");
             assert_eq!(ro.params_space(), Some((enc, enc_bytes)), "{what} {enc:?}");
             // None of them has a host storage any more; everything else kept its space.
             for (s, l) in ro.lives.iter_enumerated() {
@@ -182,8 +209,8 @@ fn int8_weights_train_as_their_dequantised_values_in_the_arena() {
             "{what}: quantisation changed some weight"
         );
         assert!(
-            ex.backend().dequant_len() > 0,
-            "{what}: a dequantisation buffer"
+            ro.dequant_region().is_some(),
+            "{what}: a dequantisation region"
         );
         let want = run(&plain, &dequantised, &[], 4);
         let got = run(&ro, &rest, image.bytes(), 4);

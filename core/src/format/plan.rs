@@ -617,7 +617,7 @@ fn get_program(r: &mut Reader<'_>, mut graph: Graph, version: u16) -> Result<Pla
     )?;
     // The checked storages and the stored layout are the plan: no layout strategy runs on decode (a
     // micro:bit decodes this in a few KiB of heap).
-    let plan = Plan {
+    let mut plan = Plan {
         graph,
         micro_batches,
         program,
@@ -644,6 +644,25 @@ fn get_program(r: &mut Reader<'_>, mut graph: Graph, version: u16) -> Result<Pla
         spaces,
         strategy,
     };
+    // The region int8 weights are dequantised into (the top of the arena) holds no storage; it counts
+    // in the lower bound, as when it was planned.
+    if let Some((at, _)) = plan.dequant_region() {
+        plan.lower_bound += plan.arena_bytes - at;
+        let top = plan
+            .lives
+            .iter_enumerated()
+            .filter(|(_, l)| l.space == SpaceId::HOST)
+            .map(|(s, l)| plan.offsets[s] + l.bytes)
+            .max()
+            .unwrap_or(0);
+        if top > at {
+            return Err(bad(
+                "arena_bytes",
+                count_at,
+                "no room above the storages for dequantising int8 weights",
+            ));
+        }
+    }
     // Every move reads a value of its group: the storage that ends where the move begins the next.
     let moves = plan.program.iter().enumerate();
     for (eo, _) in moves.filter(|(_, i)| i.phase == Phase::Move) {

@@ -202,9 +202,43 @@ impl Plan {
             .find_map(|s| ParamEncoding::of_space(s.space).map(|e| (e, s.bytes)))
     }
 
+    /// f32 elements of the largest int8 weight in the parameter space (0 without one): what the
+    /// dequantisation region at the top of the arena holds ([`Plan::dequant_region`]).
+    pub fn dequant_elems(&self) -> usize {
+        if self.spaces.iter().all(|s| s.space != PARAMS_I8) {
+            return 0;
+        }
+        self.graph
+            .nodes
+            .iter()
+            .filter_map(|n| match (&n.op, n.params.first()) {
+                (NodeOp::Linear { .. } | NodeOp::Conv(_), Some(p)) => self
+                    .storage_at(p.value, 0)
+                    .filter(|&s| self.lives[s].space == PARAMS_I8)
+                    .map(|_| self.graph.tensors[p.value as usize].bytes / 4),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The arena range `(offset, bytes)` int8 weights are dequantised into, one weight at a time by
+    /// the instruction that reads it: the top [`Plan::dequant_elems`] f32 values of the arena
+    /// (rounded up to [`ALIGN`]), which no storage uses. None when the plan has no int8 weights.
+    pub fn dequant_region(&self) -> Option<(usize, usize)> {
+        let elems = self.dequant_elems();
+        if elems == 0 {
+            return None;
+        }
+        let reserved = (elems * 4).div_ceil(ALIGN) * ALIGN;
+        Some((self.arena_bytes.checked_sub(reserved)?, elems * 4))
+    }
+
     /// Moves every tensor a step only reads ([`read_only_tensors`]) out of the arena into the read-only
-    /// parameter space of `enc`, and lays out the arena again without them. Returns the number of
-    /// tensors moved (0 leaves the plan as it was). f32 plans whose storages are all in the arena only.
+    /// parameter space of `enc`, and lays out the arena again without them; under
+    /// [`ParamEncoding::Int8`] the arena then grows by the dequantisation region at its top
+    /// ([`Plan::dequant_region`]). Returns the number of tensors moved (0 leaves the plan as it was).
+    /// f32 plans whose storages are all in the arena only.
     pub fn read_only_params(&mut self, enc: ParamEncoding) -> Result<usize, ParamsError> {
         if self.graph.precision != Precision::F32 {
             return Err(ParamsError::Unsupported(
@@ -236,7 +270,17 @@ impl Plan {
             },
             |_| ALIGN,
         );
+        if let Some((_, bytes)) = self.dequant_region_after_layout() {
+            self.arena_bytes += bytes;
+            self.lower_bound += bytes;
+        }
         Ok(moved.len())
+    }
+
+    /// The dequantisation region's reserved bytes, before it is added to the arena.
+    fn dequant_region_after_layout(&self) -> Option<(usize, usize)> {
+        let elems = self.dequant_elems();
+        (elems > 0).then(|| (self.arena_bytes, (elems * 4).div_ceil(ALIGN) * ALIGN))
     }
 
     /// A fingerprint of the parameter space's layout (encoding, each tensor's id, offset and bytes,
