@@ -241,6 +241,20 @@ fn decode() -> Option<Box<Plan>> {
     }
 }
 
+/// The executor, on the heap (in the room decoding left; an allocation at boot, before any step) rather
+/// than in the training frame on the stack. A frame of its own, so the value built before the move
+/// never adds to the training frame.
+#[inline(never)]
+fn executor<'p>(plan: &'p Plan, arena: &[u8]) -> Option<Box<Ex<'p>>> {
+    match Ex::new(plan, arena) {
+        Ok(ex) => Some(Box::new(ex)),
+        Err(e) => {
+            error!("{}", Display2Format(&e));
+            None
+        }
+    }
+}
+
 /// Trains on the stream and evaluates after each epoch.
 #[inline(never)]
 fn train(plan: &Plan) -> bool {
@@ -253,12 +267,8 @@ fn train(plan: &Plan) -> bool {
         error!("the plan's precision is not this build's");
         return false;
     }
-    let mut ex = match Ex::new(plan, arena) {
-        Ok(ex) => ex,
-        Err(e) => {
-            error!("{}", Display2Format(&e));
-            return false;
-        }
+    let Some(mut ex) = executor(plan, arena) else {
+        return false;
     };
     if let Err(e) = ex.init_params(arena, BOARD.seed) {
         error!("{}", Display2Format(&e));

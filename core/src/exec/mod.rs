@@ -562,7 +562,7 @@ impl<'p, B: Backend> Executor<'p, B> {
             seed: run.seed,
             start,
             t: run.t,
-            params: self.params,
+            params: &self.params,
         };
         if ins.phase != Phase::Loss {
             let spill = run.spill.as_mut().map(|s| &mut **s as &mut dyn Spill);
