@@ -132,11 +132,10 @@ pub const NETDUINOPLUS2: Board = Board {
 /// 64→16→10, pure-integer update with `update_bits` 2. Its plan is sized for the board: GEMM scratch
 /// for the portable kernel, and `fc1`'s weight gradient accumulated 4 rows (256 i32) at a time instead
 /// of whole (the whole i32 gradient alone was 4,160 B of the former 7,808 B arena). Measured
-/// (`cargo xtask firmware --board microbit`): arena 4,288 B; heap peak 4,178 B while decoding the plan
-/// without names, 3,276 B held afterwards (plan and executor state); stack high-water 4,108 B (the one
-/// step loop shared by every executor since the backend refactor: +200 B; the shared sample conversion
-/// `stream::input`: +16 B); RAM in all 13,192 B of the
-/// 14 KiB limit; 88 % held-out after 10 epochs; 1.10 M instructions per step; the
+/// (`cargo xtask firmware --board microbit`): arena 4,288 B; heap peak 4,194 B while decoding the plan
+/// without names, 3,292 B held afterwards (plan and executor state), then the executor itself; stack
+/// high-water 3,836 B (the executor on the heap instead of the training frame: −280 B); RAM in all
+/// 12,920 B of the 14 KiB limit; 88 % held-out after 10 epochs; 1.10 M instructions per step; the
 /// first 10 losses equal the native run's bit for bit.
 pub const MICROBIT: Board = Board {
     name: "microbit",
@@ -171,15 +170,16 @@ pub const MICROBIT: Board = Board {
 
 /// ARM MPS2 with the AN500 FPGA image (Cortex-M7 with FPU): 4 MiB of SSRAM at 0 stand in for flash,
 /// RAM cut to 256 KiB by the linker script (tiny-training's SRAM). Transfer learning: the
-/// MobileNetV2-class `examples/mcu-mbv2.toml` pretrained on digits 0–4 by `cargo xtask mcu-pretrain`
-/// (weights in flash, copied into the arena at boot), fine-tuned on digits 5–9 (16×16, upscaled on
-/// the device from the 8×8 digits in flash) with the sparse update the selection policy picked for
-/// this board's arena (`firmware/models/mcu-mbv2-ft.frgm`). f32: int8 graphs refuse sparse updates.
+/// MobileNetV2-class `examples/mcu-mbv2.toml` pretrained on digits 0–4 by `cargo xtask mcu-pretrain`,
+/// fine-tuned on digits 5–9 (16×16, upscaled on the device from the 8×8 digits in flash) with the
+/// sparse update the selection policy picked (`firmware/models/mcu-mbv2-ft.frgm`). f32 training; the
+/// frozen parameters stay in flash, in a read-only parameter image with int8 weights (`frozen`), and
+/// only the trained ones are copied into the arena at boot.
 ///
-/// Batch 4 and a 128 KiB arena keep the run within 192 KiB in all. Measured (`cargo xtask firmware
-/// --board mps2-an500`): arena 131,008 B; heap peak 41,263 B while decoding; stack high-water 8,000 B;
-/// RAM in all 188,288 B; 95 % held-out on digits 5–9 after 3 epochs; 7.29 M instructions per step.
-/// The pretrained weights are copied into the arena (frozen ones too: 58,528 B of it).
+/// Measured (`cargo xtask firmware --board mps2-an500`): arena 86,336 B (131,008 B when the frozen
+/// parameters were copied into it); heap peak 41,263 B while decoding; stack high-water 7,916 B; RAM
+/// in all 144,172 B (188,216 B before); 95 % held-out on digits 5–9 after 3 epochs; 7.51 M
+/// instructions per step (7.29 M before: the dequantisation).
 pub const MPS2_AN500: Board = Board {
     name: "mps2-an500",
     target: "thumbv7em-none-eabihf",

@@ -444,39 +444,10 @@ fn forward(
     let xin = node.inputs[0];
     let in_elems = n * node.in_dims[0].numel();
     let out_elems = n * node.out_dims.numel();
-    let w = node.params.first().map(|p| p.value);
-    let b = node.params.get(1).map(|p| p.value);
-    let s = node.scratch[scratch_slot::FWD];
     let body = ro.body;
     match &node.op {
         NodeOp::Linear { .. } | NodeOp::Conv(_) => {
-            let (wr, wro) = param(plan, eo, w, body)?;
-            let (br, bro) = param(plan, eo, b, body)?;
-            let [xb, wb, bb, yb, sb, qb] = carve(
-                a,
-                [
-                    reg(plan, eo, Some(xin), in_elems)?,
-                    wr,
-                    br,
-                    reg(plan, eo, Some(node.out), out_elems)?,
-                    whole(plan, eo, s)?,
-                    dequant(plan, wro)?,
-                ],
-            )?;
-            let x = input(plan, xin, xb, xext, in_elems)?;
-            let w = values(wb, wro, qb)?;
-            let b = match bro {
-                Some(r) => Some(f32_param(bb, Some(r))?),
-                None => opt_f32(bb)?.map(|b| &*b),
-            };
-            let (y, s) = (f32s(yb)?, f32s(sb)?);
-            match &node.op {
-                NodeOp::Linear { fin, fout } => {
-                    ops::linear_fwd_par(pool, n, *fin, *fout, x, w, b, y, s)
-                }
-                NodeOp::Conv(g) => ops::conv_fwd_par(pool, g, n, x, w, b, y, s),
-                _ => return Err(ExecError::BadPlan("not a linear or convolution layer")),
-            }
+            return linear_conv_forward(pool, plan, eo, a, node, n, xext, body);
         }
         NodeOp::MaxPool(g) => {
             let [xb, yb, ib] = carve(
@@ -595,6 +566,88 @@ fn forward(
                 });
             }
         }
+        NodeOp::BatchNorm { .. } => {
+            return bn_forward(plan, eo, a, node, n, xext, mode, body);
+        }
+    }
+    Ok(())
+}
+
+/// The Linear/Convolution forward, in a frame of its own (as [`bn_forward`]).
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn linear_conv_forward(
+    pool: &dyn WorkerPool,
+    plan: &Plan,
+    eo: Eo,
+    a: &mut [u8],
+    node: &Node,
+    n: usize,
+    xext: &[f32],
+    body: &[u8],
+) -> Result<(), ExecError> {
+    let xin = node.inputs[0];
+    let in_elems = n * node.in_dims[0].numel();
+    let out_elems = n * node.out_dims.numel();
+    let w = node.params.first().map(|p| p.value);
+    let b = node.params.get(1).map(|p| p.value);
+    let s = node.scratch[scratch_slot::FWD];
+    match &node.op {
+        NodeOp::Linear { .. } | NodeOp::Conv(_) => {
+            let (wr, wro) = param(plan, eo, w, body)?;
+            let (br, bro) = param(plan, eo, b, body)?;
+            let [xb, wb, bb, yb, sb, qb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(xin), in_elems)?,
+                    wr,
+                    br,
+                    reg(plan, eo, Some(node.out), out_elems)?,
+                    whole(plan, eo, s)?,
+                    dequant(plan, wro)?,
+                ],
+            )?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            let w = values(wb, wro, qb)?;
+            let b = match bro {
+                Some(r) => Some(f32_param(bb, Some(r))?),
+                None => opt_f32(bb)?.map(|b| &*b),
+            };
+            let (y, s) = (f32s(yb)?, f32s(sb)?);
+            match &node.op {
+                NodeOp::Linear { fin, fout } => {
+                    ops::linear_fwd_par(pool, n, *fin, *fout, x, w, b, y, s)
+                }
+                NodeOp::Conv(g) => ops::conv_fwd_par(pool, g, n, x, w, b, y, s),
+                _ => return Err(ExecError::BadPlan("not a linear or convolution layer")),
+            }
+        }
+        _ => return Err(ExecError::BadPlan("not a linear or convolution layer")),
+    }
+    Ok(())
+}
+
+/// The BatchNorm forward (training, recompute, evaluation, in place when frozen): a frame of its own,
+/// so its operands (up to four read from the parameter image) never add to the deeper convolution
+/// path's stack.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn bn_forward(
+    plan: &Plan,
+    eo: Eo,
+    a: &mut [u8],
+    node: &Node,
+    n: usize,
+    xext: &[f32],
+    mode: Mode,
+    body: &[u8],
+) -> Result<(), ExecError> {
+    let xin = node.inputs[0];
+    let in_elems = n * node.in_dims[0].numel();
+    let out_elems = n * node.out_dims.numel();
+    let w = node.params.first().map(|p| p.value);
+    let b = node.params.get(1).map(|p| p.value);
+    match &node.op {
         // A frozen BatchNorm merged in place with its input (the planner's choice).
         NodeOp::BatchNorm {
             c,
@@ -689,6 +742,7 @@ fn forward(
                 );
             }
         }
+        _ => return Err(ExecError::BadPlan("not a BatchNorm layer")),
     }
     Ok(())
 }
@@ -967,6 +1021,40 @@ fn grad_x(
                 }
             }
         }
+        NodeOp::BatchNorm { .. } => {
+            return bn_grad_x(plan, eo, a, node, n, body);
+        }
+    }
+    Ok(())
+}
+
+/// The BatchNorm input derivative (training, in place, evaluation): a frame of its own, as
+/// [`bn_forward`].
+#[inline(never)]
+fn bn_grad_x(
+    plan: &Plan,
+    eo: Eo,
+    a: &mut [u8],
+    node: &Node,
+    n: usize,
+    body: &[u8],
+) -> Result<(), ExecError> {
+    let in_elems = n * node.in_dims[0].numel();
+    let out_elems = n * node.out_dims.numel();
+    let dy = node.d_out.ok_or(ExecError::BadPlan(
+        "derivative without an output derivative",
+    ))?;
+    let (dx, acc) = match node.d_in.first().copied().flatten() {
+        Some(d) => (Some(d.0), d.1),
+        None => (None, false),
+    };
+    let need_dx = || {
+        dx.map(Some).ok_or(ExecError::BadPlan(
+            "an input derivative of a layer whose input needs none",
+        ))
+    };
+    let w = node.params.first().map(|p| p.value);
+    match &node.op {
         NodeOp::BatchNorm {
             c, hw, eps, train, ..
         } => {
@@ -1041,6 +1129,7 @@ fn grad_x(
                 );
             }
         }
+        _ => return Err(ExecError::BadPlan("not a BatchNorm layer")),
     }
     Ok(())
 }

@@ -7,7 +7,7 @@
 /// ties away from zero, clamped to ±127; an all-zero (or non-finite-free zero) row gets scale 0. Lengths
 /// that do not match leave the outputs untouched and return false.
 pub fn quantize_rows(w: &[f32], rows: usize, q: &mut [i8], scales: &mut [f32]) -> bool {
-    if rows == 0 || w.len() % rows != 0 || q.len() != w.len() || scales.len() != rows {
+    if rows == 0 || !w.len().is_multiple_of(rows) || q.len() != w.len() || scales.len() != rows {
         return false;
     }
     let k = w.len() / rows;
