@@ -8,7 +8,8 @@ use frugal_core::format::{decode_model, unframe};
 use frugal_core::graph::{Graph, GraphOptions};
 use frugal_core::kernels::int8::KernelFamily;
 use frugal_core::model::{Int8Update, Precision};
-use frugal_core::plan::Plan;
+use frugal_core::plan::params::{read_only_tensors, split_state, ParamEncoding};
+use frugal_core::plan::{Plan, ALIGN};
 use frugal_core::policy::{plan_for_budget, CostModel, PolicyKind};
 use frugal_core::Budget;
 
@@ -90,11 +91,13 @@ fn slice(root: &Path, b: &boards::Board, split: &str, n: usize, out: &Path) {
     fs::write(out.join(format!("{split}_labels.bin")), y).unwrap();
 }
 
-/// The board's pretrained persistent tensors as the firmware loads them (`Executor::write_state`):
-/// checked against the plan's state size, written to `weights.bin` (empty without pretraining).
+/// The board's pretrained persistent tensors as the firmware loads them: checked against the plan's
+/// state size and split (`plan::params::split_state`) into the read-only parameter image
+/// (`params.bin`, the frozen tensors; int8 weights quantised here, on the host) and the rest of the
+/// state (`weights.bin`, for `Executor::write_state`); both empty without pretraining.
 fn weights(root: &Path, b: &boards::Board, plan: &Plan, out: &Path) {
-    let bytes = match b.weights {
-        None => Vec::new(),
+    let (image, bytes) = match b.weights {
+        None => (Vec::new(), Vec::new()),
         Some(w) => {
             let p = root.join(w);
             println!("cargo:rerun-if-changed={}", p.display());
@@ -121,9 +124,15 @@ fn weights(root: &Path, b: &boards::Board, plan: &Plan, out: &Path) {
                 payload.len(),
                 b.model
             );
-            payload.to_vec()
+            split_state(plan, payload).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
         }
     };
+    assert!(
+        plan.params_space().is_none() || !image.is_empty(),
+        "{}: frozen parameters in flash need pretrained weights",
+        b.name
+    );
+    fs::write(out.join("params.bin"), image).unwrap();
     fs::write(out.join("weights.bin"), bytes).unwrap();
 }
 
@@ -172,15 +181,43 @@ fn main() {
         plan
     } else {
         let g = Graph::new(&spec, b.batch).unwrap_or_else(|e| panic!("{}: {e}", b.model));
-        plan_for_budget(
+        let enc = match b.frozen {
+            boards::Frozen::Arena => None,
+            boards::Frozen::FlashF32 => Some(ParamEncoding::F32),
+            boards::Frozen::FlashInt8 => Some(ParamEncoding::Int8),
+        };
+        // Frozen parameters read from flash leave the arena by exactly their (aligned) bytes: plan
+        // for the arena plus them, then move them out.
+        let frozen: usize = match enc {
+            None => 0,
+            Some(_) => read_only_tensors(&g)
+                .map(|t| g.tensors[t as usize].bytes.div_ceil(ALIGN) * ALIGN)
+                .sum(),
+        };
+        let mut plan = plan_for_budget(
             &spec,
             b.batch,
-            Budget { bytes: b.arena },
+            Budget {
+                bytes: b.arena + frozen,
+            },
             PolicyKind::Auto,
             &CostModel::estimate(&g),
         )
         .unwrap_or_else(|e| panic!("{} does not fit {} B on {}: {e}", b.model, b.arena, b.name))
-        .plan
+        .plan;
+        if let Some(enc) = enc {
+            plan.read_only_params(enc)
+                .unwrap_or_else(|e| panic!("{} on {}: {e}", b.model, b.name));
+            assert!(
+                plan.arena_bytes <= b.arena,
+                "{} needs {} B of arena with its frozen parameters in flash, more than the {} B of {}",
+                b.model,
+                plan.arena_bytes,
+                b.arena,
+                b.name
+            );
+        }
+        plan
     };
     fs::write(out.join("plan.frgp"), encode_plan(&spec, &plan)).unwrap();
 

@@ -1,6 +1,7 @@
 //! A training step allocates nothing: a counting global allocator sees zero allocations while the
 //! executor trains, evaluates and predicts (after planning, which may allocate).
 use frugal_cli::workloads;
+use frugal_core::backend::CpuBackend;
 use frugal_core::budget::Budget;
 use frugal_core::exec::int8::Int8Executor;
 use frugal_core::exec::{Adapted, Executor, Target};
@@ -9,6 +10,7 @@ use frugal_core::kernels::int8::KernelFamily;
 use frugal_core::model::{
     Dims, Int8Update, LayerKind, LayerSpec, LossKind, ModelSpec, OptimizerSpec, Precision, Src,
 };
+use frugal_core::plan::params::{split_state, ParamEncoding};
 use frugal_core::plan::table::{PlanEntry, PlanTable};
 use frugal_core::plan::{Phase, Plan, SpaceId};
 use frugal_tests::counting::{allocations, run, Counting};
@@ -669,10 +671,35 @@ fn sparse_update_steps_allocate_nothing() {
         micro_batches: 2,
         ..Default::default()
     };
-    for plan in [Plan::new(g.clone()), Plan::shaped(g, shape)] {
-        let mut arena = vec![0u8; plan.needed_bytes()];
-        let mut ex = Executor::new(&plan, &arena).unwrap();
+    // Frozen parameters read from a parameter image, f32 and int8 (dequantised per instruction).
+    let plain = Plan::new(g.clone());
+    let state: Vec<u8> = {
+        let mut arena = vec![0u8; plain.needed_bytes()];
+        let mut ex = Executor::new(&plain, &arena).unwrap();
         ex.init_params(&mut arena, 1).unwrap();
+        let ids: Vec<_> = ex.state_ids().collect();
+        ids.into_iter()
+            .flat_map(|t| ex.read_vec(&mut arena, t).unwrap())
+            .flat_map(f32::to_le_bytes)
+            .collect()
+    };
+    let mut images = Vec::new();
+    let mut plans = vec![plain.clone(), Plan::shaped(g, shape)];
+    for enc in [ParamEncoding::F32, ParamEncoding::Int8] {
+        let mut ro = plain.clone();
+        assert!(ro.read_only_params(enc).unwrap() > 0);
+        images.push(split_state(&ro, &state).unwrap());
+        plans.push(ro);
+    }
+    for (k, plan) in plans.iter().enumerate() {
+        let (image, rest) = match k.checked_sub(2) {
+            Some(i) => (images[i].0.as_slice(), images[i].1.as_slice()),
+            None => (&[][..], state.as_slice()),
+        };
+        let mut arena = vec![0u8; plan.needed_bytes()];
+        let mut ex = Executor::with_params(plan, &arena, CpuBackend::new(), image).unwrap();
+        ex.init_params(&mut arena, 1).unwrap();
+        ex.write_state(&mut arena, rest).unwrap();
         let x: Vec<f32> = (0..batch * 64).map(|i| (i % 13) as f32 / 13.0).collect();
         let y: Vec<u32> = (0..batch as u32).map(|i| i % 3).collect();
         let ((), n) = allocations(|| {
@@ -681,7 +708,10 @@ fn sparse_update_steps_allocate_nothing() {
             }
             ex.evaluate(&mut arena, &x, Target::Classes(&y)).unwrap();
         });
-        assert_eq!(n, 0, "heap allocations during sparse-update steps");
+        assert_eq!(
+            n, 0,
+            "heap allocations during sparse-update steps (plan {k})"
+        );
     }
 }
 

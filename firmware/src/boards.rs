@@ -20,6 +20,18 @@ impl Numerics {
     }
 }
 
+/// Where the frozen parameters of an f32 plan live (see `frugal_core::plan::params`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Frozen {
+    /// In the arena, with everything else.
+    Arena,
+    /// In a read-only parameter image in flash, f32.
+    FlashF32,
+    /// In a read-only parameter image in flash, Linear/Conv weights int8 with per-output-channel
+    /// scales (quantised on the host at build time), dequantised on the fly.
+    FlashInt8,
+}
+
 /// One board and the run the firmware does on it.
 #[derive(Clone, Copy, Debug)]
 pub struct Board {
@@ -78,6 +90,8 @@ pub struct Board {
     pub classes: (u8, u8),
     /// Each 8×8 digit is upscaled by this factor (nearest) into the model's input.
     pub upscale: usize,
+    /// Where the frozen parameters live (f32 builds).
+    pub frozen: Frozen,
 }
 
 /// Netduino Plus 2 (STM32F405, Cortex-M4F): 1 MiB flash, 128 KiB RAM.
@@ -108,6 +122,7 @@ pub const NETDUINOPLUS2: Board = Board {
     weights: None,
     classes: (0, 10),
     upscale: 1,
+    frozen: Frozen::Arena,
 };
 
 /// BBC micro:bit v1 (nRF51822, Cortex-M0, no FPU): 256 KiB flash, 16 KiB RAM. Runs int8 only (f32 and
@@ -117,11 +132,10 @@ pub const NETDUINOPLUS2: Board = Board {
 /// 64→16→10, pure-integer update with `update_bits` 2. Its plan is sized for the board: GEMM scratch
 /// for the portable kernel, and `fc1`'s weight gradient accumulated 4 rows (256 i32) at a time instead
 /// of whole (the whole i32 gradient alone was 4,160 B of the former 7,808 B arena). Measured
-/// (`cargo xtask firmware --board microbit`): arena 4,288 B; heap peak 4,178 B while decoding the plan
-/// without names, 3,276 B held afterwards (plan and executor state); stack high-water 4,108 B (the one
-/// step loop shared by every executor since the backend refactor: +200 B; the shared sample conversion
-/// `stream::input`: +16 B); RAM in all 13,192 B of the
-/// 14 KiB limit; 88 % held-out after 10 epochs; 1.10 M instructions per step; the
+/// (`cargo xtask firmware --board microbit`): arena 4,288 B; heap peak 4,194 B while decoding the plan
+/// without names, 3,292 B held afterwards (plan and executor state), then the executor itself; stack
+/// high-water 3,836 B (the executor on the heap instead of the training frame: −280 B); RAM in all
+/// 12,920 B of the 14 KiB limit; 88 % held-out after 10 epochs; 1.10 M instructions per step; the
 /// first 10 losses equal the native run's bit for bit.
 pub const MICROBIT: Board = Board {
     name: "microbit",
@@ -151,19 +165,21 @@ pub const MICROBIT: Board = Board {
     weights: None,
     classes: (0, 10),
     upscale: 1,
+    frozen: Frozen::Arena,
 };
 
 /// ARM MPS2 with the AN500 FPGA image (Cortex-M7 with FPU): 4 MiB of SSRAM at 0 stand in for flash,
 /// RAM cut to 256 KiB by the linker script (tiny-training's SRAM). Transfer learning: the
-/// MobileNetV2-class `examples/mcu-mbv2.toml` pretrained on digits 0–4 by `cargo xtask mcu-pretrain`
-/// (weights in flash, copied into the arena at boot), fine-tuned on digits 5–9 (16×16, upscaled on
-/// the device from the 8×8 digits in flash) with the sparse update the selection policy picked for
-/// this board's arena (`firmware/models/mcu-mbv2-ft.frgm`). f32: int8 graphs refuse sparse updates.
+/// MobileNetV2-class `examples/mcu-mbv2.toml` pretrained on digits 0–4 by `cargo xtask mcu-pretrain`,
+/// fine-tuned on digits 5–9 (16×16, upscaled on the device from the 8×8 digits in flash) with the
+/// sparse update the selection policy picked (`firmware/models/mcu-mbv2-ft.frgm`). f32 training; the
+/// frozen parameters stay in flash, in a read-only parameter image with int8 weights (`frozen`), and
+/// only the trained ones are copied into the arena at boot.
 ///
-/// Batch 4 and a 128 KiB arena keep the run within 192 KiB in all. Measured (`cargo xtask firmware
-/// --board mps2-an500`): arena 131,008 B; heap peak 41,263 B while decoding; stack high-water 8,000 B;
-/// RAM in all 188,288 B; 95 % held-out on digits 5–9 after 3 epochs; 7.29 M instructions per step.
-/// The pretrained weights are copied into the arena (frozen ones too: 58,528 B of it).
+/// Measured (`cargo xtask firmware --board mps2-an500`): arena 86,336 B (131,008 B when the frozen
+/// parameters were copied into it); heap peak 41,263 B while decoding; stack high-water 7,916 B; RAM
+/// in all 144,172 B (188,216 B before); 95 % held-out on digits 5–9 after 3 epochs; 7.51 M
+/// instructions per step (7.29 M before: the dequantisation).
 pub const MPS2_AN500: Board = Board {
     name: "mps2-an500",
     target: "thumbv7em-none-eabihf",
@@ -174,7 +190,7 @@ pub const MPS2_AN500: Board = Board {
     numerics: &[Numerics::F32],
     int8_update_bits: 0,
     int8_grad_tile: 0,
-    arena: 128 * 1024,
+    arena: 85 * 1024,
     arena_int8: 160 * 1024,
     heap: 48 * 1024,
     heap_int8: 48 * 1024,
@@ -192,6 +208,7 @@ pub const MPS2_AN500: Board = Board {
     weights: Some("firmware/models/mcu-mbv2-pretrained.frgw"),
     classes: (5, 5),
     upscale: 2,
+    frozen: Frozen::FlashInt8,
 };
 
 impl Board {

@@ -89,9 +89,20 @@ static TRAIN_X: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/train_images.b
 static TRAIN_Y: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/train_labels.bin"));
 static TEST_X: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/test_images.bin"));
 static TEST_Y: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/test_labels.bin"));
-/// Pretrained persistent tensors (little-endian f32, in `Executor::state_tensors` order; empty when the
-/// board trains from scratch). Read from flash once, into the arena.
+/// Pretrained persistent tensors that live in the arena (little-endian f32, in
+/// `Executor::state_tensors` order without those in the parameter image; empty when the board trains
+/// from scratch). Read from flash once, into the arena.
 static WEIGHTS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/weights.bin"));
+
+/// Bytes at a 64-byte aligned address (the parameter image's f32 values are read in place).
+#[cfg_attr(feature = "int8", allow(dead_code))]
+#[repr(C, align(64))]
+struct Aligned<T: ?Sized>(T);
+
+/// The read-only parameter image (`frugal_core::plan::params`): the frozen parameters, read from flash
+/// by every step and never copied into RAM (empty when the plan keeps them in the arena).
+#[cfg_attr(feature = "int8", allow(dead_code))]
+static PARAMS: &Aligned<[u8]> = &Aligned(*include_bytes!(concat!(env!("OUT_DIR"), "/params.bin")));
 
 /// One labelled sample as the sensor delivers it.
 #[derive(Clone, Copy)]
@@ -121,7 +132,12 @@ impl<'p> Ex<'p> {
         #[cfg(feature = "int8")]
         let ex = Int8Executor::new(plan, arena)?;
         #[cfg(not(feature = "int8"))]
-        let ex = Executor::new(plan, arena)?;
+        let ex = Executor::with_params(
+            plan,
+            arena,
+            frugal_core::backend::CpuBackend::new(),
+            &PARAMS.0,
+        )?;
         Ok(Ex(ex))
     }
     fn init_params(&mut self, arena: &mut [u8], seed: u64) -> Result<(), ExecError> {
@@ -225,6 +241,20 @@ fn decode() -> Option<Box<Plan>> {
     }
 }
 
+/// The executor, on the heap (in the room decoding left; an allocation at boot, before any step) rather
+/// than in the training frame on the stack. A frame of its own, so the value built before the move
+/// never adds to the training frame.
+#[inline(never)]
+fn executor<'p>(plan: &'p Plan, arena: &[u8]) -> Option<Box<Ex<'p>>> {
+    match Ex::new(plan, arena) {
+        Ok(ex) => Some(Box::new(ex)),
+        Err(e) => {
+            error!("{}", Display2Format(&e));
+            None
+        }
+    }
+}
+
 /// Trains on the stream and evaluates after each epoch.
 #[inline(never)]
 fn train(plan: &Plan) -> bool {
@@ -237,16 +267,22 @@ fn train(plan: &Plan) -> bool {
         error!("the plan's precision is not this build's");
         return false;
     }
-    let mut ex = match Ex::new(plan, arena) {
-        Ok(ex) => ex,
-        Err(e) => {
-            error!("{}", Display2Format(&e));
-            return false;
-        }
+    let Some(mut ex) = executor(plan, arena) else {
+        return false;
     };
     if let Err(e) = ex.init_params(arena, BOARD.seed) {
         error!("{}", Display2Format(&e));
         return false;
+    }
+    if let Some((enc, bytes)) = plan.params_space() {
+        info!(
+            "frozen parameters read from flash: {=usize} B parameter image ({=str}), none in the arena",
+            bytes,
+            match enc {
+                frugal_core::plan::params::ParamEncoding::F32 => "f32",
+                frugal_core::plan::params::ParamEncoding::Int8 => "int8 weights, per-channel scales",
+            }
+        );
     }
     if !WEIGHTS.is_empty() {
         let t0 = rt::ticks();

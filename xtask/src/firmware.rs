@@ -11,11 +11,14 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use frugal_cli::spec_toml::load_model;
+use frugal_core::backend::CpuBackend;
 use frugal_core::exec::int8::Int8Executor;
 use frugal_core::exec::{Executor, Target};
 use frugal_core::format::plan::decode_plan;
 use frugal_core::format::{encode_model, unframe};
+use frugal_core::graph::Graph;
 use frugal_core::model::Precision;
+use frugal_core::plan::params::split_state;
 use frugal_core::plan::Plan;
 
 #[path = "../../firmware/src/boards.rs"]
@@ -125,13 +128,12 @@ fn run_one(
             fw.len()
         ));
     }
-    let native = native_losses(
-        root,
-        board,
-        &std::fs::read(&elf).map_err(|e| e.to_string())?,
-        int8,
-    )?;
+    let elf_bytes = std::fs::read(&elf).map_err(|e| e.to_string())?;
+    let native = native_losses(root, board, &elf_bytes, int8)?;
     compare(&fw, &native, int8)?;
+    if !int8 && board.frozen != boards::Frozen::Arena {
+        frozen_accuracy(root, board, &elf_bytes)?;
+    }
     println!(
         "losses: the firmware's first {COMPARED_STEPS} equal the native run of the same plan ({})",
         if int8 {
@@ -328,6 +330,11 @@ fn ticks_per_step(log: &str) -> Option<(u64, u64)> {
 
 /// The `FRGP` frame in the ELF that decodes (the magic also appears as a constant in the code).
 fn baked_plan(elf: &[u8]) -> Result<Plan, String> {
+    baked_plan_and_model(elf).map(|p| p.1)
+}
+
+/// The baked plan and its model.
+fn baked_plan_and_model(elf: &[u8]) -> Result<(frugal_core::model::ModelSpec, Plan), String> {
     let mut at = 0;
     while let Some(p) = elf[at..].windows(4).position(|w| w == b"FRGP") {
         let pos = at + p;
@@ -339,8 +346,8 @@ fn baked_plan(elf: &[u8]) -> Result<Plan, String> {
         let Some(frame) = elf.get(pos..pos + 16 + len) else {
             continue;
         };
-        if let Ok((_, plan)) = decode_plan(frame) {
-            return Ok(plan);
+        if let Ok(p) = decode_plan(frame) {
+            return Ok(p);
         }
     }
     Err("no decodable FRGP plan in the firmware ELF".into())
@@ -351,6 +358,120 @@ fn idx_body(path: &Path, header: usize) -> Result<Vec<u8>, String> {
     b.get(header..)
         .map(<[u8]>::to_vec)
         .ok_or_else(|| format!("{}: shorter than its header", path.display()))
+}
+
+/// The board's slice of `split` as `firmware/build.rs` bakes it: its classes, relabelled from 0; 8×8
+/// images and labels.
+fn board_slice(root: &Path, b: &boards::Board, split: &str) -> Result<(Vec<u8>, Vec<u8>), String> {
+    let dir = root.join("data/digits");
+    let all_images = idx_body(&dir.join(format!("digits-{split}-images.idx")), 16)?;
+    let all_labels = idx_body(&dir.join(format!("digits-{split}-labels.idx")), 8)?;
+    let px = stream::PIXELS;
+    let keep: Vec<usize> = stream::kept(&all_labels, b.classes).collect();
+    let images: Vec<u8> = keep
+        .iter()
+        .flat_map(|&i| all_images[i * px..(i + 1) * px].iter().copied())
+        .collect();
+    let labels: Vec<u8> = keep.iter().map(|&i| all_labels[i] - b.classes.0).collect();
+    Ok((images, labels))
+}
+
+/// The board's pretrained state split for `plan` (`plan::params::split_state`): its read-only
+/// parameter image and the rest, as `firmware/build.rs` bakes them (both empty without pretraining).
+fn pretrained(root: &Path, b: &boards::Board, plan: &Plan) -> Result<(Vec<u8>, Vec<u8>), String> {
+    let Some(w) = b.weights else {
+        return Ok((Vec::new(), Vec::new()));
+    };
+    let p = root.join(w);
+    let file = std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+    let (_, payload) = unframe(crate::mcu::WEIGHTS_MAGIC, 1, &file)
+        .map_err(|e| format!("{}: {e}", p.display()))?;
+    split_state(plan, payload).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+/// Fine-tunes `plan` natively as the firmware does (the board's epochs over its stream, from the
+/// pretrained state, frozen parameters from `image`) and returns the held-out accuracy (%).
+fn native_accuracy(
+    root: &Path,
+    b: &boards::Board,
+    plan: &Plan,
+    image: &[u8],
+    rest: &[u8],
+) -> Result<f64, String> {
+    let (images, labels) = board_slice(root, b, "train")?;
+    let (timages, tlabels) = board_slice(root, b, "test")?;
+    let px = stream::PIXELS;
+    let inp = b.input_len();
+    let mut arena = vec![0u8; plan.needed_bytes()];
+    let mut ex =
+        Executor::with_params(plan, &arena, CpuBackend::new(), image).map_err(|e| e.to_string())?;
+    ex.init_params(&mut arena, b.seed)
+        .map_err(|e| e.to_string())?;
+    ex.write_state(&mut arena, rest)
+        .map_err(|e| e.to_string())?;
+    let mut x = vec![0f32; b.batch * inp];
+    let mut y = vec![0u32; b.batch];
+    let steps = stream::steps_per_epoch(b.n_train, b.batch);
+    for s in 0..b.epochs * steps {
+        for j in 0..b.batch {
+            let i = stream::sample_at(s * b.batch + j, b.n_train);
+            stream::input(
+                &images[i * px..(i + 1) * px],
+                b.upscale,
+                &mut x[j * inp..(j + 1) * inp],
+            );
+            y[j] = u32::from(labels[i]);
+        }
+        ex.train_step(&mut arena, &x, Target::Classes(&y))
+            .map_err(|e| e.to_string())?;
+    }
+    let mut right = 0;
+    let mb = plan.graph.batch;
+    let mut i = 0;
+    while i < b.n_test {
+        let n = mb.min(b.n_test - i);
+        for j in 0..n {
+            stream::input(
+                &timages[(i + j) * px..(i + j + 1) * px],
+                b.upscale,
+                &mut x[j * inp..(j + 1) * inp],
+            );
+            y[j] = u32::from(tlabels[i + j]);
+        }
+        right += ex
+            .evaluate(&mut arena, &x[..n * inp], Target::Classes(&y[..n]))
+            .map_err(|e| e.to_string())?
+            .correct;
+        i += n;
+    }
+    Ok(right as f64 * 100.0 / b.n_test as f64)
+}
+
+/// Frozen parameters in flash: the held-out accuracy of the firmware's plan (its parameter image) and
+/// of the same model with every parameter f32 in the arena (the plain plan, the pretrained state
+/// copied in), both fine-tuned natively as the firmware runs. int8 frozen weights may cost at most 2
+/// points (about 1 pt is the aim; 170 held-out samples make a point 1.7 samples).
+fn frozen_accuracy(root: &Path, b: &boards::Board, elf: &[u8]) -> Result<(), String> {
+    let (spec, baked) = baked_plan_and_model(elf)?;
+    let (image, rest) = pretrained(root, b, &baked)?;
+    let flash = native_accuracy(root, b, &baked, &image, &rest)?;
+    let plain = Plan::new(Graph::new(&spec, b.batch).map_err(|e| e.to_string())?);
+    let (_, all) = pretrained(root, b, &plain)?;
+    let arena = native_accuracy(root, b, &plain, &[], &all)?;
+    let (enc, bytes) = baked
+        .params_space()
+        .ok_or("the baked plan has no parameter image")?;
+    println!(
+        "held-out accuracy after {} epochs (native, the firmware's schedule): {flash:.1} % with the frozen parameters in a {bytes} B {enc:?} image (arena {} B); {arena:.1} % with every parameter f32 in the arena (arena {} B)",
+        b.epochs, baked.arena_bytes, plain.arena_bytes
+    );
+    if flash + 2.0 < arena {
+        return Err(format!(
+            "the frozen parameters' image costs {:.1} points of held-out accuracy (at most 2)",
+            arena - flash
+        ));
+    }
+    Ok(())
 }
 
 /// The native executor of the baked plan's precision.
@@ -373,17 +494,13 @@ fn native_losses(
             plan.graph.precision
         ));
     }
-    let dir = root.join("data/digits");
-    let all_images = idx_body(&dir.join("digits-train-images.idx"), 16)?;
-    let all_labels = idx_body(&dir.join("digits-train-labels.idx"), 8)?;
-    // The board's slice, as `firmware/build.rs` bakes it: its classes, relabelled from 0.
+    let (images, labels) = board_slice(root, b, "train")?;
     let px = stream::PIXELS;
-    let keep: Vec<usize> = stream::kept(&all_labels, b.classes).collect();
-    let images: Vec<u8> = keep
-        .iter()
-        .flat_map(|&i| all_images[i * px..(i + 1) * px].iter().copied())
-        .collect();
-    let labels: Vec<u8> = keep.iter().map(|&i| all_labels[i] - b.classes.0).collect();
+    let (image, rest) = if int8 {
+        (Vec::new(), Vec::new())
+    } else {
+        pretrained(root, b, &plan)?
+    };
     let mut arena = vec![0u8; plan.needed_bytes()];
     let mut ex = if int8 {
         let mut e = Int8Executor::new(&plan, &arena).map_err(|e| e.to_string())?;
@@ -391,16 +508,13 @@ fn native_losses(
             .map_err(|e| e.to_string())?;
         Native::Int8(Box::new(e))
     } else {
-        let mut e = Executor::new(&plan, &arena).map_err(|e| e.to_string())?;
+        let mut e = Executor::with_params(&plan, &arena, CpuBackend::new(), &image)
+            .map_err(|e| e.to_string())?;
         e.init_params(&mut arena, b.seed)
             .map_err(|e| e.to_string())?;
-        if let Some(w) = b.weights {
-            let p = root.join(w);
-            let file = std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?;
-            let (_, payload) = unframe(crate::mcu::WEIGHTS_MAGIC, 1, &file)
-                .map_err(|e| format!("{}: {e}", p.display()))?;
-            e.write_state(&mut arena, payload)
-                .map_err(|e| format!("{}: {e}", p.display()))?;
+        if b.weights.is_some() {
+            e.write_state(&mut arena, &rest)
+                .map_err(|e| format!("pretrained weights: {e}"))?;
         }
         Native::F32(e)
     };

@@ -7,8 +7,9 @@
 //! - `firmware/models/mcu-mbv2-ft.frgm`: the model with that update (frozen layers, channel subsets, …);
 //! - `firmware/models/mcu-mbv2-pretrained.frgw`: the pretrained persistent tensors (parameters and
 //!   BatchNorm statistics) as little-endian f32 in `Executor::state_tensors` order, in an `FRGW` frame
-//!   (`format::frame`, CRC-checked), which the firmware copies into its arena at boot
-//!   (`Executor::write_state`).
+//!   (`format::frame`, CRC-checked). The firmware's build splits it (`plan::params::split_state`) into
+//!   the read-only parameter image of the frozen tensors (int8 weights quantised there), read from
+//!   flash, and the trained tensors, copied into its arena at boot (`Executor::write_state`).
 //!
 //! Deterministic (fixed seeds, one thread): rerunning it rewrites the same bytes.
 use std::path::Path;

@@ -6,9 +6,11 @@ use super::{
     Backend, Cx, ExecError, LayerOps, LossOps, LossOut, Mode, MoveOps, OptimOps, Placement, Target,
 };
 use crate::graph::{scratch_slot, Node, NodeOp, TensorId, TensorKind};
+use crate::kernels::rows::dequantize_rows;
 use crate::model::LossKind;
 use crate::ops;
 use crate::optim::{self, StepCtx};
+use crate::plan::params::{self, ParamEncoding, ReadOnly};
 use crate::plan::{Eo, Instr, Phase, Plan, LOSS_NODE};
 use crate::pool::{SingleThread, WorkerPool};
 use crate::rng::{hash2, Rng};
@@ -20,6 +22,10 @@ const NO_SEQ: ExecError =
     ExecError::Unsupported("a sequence layer: frugal-core was built without its `seq` feature");
 
 /// The portable CPU backend (SIMD where the target has it), single-threaded unless given a pool.
+///
+/// It reads frozen parameters from the executor's read-only parameter image when the plan has a
+/// parameter space ([`crate::plan::params`]); int8 weights there are dequantised, one weight at a time,
+/// into the plan's dequantisation region ([`Plan::dequant_region`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuBackend<P: WorkerPool = SingleThread> {
     pool: P,
@@ -28,7 +34,7 @@ pub struct CpuBackend<P: WorkerPool = SingleThread> {
 impl CpuBackend {
     /// The CPU backend on the calling thread alone.
     pub fn new() -> Self {
-        Self { pool: SingleThread }
+        Self::with_pool(SingleThread)
     }
 }
 
@@ -67,6 +73,7 @@ impl<P: WorkerPool> LayerOps for CpuBackend<P> {
     fn forward(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError> {
         let node = node_of(cx)?;
         let pool: &dyn WorkerPool = &self.pool;
+        let ro = Ro { body: cx.params };
         forward(
             pool,
             cx.plan,
@@ -77,6 +84,7 @@ impl<P: WorkerPool> LayerOps for CpuBackend<P> {
             cx.x,
             cx.mode,
             seed_of(cx),
+            ro,
         )
     }
     fn grad_w(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError> {
@@ -87,7 +95,8 @@ impl<P: WorkerPool> LayerOps for CpuBackend<P> {
     fn grad_x(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError> {
         let node = node_of(cx)?;
         let pool: &dyn WorkerPool = &self.pool;
-        grad_x(pool, cx.plan, cx.eo, host, node, cx.n, seed_of(cx))
+        let ro = Ro { body: cx.params };
+        grad_x(pool, cx.plan, cx.eo, host, node, cx.n, seed_of(cx), ro)
     }
 }
 
@@ -129,6 +138,79 @@ impl<P: WorkerPool> Backend for CpuBackend<P> {
     fn serves(&self, p: Placement) -> bool {
         p == Placement::Cpu
     }
+    /// Checks placements and spaces (the host arena and a read-only parameter space only).
+    fn prepare(&mut self, plan: &Plan) -> Result<(), ExecError> {
+        if let Some(i) = plan.program.iter().find(|i| !self.serves(i.placement)) {
+            return Err(ExecError::Placement(i.placement));
+        }
+        if let Some(s) = plan
+            .spaces
+            .iter()
+            .find(|s| ParamEncoding::of_space(s.space).is_none())
+        {
+            return Err(ExecError::Space(s.space.0));
+        }
+        Ok(())
+    }
+}
+
+/// What parameters are read from besides the arena: the parameter image's body (empty when the plan
+/// has no parameter space).
+#[derive(Clone, Copy)]
+struct Ro<'r> {
+    body: &'r [u8],
+}
+
+/// The arena range an int8 weight operand is dequantised into (`(0, 0)` for any other operand).
+fn dequant(plan: &Plan, ro: Option<ReadOnly<'_>>) -> Result<(usize, usize), ExecError> {
+    match ro {
+        Some(ReadOnly::I8 { .. }) => plan.dequant_region().ok_or(ExecError::BadPlan(
+            "an int8 weight in a plan without a dequantisation region",
+        )),
+        _ => Ok((0, 0)),
+    }
+}
+
+/// A parameter operand: the arena range to carve (`(0, 0)` when it is read from the image) and the
+/// image's view of it.
+fn param<'r>(
+    plan: &Plan,
+    eo: Eo,
+    t: Option<TensorId>,
+    body: &'r [u8],
+) -> Result<((usize, usize), Option<ReadOnly<'r>>), ExecError> {
+    match t {
+        Some(t) if !body.is_empty() => match params::read_only(plan, body, t)? {
+            Some(r) => Ok(((0, 0), Some(r))),
+            None => Ok((whole(plan, eo, Some(t))?, None)),
+        },
+        _ => Ok((whole(plan, eo, t)?, None)),
+    }
+}
+
+/// The f32 values of a parameter operand: carved from the arena, read from the image in place, or (an
+/// int8 weight) dequantised into `dq`, its carved dequantisation region.
+fn values<'a>(
+    carved: &'a mut [u8],
+    ro: Option<ReadOnly<'a>>,
+    dq: &'a mut [u8],
+) -> Result<&'a [f32], ExecError> {
+    match ro {
+        None => Ok(f32s(carved)?),
+        Some(ReadOnly::F32(v)) => Ok(v),
+        Some(ReadOnly::I8 { scales, q }) => {
+            let out = f32s(dq)?.get_mut(..q.len()).ok_or(ExecError::BadPlan(
+                "an int8 weight larger than the dequantisation region",
+            ))?;
+            dequantize_rows(q, scales, out);
+            Ok(out)
+        }
+    }
+}
+
+/// A parameter operand that is never int8 (biases, BatchNorm parameters and statistics).
+fn f32_param<'a>(carved: &'a mut [u8], ro: Option<ReadOnly<'a>>) -> Result<&'a [f32], ExecError> {
+    values(carved, ro, &mut [])
 }
 
 /// Randomness of one instruction: the step's seed and the batch index of its first sample.
@@ -152,6 +234,17 @@ pub(crate) fn init_params_f32(plan: &Plan, arena: &mut [u8], seed: u64) -> Resul
             _ => 0,
         };
         for (k, p) in node.params.iter().enumerate() {
+            if read_only(plan, p.value) {
+                // In the parameter image (the caller's bytes); its draws are made all the same, so the
+                // parameters in the arena start as in the plan that keeps every one there.
+                if !matches!(node.op, NodeOp::BatchNorm { .. }) {
+                    let bound = 1.0 / libm::sqrtf(fan_in.max(1) as f32);
+                    for _ in 0..plan.graph.tensors[p.value as usize].bytes / 4 {
+                        rng.uniform(-bound, bound);
+                    }
+                }
+                continue;
+            }
             let v = tensor_mut(plan, arena, p.value)?;
             let last = k + 1 == node.params.len();
             if let NodeOp::BatchNorm { .. } | NodeOp::Norm { .. } = node.op {
@@ -183,10 +276,19 @@ pub(crate) fn init_params_f32(plan: &Plan, arena: &mut [u8], seed: u64) -> Resul
             }
         }
         for (k, &s) in node.stats.iter().enumerate() {
-            tensor_mut(plan, arena, s)?.fill(if k == 0 { 0.0 } else { 1.0 });
+            if !read_only(plan, s) {
+                tensor_mut(plan, arena, s)?.fill(if k == 0 { 0.0 } else { 1.0 });
+            }
         }
     }
     Ok(())
+}
+
+/// Tensor `t` lives in the plan's read-only parameter space.
+pub(crate) fn read_only(plan: &Plan, t: TensorId) -> bool {
+    plan.storage_at(t, 0)
+        .and_then(|s| plan.lives.get(s))
+        .is_some_and(|l| ParamEncoding::of_space(l.space).is_some())
 }
 
 /// Whole tensor `t` as a mutable f32 slice.
@@ -421,35 +523,22 @@ fn forward(
     xext: &[f32],
     mode: Mode,
     rs: RunSeed,
+    ro: Ro<'_>,
 ) -> Result<(), ExecError> {
     let xin = node.inputs[0];
     let in_elems = n * node.in_dims[0].numel();
     let out_elems = n * node.out_dims.numel();
-    let w = node.params.first().map(|p| p.value);
-    let b = node.params.get(1).map(|p| p.value);
-    let s = node.scratch[scratch_slot::FWD];
+    let body = ro.body;
+    // The sequence layers' parameters (their arms read them from the arena).
+    #[cfg(feature = "seq")]
+    let (w, b, s) = (
+        node.params.first().map(|p| p.value),
+        node.params.get(1).map(|p| p.value),
+        node.scratch[scratch_slot::FWD],
+    );
     match &node.op {
         NodeOp::Linear { .. } | NodeOp::Conv(_) => {
-            let [xb, wb, bb, yb, sb] = carve(
-                a,
-                [
-                    reg(plan, eo, Some(xin), in_elems)?,
-                    whole(plan, eo, w)?,
-                    whole(plan, eo, b)?,
-                    reg(plan, eo, Some(node.out), out_elems)?,
-                    whole(plan, eo, s)?,
-                ],
-            )?;
-            let x = input(plan, xin, xb, xext, in_elems)?;
-            let (w, b, y, s) = (f32s(wb)?, opt_f32(bb)?.map(|b| &*b), f32s(yb)?, f32s(sb)?);
-            match &node.op {
-                NodeOp::Linear { fin, fout } => {
-                    let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
-                    ops::linear_fwd_par(pool, rows, *fin, *fout, x, w, b, y, s)
-                }
-                NodeOp::Conv(g) => ops::conv_fwd_par(pool, g, n, x, w, b, y, s),
-                _ => return Err(ExecError::BadPlan("not a linear or convolution layer")),
-            }
+            return linear_conv_forward(pool, plan, eo, a, node, n, xext, body);
         }
         NodeOp::MaxPool(g) => {
             let [xb, yb, ib] = carve(
@@ -736,6 +825,89 @@ fn forward(
                 f32s(sb)?,
             );
         }
+        NodeOp::BatchNorm { .. } => {
+            return bn_forward(plan, eo, a, node, n, xext, mode, body);
+        }
+    }
+    Ok(())
+}
+
+/// The Linear/Convolution forward, in a frame of its own (as [`bn_forward`]).
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn linear_conv_forward(
+    pool: &dyn WorkerPool,
+    plan: &Plan,
+    eo: Eo,
+    a: &mut [u8],
+    node: &Node,
+    n: usize,
+    xext: &[f32],
+    body: &[u8],
+) -> Result<(), ExecError> {
+    let xin = node.inputs[0];
+    let in_elems = n * node.in_dims[0].numel();
+    let out_elems = n * node.out_dims.numel();
+    let w = node.params.first().map(|p| p.value);
+    let b = node.params.get(1).map(|p| p.value);
+    let s = node.scratch[scratch_slot::FWD];
+    match &node.op {
+        NodeOp::Linear { .. } | NodeOp::Conv(_) => {
+            let (wr, wro) = param(plan, eo, w, body)?;
+            let (br, bro) = param(plan, eo, b, body)?;
+            let [xb, wb, bb, yb, sb, qb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(xin), in_elems)?,
+                    wr,
+                    br,
+                    reg(plan, eo, Some(node.out), out_elems)?,
+                    whole(plan, eo, s)?,
+                    dequant(plan, wro)?,
+                ],
+            )?;
+            let x = input(plan, xin, xb, xext, in_elems)?;
+            let w = values(wb, wro, qb)?;
+            let b = match bro {
+                Some(r) => Some(f32_param(bb, Some(r))?),
+                None => opt_f32(bb)?.map(|b| &*b),
+            };
+            let (y, s) = (f32s(yb)?, f32s(sb)?);
+            match &node.op {
+                NodeOp::Linear { fin, fout } => {
+                    let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
+                    ops::linear_fwd_par(pool, rows, *fin, *fout, x, w, b, y, s)
+                }
+                NodeOp::Conv(g) => ops::conv_fwd_par(pool, g, n, x, w, b, y, s),
+                _ => return Err(ExecError::BadPlan("not a linear or convolution layer")),
+            }
+        }
+        _ => return Err(ExecError::BadPlan("not a linear or convolution layer")),
+    }
+    Ok(())
+}
+
+/// The BatchNorm forward (training, recompute, evaluation, in place when frozen): a frame of its own,
+/// so its operands (up to four read from the parameter image) never add to the deeper convolution
+/// path's stack.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn bn_forward(
+    plan: &Plan,
+    eo: Eo,
+    a: &mut [u8],
+    node: &Node,
+    n: usize,
+    xext: &[f32],
+    mode: Mode,
+    body: &[u8],
+) -> Result<(), ExecError> {
+    let xin = node.inputs[0];
+    let in_elems = n * node.in_dims[0].numel();
+    let out_elems = n * node.out_dims.numel();
+    let w = node.params.first().map(|p| p.value);
+    let b = node.params.get(1).map(|p| p.value);
+    match &node.op {
         // A frozen BatchNorm merged in place with its input (the planner's choice).
         NodeOp::BatchNorm {
             c,
@@ -744,24 +916,22 @@ fn forward(
             train: false,
             ..
         } if same(plan, eo, xin, node.out) => {
+            let (gr, gro) = param(plan, eo, w, body)?;
+            let (br, bro) = param(plan, eo, b, body)?;
+            let (mr, mro) = param(plan, eo, node.stats.first().copied(), body)?;
+            let (vr, vro) = param(plan, eo, node.stats.get(1).copied(), body)?;
             let [gb, bb, rmb, rvb, yb] = carve(
                 a,
-                [
-                    whole(plan, eo, w)?,
-                    whole(plan, eo, b)?,
-                    whole(plan, eo, node.stats.first().copied())?,
-                    whole(plan, eo, node.stats.get(1).copied())?,
-                    reg(plan, eo, Some(node.out), out_elems)?,
-                ],
+                [gr, br, mr, vr, reg(plan, eo, Some(node.out), out_elems)?],
             )?;
             ops::bn_fwd_eval_inplace(
                 n,
                 *c,
                 *hw,
-                f32s(gb)?,
-                f32s(bb)?,
-                f32s(rmb)?,
-                f32s(rvb)?,
+                f32_param(gb, gro)?,
+                f32_param(bb, bro)?,
+                f32_param(rmb, mro)?,
+                f32_param(rvb, vro)?,
                 *eps,
                 f32s(yb)?,
             );
@@ -773,40 +943,42 @@ fn forward(
             momentum,
             train,
         } => {
+            let (gr, gro) = param(plan, eo, w, body)?;
+            let (br, bro) = param(plan, eo, b, body)?;
+            // Running statistics are read-only only in evaluation mode (the training forward updates
+            // them), so a training BatchNorm always finds them in the arena.
+            let (mr, mro) = param(plan, eo, node.stats.first().copied(), body)?;
+            let (vr, vro) = param(plan, eo, node.stats.get(1).copied(), body)?;
             let [xb, gb, bb, rmb, rvb, yb, mb, ib] = carve(
                 a,
                 [
                     reg(plan, eo, Some(xin), in_elems)?,
-                    whole(plan, eo, w)?,
-                    whole(plan, eo, b)?,
-                    whole(plan, eo, node.stats.first().copied())?,
-                    whole(plan, eo, node.stats.get(1).copied())?,
+                    gr,
+                    br,
+                    mr,
+                    vr,
                     reg(plan, eo, Some(node.out), out_elems)?,
                     whole(plan, eo, node.saved.first().copied())?,
                     whole(plan, eo, node.saved.get(1).copied())?,
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
+            let (gamma, beta) = (f32_param(gb, gro)?, f32_param(bb, bro)?);
+            if *train && (mro.is_some() || vro.is_some()) {
+                return Err(ExecError::BadPlan(
+                    "a training BatchNorm's running statistics are read-only",
+                ));
+            }
             if *train && mode == Mode::Recompute {
-                ops::bn_fwd_recompute(
-                    n,
-                    *c,
-                    *hw,
-                    x,
-                    f32s(gb)?,
-                    f32s(bb)?,
-                    f32s(mb)?,
-                    f32s(ib)?,
-                    f32s(yb)?,
-                );
+                ops::bn_fwd_recompute(n, *c, *hw, x, gamma, beta, f32s(mb)?, f32s(ib)?, f32s(yb)?);
             } else if *train && mode == Mode::Train {
                 ops::bn_fwd_train(
                     n,
                     *c,
                     *hw,
                     x,
-                    f32s(gb)?,
-                    f32s(bb)?,
+                    gamma,
+                    beta,
                     f32s(yb)?,
                     f32s(mb)?,
                     f32s(ib)?,
@@ -821,15 +993,16 @@ fn forward(
                     *c,
                     *hw,
                     x,
-                    f32s(gb)?,
-                    f32s(bb)?,
-                    f32s(rmb)?,
-                    f32s(rvb)?,
+                    gamma,
+                    beta,
+                    f32_param(rmb, mro)?,
+                    f32_param(rvb, vro)?,
                     *eps,
                     f32s(yb)?,
                 );
             }
         }
+        _ => return Err(ExecError::BadPlan("not a BatchNorm layer")),
     }
     Ok(())
 }
@@ -1051,7 +1224,9 @@ fn grad_x(
     node: &Node,
     n: usize,
     rs: RunSeed,
+    ro: Ro<'_>,
 ) -> Result<(), ExecError> {
+    let body = ro.body;
     let in_elems = n * node.in_dims[0].numel();
     let out_elems = n * node.out_dims.numel();
     let dy = node.d_out.ok_or(ExecError::BadPlan(
@@ -1071,16 +1246,19 @@ fn grad_x(
     let s = node.scratch[scratch_slot::GRAD_X];
     match &node.op {
         NodeOp::Linear { .. } | NodeOp::Conv(_) => {
-            let [dyb, wb, dxb, sb] = carve(
+            let (wr, wro) = param(plan, eo, w, body)?;
+            let [dyb, wb, dxb, sb, qb] = carve(
                 a,
                 [
                     reg(plan, eo, Some(dy), out_elems)?,
-                    whole(plan, eo, w)?,
+                    wr,
                     reg(plan, eo, need_dx()?, in_elems)?,
                     whole(plan, eo, s)?,
+                    dequant(plan, wro)?,
                 ],
             )?;
-            let (dy, w, dx, s) = (f32s(dyb)?, f32s(wb)?, f32s(dxb)?, f32s(sb)?);
+            let w = values(wb, wro, qb)?;
+            let (dy, dx, s) = (f32s(dyb)?, f32s(dxb)?, f32s(sb)?);
             match &node.op {
                 NodeOp::Linear { fin, fout } => {
                     let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
@@ -1380,10 +1558,45 @@ fn grad_x(
                 f32s(sb)?,
             );
         }
+        NodeOp::BatchNorm { .. } => {
+            return bn_grad_x(plan, eo, a, node, n, body);
+        }
+    }
+    Ok(())
+}
+
+/// The BatchNorm input derivative (training, in place, evaluation): a frame of its own, as
+/// [`bn_forward`].
+#[inline(never)]
+fn bn_grad_x(
+    plan: &Plan,
+    eo: Eo,
+    a: &mut [u8],
+    node: &Node,
+    n: usize,
+    body: &[u8],
+) -> Result<(), ExecError> {
+    let in_elems = n * node.in_dims[0].numel();
+    let out_elems = n * node.out_dims.numel();
+    let dy = node.d_out.ok_or(ExecError::BadPlan(
+        "derivative without an output derivative",
+    ))?;
+    let (dx, acc) = match node.d_in.first().copied().flatten() {
+        Some(d) => (Some(d.0), d.1),
+        None => (None, false),
+    };
+    let need_dx = || {
+        dx.map(Some).ok_or(ExecError::BadPlan(
+            "an input derivative of a layer whose input needs none",
+        ))
+    };
+    let w = node.params.first().map(|p| p.value);
+    match &node.op {
         NodeOp::BatchNorm {
             c, hw, eps, train, ..
         } => {
             let xin = node.inputs[0];
+            let (gr, gro) = param(plan, eo, w, body)?;
             if *train && dx.is_some_and(|d| same(plan, eo, dy, d)) {
                 let [xb, db, mb, ib, gb] = carve(
                     a,
@@ -1392,7 +1605,7 @@ fn grad_x(
                         reg(plan, eo, Some(dy), out_elems)?,
                         whole(plan, eo, node.saved.first().copied())?,
                         whole(plan, eo, node.saved.get(1).copied())?,
-                        whole(plan, eo, w)?,
+                        gr,
                     ],
                 )?;
                 ops::bn_grad_x_inplace(
@@ -1403,7 +1616,7 @@ fn grad_x(
                     f32s(db)?,
                     f32s(mb)?,
                     f32s(ib)?,
-                    f32s(gb)?,
+                    f32_param(gb, gro)?,
                 );
             } else if *train {
                 let [xb, dyb, mb, ib, gb, dxb] = carve(
@@ -1413,7 +1626,7 @@ fn grad_x(
                         reg(plan, eo, Some(dy), out_elems)?,
                         whole(plan, eo, node.saved.first().copied())?,
                         whole(plan, eo, node.saved.get(1).copied())?,
-                        whole(plan, eo, w)?,
+                        gr,
                         reg(plan, eo, need_dx()?, in_elems)?,
                     ],
                 )?;
@@ -1425,17 +1638,18 @@ fn grad_x(
                     f32s(dyb)?,
                     f32s(mb)?,
                     f32s(ib)?,
-                    f32s(gb)?,
+                    f32_param(gb, gro)?,
                     f32s(dxb)?,
                     acc,
                 );
             } else {
+                let (vr, vro) = param(plan, eo, node.stats.get(1).copied(), body)?;
                 let [dyb, gb, rvb, dxb] = carve(
                     a,
                     [
                         reg(plan, eo, Some(dy), out_elems)?,
-                        whole(plan, eo, w)?,
-                        whole(plan, eo, node.stats.get(1).copied())?,
+                        gr,
+                        vr,
                         reg(plan, eo, need_dx()?, in_elems)?,
                     ],
                 )?;
@@ -1444,14 +1658,15 @@ fn grad_x(
                     *c,
                     *hw,
                     f32s(dyb)?,
-                    f32s(gb)?,
-                    f32s(rvb)?,
+                    f32_param(gb, gro)?,
+                    f32_param(rvb, vro)?,
                     *eps,
                     f32s(dxb)?,
                     acc,
                 );
             }
         }
+        _ => return Err(ExecError::BadPlan("not a BatchNorm layer")),
     }
     Ok(())
 }

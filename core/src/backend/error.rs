@@ -3,6 +3,7 @@ use core::fmt;
 
 use super::Placement;
 use crate::budget::BudgetError;
+use crate::plan::params::ParamsError;
 use crate::spill::SpillError;
 
 /// The targets of a batch.
@@ -41,6 +42,9 @@ pub enum ExecError {
     /// backend rejected the step and put the weights back as they were before it. The backend says
     /// more (`frugal-hexagon`'s `DspBackend::last_error`).
     Device(&'static str),
+    /// The read-only parameter image does not fit the plan (too short, misaligned, made for another
+    /// plan), said when the executor is created; or the plan needs one and none was given.
+    Params(ParamsError),
 }
 
 impl fmt::Display for ExecError {
@@ -58,6 +62,7 @@ impl fmt::Display for ExecError {
             ExecError::Tensor(what) => write!(f, "tensor access: {what}"),
             ExecError::Unsupported(what) => write!(f, "this backend cannot run the plan: {what}"),
             ExecError::Spill(e) => write!(f, "{e}"),
+            ExecError::Params(e) => write!(f, "{e}"),
             ExecError::Device(what) => write!(
                 f,
                 "device failure: {what}; the step was rejected and the weights are unchanged"
@@ -72,6 +77,12 @@ impl std::error::Error for ExecError {}
 impl From<SpillError> for ExecError {
     fn from(e: SpillError) -> Self {
         ExecError::Spill(e)
+    }
+}
+
+impl From<ParamsError> for ExecError {
+    fn from(e: ParamsError) -> Self {
+        ExecError::Params(e)
     }
 }
 

@@ -106,6 +106,10 @@ pub struct Cx<'a> {
     pub start: usize,
     /// The optimizer step this update makes (1-based: Adam's t).
     pub t: u32,
+    /// The body of the read-only parameter image the executor was given (empty when the plan keeps
+    /// every parameter in the arena; see [`crate::plan::params`]). Behind a reference, so the context
+    /// of every instruction stays one word larger on a microcontroller's stack, not two.
+    pub params: &'a &'a [u8],
 }
 
 /// What a loss instruction measured on its micro-batch.

@@ -407,6 +407,7 @@ impl<'p, B: Backend> Executor<'p, B> {
                     seed: run.seed,
                     start: 0,
                     t: run.t,
+                    params: &self.params,
                 };
                 dispatch(
                     &mut self.backend,

@@ -12,6 +12,8 @@ pub mod int8;
 mod mixed_tests;
 #[cfg(test)]
 mod nonfinite_tests;
+#[cfg(test)]
+mod params_tests;
 mod permute;
 #[cfg(test)]
 mod record_tests;
@@ -34,6 +36,8 @@ use crate::backend::cpu_tensor_mut as tensor_mut;
 use crate::backend::{dispatch, Backend, CpuBackend, Cx, Mode, StepStart};
 use crate::budget::BudgetError;
 use crate::graph::{Graph, NodeOp, TensorId};
+use crate::kernels::rows::dequantize_rows;
+use crate::plan::params::{self, ParamEncoding, ReadOnly};
 use crate::plan::{Eo, Instr, Phase, Plan, ALIGN};
 use crate::rng::hash2;
 pub use crate::spill::{Spill, SpillError};
@@ -84,6 +88,8 @@ pub struct Executor<'p, B: Backend = CpuBackend> {
     /// ([`Executor::prepare_adaptive`]); boxed so an executor that never adapts stays small (the
     /// firmware keeps its executor on a 16 KiB stack).
     adapt: Option<alloc::boxed::Box<adapt::AdaptScratch<'p>>>,
+    /// The body of the read-only parameter image (empty: every parameter is in the arena).
+    params: &'p [u8],
 }
 
 impl<'p> Executor<'p, CpuBackend> {
@@ -190,7 +196,23 @@ impl<'p, B: Backend> Executor<'p, B> {
     /// An executor on `backend`: checks that `arena` can hold the plan and prepares the backend for it
     /// (an instruction placed where the backend cannot run it is [`ExecError::Placement`] here, before
     /// any step).
-    pub fn with_backend(plan: &'p Plan, arena: &[u8], mut backend: B) -> Result<Self, ExecError> {
+    pub fn with_backend(plan: &'p Plan, arena: &[u8], backend: B) -> Result<Self, ExecError> {
+        Self::with_params(plan, arena, backend, &[])
+    }
+
+    /// An executor on `backend` whose plan reads its frozen parameters from `image`, a read-only
+    /// parameter image ([`crate::plan::params`]: flash on a microcontroller, a host's bytes) made for
+    /// this plan by [`split_state`](crate::plan::params::split_state). The image must start at a
+    /// 4-byte aligned address; one that is too short, misaligned or made for another plan is
+    /// [`ExecError::Params`] here, and so is a plan with a parameter space given no image. A plan
+    /// without one takes an empty image ([`Executor::with_backend`]).
+    pub fn with_params(
+        plan: &'p Plan,
+        arena: &[u8],
+        mut backend: B,
+        image: &'p [u8],
+    ) -> Result<Self, ExecError> {
+        let params = plan.check_params_image(image)?;
         let needed = plan.arena_bytes + base_of(arena);
         if arena.len() < needed {
             return Err(ExecError::Budget(BudgetError::TooSmall {
@@ -204,6 +226,7 @@ impl<'p, B: Backend> Executor<'p, B> {
             backend,
             steps: 0,
             adapt: None,
+            params,
         })
     }
 
@@ -239,6 +262,11 @@ impl<'p, B: Backend> Executor<'p, B> {
 
     /// Makes `next` the plan (a switch has moved its tensors into place).
     pub(crate) fn set_plan(&mut self, next: &'p Plan) -> Result<(), ExecError> {
+        if !self.params.is_empty() || next.params_space().is_some() {
+            return Err(ExecError::Unsupported(
+                "switching plans that read parameters from an image",
+            ));
+        }
         self.backend.prepare(next)?;
         self.plan = next;
         Ok(())
@@ -301,16 +329,19 @@ impl<'p, B: Backend> Executor<'p, B> {
     /// Writes every persistent tensor (parameters, then BatchNorm statistics, node by node: the order
     /// of [`Executor::state_tensors`]) from `bytes`, their little-endian f32 values back to back, into
     /// the host arena. Allocates nothing, so a microcontroller can load pretrained weights from flash.
-    /// `bytes` must hold exactly the state's elements.
+    /// `bytes` must hold exactly the state's elements — but for the tensors the plan reads from its
+    /// parameter image ([`crate::plan::params`]), which are skipped: the image holds them, and
+    /// [`split_state`](crate::plan::params::split_state) gives the rest.
     pub fn write_state(&mut self, arena: &mut [u8], bytes: &[u8]) -> Result<(), ExecError> {
         let plan = self.plan;
         let mut at = 0usize;
         for t in self.state_ids() {
-            if self
-                .space_of(t)
-                .is_some_and(|s| s != crate::plan::SpaceId::HOST)
-            {
-                return Err(ExecError::Tensor("state tensor outside the host arena"));
+            match self.space_of(t) {
+                Some(s) if ParamEncoding::of_space(s).is_some() => continue,
+                Some(s) if s != crate::plan::SpaceId::HOST => {
+                    return Err(ExecError::Tensor("state tensor outside the host arena"))
+                }
+                _ => {}
             }
             let a = self.arena(arena)?;
             let dst = tensor_mut(plan, a, t)?;
@@ -351,14 +382,26 @@ impl<'p, B: Backend> Executor<'p, B> {
         self.plan.lives.get(s).map(|l| l.space)
     }
 
-    /// A copy of a persistent f32 tensor, wherever it lives: the host arena, or a memory space of the
-    /// backend (read back through [`Backend::read_tensor`], e.g. from the GPU).
+    /// A copy of a persistent f32 tensor, wherever it lives: the host arena, the read-only parameter
+    /// image (int8 weights dequantised), or a memory space of the backend (read back through
+    /// [`Backend::read_tensor`], e.g. from the GPU).
     pub fn read_vec(
         &mut self,
         arena: &mut [u8],
         t: TensorId,
     ) -> Result<alloc::vec::Vec<f32>, ExecError> {
         match self.space_of(t) {
+            Some(s) if ParamEncoding::of_space(s).is_some() => {
+                match params::read_only(self.plan, self.params, t)? {
+                    Some(ReadOnly::F32(v)) => Ok(v.to_vec()),
+                    Some(ReadOnly::I8 { scales, q }) => {
+                        let mut out = alloc::vec![0f32; q.len()];
+                        dequantize_rows(q, scales, &mut out);
+                        Ok(out)
+                    }
+                    None => Err(ExecError::Tensor("not in the parameter image")),
+                }
+            }
             Some(s) if s != crate::plan::SpaceId::HOST => {
                 let mut out = alloc::vec![0f32; self.tensor_bytes(t)? / 4];
                 self.backend.read_tensor(self.plan, t, &mut out)?;
@@ -523,6 +566,7 @@ impl<'p, B: Backend> Executor<'p, B> {
             seed: run.seed,
             start,
             t: run.t,
+            params: &self.params,
         };
         if ins.phase != Phase::Loss {
             let spill = run.spill.as_mut().map(|s| &mut **s as &mut dyn Spill);

@@ -89,7 +89,7 @@ fn from_layer(from: usize, rest: Update) -> Vec<Option<Update>> {
 
 /// The sparse updates the tests run: last layer only, the last block, biases only, a channel fraction
 /// everywhere, and a mix.
-fn configs() -> Vec<(&'static str, Vec<Option<Update>>)> {
+pub(crate) fn configs() -> Vec<(&'static str, Vec<Option<Update>>)> {
     let mut mix = from_layer(3, Update::All);
     mix[3] = Some(Update::Channels(0.25));
     mix[4] = Some(Update::Bias);
@@ -259,7 +259,7 @@ fn a_bias_only_layer_keeps_no_input() {
     assert!(plan.lives[s].last > loss);
 }
 
-fn data(batch: usize) -> (Vec<f32>, Vec<u32>) {
+pub(crate) fn data(batch: usize) -> (Vec<f32>, Vec<u32>) {
     let x = (0..batch * 108)
         .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
         .collect();

@@ -55,6 +55,7 @@ use crate::backend::Placement;
 use crate::graph::{Graph, GraphError, GraphOptions, TensorId, TensorKind};
 use crate::kernels::int8::KernelFamily;
 use crate::model::{Int8Update, ModelSpec, Precision};
+use crate::plan::params::{self, ParamEncoding};
 use crate::plan::{
     lifetimes, lower_bound, share_groups, strategies, IdVec, Instr, Phase, Plan, SpaceId,
     SpaceLayout, StorageId, TensorLife, ALIGN, LOSS_NODE,
@@ -580,7 +581,30 @@ fn get_program(r: &mut Reader<'_>, mut graph: Graph, version: u16) -> Result<Pla
     }
     let mut lt = lt;
     let spaces = if version >= 4 {
-        get_spaces(r, &mut lt.lives)?
+        let at = r.at();
+        let mut spaces = get_spaces(r, &mut lt.lives)?;
+        // Read-only parameters take their encoded sizes (int8 weights), and only read-only tensors
+        // may be there.
+        if spaces
+            .iter()
+            .any(|s| ParamEncoding::of_space(s.space).is_some())
+        {
+            params::apply_encoding(&graph, &lt.group_of, &lt.segments, &mut lt.lives)
+                .map_err(|reason| bad("storage space", at, reason))?;
+            for sp in &mut spaces {
+                let members: Vec<TensorLife> = lt
+                    .lives
+                    .iter()
+                    .filter(|l| l.space == sp.space)
+                    .map(|l| TensorLife {
+                        bytes: l.bytes.div_ceil(sp.align) * sp.align,
+                        ..l.clone()
+                    })
+                    .collect();
+                sp.lower_bound = lower_bound(&members);
+            }
+        }
+        spaces
     } else {
         Vec::new()
     };
@@ -593,7 +617,7 @@ fn get_program(r: &mut Reader<'_>, mut graph: Graph, version: u16) -> Result<Pla
     )?;
     // The checked storages and the stored layout are the plan: no layout strategy runs on decode (a
     // micro:bit decodes this in a few KiB of heap).
-    let plan = Plan {
+    let mut plan = Plan {
         graph,
         micro_batches,
         program,
@@ -620,6 +644,25 @@ fn get_program(r: &mut Reader<'_>, mut graph: Graph, version: u16) -> Result<Pla
         spaces,
         strategy,
     };
+    // The region int8 weights are dequantised into (the top of the arena) holds no storage; it counts
+    // in the lower bound, as when it was planned.
+    if let Some((at, _)) = plan.dequant_region() {
+        plan.lower_bound += plan.arena_bytes - at;
+        let top = plan
+            .lives
+            .iter_enumerated()
+            .filter(|(_, l)| l.space == SpaceId::HOST)
+            .map(|(s, l)| plan.offsets[s] + l.bytes)
+            .max()
+            .unwrap_or(0);
+        if top > at {
+            return Err(bad(
+                "arena_bytes",
+                count_at,
+                "no room above the storages for dequantising int8 weights",
+            ));
+        }
+    }
     // Every move reads a value of its group: the storage that ends where the move begins the next.
     let moves = plan.program.iter().enumerate();
     for (eo, _) in moves.filter(|(_, i)| i.phase == Phase::Move) {

@@ -7,6 +7,7 @@ pub mod gemm;
 pub mod int8;
 pub mod par;
 mod real;
+pub mod rows;
 #[cfg(test)]
 mod testkit;
 

@@ -3,6 +3,7 @@
 //! [`Plan`]: a flat program of [`Instr`]s plus an offset for every tensor — what the executor runs.
 mod ids;
 mod layout;
+pub mod params;
 pub mod space;
 pub mod table;
 #[cfg(test)]

@@ -1,0 +1,295 @@
+//! Frozen parameters read from a read-only parameter image ([`crate::plan::params`]): the arena shrinks
+//! by exactly their bytes, f32 training is bit-identical to the plan that copies them into the arena,
+//! int8 weights train exactly as their dequantised values in the arena do, and images that do not fit
+//! are typed errors.
+use alloc::vec::Vec;
+
+use super::sparse_tests::{configs, data, mbv2_like};
+use super::*;
+use crate::format::plan::{decode_plan_unnamed, encode_plan};
+use crate::graph::Graph;
+use crate::plan::params::{read_only_tensors, split_state, ParamEncoding, ParamsError};
+use crate::plan::{Plan, SpaceId};
+
+const BATCH: usize = 4;
+
+fn round_up(v: usize) -> usize {
+    v.div_ceil(ALIGN) * ALIGN
+}
+
+/// Every persistent tensor of `ex`'s plan, little-endian f32 in state order (a checkpoint's bytes).
+fn state(ex: &mut Executor<'_>, arena: &mut [u8]) -> Vec<u8> {
+    let ids: Vec<TensorId> = ex.state_ids().collect();
+    let mut out = Vec::new();
+    for t in ids {
+        for v in ex.read_vec(arena, t).unwrap() {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    out
+}
+
+/// The sparse-update configurations that freeze something (a channel subset everywhere freezes
+/// nothing whole, so it keeps every parameter in the arena).
+fn frozen_configs() -> Vec<(&'static str, Vec<Option<crate::model::Update>>)> {
+    let c: Vec<_> = configs()
+        .into_iter()
+        .filter(|(_, upd)| {
+            let g = Graph::new(&mbv2_like(upd), BATCH).unwrap();
+            let any = read_only_tensors(&g).next().is_some();
+            any
+        })
+        .collect();
+    assert!(c.len() >= 4, "the configurations with frozen parameters");
+    c
+}
+
+/// The plain plan's initial state (seeded initialisation).
+fn initial_state(plan: &Plan) -> Vec<u8> {
+    let mut arena = alloc::vec![0u8; plan.needed_bytes()];
+    let mut ex = Executor::new(plan, &arena).unwrap();
+    ex.init_params(&mut arena, 5).unwrap();
+    state(&mut ex, &mut arena)
+}
+
+/// An image at a 64-byte aligned address (as a firmware's flash section or a host's page).
+struct Aligned {
+    buf: Vec<u8>,
+    at: usize,
+    len: usize,
+}
+
+impl Aligned {
+    fn new(bytes: &[u8]) -> Self {
+        let mut buf = alloc::vec![0u8; bytes.len() + ALIGN];
+        let at = buf.as_ptr().align_offset(ALIGN);
+        buf[at..at + bytes.len()].copy_from_slice(bytes);
+        Aligned {
+            buf,
+            at,
+            len: bytes.len(),
+        }
+    }
+    fn bytes(&self) -> &[u8] {
+        &self.buf[self.at..self.at + self.len]
+    }
+}
+
+/// Trains `steps` steps of `plan` from `state` (the image's tensors from `image`); returns each step's
+/// loss bits, the evaluation loss bits and the final state.
+fn run(plan: &Plan, state: &[u8], image: &[u8], steps: usize) -> (Vec<u32>, u32, Vec<u8>) {
+    let mut arena = alloc::vec![0u8; plan.needed_bytes()];
+    let mut ex = Executor::with_params(plan, &arena, CpuBackend::new(), image).unwrap();
+    ex.init_params(&mut arena, 9).unwrap();
+    ex.write_state(&mut arena, state).unwrap();
+    let (x, y) = data(BATCH);
+    let losses = (0..steps)
+        .map(|_| {
+            ex.train_step(&mut arena, &x, Target::Classes(&y))
+                .unwrap()
+                .loss
+                .to_bits()
+        })
+        .collect();
+    let eval = ex.evaluate(&mut arena, &x, Target::Classes(&y)).unwrap();
+    (losses, eval.loss.to_bits(), state_of(&mut ex, &mut arena))
+}
+
+fn state_of(ex: &mut Executor<'_>, arena: &mut [u8]) -> Vec<u8> {
+    state(ex, arena)
+}
+
+#[test]
+fn read_only_parameters_leave_the_arena_by_exactly_their_bytes() {
+    for (what, upd) in frozen_configs() {
+        let plain = Plan::new(Graph::new(&mbv2_like(&upd), BATCH).unwrap());
+        for enc in [ParamEncoding::F32, ParamEncoding::Int8] {
+            let mut ro = plain.clone();
+            let moved = ro.read_only_params(enc).unwrap();
+            let tensors: Vec<TensorId> = read_only_tensors(&ro.graph).collect();
+            assert_eq!(moved, tensors.len(), "{what}");
+            let f32_bytes: usize = tensors
+                .iter()
+                .map(|&t| round_up(ro.graph.tensors[t as usize].bytes))
+                .sum();
+            let enc_bytes: usize = tensors
+                .iter()
+                .map(|&t| round_up(crate::plan::params::encoded_bytes(&ro.graph, t, enc)))
+                .sum();
+            // The arena: smaller by exactly the f32 bytes (at the arena's alignment) of what left it,
+            // but for the region int8 weights are dequantised into, at its top: the largest of them.
+            let largest = tensors
+                .iter()
+                .filter_map(|&t| {
+                    crate::plan::params::weight_rows(&ro.graph, t)
+                        .map(|_| ro.graph.tensors[t as usize].bytes)
+                })
+                .max()
+                .unwrap_or(0);
+            let dequant = match enc {
+                ParamEncoding::F32 => 0,
+                ParamEncoding::Int8 => round_up(largest),
+            };
+            assert_eq!(
+                plain.arena_bytes - ro.arena_bytes,
+                f32_bytes - dequant,
+                "{what} {enc:?}"
+            );
+            assert_eq!(
+                ro.dequant_region(),
+                (dequant > 0).then(|| (ro.arena_bytes - dequant, largest)),
+                "{what} {enc:?}"
+            );
+            // The region is above every storage of the arena.
+            let top = ro
+                .lives
+                .iter_enumerated()
+                .filter(|(_, l)| l.space == SpaceId::HOST)
+                .map(|(s, l)| ro.offsets[s] + l.bytes)
+                .max()
+                .unwrap();
+            assert!(top <= ro.arena_bytes - dequant, "{what} {enc:?}");
+            assert_eq!(ro.params_space(), Some((enc, enc_bytes)), "{what} {enc:?}");
+            // None of them has a host storage any more; everything else kept its space.
+            for (s, l) in ro.lives.iter_enumerated() {
+                let is_ro = tensors.iter().any(|&t| ro.storage_at(t, 0) == Some(s));
+                let want = if is_ro { enc.space() } else { SpaceId::HOST };
+                assert_eq!(l.space, want, "{what} {enc:?}: storage {}", l.name);
+            }
+            if enc == ParamEncoding::Int8 {
+                assert!(enc_bytes < f32_bytes, "{what}: int8 weights take less");
+            }
+        }
+    }
+}
+
+#[test]
+fn training_from_an_f32_image_is_bit_identical_to_the_copied_in_run() {
+    for (what, upd) in frozen_configs() {
+        let plain = Plan::new(Graph::new(&mbv2_like(&upd), BATCH).unwrap());
+        let mut ro = plain.clone();
+        ro.read_only_params(ParamEncoding::F32).unwrap();
+        let init = initial_state(&plain);
+        let (image, rest) = split_state(&ro, &init).unwrap();
+        assert!(rest.len() < init.len(), "{what}: some state left the arena");
+        let image = Aligned::new(&image);
+        let want = run(&plain, &init, &[], 4);
+        let got = run(&ro, &rest, image.bytes(), 4);
+        assert!(got == want, "{what}: losses, evaluation and final state");
+        // Through the plan format (what a microcontroller decodes): the same layout, the same run.
+        let spec = mbv2_like(&upd);
+        let decoded = decode_plan_unnamed(&encode_plan(&spec, &ro)).unwrap();
+        assert_eq!(decoded.params_fingerprint(), ro.params_fingerprint());
+        assert_eq!(decoded.arena_bytes, ro.arena_bytes);
+        assert!(
+            run(&decoded, &rest, image.bytes(), 4) == want,
+            "{what}: decoded"
+        );
+    }
+}
+
+#[test]
+fn int8_weights_train_as_their_dequantised_values_in_the_arena() {
+    for (what, upd) in frozen_configs() {
+        let plain = Plan::new(Graph::new(&mbv2_like(&upd), BATCH).unwrap());
+        let mut ro = plain.clone();
+        ro.read_only_params(ParamEncoding::Int8).unwrap();
+        let init = initial_state(&plain);
+        let (image, rest) = split_state(&ro, &init).unwrap();
+        let image = Aligned::new(&image);
+        // The reference: the plain plan holding the dequantised weights (read back from the image).
+        let mut arena = alloc::vec![0u8; ro.needed_bytes()];
+        let mut ex = Executor::with_params(&ro, &arena, CpuBackend::new(), image.bytes()).unwrap();
+        ex.write_state(&mut arena, &rest).unwrap();
+        let dequantised = state(&mut ex, &mut arena);
+        assert!(
+            dequantised != init,
+            "{what}: quantisation changed some weight"
+        );
+        assert!(
+            ro.dequant_region().is_some(),
+            "{what}: a dequantisation region"
+        );
+        let want = run(&plain, &dequantised, &[], 4);
+        let got = run(&ro, &rest, image.bytes(), 4);
+        assert!(got == want, "{what}: losses, evaluation and final state");
+        let spec = mbv2_like(&upd);
+        let decoded = decode_plan_unnamed(&encode_plan(&spec, &ro)).unwrap();
+        assert_eq!(decoded.params_space(), ro.params_space());
+        assert!(
+            run(&decoded, &rest, image.bytes(), 4) == want,
+            "{what}: decoded"
+        );
+    }
+}
+
+#[test]
+fn an_image_that_does_not_fit_the_plan_is_a_typed_error() {
+    let (_, upd) = &configs()[1];
+    let plain = Plan::new(Graph::new(&mbv2_like(upd), BATCH).unwrap());
+    let mut ro = plain.clone();
+    ro.read_only_params(ParamEncoding::F32).unwrap();
+    let mut ro8 = plain.clone();
+    ro8.read_only_params(ParamEncoding::Int8).unwrap();
+    let init = initial_state(&plain);
+    let (image, _) = split_state(&ro, &init).unwrap();
+    let arena = alloc::vec![0u8; plain.needed_bytes()];
+    let err = |plan: &Plan, img: &[u8]| {
+        Executor::with_params(plan, &arena, CpuBackend::new(), img)
+            .err()
+            .unwrap()
+    };
+    let good = Aligned::new(&image);
+    assert!(Executor::with_params(&ro, &arena, CpuBackend::new(), good.bytes()).is_ok());
+    // No image for a plan that needs one; a short one.
+    let needed = image.len();
+    assert_eq!(
+        err(&ro, &[]),
+        ExecError::Params(ParamsError::TooShort { needed, given: 0 })
+    );
+    let short = Aligned::new(&image[..needed - 1]);
+    assert_eq!(
+        err(&ro, short.bytes()),
+        ExecError::Params(ParamsError::TooShort {
+            needed,
+            given: needed - 1
+        })
+    );
+    // Misaligned: the same bytes one byte off.
+    let mut off = alloc::vec![0u8; needed + ALIGN + 1];
+    let at = off.as_ptr().align_offset(ALIGN) + 1;
+    off[at..at + needed].copy_from_slice(&image);
+    assert_eq!(
+        err(&ro, &off[at..at + needed]),
+        ExecError::Params(ParamsError::Misaligned)
+    );
+    // Another magic; an image for another encoding or another plan; an image for a plan without one.
+    let mut bad = image.clone();
+    bad[0] = b'X';
+    assert_eq!(
+        err(&ro, Aligned::new(&bad).bytes()),
+        ExecError::Params(ParamsError::Magic)
+    );
+    assert!(matches!(
+        err(&ro8, good.bytes()),
+        ExecError::Params(ParamsError::Mismatch(_))
+    ));
+    let (_, other) = &configs()[0];
+    let mut other_ro = Plan::new(Graph::new(&mbv2_like(other), BATCH).unwrap());
+    other_ro.read_only_params(ParamEncoding::F32).unwrap();
+    let (other_image, _) = split_state(
+        &other_ro,
+        &initial_state(&Plan::new(Graph::new(&mbv2_like(other), BATCH).unwrap())),
+    )
+    .unwrap();
+    assert!(matches!(
+        err(&ro, Aligned::new(&other_image).bytes()),
+        ExecError::Params(ParamsError::Mismatch(_) | ParamsError::TooShort { .. })
+    ));
+    assert!(matches!(
+        err(&plain, good.bytes()),
+        ExecError::Params(ParamsError::Mismatch(_))
+    ));
+    // A state of the wrong length.
+    assert!(split_state(&ro, &init[..init.len() - 4]).is_err());
+}
