@@ -161,8 +161,8 @@ pub const MICROBIT: Board = Board {
 /// this board's arena (`firmware/models/mcu-mbv2-ft.frgm`). f32: int8 graphs refuse sparse updates.
 ///
 /// Batch 4 and a 128 KiB arena keep the run within 192 KiB in all. Measured (`cargo xtask firmware
-/// --board mps2-an500`): arena 131,008 B; heap peak 41,263 B while decoding; stack high-water 8,000 B;
-/// RAM in all 188,288 B; 95 % held-out on digits 5–9 after 3 epochs; 7.29 M instructions per step.
+/// --board mps2-an500`): arena 131,008 B; heap peak 41,263 B while decoding; stack high-water 8,016 B;
+/// RAM in all 188,304 B; 95 % held-out on digits 5–9 after 3 epochs; 7.30 M instructions per step.
 /// The pretrained weights are copied into the arena (frozen ones too: 58,528 B of it).
 pub const MPS2_AN500: Board = Board {
     name: "mps2-an500",
