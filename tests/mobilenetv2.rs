@@ -77,7 +77,22 @@ fn policy_plans_are_bit_exact_with_the_plain_plan_and_fit() {
         "floor {} vs arena {arena}",
         floor.needed_bytes()
     );
+    // The bisection's floor (what `cargo xtask bench budget` reports): its budget plans, it lies
+    // between the proven working-set bound and the ½-arena budget, and the bound itself is refused.
+    let bisected = policy::floor(&spec, BATCH, PolicyKind::Auto, &cost, 0.01).unwrap();
+    assert!(bisected.chosen.plan.needed_bytes() <= bisected.budget);
+    assert!(bisected.lower_bound <= floor.needed_bytes());
+    assert!(bisected.lower_bound < bisected.budget && bisected.budget <= arena / 2);
+    assert!(policy::plan_for_budget(
+        &spec,
+        BATCH,
+        Budget::new(bisected.lower_bound - 1),
+        PolicyKind::Auto,
+        &cost
+    )
+    .is_err());
     plans.push(floor);
+    plans.push(bisected.chosen.plan);
     let mut recomputing = 0;
     for c in &plans {
         let frac = c.needed_bytes() as f64 / arena as f64;
@@ -102,7 +117,7 @@ fn policy_plans_are_bit_exact_with_the_plain_plan_and_fit() {
         println!("{frac:.3} of the arena: {rc} recomputes, bit-identical");
     }
     assert_eq!(
-        recomputing, 3,
+        recomputing, 4,
         "every budget below the arena needs recomputation"
     );
 }

@@ -59,15 +59,25 @@ fn overlaps(a: &TensorLife, b: &TensorLife) -> bool {
 
 /// Places storages one by one in `order`; each goes into a gap between already-placed storages whose
 /// lifetimes overlap it: the lowest gap (first fit) or the tightest (best fit).
+///
+/// Only the union of the overlapping storages' byte ranges decides the gaps. Storages alive through the
+/// whole step (weights, optimizer state: hundreds in a deep network) overlap every other one, so they
+/// are kept apart as one sorted union of disjoint ranges, merged into each storage's busy ranges, rather
+/// than found, listed and sorted again for every storage placed: the same offsets, found faster.
 fn place(lives: &[TensorLife], order: &[usize], best_fit: bool) -> Layout {
     let mut offsets = vec![usize::MAX; lives.len()];
+    let end = lives.iter().map(|l| l.last).max().unwrap_or(0);
+    let whole = |l: &TensorLife| l.first == 0 && l.last == end;
     let mut index = PlacedIndex::new(lives);
+    // The placed whole-step storages' ranges: sorted, disjoint, touching ranges merged.
+    let mut always: Vec<(usize, usize)> = Vec::new();
     let mut busy: Vec<(usize, usize)> = Vec::new();
     let mut arena = 0;
     for &i in order {
         let me = &lives[i];
         busy.clear();
         index.overlapping(me, |j| busy.push((offsets[j], offsets[j] + lives[j].bytes)));
+        busy.extend_from_slice(&always);
         // Equal keys are equal ranges: any order of them places alike.
         heap_sort_by_key(&mut busy, |&r| r);
         let mut chosen: Option<(usize, usize)> = None; // (offset, gap size)
@@ -90,12 +100,31 @@ fn place(lives: &[TensorLife], order: &[usize], best_fit: bool) -> Layout {
         let off = chosen.map(|c| c.0).unwrap_or(cursor);
         offsets[i] = off;
         arena = arena.max(off + me.bytes);
-        index.insert(i);
+        if whole(me) {
+            add_range(&mut always, (off, off + me.bytes));
+        } else {
+            index.insert(i);
+        }
     }
     Layout {
         offsets,
         arena_bytes: arena,
     }
+}
+
+/// Adds `r` to `v`, a sorted list of disjoint ranges no two of which touch, keeping it so. An empty
+/// range stays (as a point it still splits a gap, as it does among the busy ranges of `place`).
+fn add_range(v: &mut Vec<(usize, usize)>, r: (usize, usize)) {
+    // The ranges that touch or overlap `r`: from the first ending at or after its start to the last
+    // starting at or before its end.
+    let a = v.partition_point(|&(_, e)| e < r.0);
+    let b = v.partition_point(|&(s, _)| s <= r.1);
+    let merged = if a < b {
+        (v[a].0.min(r.0), v[b - 1].1.max(r.1))
+    } else {
+        r
+    };
+    v.splice(a..b, core::iter::once(merged));
 }
 
 /// The placed storages, found by lifetime. Small plans (a microcontroller's) scan them all; from

@@ -175,9 +175,36 @@ pub fn recompute(
     budget: usize,
     cost: &CostModel,
 ) -> Result<Plan, Plan> {
+    recompute_with(g, micro_batches, budget, cost, Search::Exhaustive)
+}
+
+/// How far a failing recomputation search goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Search {
+    /// Discard until nothing more can go anywhere, and prune the fitting plan: the `Err` plan is the
+    /// smallest one there is to reach ([`recompute`]).
+    Exhaustive,
+    /// Give up as soon as the first execution order whose live bytes exceed the budget has nothing
+    /// left to discard, and leave a fitting plan unpruned: only whether the budget can be met counts
+    /// ([`floor`]'s probes). Giving up there loses no plan: the bytes live at that point are then
+    /// all operands of its instruction, values nothing regenerates or values no chain can rebuild, and
+    /// a discard elsewhere frees a storage there only if discarding it there was possible too (the
+    /// same gap between its uses, the same chain), so no later discard brings that point under the
+    /// budget.
+    GiveUpWhenStuck,
+}
+
+#[allow(clippy::result_large_err)]
+fn recompute_with(
+    g: &Graph,
+    micro_batches: u16,
+    budget: usize,
+    cost: &CostModel,
+    search: Search,
+) -> Result<Plan, Plan> {
     if micro_batches > TEMPLATE_MICRO_BATCHES {
         let limit = arena_budget(budget);
-        let (Ok(t) | Err(t)) = recompute_greedy(g, TEMPLATE_MICRO_BATCHES, budget, cost);
+        let (Ok(t) | Err(t)) = recompute_greedy(g, TEMPLATE_MICRO_BATCHES, budget, cost, search);
         if let Some(program) = unroll(&t.program, micro_batches) {
             let p = Schedule {
                 graph: g,
@@ -193,7 +220,7 @@ pub fn recompute(
             };
         }
     }
-    recompute_greedy(g, micro_batches, budget, cost)
+    recompute_greedy(g, micro_batches, budget, cost, search)
 }
 
 /// Micro-batches [`recompute`] searches on before repeating the middle one.
@@ -226,6 +253,7 @@ fn recompute_greedy(
     micro_batches: u16,
     budget: usize,
     cost: &CostModel,
+    search: Search,
 ) -> Result<Plan, Plan> {
     let mut s = Schedule::shaped(
         g,
@@ -239,7 +267,10 @@ fn recompute_greedy(
     let mut plan = s.plan();
     for _ in 0..4 * s.program.len() + 64 {
         if plan.arena_bytes <= limit {
-            return Ok(prune(plan, limit));
+            return Ok(match search {
+                Search::Exhaustive => prune(plan, limit),
+                Search::GiveUpWhenStuck => plan,
+            });
         }
         if best
             .as_ref()
@@ -252,7 +283,8 @@ fn recompute_greedy(
         let live = live_profile(&plan);
         let pool = plan.pool_profile();
         let mut points: Vec<Eo> = Vec::new();
-        if let Some(t) = live.iter().position(|&b| b > limit) {
+        let first_live = live.iter().position(|&b| b > limit);
+        if let Some(t) = first_live {
             points.push(t as Eo);
         }
         if let Some(t) = pool.iter().position(|&b| b > limit) {
@@ -264,10 +296,16 @@ fn recompute_greedy(
             .collect();
         heap_sort_by_key(&mut rest, |&t| (core::cmp::Reverse(live[t as usize]), t));
         points.extend(rest);
-        let Some((at, chain)) = points
-            .into_iter()
-            .find_map(|t| best_discard(&plan, t, cost))
-        else {
+        let mut found = None;
+        for (k, t) in points.into_iter().enumerate() {
+            found = best_discard(&plan, t, cost);
+            if found.is_some()
+                || (k == 0 && first_live.is_some() && search == Search::GiveUpWhenStuck)
+            {
+                break;
+            }
+        }
+        let Some((at, chain)) = found else {
             break; // nothing more to discard: `plan` is the last program's
         };
         s.program.splice(at..at, chain);
@@ -646,6 +684,18 @@ pub fn plan_for_budget_with(
     cost: &CostModel,
     approx: Approximations,
 ) -> Result<Chosen, PlanError> {
+    plan_searching(spec, batch, budget, kind, cost, approx, Search::Exhaustive)
+}
+
+fn plan_searching(
+    spec: &ModelSpec,
+    batch: usize,
+    budget: Budget,
+    kind: PolicyKind,
+    cost: &CostModel,
+    approx: Approximations,
+    search: Search,
+) -> Result<Chosen, PlanError> {
     let g = Graph::new(spec, batch)?;
     let fits = |p: &Plan| p.needed_bytes() <= budget.bytes;
     if approx.f16_storage {
@@ -698,10 +748,13 @@ pub fn plan_for_budget_with(
                     }
                 }
             }
-            PolicyKind::Recompute => match recompute(&g, 1, budget.bytes, cost) {
+            PolicyKind::Recompute => match recompute_with(&g, 1, budget.bytes, cost, search) {
                 Ok(p) => candidates.push(Chosen::new(p, k, cost)),
                 Err(p) => note(&p),
             },
+            // Without micro-batching the hybrid's one candidate is the whole batch's recomputation,
+            // which the search has just made (the same plan: min_by keeps the first of equals).
+            PolicyKind::Hybrid if !separable && kinds.contains(&PolicyKind::Recompute) => {}
             PolicyKind::Hybrid | PolicyKind::RecomputeFirst => {
                 let sizes: Vec<usize> = if separable {
                     let eff = cost.efficient_micro_batch(&g, batch, 0.9).max(1);
@@ -733,7 +786,7 @@ pub fn plan_for_budget_with(
                             continue;
                         }
                     }
-                    match recompute(&gb, m as u16, budget.bytes, cost) {
+                    match recompute_with(&gb, m as u16, budget.bytes, cost, search) {
                         Ok(p) => {
                             candidates.push(Chosen::new(p, k, cost));
                             break;
@@ -767,4 +820,101 @@ pub fn min_budget(spec: &ModelSpec, batch: usize, cost: &CostModel) -> Result<us
         best = best.min(p.needed_bytes());
     }
     Ok(best)
+}
+
+/// The smallest budget the policies plan for, found by bisection ([`floor`]), and how far it can be
+/// from the true minimum.
+#[derive(Clone, Debug)]
+pub struct Floor {
+    /// The smallest budget that planned: the floor.
+    pub budget: usize,
+    /// [`plan_for_budget`]'s plan for it (which may need a little less).
+    pub chosen: Chosen,
+    /// The largest budget below the floor at which the search was refused (the bisection's bracket;
+    /// the greedy is not monotonic in the budget, so a budget in between may still plan).
+    pub refused_below: usize,
+    /// A proven lower bound on the budget of any plan of these policies ([`working_set_bound`]).
+    pub lower_bound: usize,
+    /// Budgets tried.
+    pub probes: usize,
+}
+
+/// Bytes no plan of `g`'s graph can do without, whatever it recomputes: every persistent storage
+/// (weights, optimizer state, running statistics) plus the largest working set of one instruction of
+/// the plain program — the storages it reads or writes, which are live together while it runs. A
+/// recomputation touches what the forward it repeats touches, and every other instruction of a
+/// recomputing plan is the plain program's, with the same storage groups (the sharing roots do not
+/// depend on the program). In the units of [`Plan::needed_bytes`].
+pub fn working_set_bound(g: &Graph) -> usize {
+    let plain = Plan::new(g.clone());
+    let mut per_eo = vec![0usize; plain.program.len()];
+    let mut persistent = 0;
+    for (s, life) in plain.lives.iter_enumerated() {
+        if life.kind.persistent() {
+            persistent += life.bytes;
+        } else {
+            for &e in &plain.touches[s] {
+                per_eo[e as usize] += life.bytes;
+            }
+        }
+    }
+    persistent + per_eo.into_iter().max().unwrap_or(0) + ALIGN - 1
+}
+
+/// The smallest budget [`plan_for_budget`] (policy `kind`) plans `spec` at `batch` for, found by
+/// bisection between [`working_set_bound`] and the plain plan: each probe runs the policy search with
+/// a recomputation that stops at the first point it cannot bring under the budget and leaves the plan
+/// unpruned, and the bracket closes to `tolerance` (a fraction of the floor). The floor's plan is then
+/// made (and pruned) by [`plan_for_budget`] itself, so the floor is a budget the policies really plan
+/// for. Unlike [`min_budget`], which discards until nothing more can go (minutes on MobileNetV2), the
+/// probes that fail end early.
+pub fn floor(
+    spec: &ModelSpec,
+    batch: usize,
+    kind: PolicyKind,
+    cost: &CostModel,
+    tolerance: f64,
+) -> Result<Floor, PlanError> {
+    let g = Graph::new(spec, batch)?;
+    // Micro-batching (where the graph allows it) goes down to one sample.
+    let lower_bound = if sample_separable(&g) {
+        working_set_bound(&Graph::new(spec, 1)?)
+    } else {
+        working_set_bound(&g)
+    };
+    let approx = Approximations::default();
+    let probe = |b: usize| {
+        plan_searching(
+            spec,
+            batch,
+            Budget::new(b),
+            kind,
+            cost,
+            approx,
+            Search::GiveUpWhenStuck,
+        )
+    };
+    let mut hi = Plan::new(g).needed_bytes();
+    let mut lo = lower_bound.saturating_sub(1); // refused (or provably so)
+    let mut probes = 0;
+    while hi > lo + 1 && (hi - lo) as f64 > tolerance * hi as f64 {
+        let mid = lo + (hi - lo) / 2;
+        probes += 1;
+        match probe(mid) {
+            Ok(_) => hi = mid,
+            Err(PlanError::Budget(_)) => lo = mid,
+            Err(e) => return Err(e),
+        }
+    }
+    // The floor's own plan, as the policy search makes it for that budget: a probe that planned gave
+    // up nowhere, so it made the exhaustive search's choices up to the fitting plan, and a candidate
+    // that gave up cannot fit; the same budget plans again.
+    let chosen = plan_for_budget(spec, batch, Budget::new(hi), kind, cost)?;
+    Ok(Floor {
+        budget: hi,
+        chosen,
+        refused_below: lo,
+        lower_bound,
+        probes,
+    })
 }

@@ -97,6 +97,56 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// A recomputation that gives up at the first point it cannot bring under the budget succeeds
+    /// exactly where the exhaustive one does (with the same plan before pruning), and the floor search
+    /// built on it: its budget plans (the plan fits, trains bit-identically to the plain plan), the
+    /// budget it reports refused is refused, and the working-set bound is below every plan the
+    /// exhaustive search reaches (the floor's, the deepest one) and refused itself.
+    #[test]
+    fn giving_up_early_loses_no_plan_and_the_floor_is_bracketed(
+        choices in proptest::collection::vec((any::<u8>(), any::<u8>(), any::<bool>()), 1..10),
+        c0 in 1u32..3, hw in 2u32..7, batch in 2usize..6, opt in any::<u8>(), frac in 0.0f64..1.0,
+    ) {
+        let spec = random_model(&choices, c0, hw, opt);
+        let Ok(g) = Graph::new(&spec, batch) else { return Ok(()) };
+        let plain = Plan::new(g.clone());
+        let cost = CostModel::estimate(&g);
+        let (Ok(deepest) | Err(deepest)) = recompute(&g, 1, 0, &cost);
+        let min = deepest.needed_bytes();
+        let budget = min.saturating_sub(64)
+            + ((plain.needed_bytes() - min.min(plain.needed_bytes())) as f64 * frac) as usize;
+        let full = recompute_greedy(&g, 1, budget, &cost, Search::Exhaustive);
+        let quick = recompute_greedy(&g, 1, budget, &cost, Search::GiveUpWhenStuck);
+        prop_assert_eq!(full.is_ok(), quick.is_ok(), "budget {}", budget);
+        if let (Ok(f), Ok(q)) = (&full, &quick) {
+            // The same discards; the exhaustive search then prunes.
+            prop_assert_eq!(&prune(q.clone(), arena_budget(budget)).program, &f.program);
+        }
+        let fl = floor(&spec, batch, PolicyKind::Auto, &cost, 0.01).unwrap();
+        prop_assert!(fl.chosen.plan.needed_bytes() <= fl.budget);
+        prop_assert!(fl.refused_below < fl.budget);
+        let at = |b: usize| plan_for_budget(&spec, batch, Budget::new(b), PolicyKind::Auto, &cost);
+        prop_assert!(at(fl.budget).is_ok());
+        prop_assert!(at(fl.refused_below).is_err());
+        prop_assert!(at(fl.lower_bound - 1).is_err());
+        prop_assert!(fl.lower_bound <= min);
+        prop_assert!(fl.lower_bound <= fl.chosen.plan.needed_bytes());
+        // Bit for bit against the plain plan of the same micro-batches (micro-batching itself changes
+        // the summation order; `micro_batching_matches_the_whole_batch` bounds that).
+        let fp = &fl.chosen.plan;
+        let same_split = micro_plan(&spec, fp.graph.batch, fp.micro_batches as usize).unwrap();
+        let a = crate::plan::tests::run_steps_n(&same_split, 2, batch);
+        let b = crate::plan::tests::run_steps_n(fp, 2, batch);
+        prop_assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(&b) {
+            prop_assert_eq!(x.to_bits(), y.to_bits());
+        }
+    }
+}
+
 /// conv-relu-pool ×2 + linear on 16×16: the small CNN shape.
 fn small_cnn() -> ModelSpec {
     random_model(
