@@ -97,7 +97,28 @@ proptest! {
     }
 }
 
-/// conv-relu-pool ×2 + linear on 16×16: the small CNN shape.
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// No plan goes under [`arena_lower_bound`]: not the plain plan, not a micro-batched one, not the
+    /// greedy's smallest recomputation; so `plan_for_budget` may skip a search it rules out.
+    #[test]
+    fn no_plan_goes_under_the_lower_bound(
+        choices in proptest::collection::vec((any::<u8>(), any::<u8>(), any::<bool>()), 1..8),
+        c0 in 1u32..3, hw in 2u32..6, batch in 1usize..5, m in 1u16..4, opt in any::<u8>(),
+    ) {
+        let spec = random_model(&choices, c0, hw, opt);
+        let Ok(g) = Graph::new(&spec, batch) else { return Ok(()) };
+        let cost = CostModel::estimate(&g);
+        let plain = micro_plan(&spec, batch, m as usize).unwrap();
+        let lb = arena_lower_bound(&g, m);
+        prop_assert!(lb <= plain.arena_bytes, "plain {} < bound {lb}", plain.arena_bytes);
+        let (Ok(p) | Err(p)) = recompute(&g, m, 0, &cost);
+        prop_assert!(lb <= p.arena_bytes, "recompute {} < bound {lb}", p.arena_bytes);
+    }
+}
+
+/// conv-relu-pool ×2 + linear on 16×16: the small CNN shape./// conv-relu-pool ×2 + linear on 16×16: the small CNN shape.
 fn small_cnn() -> ModelSpec {
     random_model(
         &[
