@@ -2,11 +2,11 @@
 """PyTorch reference for `cargo xtask bench seq`: examples/char-gpt.toml built as a PyTorch module
 (by tests/golden/gen.py's Net, one module per TOML layer), trained with AdamW on windows of
 data/kjv/genesis.txt; 1 thread (the caller sets OMP_NUM_THREADS too). Prints
-`SUMMARY <median ms/step> <peak RSS over the baseline, bytes>`: the baseline is the RSS after torch is
-imported and the data is read, before the model exists, and the peak the kernel's high-water mark after
-it is reset there. (torch_ref.py takes its baseline after the model is built; here the frugal side's
-baseline is taken before its arena, which holds the weights, exists, and AdamW allocates its state
-inside the first step: so both peaks hold weights, gradients, optimizer state and activations.)
+`SUMMARY <median ms/step> <peak RSS over the baseline, bytes>`: the baseline is the RSS after the model
+and data are built, the peak the kernel's high-water mark after it is reset there (as torch_ref.py).
+AdamW allocates its state inside the first step, so the peak holds optimizer state, gradients and
+activations but not the weights; the frugal side (`cargo xtask bench seq`) takes its baseline with the
+weights written and its arena's optimizer state, gradients and activations not yet touched.
 """
 import argparse
 import os
@@ -39,6 +39,12 @@ def main():
     torch.set_num_threads(1)
     with open(os.path.join(ROOT, "examples", "char-gpt.toml"), "rb") as f:
         spec = tomllib.load(f)
+    torch.manual_seed(1)
+    model = Net(spec)
+    model.train()
+    o = spec["optimizer"]
+    opt = torch.optim.AdamW(model.parameters(), lr=o["lr"], weight_decay=o.get("weight_decay", 0.01),
+                            foreach=False)
     t = spec["model"]["input"][0]
     with open(os.path.join(ROOT, "data", "kjv", "genesis.txt"), "rb") as f:
         text = f.read()
@@ -47,12 +53,6 @@ def main():
     base = kib("VmRSS:")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
-    torch.manual_seed(1)
-    model = Net(spec)
-    model.train()
-    o = spec["optimizer"]
-    opt = torch.optim.AdamW(model.parameters(), lr=o["lr"], weight_decay=o.get("weight_decay", 0.01),
-                            foreach=False)
 
     def step():
         opt.zero_grad()
