@@ -497,8 +497,10 @@ pub fn main(args: &[String]) -> Result<(), String> {
         let s = Instant::now();
         let min = policy::search_min_budget(&full, batch, &cost, MIN_PLANNINGS)
             .map_err(|e| e.to_string())?;
+        let searched = s.elapsed().as_secs_f64();
+        let t = time_alternating(&[&pf, &min.plan], &x, &y, steps, 1)?;
         println!(
-            "smallest budget the policies reach at batch {batch}: {} ({:.3}× the unconstrained {}): micro-batch {} × {}, {} recomputes; no plan of that micro-batching needs less than {} ({:.3}×) — bisection of {} plannings in {:.1} s",
+            "smallest budget the policies reach at batch {batch}: {} ({:.3}× the unconstrained {}): micro-batch {} × {}, {} recomputes, {:.2}× the unconstrained time (one round); no plan of that micro-batching needs less than {} ({:.3}×) — bisection of {} plannings in {searched:.1} s",
             mib(min.plan.needed_bytes() as f64),
             min.plan.needed_bytes() as f64 / pf.needed_bytes() as f64,
             mib(pf.needed_bytes() as f64),
@@ -509,10 +511,10 @@ pub fn main(args: &[String]) -> Result<(), String> {
                 .iter()
                 .filter(|i| i.phase == frugal_core::plan::Phase::Recompute)
                 .count(),
+            t[1] / t[0],
             mib(min.lower_bound as f64),
             min.lower_bound as f64 / pf.needed_bytes() as f64,
             min.plannings,
-            s.elapsed().as_secs_f64()
         );
     }
 
