@@ -181,6 +181,11 @@ fn transformer_trains_and_sharing_is_bit_exact() {
         assert_eq!(g.tokens, 6);
         let shared = Plan::new(g.clone());
         check_layout(&shared);
+        // The positional embedding adds in place on the token embedding: its weight gradient reads
+        // no input, so nothing keeps the token embedding's own value alive.
+        let (tok, pos) = (g.nodes[0].out, g.nodes[1].out);
+        assert_eq!(shared.group(tok), shared.group(pos));
+        assert!(!crate::plan::grad_w_reads_input(&g.nodes[1].op));
         let unshared = Plan::with_sharing(g, false);
         assert!(shared.arena_bytes < unshared.arena_bytes);
         let a = run(&shared, 4, 3);
