@@ -2,11 +2,12 @@
 //! against PyTorch (1 thread, alternating runs, each in a fresh process: median ms/step and peak RSS
 //! over the baseline `bench memory` takes, once the model and data exist — on both sides the peak
 //! holds optimizer state, gradients and activations, not the weights), the plain plan and the plan
-//! frugal picks for a budget of half PyTorch's peak; the LoRA fine-tuning arena (`examples/char-gpt-lora.toml`) against full fine-tuning
-//! at the same batch; the transformer under a budget of a quarter of its unconstrained arena (times of
-//! the two plans alternated in one process); the smallest budget the policies reach
-//! ([`policy::search_min_budget`]: a bounded bisection); and LoRA's held-out perplexity after fine-tuning the model this bench
-//! pretrains (`--no-ppl` skips the two training runs).
+//! frugal picks for a budget of half PyTorch's peak; the LoRA fine-tuning arena
+//! (`examples/char-gpt-lora.toml`) against full fine-tuning at the same batch; the transformer under a
+//! budget of a quarter of its unconstrained arena (times of the two plans interleaved step by step in
+//! one process); the smallest budget the policies reach ([`policy::search_min_budget`]: a bounded
+//! bisection); and LoRA's held-out perplexity after fine-tuning the model this bench pretrains
+//! (`--no-ppl` skips the two training runs).
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -18,6 +19,8 @@ use frugal_core::graph::Graph;
 use frugal_core::model::ModelSpec;
 use frugal_core::plan::Plan;
 use frugal_core::policy::{self, CostModel, PolicyKind};
+
+use frugal_cli::measure::steps_ms_interleaved;
 
 use crate::bench::{arg, status_kib};
 
@@ -44,44 +47,6 @@ fn data(spec: &ModelSpec, n: usize) -> Result<(Vec<f32>, Vec<u32>), String> {
         .map_err(|e| e.to_string())?;
     let per = spec.input.numel();
     Ok((ds.x[..n * per].to_vec(), ds.labels(0, n).to_vec()))
-}
-
-/// Median ms/step of each of `plans`, timed alternately in one process: every plan warms up (2 steps),
-/// then `repeat` rounds in which each plan runs `steps` timed steps in turn; a plan's figure is the
-/// median over the rounds of its per-round median step (so a load change on the machine hits all
-/// plans alike).
-fn time_alternating(
-    plans: &[&Plan],
-    x: &[f32],
-    y: &[u32],
-    steps: usize,
-    repeat: usize,
-) -> Result<Vec<f64>, String> {
-    let mut arenas: Vec<Vec<u8>> = plans.iter().map(|p| vec![0u8; p.needed_bytes()]).collect();
-    let mut exs = Vec::new();
-    for (p, a) in plans.iter().zip(arenas.iter_mut()) {
-        let mut ex = Executor::new(p, a).map_err(|e| e.to_string())?;
-        ex.init_params(a, 1).map_err(|e| e.to_string())?;
-        for _ in 0..2 {
-            ex.train_step(a, x, Target::Classes(y))
-                .map_err(|e| e.to_string())?;
-        }
-        exs.push(ex);
-    }
-    let mut rounds = vec![Vec::new(); plans.len()];
-    for _ in 0..repeat {
-        for ((ex, a), r) in exs.iter_mut().zip(arenas.iter_mut()).zip(rounds.iter_mut()) {
-            let mut t = Vec::new();
-            for _ in 0..steps {
-                let s = Instant::now();
-                ex.train_step(a, x, Target::Classes(y))
-                    .map_err(|e| e.to_string())?;
-                t.push(s.elapsed().as_secs_f64() * 1e3);
-            }
-            r.push(median(t));
-        }
-    }
-    Ok(rounds.into_iter().map(median).collect())
 }
 
 /// The plan's weights as `init_params` (seed 1) makes them, as the bytes `write_state` takes: made in
@@ -445,16 +410,18 @@ pub fn main(args: &[String]) -> Result<(), String> {
     //    against LoRA's plain plan; then the full model within a quarter of its unconstrained arena;
     //    each pair of plans timed alternately in this process.
     if !args.iter().any(|a| a == "--no-budget") {
-        let (x, y) = data(&full, batch)?;
+        // Steps of the two plans interleaved one by one (frugal_cli::measure, synthetic tokens).
+        let rounds = steps * repeat;
         let third = pf.needed_bytes() / 3;
         let lcost = CostModel::estimate(&pl.graph);
         let s = Instant::now();
         match policy::plan_for_budget(&lora, batch, Budget::new(third), PolicyKind::Auto, &lcost) {
             Ok(c) => {
                 let planned = s.elapsed().as_secs_f64();
-                let t = time_alternating(&[&pl, &c.plan], &x, &y, steps, repeat)?;
+                let t = steps_ms_interleaved(&[(&pl, batch), (&c.plan, batch)], rounds)
+                    .map_err(|e| e.to_string())?;
                 println!(
-                    "LoRA within ⅓ of full fine-tuning's arena ({}; planned in {planned:.1} s): policy {}, micro-batch {} × {}, {} recomputes, arena {} ({:.2}× of full), {:.1} ms/step vs {:.1} for LoRA's plain plan ({:.2}×; medians of {repeat} alternated rounds)",
+                    "LoRA within ⅓ of full fine-tuning's arena ({}; planned in {planned:.1} s): policy {}, micro-batch {} × {}, {} recomputes, arena {} ({:.2}× of full), {:.1} ms/step vs {:.1} for LoRA's plain plan ({:.2}×; medians of {rounds} interleaved steps)",
                     mib(third as f64),
                     c.policy.name(),
                     c.plan.graph.batch,
@@ -475,9 +442,10 @@ pub fn main(args: &[String]) -> Result<(), String> {
         match policy::plan_for_budget(&full, batch, Budget::new(quarter), PolicyKind::Auto, &cost) {
             Ok(c) => {
                 let planned = s.elapsed().as_secs_f64();
-                let t = time_alternating(&[&pf, &c.plan], &x, &y, steps, repeat)?;
+                let t = steps_ms_interleaved(&[(&pf, batch), (&c.plan, batch)], rounds)
+                    .map_err(|e| e.to_string())?;
                 println!(
-                    "budget ¼ of the unconstrained arena ({}; planned in {planned:.1} s): policy {}, micro-batch {} × {}, {} recomputes, arena {}, {:.1} ms/step vs {:.1} unconstrained ({:.2}×; medians of {repeat} alternated rounds)",
+                    "budget ¼ of the unconstrained arena ({}; planned in {planned:.1} s): policy {}, micro-batch {} × {}, {} recomputes, arena {}, {:.1} ms/step vs {:.1} unconstrained ({:.2}×; medians of {rounds} interleaved steps)",
                     mib(quarter as f64),
                     c.policy.name(),
                     c.plan.graph.batch,
@@ -498,9 +466,10 @@ pub fn main(args: &[String]) -> Result<(), String> {
         let min = policy::search_min_budget(&full, batch, &cost, MIN_PLANNINGS)
             .map_err(|e| e.to_string())?;
         let searched = s.elapsed().as_secs_f64();
-        let t = time_alternating(&[&pf, &min.plan], &x, &y, steps, 1)?;
+        let t = steps_ms_interleaved(&[(&pf, batch), (&min.plan, batch)], steps)
+            .map_err(|e| e.to_string())?;
         println!(
-            "smallest budget the policies reach at batch {batch}: {} ({:.3}× the unconstrained {}): micro-batch {} × {}, {} recomputes, {:.2}× the unconstrained time (one round); no plan of that micro-batching needs less than {} ({:.3}×) — bisection of {} plannings in {searched:.1} s",
+            "smallest budget the policies reach at batch {batch}: {} ({:.3}× the unconstrained {}): micro-batch {} × {}, {} recomputes, {:.2}× the unconstrained time ({steps} interleaved steps); no plan of that micro-batching needs less than {} ({:.3}×) — bisection of {} plannings in {searched:.1} s",
             mib(min.plan.needed_bytes() as f64),
             min.plan.needed_bytes() as f64 / pf.needed_bytes() as f64,
             mib(pf.needed_bytes() as f64),

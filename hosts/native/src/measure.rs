@@ -3,13 +3,15 @@
 use std::time::Instant;
 
 use frugal_core::exec::{ExecError, Executor, Target};
-use frugal_core::graph::{Graph, GraphError};
+use frugal_core::graph::{Graph, GraphError, NodeOp};
 use frugal_core::model::{LossKind, ModelSpec};
 use frugal_core::plan::{Instr, Plan};
 use frugal_core::policy::CostModel;
 use frugal_core::rng::Rng;
 
-/// Synthetic batch for `plan`: inputs uniform in [-1, 1), labels cycling through the classes.
+/// Synthetic batch for `plan`: inputs uniform in [-1, 1) (token ids below the vocabulary for a model
+/// that starts at an embedding), labels cycling through the classes (one per token for a sequence
+/// prediction).
 pub struct Batch {
     /// Inputs.
     pub x: Vec<f32>,
@@ -23,10 +25,24 @@ pub struct Batch {
 impl Batch {
     /// A batch of `n` samples for `plan`.
     pub fn new(plan: &Plan, n: usize) -> Batch {
-        let per = plan.graph.input_dims.numel();
+        let g = &plan.graph;
+        let per = g.input_dims.numel();
         let outs = plan.graph.pred_dims().numel();
         let mut rng = Rng::new(7);
-        let x = (0..n * per).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        let vocab = g.nodes.iter().find_map(|n| match n.op {
+            NodeOp::Embedding { vocab, .. } => Some(vocab as u64),
+            _ => None,
+        });
+        let x = match vocab {
+            Some(v) => (0..n * per).map(|_| rng.below(v) as f32).collect(),
+            None => (0..n * per).map(|_| rng.uniform(-1.0, 1.0)).collect(),
+        };
+        // A class per token over the last axis for a sequence prediction, else one over all outputs.
+        let (labels, classes) = if g.tokens > 1 {
+            (n * g.tokens, outs / g.tokens)
+        } else {
+            (n, outs)
+        };
         let loss = plan.graph.loss;
         let values = if loss == LossKind::Mse {
             (0..n * outs).map(|_| rng.uniform(-1.0, 1.0)).collect()
@@ -35,7 +51,7 @@ impl Batch {
         };
         Batch {
             x,
-            classes: (0..n).map(|i| (i % outs) as u32).collect(),
+            classes: (0..labels).map(|i| (i % classes) as u32).collect(),
             values,
             loss,
         }
