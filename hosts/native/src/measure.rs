@@ -270,4 +270,22 @@ mod tests {
         assert_eq!(decode_cost("frugal-cost 1 3\n1 2 nan", 3), None);
         assert_eq!(decode_cost("", 3), None);
     }
+
+    /// A sequence model gets token ids below its vocabulary and a label per token, so its plans can be
+    /// timed (`frugal plan --budgets`, `bench seq`): uniform inputs in [-1, 1) are refused as ids.
+    #[test]
+    fn a_sequence_model_is_timed_on_token_ids() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        let m = crate::spec_toml::load_model(&dir.join("char-gpt.toml")).unwrap();
+        let plan = Plan::new(Graph::new(&m.spec, 2).unwrap());
+        let b = Batch::new(&plan, 2);
+        assert_eq!(b.x.len(), 2 * 64);
+        assert!(b
+            .x
+            .iter()
+            .all(|&t| t.fract() == 0.0 && (0.0..256.0).contains(&t)));
+        assert_eq!(b.classes.len(), 2 * 64);
+        assert!(b.classes.iter().all(|&c| c < 256));
+        assert!(step_ms(&plan, 2, 1).unwrap() > 0.0);
+    }
 }
