@@ -181,6 +181,11 @@ fn transformer_trains_and_sharing_is_bit_exact() {
         assert_eq!(g.tokens, 6);
         let shared = Plan::new(g.clone());
         check_layout(&shared);
+        // The positional embedding adds in place on the token embedding: its weight gradient reads
+        // no input, so nothing keeps the token embedding's own value alive.
+        let (tok, pos) = (g.nodes[0].out, g.nodes[1].out);
+        assert_eq!(shared.group(tok), shared.group(pos));
+        assert!(!crate::plan::grad_w_reads_input(&g.nodes[1].op));
         let unshared = Plan::with_sharing(g, false);
         assert!(shared.arena_bytes < unshared.arena_bytes);
         let a = run(&shared, 4, 3);
@@ -238,6 +243,40 @@ fn transformer_recompute_plans_are_bit_exact_and_smaller() {
     let want = bits(&run(&plain, 3, 4));
     assert_eq!(bits(&run(&min, 3, 4)), want, "minimal recompute plan");
     assert_eq!(bits(&run(&p, 3, 4)), want, "recompute plan at {mid} B");
+}
+
+/// The bounded smallest-budget search on the transformer: its plan lies between the lower bound and
+/// the plain micro-batch-1 plan, trains bit-identically to that plain plan, and every plan of that
+/// micro-batching (plain, and the unbounded greedy's) respects the lower bound.
+#[test]
+fn transformer_min_budget_search_is_bounded_and_bit_exact() {
+    let spec = gpt(11, 6, 8, 2, 1, false, false);
+    let g = Graph::new(&spec, 3).unwrap();
+    let cost = CostModel::estimate(&g);
+    let min = policy::search_min_budget(&spec, 3, &cost, 4).unwrap();
+    assert!(min.plannings <= 4);
+    let plain = Plan::shaped(
+        Graph::new(&spec, 1).unwrap(),
+        PlanShape {
+            micro_batches: 3,
+            in_place: true,
+        },
+    );
+    assert_eq!((min.plan.graph.batch, min.plan.micro_batches), (1, 3));
+    assert!(min.lower_bound <= min.plan.needed_bytes());
+    assert!(min.plan.needed_bytes() <= plain.needed_bytes());
+    assert!(min.lower_bound <= plain.needed_bytes());
+    let want = bits(&run(&plain, 3, 3));
+    assert_eq!(bits(&run(&min.plan, 3, 3)), want, "smallest-budget plan");
+    // The unbounded greedy at budget 0 cannot go under the bound either.
+    let g1 = Graph::new(&spec, 1).unwrap();
+    let (Ok(p) | Err(p)) = policy::recompute(&g1, 3, 0, &cost);
+    assert!(
+        policy::arena_lower_bound(&g1, 3) <= p.arena_bytes,
+        "{} > {}",
+        policy::arena_lower_bound(&g1, 3),
+        p.arena_bytes
+    );
 }
 
 #[test]

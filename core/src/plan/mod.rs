@@ -346,7 +346,7 @@ pub fn touches(g: &Graph, ins: &Instr, out: &mut Vec<TensorId>) {
             // need not be saved for it.
             let bias_only = matches!(n.op, NodeOp::Linear { .. } | NodeOp::Conv(_))
                 && n.params.first().is_some_and(|p| p.grad.is_none());
-            if !bias_only {
+            if !bias_only && grad_w_reads_input(&n.op) {
                 out.extend(n.inputs.iter().copied());
             }
             out.extend(n.scratch[scratch_slot::GRAD_W]);
@@ -397,6 +397,13 @@ pub fn touches(g: &Graph, ins: &Instr, out: &mut Vec<TensorId>) {
         | Phase::Unpack
         | Phase::Move => {}
     }
+}
+
+/// Whether a layer's weight gradient reads its input: not a positional embedding's (the sum of dL/d(out)
+/// over the batch), so the token embedding it adds to dies after the forward and the addition may
+/// overwrite it in place.
+pub fn grad_w_reads_input(op: &NodeOp) -> bool {
+    !matches!(op, NodeOp::PosEmbedding { .. })
 }
 
 /// Whether `ins` overwrites all of tensor `t` without reading it — the start of a new value (a new

@@ -175,7 +175,33 @@ pub fn recompute(
     budget: usize,
     cost: &CostModel,
 ) -> Result<Plan, Plan> {
-    recompute_with(g, micro_batches, budget, cost, Search::Exhaustive)
+    recompute_with(
+        g,
+        micro_batches,
+        budget,
+        cost,
+        Search::Exhaustive,
+        usize::MAX,
+    )
+}
+
+/// [`recompute`] that gives up (returning its best effort as `Err`) after `max_discards` discards.
+#[allow(clippy::result_large_err)]
+pub fn recompute_bounded(
+    g: &Graph,
+    micro_batches: u16,
+    budget: usize,
+    cost: &CostModel,
+    max_discards: usize,
+) -> Result<Plan, Plan> {
+    recompute_with(
+        g,
+        micro_batches,
+        budget,
+        cost,
+        Search::Exhaustive,
+        max_discards,
+    )
 }
 
 /// How far a failing recomputation search goes.
@@ -194,6 +220,7 @@ enum Search {
     GiveUpWhenStuck,
 }
 
+/// The recomputation search, giving up as `search` says or after `max_discards` discards.
 #[allow(clippy::result_large_err)]
 fn recompute_with(
     g: &Graph,
@@ -201,10 +228,18 @@ fn recompute_with(
     budget: usize,
     cost: &CostModel,
     search: Search,
+    max_discards: usize,
 ) -> Result<Plan, Plan> {
     if micro_batches > TEMPLATE_MICRO_BATCHES {
         let limit = arena_budget(budget);
-        let (Ok(t) | Err(t)) = recompute_greedy(g, TEMPLATE_MICRO_BATCHES, budget, cost, search);
+        let (Ok(t) | Err(t)) = recompute_greedy(
+            g,
+            TEMPLATE_MICRO_BATCHES,
+            budget,
+            cost,
+            search,
+            max_discards,
+        );
         if let Some(program) = unroll(&t.program, micro_batches) {
             let p = Schedule {
                 graph: g,
@@ -220,7 +255,7 @@ fn recompute_with(
             };
         }
     }
-    recompute_greedy(g, micro_batches, budget, cost, search)
+    recompute_greedy(g, micro_batches, budget, cost, search, max_discards)
 }
 
 /// Micro-batches [`recompute`] searches on before repeating the middle one.
@@ -254,6 +289,7 @@ fn recompute_greedy(
     budget: usize,
     cost: &CostModel,
     search: Search,
+    max_discards: usize,
 ) -> Result<Plan, Plan> {
     let mut s = Schedule::shaped(
         g,
@@ -265,7 +301,7 @@ fn recompute_greedy(
     let limit = arena_budget(budget);
     let mut best: Option<Plan> = None;
     let mut plan = s.plan();
-    for _ in 0..4 * s.program.len() + 64 {
+    for _ in 0..(4 * s.program.len() + 64).min(max_discards.saturating_add(1)) {
         if plan.arena_bytes <= limit {
             return Ok(match search {
                 Search::Exhaustive => prune(plan, limit),
@@ -569,7 +605,8 @@ fn values_consistent(g: &Graph, roots: &[TensorId], program: &[Instr]) -> bool {
         let mut reads: Vec<TensorId> = Vec::new();
         match ins.phase {
             Phase::GradW | Phase::GradX if matches!(n.op, NodeOp::Rnn(_)) => reads.push(n.out),
-            Phase::Forward | Phase::Recompute | Phase::GradW => {
+            Phase::Forward | Phase::Recompute => reads.extend(n.inputs.iter().copied()),
+            Phase::GradW if crate::plan::grad_w_reads_input(&n.op) => {
                 reads.extend(n.inputs.iter().copied())
             }
             Phase::GradX => match n.op {
@@ -629,6 +666,110 @@ fn value_at(p: &Plan, x: TensorId, u: Eo) -> Value {
     } else {
         Value::Clobbered
     }
+}
+
+/// A lower bound on the arena of any plan of `g` (its micro-batch) run as `micro_batches`
+/// micro-batches, whatever is recomputed (plans of [`plan_for_budget`]: nothing swapped out or packed):
+/// the tensors that live through the whole step (weights, optimizer state, statistics; with several
+/// micro-batches the gradients too, which accumulate from the first micro-batch's backward to the
+/// update, so they are all live during the last micro-batch) plus, at the instruction touching the
+/// most, the other tensors it reads or writes — counted once per storage-sharing group, so in-place
+/// writes are not counted twice. One pass over one micro-batch's program (every micro-batch touches the
+/// same tensors): what lets [`plan_for_budget`] skip a recomputation search that cannot fit, and
+/// [`search_min_budget`] bracket its bisection.
+pub fn arena_lower_bound(g: &Graph, micro_batches: u16) -> usize {
+    let persistent = |k: TensorKind| {
+        matches!(
+            k,
+            TensorKind::Weight | TensorKind::OptState | TensorKind::Stat
+        ) || (micro_batches > 1 && k == TensorKind::Gradient)
+    };
+    let always: usize = g
+        .tensors
+        .iter()
+        .filter(|t| persistent(t.kind))
+        .map(|t| t.bytes)
+        .sum();
+    let roots = crate::plan::share_groups(g, true);
+    let (mut touched, mut seen) = (Vec::new(), Vec::new());
+    let mut worst = 0;
+    for ins in crate::plan::step_program(g, 1) {
+        crate::plan::touches(g, &ins, &mut touched);
+        seen.clear();
+        let mut bytes = 0;
+        for &t in &touched {
+            let tensor = &g.tensors[t as usize];
+            if tensor.kind == TensorKind::External || persistent(tensor.kind) {
+                continue;
+            }
+            let r = roots[t as usize];
+            if !seen.contains(&r) {
+                seen.push(r);
+                bytes += tensor.bytes;
+            }
+        }
+        worst = worst.max(bytes);
+    }
+    always + worst
+}
+
+/// What [`search_min_budget`] found.
+#[derive(Clone, Debug)]
+pub struct MinSearch {
+    /// The smallest plan found (its `needed_bytes` is the budget it fits).
+    pub plan: Plan,
+    /// No plan of this micro-batching needs fewer bytes ([`arena_lower_bound`] plus the arena's
+    /// alignment slack).
+    pub lower_bound: usize,
+    /// Plannings the bisection ran.
+    pub plannings: usize,
+}
+
+/// Recompute instructions a probe of [`search_min_budget`] may insert before it counts as not
+/// fitting.
+pub const MIN_SEARCH_DISCARDS: usize = 256;
+
+/// The smallest budget the policies reach for `spec` at `batch`, found in a bounded time: the
+/// smallest micro-batch (1 where the graph is sample-separable, else the whole batch) and, between the
+/// [`arena_lower_bound`] of that micro-batching and its plain plan, a bisection over the budget with at
+/// most `plannings` recomputation searches of at most [`MIN_SEARCH_DISCARDS`] discards each, stopping
+/// within 5% of the bracket's lower end (a probe that does not fit within its discards counts as
+/// infeasible: the result is the smallest plan found, never below the lower bound, so the true
+/// minimum lies between the two figures). [`min_budget`] runs the unbounded
+/// greedy (minutes on a 44-layer transformer).
+pub fn search_min_budget(
+    spec: &ModelSpec,
+    batch: usize,
+    cost: &CostModel,
+    plannings: usize,
+) -> Result<MinSearch, GraphError> {
+    let whole = Graph::new(spec, batch)?;
+    let (b, m) = if sample_separable(&whole) {
+        (1, batch)
+    } else {
+        (batch, 1)
+    };
+    let g = Graph::new(spec, b)?;
+    let m = m as u16;
+    let lower_bound = arena_lower_bound(&g, m) + ALIGN - 1;
+    let mut best = micro_plan(spec, b, m as usize)?;
+    let (mut lo, mut n) = (lower_bound, 0);
+    // Stop within 5% of the bracket's lower end: the probes below that are the ones that do not fit,
+    // and each of those runs all its discards (the slow case).
+    while n < plannings && best.needed_bytes() > lo + lo / 20 {
+        let mid = lo + (best.needed_bytes() - lo) / 2;
+        n += 1;
+        let limit = arena_budget(mid);
+        match recompute_bounded(&g, m, mid, cost, MIN_SEARCH_DISCARDS) {
+            Ok(p) if p.arena_bytes <= limit => best = p,
+            _ => lo = mid,
+        }
+    }
+    Ok(MinSearch {
+        plan: best,
+        lower_bound,
+        plannings: n,
+    })
 }
 
 /// The micro-batch size that splits `batch` as evenly as possible into as many micro-batches as size `b`
@@ -717,6 +858,10 @@ fn plan_searching(
     let mut smallest = plain.needed_bytes();
     let mut note = |p: &Plan| smallest = smallest.min(p.needed_bytes());
     let mut candidates: Vec<Chosen> = Vec::new();
+    // Recomputation searches skipped because no plan of theirs fits ([`arena_lower_bound`]): they
+    // cannot add a candidate, and run only if nothing fits, for the smallest budget they reach.
+    let limit = arena_budget(budget.bytes);
+    let mut skipped: Vec<(usize, u16)> = Vec::new();
     let kinds: &[PolicyKind] = match kind {
         PolicyKind::Auto => &[
             PolicyKind::MicroBatch,
@@ -748,10 +893,13 @@ fn plan_searching(
                     }
                 }
             }
-            PolicyKind::Recompute => match recompute_with(&g, 1, budget.bytes, cost, search) {
-                Ok(p) => candidates.push(Chosen::new(p, k, cost)),
-                Err(p) => note(&p),
-            },
+            PolicyKind::Recompute if arena_lower_bound(&g, 1) > limit => skipped.push((batch, 1)),
+            PolicyKind::Recompute => {
+                match recompute_with(&g, 1, budget.bytes, cost, search, usize::MAX) {
+                    Ok(p) => candidates.push(Chosen::new(p, k, cost)),
+                    Err(p) => note(&p),
+                }
+            }
             // Without micro-batching the hybrid's one candidate is the whole batch's recomputation,
             // which the search has just made (the same plan: min_by keeps the first of equals).
             PolicyKind::Hybrid if !separable && kinds.contains(&PolicyKind::Recompute) => {}
@@ -772,8 +920,37 @@ fn plan_searching(
                 } else {
                     vec![batch]
                 };
-                for b in sizes {
+                // Predicted ms of each size's plain plan: no plan of that micro-batching is predicted
+                // faster (recomputation only adds instructions), so once every size left is predicted
+                // no faster than a candidate in hand, no search left can change the choice.
+                let mut plain_ms: Vec<Option<f64>> = vec![None; sizes.len()];
+                for (i, &b) in sizes.iter().enumerate() {
                     let m = batch.div_ceil(b);
+                    if let Some(best) = candidates
+                        .iter()
+                        .map(|c| c.predicted_ms)
+                        .min_by(f64::total_cmp)
+                    {
+                        let mut beaten = true;
+                        for (j, &b2) in sizes.iter().enumerate().skip(i) {
+                            let ms = match plain_ms[j] {
+                                Some(ms) => ms,
+                                None => {
+                                    let ms =
+                                        cost.step_ms(&micro_plan(spec, b2, batch.div_ceil(b2))?);
+                                    plain_ms[j] = Some(ms);
+                                    ms
+                                }
+                            };
+                            if ms < best {
+                                beaten = false;
+                                break;
+                            }
+                        }
+                        if beaten {
+                            break;
+                        }
+                    }
                     let gb = Graph::new(spec, b)?;
                     if k == PolicyKind::Hybrid {
                         let p = micro_plan(spec, b, m)?;
@@ -786,7 +963,11 @@ fn plan_searching(
                             continue;
                         }
                     }
-                    match recompute_with(&gb, m as u16, budget.bytes, cost, search) {
+                    if arena_lower_bound(&gb, m as u16) > limit {
+                        skipped.push((b, m as u16));
+                        continue;
+                    }
+                    match recompute_with(&gb, m as u16, budget.bytes, cost, search, usize::MAX) {
                         Ok(p) => {
                             candidates.push(Chosen::new(p, k, cost));
                             break;
@@ -796,6 +977,12 @@ fn plan_searching(
                 }
             }
             _ => {}
+        }
+    }
+    if candidates.is_empty() {
+        for (b, m) in skipped {
+            let (Ok(p) | Err(p)) = recompute(&Graph::new(spec, b)?, m, budget.bytes, cost);
+            note(&p);
         }
     }
     candidates

@@ -118,8 +118,8 @@ proptest! {
         let min = deepest.needed_bytes();
         let budget = min.saturating_sub(64)
             + ((plain.needed_bytes() - min.min(plain.needed_bytes())) as f64 * frac) as usize;
-        let full = recompute_greedy(&g, 1, budget, &cost, Search::Exhaustive);
-        let quick = recompute_greedy(&g, 1, budget, &cost, Search::GiveUpWhenStuck);
+        let full = recompute_greedy(&g, 1, budget, &cost, Search::Exhaustive, usize::MAX);
+        let quick = recompute_greedy(&g, 1, budget, &cost, Search::GiveUpWhenStuck, usize::MAX);
         prop_assert_eq!(full.is_ok(), quick.is_ok(), "budget {}", budget);
         if let (Ok(f), Ok(q)) = (&full, &quick) {
             // The same discards; the exhaustive search then prunes.
@@ -144,6 +144,27 @@ proptest! {
         for (x, y) in a.iter().zip(&b) {
             prop_assert_eq!(x.to_bits(), y.to_bits());
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// No plan goes under [`arena_lower_bound`]: not the plain plan, not a micro-batched one, not the
+    /// greedy's smallest recomputation; so `plan_for_budget` may skip a search it rules out.
+    #[test]
+    fn no_plan_goes_under_the_lower_bound(
+        choices in proptest::collection::vec((any::<u8>(), any::<u8>(), any::<bool>()), 1..8),
+        c0 in 1u32..3, hw in 2u32..6, batch in 1usize..5, m in 1u16..4, opt in any::<u8>(),
+    ) {
+        let spec = random_model(&choices, c0, hw, opt);
+        let Ok(g) = Graph::new(&spec, batch) else { return Ok(()) };
+        let cost = CostModel::estimate(&g);
+        let plain = micro_plan(&spec, batch, m as usize).unwrap();
+        let lb = arena_lower_bound(&g, m);
+        prop_assert!(lb <= plain.arena_bytes, "plain {} < bound {lb}", plain.arena_bytes);
+        let (Ok(p) | Err(p)) = recompute(&g, m, 0, &cost);
+        prop_assert!(lb <= p.arena_bytes, "recompute {} < bound {lb}", p.arena_bytes);
     }
 }
 

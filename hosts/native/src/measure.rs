@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use frugal_core::exec::{ExecError, Executor, Target};
-use frugal_core::graph::{Graph, GraphError};
+use frugal_core::graph::{Graph, GraphError, NodeOp};
 use frugal_core::model::{LossKind, ModelSpec};
 use frugal_core::plan::{Instr, Plan};
 use frugal_core::policy::CostModel;
@@ -35,7 +35,9 @@ pub fn thread_cpu_ns() -> Option<u64> {
     None
 }
 
-/// Synthetic batch for `plan`: inputs uniform in [-1, 1), labels cycling through the classes.
+/// Synthetic batch for `plan`: inputs uniform in [-1, 1) (token ids below the vocabulary for a model
+/// that starts at an embedding), labels cycling through the classes (one per token for a sequence
+/// prediction).
 pub struct Batch {
     /// Inputs.
     pub x: Vec<f32>,
@@ -49,10 +51,24 @@ pub struct Batch {
 impl Batch {
     /// A batch of `n` samples for `plan`.
     pub fn new(plan: &Plan, n: usize) -> Batch {
-        let per = plan.graph.input_dims.numel();
+        let g = &plan.graph;
+        let per = g.input_dims.numel();
         let outs = plan.graph.pred_dims().numel();
         let mut rng = Rng::new(7);
-        let x = (0..n * per).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        let vocab = g.nodes.iter().find_map(|n| match n.op {
+            NodeOp::Embedding { vocab, .. } => Some(vocab as u64),
+            _ => None,
+        });
+        let x = match vocab {
+            Some(v) => (0..n * per).map(|_| rng.below(v) as f32).collect(),
+            None => (0..n * per).map(|_| rng.uniform(-1.0, 1.0)).collect(),
+        };
+        // A class per token over the last axis for a sequence prediction, else one over all outputs.
+        let (labels, classes) = if g.tokens > 1 {
+            (n * g.tokens, outs / g.tokens)
+        } else {
+            (n, outs)
+        };
         let loss = plan.graph.loss;
         let values = if loss == LossKind::Mse {
             (0..n * outs).map(|_| rng.uniform(-1.0, 1.0)).collect()
@@ -61,7 +77,7 @@ impl Batch {
         };
         Batch {
             x,
-            classes: (0..n).map(|i| (i % outs) as u32).collect(),
+            classes: (0..labels).map(|i| (i % classes) as u32).collect(),
             values,
             loss,
         }
@@ -310,5 +326,23 @@ mod tests {
             cpu > 0 && cpu <= wall + 1_000_000,
             "cpu {cpu} ns, wall {wall} ns"
         );
+    }
+
+    /// A sequence model gets token ids below its vocabulary and a label per token, so its plans can be
+    /// timed (`frugal plan --budgets`, `bench seq`): uniform inputs in [-1, 1) are refused as ids.
+    #[test]
+    fn a_sequence_model_is_timed_on_token_ids() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        let m = crate::spec_toml::load_model(&dir.join("char-gpt.toml")).unwrap();
+        let plan = Plan::new(Graph::new(&m.spec, 2).unwrap());
+        let b = Batch::new(&plan, 2);
+        assert_eq!(b.x.len(), 2 * 64);
+        assert!(b
+            .x
+            .iter()
+            .all(|&t| t.fract() == 0.0 && (0.0..256.0).contains(&t)));
+        assert_eq!(b.classes.len(), 2 * 64);
+        assert!(b.classes.iter().all(|&c| c < 256));
+        assert!(step_ms(&plan, 2, 1).unwrap() > 0.0);
     }
 }

@@ -5,6 +5,9 @@ layer), trained with the file's optimizer (gen.py's make_optimizer: AdamW, Adam)
 data/kjv/genesis.txt; 1 thread (the caller sets OMP_NUM_THREADS too). Prints
 `SUMMARY <median ms/step> <peak RSS over the baseline, bytes>`: the baseline is the RSS after the model
 and data are built, the peak the kernel's high-water mark after it is reset there (as torch_ref.py).
+AdamW allocates its state inside the first step, so the peak holds optimizer state, gradients and
+activations but not the weights; the frugal side (`cargo xtask bench seq`) takes its baseline with the
+weights written and its arena's optimizer state, gradients and activations not yet touched.
 """
 import argparse
 import os
