@@ -3,8 +3,11 @@
 //! conversions the bindings apply (`integer`, `parse_policy`, budgets as f64 with `Infinity` for none).
 //! A rejected call must leave the trainer usable; nothing may panic (a panic is a trap in the browser).
 //! Step counts are capped at 3 per call so a run explores sequences rather than long training.
+//! The sequence build's calls (`addTokens`, `evaluateTokens`, `suggest`, feature `seq`) run on the
+//! "learn my phrases" model and on every other model (which must refuse them).
 #![no_main]
 use arbitrary::Arbitrary;
+use frugal_wasm::session::text::MAX_TOKENS_PER_CALL;
 use frugal_wasm::session::{integer, parse_policy, MAX_BATCH, MAX_CLASSES, MAX_STEPS_PER_CALL};
 use frugal_wasm::{Options, Session};
 use libfuzzer_sys::fuzz_target;
@@ -13,12 +16,15 @@ const MLP: &[u8] = include_bytes!("../../examples/digits-mlp.frgm");
 const CNN: &[u8] = include_bytes!("../../examples/digits-cnn.frgm");
 const TRANSFER: &[u8] = include_bytes!("../../examples/transfer.frgm");
 const BACKBONE: &[u8] = include_bytes!("../../examples/digits-backbone.safetensors");
+const CHAR_GPT: &[u8] = include_bytes!("../../examples/char-gpt-small-lora.frgm");
+const CHAR_BASE: &[u8] = include_bytes!("../../examples/char-gpt-small.safetensors");
 
 #[derive(Arbitrary, Debug)]
 enum Model {
     Mlp,
     Cnn,
     Transfer,
+    CharGpt,
     Bytes(Vec<u8>),
 }
 
@@ -26,6 +32,7 @@ enum Model {
 enum Weights {
     None,
     Backbone,
+    CharBase,
     Bytes(Vec<u8>),
 }
 
@@ -61,6 +68,25 @@ enum Call {
     SetBudget(f64),
     PlanInfo,
     ExportWeights,
+    AddTokens {
+        tokens: Vec<u16>,
+        repeat: u8,
+        stride: Option<f64>,
+    },
+    EvaluateTokens {
+        tokens: Vec<u16>,
+        repeat: u8,
+    },
+    Suggest {
+        context: Vec<u16>,
+        k: f64,
+    },
+}
+
+/// `tokens` repeated (so short fuzz inputs still make windows), as the bindings' `Uint32Array`.
+fn token_ids(tokens: &[u16], repeat: u8) -> Vec<u32> {
+    let n = (tokens.len() * (repeat as usize % 8 + 1)).min(MAX_TOKENS_PER_CALL + 1);
+    tokens.iter().cycle().take(n).map(|&t| t as u32).collect()
 }
 
 #[derive(Arbitrary, Debug)]
@@ -109,11 +135,13 @@ fuzz_target!(|script: Script| {
         Model::Mlp => MLP,
         Model::Cnn => CNN,
         Model::Transfer => TRANSFER,
+        Model::CharGpt => CHAR_GPT,
         Model::Bytes(b) => b,
     };
     let weights: &[u8] = match &script.create.weights {
         Weights::None => &[],
         Weights::Backbone => BACKBONE,
+        Weights::CharBase => CHAR_BASE,
         Weights::Bytes(b) => b,
     };
     // Fuzzed model bytes can describe huge layers; the bindings refuse those with a budget or
@@ -158,7 +186,7 @@ fuzz_target!(|script: Script| {
             } => {
                 let n = (*samples as usize % 5) * per + (*extra as usize % 3);
                 if let Ok(p) = s.predict(&vec![*fill; n]) {
-                    assert_eq!(p.len(), n / per * s.classes());
+                    assert_eq!(p.len(), n / per * s.tokens() * s.classes());
                 }
             }
             Call::SetBudget(b) => {
@@ -175,6 +203,37 @@ fuzz_target!(|script: Script| {
             Call::ExportWeights => {
                 if let Ok(w) = s.export_weights() {
                     frugal_wasm::weights::parse(&w).expect("exported weights parse");
+                }
+            }
+            Call::AddTokens {
+                tokens,
+                repeat,
+                stride,
+            } => {
+                // The bindings' default stride and check.
+                let stride = match stride {
+                    None => Ok((s.tokens() / 4).max(1) as u64),
+                    Some(v) => integer("stride", *v, 1, s.tokens() as u64),
+                };
+                if let Ok(st) = stride {
+                    let count = s.sample_count();
+                    match s.add_tokens(&token_ids(tokens, *repeat), st as usize) {
+                        Ok(n) => assert_eq!(s.sample_count(), count + n),
+                        Err(_) => assert_eq!(s.sample_count(), count, "a refused call adds nothing"),
+                    }
+                }
+            }
+            Call::EvaluateTokens { tokens, repeat } => {
+                if let Ok(l) = s.evaluate_tokens(&token_ids(tokens, *repeat)) {
+                    assert!(l.is_finite() && l >= 0.0, "{l}");
+                }
+            }
+            Call::Suggest { context, k } => {
+                if let Ok(k) = integer("k", *k, 1, s.classes() as u64) {
+                    if let Ok(top) = s.suggest(&token_ids(context, 0), k as usize) {
+                        assert_eq!(top.len(), k as usize);
+                        assert!(top.windows(2).all(|w| w[0].1 >= w[1].1));
+                    }
                 }
             }
         }

@@ -91,7 +91,7 @@ pub(crate) fn js_error(e: WebError) -> JsValue {
     err.into()
 }
 
-fn set(o: &JsValue, key: &str, v: impl Into<JsValue>) {
+pub(crate) fn set(o: &JsValue, key: &str, v: impl Into<JsValue>) {
     // Setting a property on a fresh plain object or Error cannot fail.
     let _ = Reflect::set(o, &JsValue::from_str(key), &v.into());
 }
@@ -166,7 +166,7 @@ fn parse_options(o: Option<TrainerOptions>) -> Result<Options, JsValue> {
 /// planned arena that never exceeds the budget.
 #[wasm_bindgen]
 pub struct Trainer {
-    s: Session,
+    pub(crate) s: Session,
     /// Why the CPU (`backendInfo.reason`).
     reason: String,
 }

@@ -29,6 +29,8 @@ pub mod gpu;
 pub mod js;
 #[cfg(feature = "webgpu")]
 pub mod js_gpu;
+#[cfg(feature = "seq")]
+pub mod js_text;
 pub mod session;
 pub use frugal_host::weights;
 

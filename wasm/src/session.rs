@@ -18,6 +18,10 @@ use crate::error::WebError;
 use crate::weights::{self, NamedTensor};
 use frugal_host::{load, persistent, SampleError, Samples};
 
+#[cfg(feature = "seq")]
+#[path = "text.rs"]
+pub mod text;
+
 /// Largest batch a trainer accepts (samples per step).
 pub const MAX_BATCH: usize = 4096;
 /// Most classes a resized head may have.
@@ -87,6 +91,9 @@ pub struct Session {
     steps: u32,
     per: usize,
     classes: usize,
+    /// Labels per sample: 1 for a classifier, the sequence length for a sequence model (a class per
+    /// token: the next token).
+    tokens: usize,
     /// The samples and each step's batch (shared with the Android host).
     samples: Samples,
     loaded: usize,
@@ -171,10 +178,16 @@ impl Session {
         }
         let chosen = plan(&spec, opts.batch, opts.budget, opts.policy)?;
         let per = spec.input.numel();
-        let classes = chosen.plan.graph.pred_dims().numel();
+        // Without the core's sequence layers no graph has tokens (constant-folded: the CPU module's size).
+        let tokens = if cfg!(feature = "seq") {
+            chosen.plan.graph.tokens.max(1)
+        } else {
+            1
+        };
+        let classes = chosen.plan.graph.pred_dims().numel() / tokens;
         let mut s = Session {
             arena: zeroed(chosen.plan.needed_bytes())?,
-            samples: Samples::new(per, classes, opts.batch),
+            samples: Samples::with_tokens(per, classes, tokens, opts.batch),
             spec,
             batch: opts.batch,
             policy: opts.policy,
@@ -183,6 +196,7 @@ impl Session {
             steps: 0,
             per,
             classes,
+            tokens,
             loaded: 0,
         };
         let seed = opts.seed.unwrap_or(s.spec.seed);
@@ -200,6 +214,12 @@ impl Session {
 
     /// Adds one training sample: `x` of the model's input size, finite, and a class label.
     pub fn add_sample(&mut self, x: &[f32], label: f64) -> Result<(), WebError> {
+        if self.tokens > 1 {
+            return Err(WebError::Argument(
+                "addSample",
+                "a sequence model trains on token ids: use addTokens".into(),
+            ));
+        }
         // A label `integer` refuses goes to the store as u32::MAX, which no model has (at most
         // MAX_CLASSES classes): the store refuses it after checking the input, and `integer`'s error is
         // the one reported.
@@ -330,7 +350,7 @@ impl Session {
     }
 
     /// Class probabilities (softmax of the model's output) for one or more samples laid end to end;
-    /// `n × classes` values.
+    /// `n × classes` values (`n × tokens × classes` for a sequence model: a distribution per position).
     pub fn predict(&mut self, x: &[f32]) -> Result<Vec<f32>, WebError> {
         if x.is_empty() || !x.len().is_multiple_of(self.per) {
             return Err(WebError::Argument(
@@ -349,7 +369,8 @@ impl Session {
             ));
         }
         let n = x.len() / self.per;
-        let mut out = zeroed::<f32>(n.saturating_mul(self.classes))?;
+        let outs = self.tokens * self.classes;
+        let mut out = zeroed::<f32>(n.saturating_mul(outs))?;
         let mb = self.chosen.plan.graph.batch;
         let mut ex = Executor::new(&self.chosen.plan, &self.arena)?;
         ex.set_steps(self.steps);
@@ -357,7 +378,7 @@ impl Session {
         while i < n {
             let k = mb.min(n - i);
             let logits = ex.predict(&mut self.arena, &x[i * self.per..(i + k) * self.per])?;
-            for (dst, z) in out[i * self.classes..(i + k) * self.classes]
+            for (dst, z) in out[i * outs..(i + k) * outs]
                 .chunks_exact_mut(self.classes)
                 .zip(logits.chunks_exact(self.classes))
             {
@@ -468,9 +489,13 @@ impl Session {
     pub fn sample_count(&self) -> usize {
         self.samples.len()
     }
-    /// Classes the model predicts.
+    /// Classes the model predicts (per position, for a sequence model: its vocabulary).
     pub fn classes(&self) -> usize {
         self.classes
+    }
+    /// Labels per sample: 1, or a sequence model's length.
+    pub fn tokens(&self) -> usize {
+        self.tokens
     }
     /// Values per input sample.
     pub fn input_size(&self) -> usize {

@@ -17,6 +17,7 @@ export const FIXTURES = {
   "/fixtures/train-images.idx": join(REPO, "data/digits/digits-train-images.idx"),
   "/fixtures/train-labels.idx": join(REPO, "data/digits/digits-train-labels.idx"),
   "/fixtures/cross_target_mlp.json": join(REPO, "tests/golden/cross_target_mlp.json"),
+  "/fixtures/user-heldout.txt": join(DEMO, "phrases/user-heldout.txt"),
 };
 
 /** Flags for headless Chromium without a GPU (see TOOLCHAIN.md). */

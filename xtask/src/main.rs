@@ -113,7 +113,7 @@ fn main() -> ExitCode {
         Some("miri") => ready(&[Leg::Miri]).and_then(|()| miri::main(&args[1..])),
         Some("fuzz") => ready(&[Leg::Fuzz]).and_then(|()| fuzz::main(&args[1..])),
         _ => {
-            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|planning|seq|sparse|swap|int8|sgemm|igemm|gpu|aarch64|dsp … | cross | android [--bench] | web [--serve|--test|--bench] | firmware --board netduinoplus2|microbit|mps2-an500 | mcu-pretrain | miri | fuzz [--time SECS] [TARGET…]");
+            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|planning|seq|sparse|swap|int8|sgemm|igemm|gpu|aarch64|dsp … | cross | android [--bench] | web [--pretrain] [--serve|--test|--bench] | firmware --board netduinoplus2|microbit|mps2-an500 | mcu-pretrain | miri | fuzz [--time SECS] [TARGET…]");
             Err("unknown task".into())
         }
     };

@@ -6,10 +6,20 @@
 //!   demo into `web-demo/dist/`.
 //! - `--serve`: builds, then serves `web-demo/dist/` on 127.0.0.1 (`node web-demo/serve.mjs`).
 //! - `--test`: builds, then runs the Playwright test in headless Chromium (`web-demo/test/demo.test.mjs`:
-//!   the demo, cross-target losses, wasm memory vs budget) and the wasm-bindgen tests of the JS API's
+//!   the demo, cross-target losses, wasm memory vs budget), the "learn my phrases" test
+//!   (`web-demo/test/phrases.test.mjs`: held-out perplexity after a LoRA fine-tune, the fine-tune's
+//!   time, the budget slider, the sequence JS API's errors) and the wasm-bindgen tests of the JS API's
 //!   error paths in Chromium through chromedriver.
 //! - `--bench`: builds, then times training steps of `examples/digits-cnn.frgm` (batch 32) natively in
 //!   this process and in Chromium, and reports the `.wasm` size and wasm memory vs budget.
+//! - `--pretrain`: trains the base model of the "learn my phrases" page (`frugal train
+//!   examples/char-gpt-small.toml`), writes its weights as F16 safetensors
+//!   (`examples/char-gpt-small.safetensors`, committed) and converts the page's LoRA model
+//!   (`examples/char-gpt-small-lora.frgm`). Run by hand when the model changes; the build only copies.
+//!
+//! Three modules: `frugal_wasm` (the CPU module, under the size limit; without the core's sequence
+//! layers), `frugal_wasm_webgpu` (WebGPU) and `frugal_wasm_seq` (feature `seq`: the sequence layers and
+//! the JS API for sequence training that `phrases.html` uses).
 //!
 //! Needs the wasm32 target, `wasm-bindgen-cli` at the `wasm-bindgen` crate's version, binaryen's
 //! `wasm-opt`, Chromium and its driver, Node and `npm ci` in `web-demo/`: `cargo xtask setup` installs
@@ -32,9 +42,18 @@ const STATIC: &[&str] = &[
     "app.js",
     "worker.js",
     "preprocess.js",
+    "phrases.html",
+    "phrases.js",
+    "phrases-worker.js",
+    "phrases/user-text.txt",
 ];
-/// Model files the demo loads (from `examples/`).
-const MODELS: &[&str] = &["transfer.frgm", "digits-backbone.safetensors"];
+/// Model files the demos load (from `examples/`).
+const MODELS: &[&str] = &[
+    "transfer.frgm",
+    "digits-backbone.safetensors",
+    "char-gpt-small-lora.frgm",
+    "char-gpt-small.safetensors",
+];
 /// Flags of the wasm build: `simd128`, which compiles in the explicit f32 GEMM micro-kernel
 /// (`core/src/kernels/gemm/wasm.rs`; at opt-level "s" the portable one is not vectorised) and the int8
 /// one; a 128 KiB stack (the default is 1 MiB, which would count against the page's memory beside the
@@ -65,15 +84,20 @@ fn run(cmd: &mut Command) -> Result<(), String> {
 
 pub fn main(args: &[String]) -> Result<(), String> {
     for a in args {
-        if !matches!(a.as_str(), "--serve" | "--test" | "--bench" | "--port")
-            && a.parse::<u16>().is_err()
+        if !matches!(
+            a.as_str(),
+            "--serve" | "--test" | "--bench" | "--port" | "--pretrain"
+        ) && a.parse::<u16>().is_err()
         {
             return Err(format!(
-                "unknown argument {a:?}; usage: cargo xtask web [--serve [--port N]] [--test] [--bench]"
+                "unknown argument {a:?}; usage: cargo xtask web [--pretrain] [--serve [--port N]] [--test] [--bench]"
             ));
         }
     }
     let has = |f: &str| args.iter().any(|a| a == f);
+    if has("--pretrain") {
+        pretrain()?;
+    }
     let wasm = build()?;
     if has("--test") {
         test()?;
@@ -164,6 +188,7 @@ fn build() -> Result<PathBuf, String> {
     for (features, name) in [
         (&[][..], "frugal_wasm"),
         (&["webgpu"][..], "frugal_wasm_webgpu"),
+        (&["seq"][..], "frugal_wasm_seq"),
     ] {
         let opt = build_module(features, name)?;
         run(Command::new("wasm-bindgen")
@@ -175,7 +200,11 @@ fn build() -> Result<PathBuf, String> {
     }
     let wasm = dist.join("frugal_wasm_bg.wasm");
     for f in STATIC {
-        copy(&demo.join(f), &dist.join(f))?;
+        let to = dist.join(f);
+        if let Some(dir) = to.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        copy(&demo.join(f), &to)?;
     }
     for f in MODELS {
         copy(&root().join("examples").join(f), &dist.join(f))?;
@@ -187,11 +216,16 @@ fn build() -> Result<PathBuf, String> {
     let gpu_size = std::fs::metadata(&gpu_wasm)
         .map_err(|e| format!("{}: {e}", gpu_wasm.display()))?
         .len();
+    let seq_wasm = dist.join("frugal_wasm_seq_bg.wasm");
+    let seq_size = std::fs::metadata(&seq_wasm)
+        .map_err(|e| format!("{}: {e}", seq_wasm.display()))?
+        .len();
     println!(
-        "built {} ({size} bytes = {:.1} KiB; limit {MAX_WASM_BYTES} bytes); the WebGPU module: {gpu_size} bytes = {:.1} KiB",
+        "built {} ({size} bytes = {:.1} KiB; limit {MAX_WASM_BYTES} bytes); the WebGPU module: {gpu_size} bytes = {:.1} KiB; the sequence module: {seq_size} bytes = {:.1} KiB",
         dist.display(),
         size as f64 / 1024.0,
         gpu_size as f64 / 1024.0,
+        seq_size as f64 / 1024.0,
     );
     if size > MAX_WASM_BYTES {
         return Err(format!(
@@ -199,6 +233,72 @@ fn build() -> Result<PathBuf, String> {
         ));
     }
     Ok(wasm)
+}
+
+/// The page's base model, trained by `frugal train` and kept as F16 (half the bytes the page downloads;
+/// the browser's weights reader widens F16 to f32).
+fn pretrain() -> Result<(), String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let tmp = target_dir().join("char-gpt-small.f32.safetensors");
+    let frugal = |args: &[&str]| {
+        run(Command::new(&cargo)
+            .current_dir(root())
+            .args([
+                "run",
+                "--release",
+                "-q",
+                "-p",
+                "frugal-cli",
+                "--bin",
+                "frugal",
+                "--",
+            ])
+            .args(args))
+    };
+    frugal(&[
+        "train",
+        "examples/char-gpt-small.toml",
+        "--save",
+        &tmp.display().to_string(),
+    ])?;
+    frugal(&[
+        "convert",
+        "examples/char-gpt-small-lora.toml",
+        "-o",
+        "examples/char-gpt-small-lora.frgm",
+    ])?;
+    let tensors = frugal_cli::checkpoint::load_safetensors(&tmp).map_err(|e| e.to_string())?;
+    let out = root().join("examples/char-gpt-small.safetensors");
+    std::fs::write(&out, f16_safetensors(&tensors)?)
+        .map_err(|e| format!("{}: {e}", out.display()))?;
+    println!("wrote {}", out.display());
+    Ok(())
+}
+
+/// `tensors` as F16 safetensors bytes (in the given order; values rounded to nearest).
+fn f16_safetensors(tensors: &[frugal_cli::checkpoint::NamedTensor]) -> Result<Vec<u8>, String> {
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, shape, values) in tensors {
+        let start = data.len();
+        for &v in values {
+            data.extend_from_slice(&half::f16::from_f32(v).to_le_bytes());
+        }
+        header.insert(
+            name.clone(),
+            serde_json::json!({ "dtype": "F16", "shape": shape, "data_offsets": [start, data.len()] }),
+        );
+    }
+    let mut h = serde_json::to_vec(&header).map_err(|e| e.to_string())?;
+    // The data starts 8-byte aligned (the header is padded with spaces, as safetensors writes it).
+    while (8 + h.len()) % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut out = Vec::with_capacity(8 + h.len() + data.len());
+    out.extend_from_slice(&(h.len() as u64).to_le_bytes());
+    out.extend_from_slice(&h);
+    out.extend_from_slice(&data);
+    Ok(out)
 }
 
 fn copy(from: &Path, to: &Path) -> Result<(), String> {
@@ -214,6 +314,8 @@ fn test() -> Result<(), String> {
     run(Command::new("node")
         .env("BACKEND", "webgpu")
         .arg(root().join("web-demo/test/demo.test.mjs")))?;
+    // "Learn my phrases": LoRA fine-tuning of the character transformer in the sequence module.
+    run(Command::new("node").arg(root().join("web-demo/test/phrases.test.mjs")))?;
     // The JS API's error paths, in Chromium through chromedriver (wasm-bindgen-test).
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let chromedriver =

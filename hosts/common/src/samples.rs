@@ -37,11 +37,13 @@ pub enum SampleError {
     OutOfMemory(usize),
 }
 
-/// The samples: inputs of `per` values laid end to end, their labels, and where the next batch starts.
+/// The samples: inputs of `per` values laid end to end, their labels (`tokens` per sample: one for a
+/// classifier, one per position for a sequence model), and where the next batch starts.
 #[derive(Clone, Debug)]
 pub struct Samples {
     per: usize,
     classes: usize,
+    tokens: usize,
     batch: usize,
     xs: Vec<f32>,
     ys: Vec<u32>,
@@ -53,9 +55,16 @@ impl Samples {
     /// An empty store for inputs of `per` values, labels below `classes`, batches of `batch`
     /// samples (≥ 1).
     pub fn new(per: usize, classes: usize, batch: usize) -> Samples {
+        Samples::with_tokens(per, classes, 1, batch)
+    }
+
+    /// An empty store whose samples carry `tokens` labels each (≥ 1; a sequence model's label per
+    /// position).
+    pub fn with_tokens(per: usize, classes: usize, tokens: usize, batch: usize) -> Samples {
         Samples {
             per,
             classes,
+            tokens: tokens.max(1),
             batch,
             xs: Vec::new(),
             ys: Vec::new(),
@@ -83,8 +92,20 @@ impl Samples {
     /// Adds a sample: `x` as [`Samples::check`] wants it and a label below the classes (checked in
     /// that order). A refused sample leaves the store as it was.
     pub fn add(&mut self, x: &[f32], label: u32) -> Result<(), SampleError> {
+        self.add_labels(x, &[label])
+    }
+
+    /// [`Samples::add`] for a store of `tokens` labels per sample: `labels` has that many, each below
+    /// the classes (a wrong count is a [`SampleError::Length`] of the labels).
+    pub fn add_labels(&mut self, x: &[f32], labels: &[u32]) -> Result<(), SampleError> {
         self.check(x)?;
-        if label as usize >= self.classes {
+        if labels.len() != self.tokens {
+            return Err(SampleError::Length {
+                got: labels.len(),
+                per: self.tokens,
+            });
+        }
+        if let Some(&label) = labels.iter().find(|&&l| l as usize >= self.classes) {
             return Err(SampleError::Label {
                 label,
                 classes: self.classes,
@@ -94,11 +115,23 @@ impl Samples {
             .try_reserve(x.len())
             .map_err(|_| SampleError::OutOfMemory(x.len() * 4))?;
         self.ys
-            .try_reserve(1)
-            .map_err(|_| SampleError::OutOfMemory(4))?;
+            .try_reserve(labels.len())
+            .map_err(|_| SampleError::OutOfMemory(labels.len() * 4))?;
         self.xs.extend_from_slice(x);
-        self.ys.push(label);
+        self.ys.extend_from_slice(labels);
         Ok(())
+    }
+
+    /// Forgets the samples added after the store held `n` (a host undoing a call that added several):
+    /// appending never moves the samples already held, so those are the last `len() - n` in the store.
+    pub fn truncate(&mut self, n: usize) {
+        if n < self.len() {
+            self.xs.truncate(n * self.per);
+            self.ys.truncate(n * self.tokens);
+            if self.cursor >= n {
+                self.cursor = 0;
+            }
+        }
     }
 
     /// Forgets every sample.
@@ -110,7 +143,7 @@ impl Samples {
 
     /// Samples held.
     pub fn len(&self) -> usize {
-        self.ys.len()
+        self.ys.len() / self.tokens
     }
 
     /// Whether there are none.
@@ -126,19 +159,22 @@ impl Samples {
     /// The next step's batch (inputs, labels; `min(len, batch)` samples; empty when the store is):
     /// see the module docs for which samples, and for the rotation when the window would wrap.
     pub fn next_batch(&mut self) -> (&[f32], &[u32]) {
-        let (per, total, batch) = (self.per, self.ys.len(), self.batch);
+        let (per, tokens, total, batch) = (self.per, self.tokens, self.len(), self.batch);
         if total <= batch {
             return (&self.xs, &self.ys);
         }
         if self.cursor + batch > total {
             // The window would wrap: rotate the store so that it starts at the first sample.
             self.xs.rotate_left(self.cursor * per);
-            self.ys.rotate_left(self.cursor);
+            self.ys.rotate_left(self.cursor * tokens);
             self.cursor = 0;
         }
         let c = self.cursor;
         self.cursor = (c + batch) % total;
-        (&self.xs[c * per..(c + batch) * per], &self.ys[c..c + batch])
+        (
+            &self.xs[c * per..(c + batch) * per],
+            &self.ys[c * tokens..(c + batch) * tokens],
+        )
     }
 }
 
@@ -245,5 +281,34 @@ mod tests {
             s.add(&[i as f32, 0.0], 0).unwrap();
         }
         assert_eq!(s.next_batch().0, &[10.0, 0.0, 11.0, 0.0]);
+    }
+
+    #[test]
+    fn sequence_samples_carry_a_label_per_token_through_wrapping_batches() {
+        // Sample i: input [i, i], labels [i, i + 1, i + 2] (3 tokens), classes 10.
+        let mut s = Samples::with_tokens(2, 10, 3, 2);
+        for i in 0..5u32 {
+            s.add_labels(&[i as f32; 2], &[i, i + 1, i + 2]).unwrap();
+        }
+        assert_eq!(s.len(), 5);
+        for k in 0..12usize {
+            let (x, y) = s.next_batch();
+            let ids: Vec<u32> = (0..2).map(|j| ((k * 2 + j) % 5) as u32).collect();
+            let ex: Vec<f32> = ids.iter().flat_map(|&i| [i as f32; 2]).collect();
+            let ey: Vec<u32> = ids.iter().flat_map(|&i| [i, i + 1, i + 2]).collect();
+            assert_eq!((x, y), (&ex[..], &ey[..]), "step {k}");
+        }
+        assert_eq!(
+            s.add_labels(&[0.0; 2], &[1, 2]),
+            Err(SampleError::Length { got: 2, per: 3 })
+        );
+        assert_eq!(
+            s.add_labels(&[0.0; 2], &[1, 10, 2]),
+            Err(SampleError::Label {
+                label: 10,
+                classes: 10
+            })
+        );
+        assert_eq!(s.len(), 5, "refused samples are not kept");
     }
 }
