@@ -1,8 +1,8 @@
 //! `cargo xtask web [--serve [--port N]] [--test] [--bench]`: the browser build of frugal.
 //!
-//! - (no flag): builds `frugal-wasm` for `wasm32-unknown-unknown` (release, opt-level "s" with 2 for
-//!   `frugal-core`, LTO,
-//!   `+simd128`, a 128 KiB stack), runs `wasm-opt -Oz` and `wasm-bindgen --target web`, and copies the
+//! - (no flag): builds `frugal-wasm` for `wasm32-unknown-unknown` (release, opt-level "z" with 2 for
+//!   `frugal-core`, inlining threshold 40, LTO, `+simd128`, a 128 KiB stack), runs
+//!   `wasm-opt -Oz --converge` and `wasm-bindgen --target web`, and copies the
 //!   demo into `web-demo/dist/`.
 //! - `--serve`: builds, then serves `web-demo/dist/` on 127.0.0.1 (`node web-demo/serve.mjs`).
 //! - `--test`: builds, then runs the Playwright test in headless Chromium (`web-demo/test/demo.test.mjs`:
@@ -57,8 +57,11 @@ const MODELS: &[&str] = &[
 /// Flags of the wasm build: `simd128`, which compiles in the explicit f32 GEMM micro-kernel
 /// (`core/src/kernels/gemm/wasm.rs`; at opt-level "s" the portable one is not vectorised) and the int8
 /// one; a 128 KiB stack (the default is 1 MiB, which would count against the page's memory beside the
-/// budget).
-const WASM_RUSTFLAGS: &str = "-C target-feature=+simd128 -C link-arg=-zstack-size=131072";
+/// budget); and LLVM's inlining threshold lowered to 40 (2 inlines at 225, "s" at 75): the core is
+/// built at opt-level 2 for its vectorised kernels, and at 225 its planner, graph builder and backend
+/// dispatch inline far more than a download needs (−6 KB, with the kernels still vectorised).
+const WASM_RUSTFLAGS: &str =
+    "-C target-feature=+simd128 -C link-arg=-zstack-size=131072 -C llvm-args=-inline-threshold=40";
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -136,7 +139,8 @@ fn build_module(features: &[&str], name: &str) -> Result<PathBuf, String> {
             "frugal-wasm",
             "--lib",
             "--config",
-            "profile.release.opt-level=\"s\"",
+            // Dependencies (serde_json, safetensors, wasm-bindgen, the allocator) for size first.
+            "profile.release.opt-level=\"z\"",
             // The core's kernels need the loop vectoriser and unrolling, which "s" turns off (the
             // digits CNN trained 2.8× slower in Chromium); everything else stays small. 2, not 3: with
             // the backend traits and the threaded kernels, 3 put the .wasm at 405,759 bytes (over the
@@ -161,7 +165,17 @@ fn build_module(features: &[&str], name: &str) -> Result<PathBuf, String> {
     let raw = tdir.join("wasm32-unknown-unknown/release/frugal_wasm.wasm");
     let opt = tdir.join(format!("{name}.wasm"));
     run(Command::new("wasm-opt")
-        .args(["-Oz", "--strip-debug", "--strip-producers"])
+        // `--converge` repeats -Oz while it still shrinks; rustc's wasm never uses the first 1 KiB of
+        // memory (`--low-memory-unused`) and its memory is not imported, so it starts zeroed
+        // (`--zero-filled-memory`).
+        .args([
+            "-Oz",
+            "--converge",
+            "--low-memory-unused",
+            "--zero-filled-memory",
+            "--strip-debug",
+            "--strip-producers",
+        ])
         .args([
             "--enable-simd",
             "--enable-bulk-memory",
