@@ -279,7 +279,7 @@ fn run_torch(py: &str, id: &str, batch: usize, threads: usize) -> Result<(f64, f
     }
 }
 
-fn median(v: &mut [f64]) -> f64 {
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
