@@ -200,6 +200,15 @@ fn burn(args: &[String]) -> Result<(), String> {
             let to = dir.join(name);
             std::fs::copy(from, &to)
                 .map_err(|e| format!("{} → {}: {e}", from.display(), to.display()))?;
+            // Line tables are most of the release binaries' size (bench_gpu 39 → 6 MB): strip the
+            // copies so the three fit a carry of a few tens of MB.
+            match Command::new("strip").arg(&to).status() {
+                Ok(st) if st.success() => {}
+                other => eprintln!(
+                    "could not strip {} ({other:?}): copied as built",
+                    to.display()
+                ),
+            }
             let bytes = std::fs::metadata(&to).map(|m| m.len()).unwrap_or(0);
             println!(
                 "{} ({:.1} MiB)",

@@ -16,6 +16,9 @@
 //! reference workloads LeNet-5 and the small CNN at batch 128, on the GPU backend (one submission per
 //! step, the loss read back) beside the CPU backend on the same threads, alternating, median ms/step of
 //! each round's steps, best round of `R`.
+//!
+//! `--one ROW …`: one measurement, printed as one `BENCH-JSON {…}` line — what `cargo xtask bench gpu
+//! --burn` runs, alternating with Burn's wgpu backend (tests/bench/burn-wgpu) in fresh processes.
 
 #[cfg(target_arch = "wasm32")]
 fn main() {}
