@@ -14,7 +14,10 @@
 //! - `bench sgemm [--threads N] [--reps R]`: SGEMM GFLOPS (1024³ and the FC-FC-FC shapes) per kernel
 //!   family, with the measured clock and the share of the FMA peak.
 //! - `bench gpu [--placement] [--reps R]`: the wgpu tiled SGEMM on this machine's adapter beside the CPU's SGEMM;
-//!   `--placement`: ms/step of all-CPU, all-GPU, the DP's measured CPU/GPU placement and alternating layers.
+//!   `--placement`: ms/step of all-CPU, all-GPU, the DP's measured CPU/GPU placement and alternating layers;
+//!   `--burn [--reps R] [--prebuilt DIR | --export DIR]`: frugal's GPU backend against Burn's wgpu backend
+//!   (tests/bench/burn-wgpu, a standalone project) on LeNet-5 and the small CNN at b128 and a 1024³ matmul,
+//!   alternating fresh processes (see `gpu.rs`).
 //! - `bench aarch64 [--check]`: instructions counted under `qemu-aarch64` (a TCG plugin built on the fly):
 //!   SGEMM 512³ per FLOP, NEON vs portable, and the int8 ÷ f32 digits-CNN step (see `insns.rs`).
 //! - `bench dsp [--batch N]`: the Hexagon DSP co-scheduling report — DSP packets per instruction under
@@ -113,7 +116,7 @@ fn main() -> ExitCode {
         Some("miri") => ready(&[Leg::Miri]).and_then(|()| miri::main(&args[1..])),
         Some("fuzz") => ready(&[Leg::Fuzz]).and_then(|()| fuzz::main(&args[1..])),
         _ => {
-            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|planning|seq|sparse|swap|int8|sgemm|igemm|gpu|aarch64|dsp … | cross | android [--bench] | web [--pretrain] [--serve|--test|--bench] | firmware --board netduinoplus2|microbit|mps2-an500 | mcu-pretrain | miri | fuzz [--time SECS] [TARGET…]");
+            eprintln!("usage: cargo xtask test [--fast] [--no-setup] | setup [--fast] [--check] [LEG…] | bench memory|budget|planning|seq|sparse|swap|int8|sgemm|igemm|gpu [--burn]|aarch64|dsp … | cross | android [--bench] | web [--pretrain] [--serve|--test|--bench] | firmware --board netduinoplus2|microbit|mps2-an500 | mcu-pretrain | miri | fuzz [--time SECS] [TARGET…]");
             Err("unknown task".into())
         }
     };

@@ -16,6 +16,9 @@
 //! reference workloads LeNet-5 and the small CNN at batch 128, on the GPU backend (one submission per
 //! step, the loss read back) beside the CPU backend on the same threads, alternating, median ms/step of
 //! each round's steps, best round of `R`.
+//!
+//! `--one ROW …`: one measurement, printed as one `BENCH-JSON {…}` line — what `cargo xtask bench gpu
+//! --burn` runs, alternating with Burn's wgpu backend (tests/bench/burn-wgpu) in fresh processes.
 
 #[cfg(target_arch = "wasm32")]
 fn main() {}
@@ -223,12 +226,24 @@ mod native {
         y: &[u32],
         steps: usize,
     ) -> Result<f64, String> {
+        ms_per_step_after(ex, arena, x, y, 1, steps)
+    }
+
+    /// Median ms/step of `steps` steps on `ex` after `warmup` untimed ones.
+    fn ms_per_step_after<B: Backend>(
+        ex: &mut Executor<'_, B>,
+        arena: &mut [u8],
+        x: &[f32],
+        y: &[u32],
+        warmup: usize,
+        steps: usize,
+    ) -> Result<f64, String> {
         let mut t = Vec::with_capacity(steps);
-        for i in 0..=steps {
+        for i in 0..warmup + steps {
             let s = Instant::now();
             ex.train_step(arena, x, Target::Classes(y))
                 .map_err(|e| e.to_string())?;
-            if i > 0 {
+            if i >= warmup {
                 t.push(s.elapsed().as_secs_f64() * 1e3);
             }
         }
@@ -281,7 +296,115 @@ mod native {
         }
     }
 
+    /// `s` as a JSON string literal.
+    fn json_str(s: &str) -> String {
+        let mut o = String::from('"');
+        for c in s.chars() {
+            match c {
+                '"' | '\\' => {
+                    o.push('\\');
+                    o.push(c);
+                }
+                c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
+                c => o.push(c),
+            }
+        }
+        o.push('"');
+        o
+    }
+
+    /// A flag's positive number, or `default` when absent.
+    fn flag(args: &[String], name: &str, default: usize) -> Result<usize, String> {
+        match args.iter().position(|a| a == name) {
+            None => Ok(default),
+            Some(i) => args
+                .get(i + 1)
+                .and_then(|v| v.parse().ok())
+                .filter(|&v| v > 0)
+                .ok_or_else(|| format!("{name} needs a positive number")),
+        }
+    }
+
+    /// `--one ROW …`: one measurement in this process, printed as one `BENCH-JSON {…}` line, for
+    /// `cargo xtask bench gpu --burn`, which runs it alternately with the Burn driver
+    /// (tests/bench/burn-wgpu, the same line format). `ROW` is a workload id of
+    /// `frugal_cli::workloads` (`lenet5`, `small_cnn`, …; `--batch B --steps S --warmup W`: median
+    /// ms/step of `S` steps on the GPU backend after `W` untimed ones) or `matmul` (`--n N --reps R`:
+    /// the tiled SGEMM's best GFLOPS on N³, `R` timings of 4 products). Exit code 3 when no adapter
+    /// opens (the caller reports *skipped*).
+    fn one(args: &[String]) -> Result<(), String> {
+        let row = args
+            .get(1)
+            .ok_or("--one needs a row: a workload id or matmul")?;
+        let gpu = match Gpu::open() {
+            Ok(g) => g,
+            Err(e) => {
+                let why = format!("frugal could not open a wgpu adapter: {e}");
+                println!(
+                    "BENCH-JSON {{\"side\":\"frugal-wgpu\",\"skipped\":{}}}",
+                    json_str(&why)
+                );
+                eprintln!("bench_gpu: skipped: {why}");
+                std::process::exit(3);
+            }
+        };
+        let adapter = format!(
+            "\"adapter\":{},\"software\":{}",
+            json_str(&gpu.adapter()),
+            gpu.is_software()
+        );
+        if row == "matmul" {
+            let n = flag(args, "--n", 1024)?;
+            let reps = flag(args, "--reps", 5)?;
+            let a: Vec<f32> = (0..n * n)
+                .map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0)
+                .collect();
+            let b: Vec<f32> = (0..n * n)
+                .map(|i| ((i * 5 % 11) as f32 - 5.0) / 8.0)
+                .collect();
+            let bufs = gpu
+                .gemm_buffers(n, n, n, &a, &b)
+                .map_err(|e| e.to_string())?;
+            let mut best = 0f64;
+            for _ in 0..reps {
+                let s = gpu.time_sgemm(&bufs, 4).map_err(|e| e.to_string())?;
+                best = best.max(Gpu::flops(&bufs) / s / 1e9);
+            }
+            println!(
+                "BENCH-JSON {{\"side\":\"frugal-wgpu\",\"row\":\"matmul\",\"n\":{n},\"gflops\":{best:.3},\"reps\":{reps},{adapter}}}"
+            );
+            return Ok(());
+        }
+        let w = frugal_cli::workloads::all()
+            .into_iter()
+            .find(|w| w.id == row)
+            .ok_or_else(|| format!("unknown row {row:?}"))?;
+        let batch = flag(args, "--batch", 128)?;
+        let steps = flag(args, "--steps", 10)?;
+        let warmup = flag(args, "--warmup", 3)?;
+        let plan = gpu_plan(Plan::new(
+            Graph::new(&w.spec, batch).map_err(|e| e.to_string())?,
+        ));
+        let mut arena = vec![0u8; plan.needed_bytes()];
+        let mut ex = Executor::with_backend(&plan, &arena, GpuBackend::new(gpu))
+            .map_err(|e| e.to_string())?;
+        ex.init_params(&mut arena, 1).map_err(|e| e.to_string())?;
+        let per = w.spec.input.numel();
+        let classes = plan.graph.pred_dims().numel();
+        // The data of the table rows below, and of the Burn driver: the values do not change the work.
+        let x: Vec<f32> = (0..batch * per).map(|i| (i % 17) as f32 / 16.0).collect();
+        let y: Vec<u32> = (0..batch).map(|i| (i % classes) as u32).collect();
+        let ms = ms_per_step_after(&mut ex, &mut arena, &x, &y, warmup, steps)?;
+        println!(
+            "BENCH-JSON {{\"side\":\"frugal-wgpu\",\"row\":\"{row}\",\"batch\":{batch},\"ms_per_step\":{ms:.4},\"steps\":{steps},\"warmup\":{warmup},{adapter}}}"
+        );
+        Ok(())
+    }
+
     fn run(args: &[String]) -> Result<(), String> {
+        if args.first().map(String::as_str) == Some("--one") {
+            return one(args);
+        }
         let placement = args.iter().any(|a| a == "--placement");
         let rest: Vec<&String> = args.iter().filter(|a| *a != "--placement").collect();
         let reps: usize = match rest[..] {
