@@ -367,10 +367,10 @@ fn burn(args: &[String]) -> Result<(), String> {
                 .zip(&row.burn)
                 .map(|(f, b)| f / b)
                 .collect();
-            let pm = crate::stats::median(p);
+            let ps = crate::stats::Spread::of(&p);
             (
                 format!("{:.3}", fm / bm),
-                format!("{pm:.3} ({:.3}–{:.3})", p[0], p[p.len() - 1]),
+                format!("{:.3} ({:.3}–{:.3})", ps.median, ps.min, ps.max),
             )
         };
         println!(
