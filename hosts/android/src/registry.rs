@@ -36,6 +36,13 @@ pub struct Entry {
     info: Mutex<PlanInfo>,
     /// Training steps taken, stored after every step.
     steps: AtomicU32,
+    /// Budget calls holding (or about to take) `trainer`'s lock for a moment to apply a budget: a
+    /// trainer call that finds the lock taken by one of them waits for it instead of failing with
+    /// [`Error::Busy`], which is only for two trainer calls at once.
+    settling: AtomicU32,
+    /// Budget calls that have started applying (only grows): with `settling`, tells whether one held
+    /// the lock at the moment a trainer call found it taken.
+    settles: AtomicU32,
 }
 
 struct Slot {
@@ -94,6 +101,8 @@ pub fn insert(trainer: Trainer, budget: u64) -> Result<u64, Error> {
         steps: AtomicU32::new(info.steps),
         trainer: Mutex::new(trainer),
         info: Mutex::new(info),
+        settling: AtomicU32::new(0),
+        settles: AtomicU32::new(0),
     });
     let mut guard = registry();
     let r = &mut *guard;
@@ -153,6 +162,13 @@ pub fn create(model: &[u8], weights: &[u8], budget: u64, opts: Options) -> Resul
 
 impl Entry {
     /// The trainer, if no other thread holds it.
+    /// Counts a budget call in before it may take the trainer's lock (see `settling`); it counts
+    /// itself out of `settling` after letting go.
+    fn enter_settle(&self) {
+        self.settles.fetch_add(1, Ordering::SeqCst);
+        self.settling.fetch_add(1, Ordering::SeqCst);
+    }
+
     fn try_trainer(&self) -> Result<MutexGuard<'_, Trainer>, Error> {
         match self.trainer.try_lock() {
             Ok(g) => Ok(g),
@@ -179,6 +195,14 @@ impl Entry {
 /// applied yet. Called by every lock holder after releasing the lock and by `set_budget`: if the
 /// lock is held, its holder settles when it releases it.
 fn settle(e: &Entry) -> Result<(), Error> {
+    e.enter_settle();
+    let r = settle_now(e);
+    e.settling.fetch_sub(1, Ordering::SeqCst);
+    r
+}
+
+/// [`settle`] within its `settling` mark.
+fn settle_now(e: &Entry) -> Result<(), Error> {
     loop {
         let want = e.live.load(Ordering::Acquire);
         if e.applied.load(Ordering::Acquire) == want {
@@ -203,7 +227,25 @@ pub fn with_trainer<R>(
 ) -> Result<R, Error> {
     let e = lookup(h)?;
     let r = {
-        let mut t = e.try_trainer()?;
+        let mut t = loop {
+            // A budget call counts itself in before it takes the lock and out after it lets go, so
+            // if one held the lock when `try_trainer` found it taken, it was in `settling` before
+            // that or had started after the first reading: wait for it then, instead of `Busy`.
+            let (n1, s1) = (
+                e.settling.load(Ordering::SeqCst),
+                e.settles.load(Ordering::SeqCst),
+            );
+            match e.try_trainer() {
+                Err(Error::Busy)
+                    if n1 > 0
+                        || e.settling.load(Ordering::SeqCst) > 0
+                        || e.settles.load(Ordering::SeqCst) != s1 =>
+                {
+                    std::thread::yield_now()
+                }
+                t => break t?,
+            }
+        };
         let r = f(&mut t, &e);
         e.publish(&mut t);
         r
@@ -254,13 +296,15 @@ pub fn set_budget(h: u64, budget: u64) -> Result<(), Error> {
         }));
     }
     let old = e.live.swap(budget, Ordering::AcqRel);
-    match settle(&e) {
-        Ok(()) => {
-            if let Ok(mut t) = e.try_trainer() {
-                e.publish(&mut t);
-            }
-            Ok(())
+    e.enter_settle();
+    let settled = settle_now(&e).map(|()| {
+        if let Ok(mut t) = e.try_trainer() {
+            e.publish(&mut t);
         }
+    });
+    e.settling.fetch_sub(1, Ordering::SeqCst);
+    match settled {
+        Ok(()) => Ok(()),
         Err(err) => {
             // Applying it failed (out of memory): the trainer kept its plan; so does the budget.
             let _ = e
@@ -335,5 +379,50 @@ mod tests {
         assert_eq!(back.allocated_bytes, first.allocated_bytes);
         remove(h).unwrap();
         assert!(matches!(plan_info(h), Err(Error::Handle(_))));
+    }
+
+    /// Budgets set from another thread while the training thread starts call after call never make
+    /// a call fail with `Busy` (the JNI test once stalled when a `trainSteps` call started while
+    /// `setBudget` held the trainer for a moment to apply its budget).
+    #[test]
+    fn budgets_from_another_thread_never_make_a_training_call_busy() {
+        let h = create(MLP, &[], UNLIMITED, Options::default()).unwrap();
+        with_trainer(h, |t, _| {
+            for i in 0..40 {
+                let x: Vec<f32> = X[16 + i * 64..16 + (i + 1) * 64]
+                    .iter()
+                    .map(|&p| f32::from(p) / 16.0)
+                    .collect();
+                t.add_sample(&x, u32::from(Y[8 + i]))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        let floor = plan_info(h).unwrap().floor_bytes as u64;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let setter = {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut k = 0u64;
+                while !stop.load(Ordering::Acquire) {
+                    let b = if k.is_multiple_of(2) {
+                        floor
+                    } else {
+                        UNLIMITED
+                    };
+                    set_budget(h, b).unwrap();
+                    k += 1;
+                }
+                k
+            })
+        };
+        for _ in 0..400 {
+            let (done, r) = train_steps(h, 1, |_, _| ());
+            assert!(r.is_ok(), "a training call failed: {r:?}");
+            assert_eq!(done, 1);
+        }
+        stop.store(true, Ordering::Release);
+        assert!(setter.join().unwrap() > 0);
+        remove(h).unwrap();
     }
 }
