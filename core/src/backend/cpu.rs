@@ -1229,19 +1229,9 @@ fn grad_x(
     let body = ro.body;
     let in_elems = n * node.in_dims[0].numel();
     let out_elems = n * node.out_dims.numel();
-    let dy = node.d_out.ok_or(ExecError::BadPlan(
-        "derivative without an output derivative",
-    ))?;
-    let (dx, acc) = match node.d_in.first().copied().flatten() {
-        Some(d) => (Some(d.0), d.1),
-        None => (None, false),
-    };
+    let (dy, dx, acc) = derivatives(node)?;
     // Every layer but Add (whose inputs are optional one by one) writes its one input derivative.
-    let need_dx = || {
-        dx.map(Some).ok_or(ExecError::BadPlan(
-            "an input derivative of a layer whose input needs none",
-        ))
-    };
+    let need_dx = || need(dx);
     let w = node.params.first().map(|p| p.value);
     let s = node.scratch[scratch_slot::GRAD_X];
     match &node.op {
@@ -1565,6 +1555,25 @@ fn grad_x(
     Ok(())
 }
 
+/// The output derivative a node's input-derivative instruction reads, the input derivative it writes
+/// (none where its input needs none) and whether it adds to it.
+fn derivatives(node: &Node) -> Result<(TensorId, Option<TensorId>, bool), ExecError> {
+    let dy = node.d_out.ok_or(ExecError::BadPlan(
+        "derivative without an output derivative",
+    ))?;
+    Ok(match node.d_in.first().copied().flatten() {
+        Some(d) => (dy, Some(d.0), d.1),
+        None => (dy, None, false),
+    })
+}
+
+/// `dx` as a written input derivative: an error where the plan gives none.
+fn need(dx: Option<TensorId>) -> Result<Option<TensorId>, ExecError> {
+    dx.map(Some).ok_or(ExecError::BadPlan(
+        "an input derivative of a layer whose input needs none",
+    ))
+}
+
 /// The BatchNorm input derivative (training, in place, evaluation): a frame of its own, as
 /// [`bn_forward`].
 #[inline(never)]
@@ -1578,18 +1587,8 @@ fn bn_grad_x(
 ) -> Result<(), ExecError> {
     let in_elems = n * node.in_dims[0].numel();
     let out_elems = n * node.out_dims.numel();
-    let dy = node.d_out.ok_or(ExecError::BadPlan(
-        "derivative without an output derivative",
-    ))?;
-    let (dx, acc) = match node.d_in.first().copied().flatten() {
-        Some(d) => (Some(d.0), d.1),
-        None => (None, false),
-    };
-    let need_dx = || {
-        dx.map(Some).ok_or(ExecError::BadPlan(
-            "an input derivative of a layer whose input needs none",
-        ))
-    };
+    let (dy, dx, acc) = derivatives(node)?;
+    let need_dx = || need(dx);
     let w = node.params.first().map(|p| p.value);
     match &node.op {
         NodeOp::BatchNorm {

@@ -344,8 +344,8 @@ mod tests {
         snap
     }
 
-    #[test]
-    fn plan_info_follows_steps_switches_and_budgets() {
+    /// A trainer of the digits MLP holding the first 40 training digits.
+    fn mlp_with_samples() -> u64 {
         let h = create(MLP, &[], UNLIMITED, Options::default()).unwrap();
         with_trainer(h, |t, _| {
             for i in 0..40 {
@@ -358,6 +358,12 @@ mod tests {
             Ok(())
         })
         .unwrap();
+        h
+    }
+
+    #[test]
+    fn plan_info_follows_steps_switches_and_budgets() {
+        let h = mlp_with_samples();
         let first = matches_trainer(h);
         assert_eq!((first.steps, first.rung), (0, first.rungs - 1));
         assert_eq!(train_steps(h, 3, |_, _| ()).0, 3);
@@ -386,18 +392,7 @@ mod tests {
     /// `setBudget` held the trainer for a moment to apply its budget).
     #[test]
     fn budgets_from_another_thread_never_make_a_training_call_busy() {
-        let h = create(MLP, &[], UNLIMITED, Options::default()).unwrap();
-        with_trainer(h, |t, _| {
-            for i in 0..40 {
-                let x: Vec<f32> = X[16 + i * 64..16 + (i + 1) * 64]
-                    .iter()
-                    .map(|&p| f32::from(p) / 16.0)
-                    .collect();
-                t.add_sample(&x, u32::from(Y[8 + i]))?;
-            }
-            Ok(())
-        })
-        .unwrap();
+        let h = mlp_with_samples();
         let floor = plan_info(h).unwrap().floor_bytes as u64;
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let setter = {
