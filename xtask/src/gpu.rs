@@ -3,6 +3,11 @@
 //! placement and alternating layers), measured by `hosts/wgpu/examples/bench_gpu.rs` in its own process (the xtask binary, whose
 //! process the memory benchmark measures, does not link wgpu).
 //!
+//! `cargo xtask bench gpu --sgemm-sweep [--sizes N,…] [--timings T] [--top K] [--prebuilt DIR |
+//! --export DIR]`: every SGEMM kernel candidate checked against the CPU and timed in one process
+//! (`bench_gpu --sgemm-sweep`, which documents the method); `--export DIR` builds `bench_gpu` alone
+//! and copies it, stripped, with this xtask binary into `DIR`; `--prebuilt DIR` runs `DIR/bench_gpu`.
+//!
 //! `cargo xtask bench gpu --burn [--reps R] [--steps S] [--warmup W] [--batch B] [--prebuilt DIR |
 //! --export DIR]`: frugal's GPU backend against Burn's wgpu backend on the same adapter — LeNet-5 and
 //! the small CNN at batch 128 (ms/step) and a 1024³ matmul (GFLOPS). Burn's side is the standalone
@@ -22,20 +27,66 @@ pub fn main(args: &[String]) -> Result<(), String> {
     if args.iter().any(|a| a == "--burn") {
         return burn(args);
     }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let st = Command::new(cargo)
-        .args([
-            "run",
+    let prebuilt = crate::bench::arg(args, "--prebuilt").map(PathBuf::from);
+    let export = crate::bench::arg(args, "--export").map(PathBuf::from);
+    // The arguments for `bench_gpu`: without `--prebuilt DIR` / `--export DIR`.
+    let mut rest = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--prebuilt" || a == "--export" {
+            it.next();
+        } else {
+            rest.push(a.clone());
+        }
+    }
+    if let Some(dir) = export {
+        // `bench_gpu` and this xtask binary, stripped, for a GPU machine that cannot build (the
+        // SGEMM sweep and the step profile need no Burn driver).
+        let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        cmd.args([
+            "build",
             "--release",
             "-p",
             "frugal-wgpu",
             "--example",
-            "bench_gpu",
-            "--",
-        ])
-        .args(args)
-        .status()
-        .map_err(|e| format!("cannot run cargo: {e}"))?;
+            FRUGAL_BIN,
+        ]);
+        let frugal = built_executable(cmd, FRUGAL_BIN, "bench_gpu")?;
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let me = std::env::current_exe().map_err(|e| format!("this xtask binary: {e}"))?;
+        for (from, name) in [(&frugal, FRUGAL_BIN), (&me, "xtask")] {
+            copy_stripped(from, &dir.join(name))?;
+        }
+        println!(
+            "\non the GPU machine: XDG_RUNTIME_DIR=/tmp {}/xtask bench gpu {} --prebuilt {}",
+            dir.display(),
+            rest.join(" "),
+            dir.display()
+        );
+        return Ok(());
+    }
+    let st = match prebuilt {
+        Some(dir) => {
+            let bin = dir.join(FRUGAL_BIN);
+            if !bin.is_file() {
+                return Err(format!("{} is missing", bin.display()));
+            }
+            Command::new(bin).args(&rest).status()
+        }
+        None => Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args([
+                "run",
+                "--release",
+                "-p",
+                "frugal-wgpu",
+                "--example",
+                "bench_gpu",
+                "--",
+            ])
+            .args(&rest)
+            .status(),
+    }
+    .map_err(|e| format!("cannot run the GPU benchmark: {e}"))?;
     if st.success() {
         Ok(())
     } else {
@@ -65,6 +116,26 @@ fn built_executable(mut cmd: Command, name: &str, what: &str) -> Result<PathBuf,
         .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == name)
         .find_map(|v| v["executable"].as_str().map(PathBuf::from))
         .ok_or_else(|| format!("cargo built {what} but named no executable {name}"))
+}
+
+/// Copies `from` to `to` and strips the copy (line tables are most of a release binary: bench_gpu
+/// 39 → 6 MB), printing its size.
+fn copy_stripped(from: &Path, to: &Path) -> Result<(), String> {
+    std::fs::copy(from, to).map_err(|e| format!("{} → {}: {e}", from.display(), to.display()))?;
+    match Command::new("strip").arg(to).status() {
+        Ok(st) if st.success() => {}
+        other => eprintln!(
+            "could not strip {} ({other:?}): copied as built",
+            to.display()
+        ),
+    }
+    let bytes = std::fs::metadata(to).map(|m| m.len()).unwrap_or(0);
+    println!(
+        "{} ({:.1} MiB)",
+        to.display(),
+        bytes as f64 / (1024.0 * 1024.0)
+    );
+    Ok(())
 }
 
 /// Builds frugal's `bench_gpu` and the Burn driver in release; their paths.
@@ -204,25 +275,9 @@ fn burn(args: &[String]) -> Result<(), String> {
     if let Some(dir) = export {
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let me = std::env::current_exe().map_err(|e| format!("this xtask binary: {e}"))?;
+        // Stripped, so that the three fit a carry of a few tens of MB.
         for (from, name) in [(&frugal, FRUGAL_BIN), (&burn, BURN_BIN), (&me, "xtask")] {
-            let to = dir.join(name);
-            std::fs::copy(from, &to)
-                .map_err(|e| format!("{} → {}: {e}", from.display(), to.display()))?;
-            // Line tables are most of the release binaries' size (bench_gpu 39 → 6 MB): strip the
-            // copies so the three fit a carry of a few tens of MB.
-            match Command::new("strip").arg(&to).status() {
-                Ok(st) if st.success() => {}
-                other => eprintln!(
-                    "could not strip {} ({other:?}): copied as built",
-                    to.display()
-                ),
-            }
-            let bytes = std::fs::metadata(&to).map(|m| m.len()).unwrap_or(0);
-            println!(
-                "{} ({:.1} MiB)",
-                to.display(),
-                bytes as f64 / (1024.0 * 1024.0)
-            );
+            copy_stripped(from, &dir.join(name))?;
         }
         // The Burn driver stays over a 64 MiB carry even stripped: gzip it (`--prebuilt` unpacks it).
         let st = Command::new("gzip")

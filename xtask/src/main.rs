@@ -14,6 +14,7 @@
 //! - `bench sgemm [--threads N] [--reps R]`: SGEMM GFLOPS (1024³ and the FC-FC-FC shapes) per kernel
 //!   family, with the measured clock and the share of the FMA peak.
 //! - `bench gpu [--placement] [--reps R]`: the wgpu tiled SGEMM on this machine's adapter beside the CPU's SGEMM;
+//!   `--sgemm-sweep [--prebuilt DIR | --export DIR]`: every SGEMM kernel candidate checked and timed;
 //!   `--placement`: ms/step of all-CPU, all-GPU, the DP's measured CPU/GPU placement and alternating layers;
 //!   `--burn [--reps R] [--prebuilt DIR | --export DIR]`: frugal's GPU backend against Burn's wgpu backend
 //!   (tests/bench/burn-wgpu, a standalone project) on LeNet-5 and the small CNN at b128 and a 1024³ matmul,

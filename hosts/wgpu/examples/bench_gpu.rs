@@ -325,6 +325,277 @@ mod native {
         }
     }
 
+    /// Median, min and max of `v` (non-empty).
+    fn med_min_max(v: &mut [f64]) -> (f64, f64, f64) {
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[0], v[v.len() - 1])
+    }
+
+    /// ‖got − want‖ / ‖want‖ (Frobenius; NaN anywhere gives NaN).
+    fn rel_err(got: &[f32], want: &[f32]) -> f64 {
+        let (mut d, mut w) = (0f64, 0f64);
+        for (&g, &r) in got.iter().zip(want) {
+            d += (g as f64 - r as f64).powi(2);
+            w += (r as f64).powi(2);
+        }
+        if got.len() != want.len() {
+            return f64::NAN;
+        }
+        (d / w.max(f64::MIN_POSITIVE)).sqrt()
+    }
+
+    /// Deterministic operands in [-1, 1) (never zeros: zeros hide unwritten outputs).
+    fn operand(len: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// `--sgemm-sweep [--sizes N,N,…] [--timings T] [--top K]`: every SGEMM candidate (the legacy
+    /// `sgemm.wgsl` and `GemmVariant::sweep()`) on N³ products of resident operands (default 1024,
+    /// 2048, 4096; 256 on a software adapter). Each is first checked against frugal's CPU SGEMM
+    /// (‖C − C_cpu‖/‖C_cpu‖ printed; C poisoned with NaN first; over 1e-3 — far above f32 rounding
+    /// at these k — is flagged WRONG and excluded), then timed: `T` (default 5) timings, each of ≥ 8
+    /// back-to-back products in one pass of one submission (more when one product is under 0.25 ms,
+    /// so that a submission lasts ≥ 2 ms and its latency stays out), median and min–max GFLOPS.
+    /// Sizes beyond the first run the `K` (default 6) fastest of the first size plus the legacy kernel,
+    /// skipping a candidate the first size predicts over 4 s. Then the `K` fastest fast kernels in the
+    /// transposed layouts (A k×m, B n×k, both) at the first size, checked against the legacy kernel in
+    /// the same layout. One `BENCH-JSON` line per measurement; the winners last.
+    fn sgemm_sweep(args: &[String]) -> Result<(), String> {
+        use frugal_wgpu::{GemmKernel, GemmOpts, GemmVariant};
+        let start = Instant::now();
+        let gpu = Gpu::open().map_err(|e| e.to_string())?;
+        let soft = gpu.is_software();
+        let sizes: Vec<usize> = match args.iter().position(|a| a == "--sizes") {
+            Some(i) => args
+                .get(i + 1)
+                .map(|v| {
+                    v.split(',')
+                        .map(|x| x.trim().parse::<usize>())
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .and_then(Result::ok)
+                .filter(|v| !v.is_empty() && v.iter().all(|&n| n > 0))
+                .ok_or("--sizes needs positive sizes, comma-separated")?,
+            None if soft => vec![256],
+            None => vec![1024, 2048, 4096],
+        };
+        let timings = flag(args, "--timings", 5)?;
+        let top = flag(args, "--top", 6)?;
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let pool =
+            ThreadPool::new(threads).map_err(|e| format!("cannot start {threads} threads: {e}"))?;
+        println!(
+            "`bench_gpu --sgemm-sweep` — adapter: {}",
+            gpu.adapter_details()
+        );
+        if soft {
+            println!(
+                "(software adapter: runs on this CPU; checks the candidates, not a GPU figure)"
+            );
+        }
+        let adapter = json_str(&gpu.adapter_details());
+        // The candidates: None is the legacy kernel.
+        let mut cands: Vec<(String, Option<GemmKernel>)> = vec![("legacy-sgemm.wgsl".into(), None)];
+        for v in GemmVariant::sweep() {
+            match gpu.gemm_kernel(v) {
+                Ok(k) => cands.push((v.name(), Some(k))),
+                Err(e) => {
+                    println!("  {:<24} not compiled: {e}", v.name());
+                    println!(
+                        "BENCH-JSON {{\"side\":\"frugal-wgpu\",\"row\":\"sgemm-sweep\",\"variant\":{},\"skipped\":{},\"adapter\":{adapter}}}",
+                        json_str(&v.name()),
+                        json_str(&e.to_string())
+                    );
+                }
+            }
+        }
+        println!(
+            "{} candidates compiled in {:.1} s; {timings} timings each\n",
+            cands.len(),
+            start.elapsed().as_secs_f64()
+        );
+        // Times one candidate on `bufs` (already checked): (median, min, max) GFLOPS and reps.
+        let time = |kern: Option<&GemmKernel>,
+                    bufs: &frugal_wgpu::GemmBuffers|
+         -> Result<((f64, f64, f64), usize), String> {
+            let flops = Gpu::flops(bufs);
+            let est = gpu.time_gemm(kern, bufs, 8).map_err(|e| e.to_string())?;
+            let reps = ((2e-3 / est).ceil() as usize).clamp(8, 256);
+            let mut g: Vec<f64> = (0..timings)
+                .map(|_| gpu.time_gemm(kern, bufs, reps).map(|s| flops / s / 1e9))
+                .collect::<Result<_, _>>()
+                .map_err(|e| e.to_string())?;
+            Ok((med_min_max(&mut g), reps))
+        };
+        println!("| variant | m×n×k | layout | rel. error | bit-equal to legacy | GFLOPS median | min–max | reps |");
+        println!("|---|---|---|---:|---|---:|---|---:|");
+        // GFLOPS at the first size, by candidate index.
+        let mut first: Vec<(usize, f64)> = Vec::new();
+        let mut best: Vec<(usize, String, f64)> = Vec::new();
+        for (si, &n) in sizes.iter().enumerate() {
+            let a = operand(n * n, 1 + n as u64);
+            let b = operand(n * n, 2 + n as u64);
+            let mut want = vec![0f32; n * n];
+            let mut scratch = vec![0f32; gemm_scratch_len_threads(n, n, n, threads)];
+            sgemm_with_pool(
+                SgemmKernel::selected(),
+                &pool,
+                n,
+                n,
+                n,
+                MatRef::row_major(&a, n),
+                MatRef::row_major(&b, n),
+                &mut want,
+                n,
+                false,
+                &mut scratch,
+            );
+            let bufs = gpu
+                .gemm_buffers(n, n, n, &a, &b)
+                .map_err(|e| e.to_string())?;
+            let mut legacy: Option<Vec<f32>> = None;
+            let mut size_best: Option<(String, f64)> = None;
+            for (ci, (name, kern)) in cands.iter().enumerate() {
+                if si > 0 && ci > 0 {
+                    // Beyond the first size: the `top` fastest there, unless predicted too slow.
+                    let Some(rank) = first.iter().position(|&(c, _)| c == ci) else {
+                        continue;
+                    };
+                    let predicted = 2.0 * (n as f64).powi(3) / (first[rank].1 * 1e9)
+                        * (8 * (timings + 2)) as f64;
+                    if rank >= top || predicted > 4.0 {
+                        continue;
+                    }
+                }
+                if let Some(k) = kern {
+                    if !k.variant().fits(n as u32, n as u32, n as u32, false, false) {
+                        println!("| {name} | {n}³ | nn | — | — | does not fit | | |");
+                        continue;
+                    }
+                }
+                gpu.fill_c(&bufs, f32::NAN);
+                let got = gpu
+                    .run_gemm(kern.as_ref(), &bufs)
+                    .map_err(|e| e.to_string())?;
+                let err = rel_err(&got, &want);
+                let same = match &legacy {
+                    None => {
+                        legacy = Some(got.clone());
+                        true
+                    }
+                    Some(l) => l.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits()),
+                };
+                // f32 products summed in another order differ from the CPU's by ~√k·2⁻²⁴ relatively;
+                // 1e-3 flags only a wrong kernel (a missed tile or element gives errors near 1).
+                if err.is_nan() || err > 1e-3 {
+                    println!("| {name} | {n}³ | nn | {err:.2e} WRONG | {same} | excluded | | |");
+                    println!(
+                        "BENCH-JSON {{\"side\":\"frugal-wgpu\",\"row\":\"sgemm-sweep\",\"variant\":{},\"n\":{n},\"layout\":\"nn\",\"rel_err\":{},\"wrong\":true,\"adapter\":{adapter}}}",
+                        json_str(name),
+                        if err.is_nan() { "null".to_string() } else { format!("{err:e}") }
+                    );
+                    continue;
+                }
+                let ((med, lo, hi), reps) = time(kern.as_ref(), &bufs)?;
+                println!("| {name} | {n}³ | nn | {err:.2e} | {same} | {med:.1} | {lo:.1}–{hi:.1} | {reps} |");
+                println!(
+                    "BENCH-JSON {{\"side\":\"frugal-wgpu\",\"row\":\"sgemm-sweep\",\"variant\":{},\"n\":{n},\"layout\":\"nn\",\"rel_err\":{err:e},\"bit_equal_legacy\":{same},\"gflops\":{med:.3},\"gflops_min\":{lo:.3},\"gflops_max\":{hi:.3},\"reps\":{reps},\"timings\":{timings},\"adapter\":{adapter}}}",
+                    json_str(name)
+                );
+                if si == 0 {
+                    first.push((ci, med));
+                }
+                if size_best.as_ref().is_none_or(|(_, g)| med > *g) {
+                    size_best = Some((name.clone(), med));
+                }
+            }
+            if si == 0 {
+                first.sort_by(|x, y| y.1.total_cmp(&x.1));
+            }
+            if let Some((name, g)) = size_best {
+                best.push((n, name, g));
+            }
+        }
+        // The fastest fast kernels in the transposed layouts, at the first size.
+        let n = sizes[0];
+        let a = operand(n * n, 3);
+        let b = operand(n * n, 4);
+        let mut layout_best = Vec::new();
+        for (ta, tb, layout) in [(true, false, "tn"), (false, true, "nt"), (true, true, "tt")] {
+            let opts = GemmOpts {
+                trans_a: ta,
+                trans_b: tb,
+                accumulate: false,
+            };
+            let bufs = gpu
+                .gemm_buffers_with(n, n, n, &a, &b, opts, &[])
+                .map_err(|e| e.to_string())?;
+            let want = gpu.run_gemm(None, &bufs).map_err(|e| e.to_string())?;
+            let mut lb: Option<(String, f64)> = None;
+            let fast = first
+                .iter()
+                .filter(|&&(c, _)| cands[c].1.as_ref().is_some_and(|k| k.variant().fast));
+            for &(ci, _) in fast.take(top.min(3)) {
+                let Some(k) = &cands[ci].1 else { continue };
+                let v = k.variant().with_trans(ta, tb);
+                let kern = match gpu.gemm_kernel(v) {
+                    Ok(k) => k,
+                    Err(e) => {
+                        println!(
+                            "| {} | {n}³ | {layout} | not compiled: {e} | | | | |",
+                            v.name()
+                        );
+                        continue;
+                    }
+                };
+                if !v.fits(n as u32, n as u32, n as u32, ta, tb) {
+                    continue;
+                }
+                gpu.fill_c(&bufs, f32::NAN);
+                let got = gpu
+                    .run_gemm(Some(&kern), &bufs)
+                    .map_err(|e| e.to_string())?;
+                let err = rel_err(&got, &want);
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(x, y)| x.to_bits() == y.to_bits());
+                if err.is_nan() || err > 1e-3 {
+                    println!("| {} | {n}³ | {layout} | {err:.2e} WRONG (vs legacy) | {same} | excluded | | |", v.name());
+                    continue;
+                }
+                let ((med, lo, hi), reps) = time(Some(&kern), &bufs)?;
+                println!("| {} | {n}³ | {layout} | {err:.2e} (vs legacy) | {same} | {med:.1} | {lo:.1}–{hi:.1} | {reps} |", v.name());
+                println!(
+                    "BENCH-JSON {{\"side\":\"frugal-wgpu\",\"row\":\"sgemm-sweep\",\"variant\":{},\"n\":{n},\"layout\":\"{layout}\",\"rel_err_legacy\":{err:e},\"bit_equal_legacy\":{same},\"gflops\":{med:.3},\"gflops_min\":{lo:.3},\"gflops_max\":{hi:.3},\"reps\":{reps},\"timings\":{timings},\"adapter\":{adapter}}}",
+                    json_str(&v.name())
+                );
+                if lb.as_ref().is_none_or(|(_, g)| med > *g) {
+                    lb = Some((v.name(), med));
+                }
+            }
+            if let Some((name, g)) = lb {
+                layout_best.push((layout, name, g));
+            }
+        }
+        println!("\nsweep took {:.1} s", start.elapsed().as_secs_f64());
+        for (n, name, g) in &best {
+            println!("BEST {n}³ nn: {name} {g:.1} GFLOPS");
+        }
+        for (layout, name, g) in &layout_best {
+            println!("BEST {n}³ {layout}: {name} {g:.1} GFLOPS");
+        }
+        Ok(())
+    }
+
     /// `--one ROW …`: one measurement in this process, printed as one `BENCH-JSON {…}` line, for
     /// `cargo xtask bench gpu --burn`, which runs it alternately with the Burn driver
     /// (tests/bench/burn-wgpu, the same line format). `ROW` is a workload id of
@@ -404,6 +675,9 @@ mod native {
     fn run(args: &[String]) -> Result<(), String> {
         if args.first().map(String::as_str) == Some("--one") {
             return one(args);
+        }
+        if args.first().map(String::as_str) == Some("--sgemm-sweep") {
+            return sgemm_sweep(args);
         }
         let placement = args.iter().any(|a| a == "--placement");
         let rest: Vec<&String> = args.iter().filter(|a| *a != "--placement").collect();

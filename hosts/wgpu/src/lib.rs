@@ -27,8 +27,10 @@ mod backend;
 mod bn;
 mod conv;
 mod elementwise;
+mod gemm;
 pub use backend::{gpu_plan, GpuBackend, GpuBytes, GPU_ALIGN, GPU_SPACE};
 pub use bn::{BnForward, BnGrads};
+pub use gemm::{GemmKernel, GemmVariant};
 #[cfg(not(target_arch = "wasm32"))]
 pub mod auto;
 mod linear;
@@ -208,6 +210,7 @@ pub struct GemmBuffers {
     m: u32,
     n: u32,
     k: u32,
+    opts: GemmOpts,
     c: wgpu::Buffer,
     group: wgpu::BindGroup,
 }
@@ -316,6 +319,19 @@ impl Gpu {
         )
     }
 
+    /// The adapter with its driver and ids, for benchmark reports.
+    pub fn adapter_details(&self) -> String {
+        let i = &self.info;
+        format!(
+            "{}; driver {} ({}); vendor {:#06x}, device {:#06x}",
+            self.adapter(),
+            i.driver,
+            i.driver_info,
+            i.vendor,
+            i.device
+        )
+    }
+
     /// Whether the adapter is a software rasteriser on the CPU (lavapipe, SwiftShader, WARP).
     pub fn is_software(&self) -> bool {
         self.info.device_type == wgpu::DeviceType::Cpu
@@ -405,7 +421,9 @@ impl Gpu {
         let c = init(
             "C",
             &c_init,
-            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+            wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
         );
         let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("sgemm"),
@@ -433,6 +451,7 @@ impl Gpu {
             m: mu,
             n: nu,
             k: ku,
+            opts,
             c,
             group,
         })
@@ -440,6 +459,18 @@ impl Gpu {
 
     /// Records `reps` products into one command buffer and submits it once.
     fn dispatch(&self, g: &GemmBuffers, reps: usize) {
+        let groups = (g.n.div_ceil(TILE), g.m.div_ceil(TILE));
+        self.dispatch_with(&self.sgemm, groups, g, reps);
+    }
+
+    /// [`Gpu::dispatch`] on `pipeline` with `groups` workgroups per product.
+    fn dispatch_with(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        groups: (u32, u32),
+        g: &GemmBuffers,
+        reps: usize,
+    ) {
         let mut enc = self
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -450,13 +481,23 @@ impl Gpu {
                 label: Some("sgemm"),
                 timestamp_writes: None,
             });
-            pass.set_pipeline(&self.sgemm);
+            pass.set_pipeline(pipeline);
             pass.set_bind_group(0, &g.group, &[]);
             for _ in 0..reps {
-                pass.dispatch_workgroups(g.n.div_ceil(TILE), g.m.div_ceil(TILE), 1);
+                pass.dispatch_workgroups(groups.0, groups.1, 1);
             }
         }
         self.queue.submit([enc.finish()]);
+    }
+
+    /// Sets every element of `g`'s C to `v` (a benchmark's poison before checking that a kernel wrote
+    /// all of C).
+    pub fn fill_c(&self, g: &GemmBuffers, v: f32) {
+        let len = g.m as usize * g.n as usize;
+        if len > 0 {
+            self.queue
+                .write_buffer(&g.c, 0, bytemuck::cast_slice(&vec![v; len]));
+        }
     }
 
     /// Floating-point operations of one product (2·m·n·k).
@@ -585,11 +626,60 @@ impl Gpu {
     /// Seconds per product over `reps` products of resident operands, submitted at once (the first
     /// submission, which compiles and warms up, is not timed).
     pub fn time_sgemm(&self, g: &GemmBuffers, reps: usize) -> Result<f64, GpuError> {
-        self.dispatch(g, 1);
+        self.time_gemm(None, g, reps)
+    }
+
+    /// The pipeline and workgroups of one product of `g` by `kern` (`None`: `sgemm.wgsl`), or why
+    /// the kernel does not fit the operands.
+    fn gemm_launch<'k>(
+        &'k self,
+        kern: Option<&'k GemmKernel>,
+        g: &GemmBuffers,
+    ) -> Result<(&'k wgpu::ComputePipeline, (u32, u32)), GpuError> {
+        match kern {
+            None => Ok((&self.sgemm, (g.n.div_ceil(TILE), g.m.div_ceil(TILE)))),
+            Some(kern) => {
+                let v = kern.variant;
+                if !v.fits(g.m, g.n, g.k, g.opts.trans_a, g.opts.trans_b) {
+                    return Err(GpuError::Shape(format!(
+                        "{} does not fit {}×{}×{} {:?}",
+                        v.name(),
+                        g.m,
+                        g.n,
+                        g.k,
+                        g.opts
+                    )));
+                }
+                Ok((&kern.pipeline, v.groups(g.m, g.n)))
+            }
+        }
+    }
+
+    /// [`Gpu::time_sgemm`] with `kern` (`None`: `sgemm.wgsl`): seconds per product of `reps` products
+    /// recorded in one pass and submitted once, after one untimed submission.
+    pub fn time_gemm(
+        &self,
+        kern: Option<&GemmKernel>,
+        g: &GemmBuffers,
+        reps: usize,
+    ) -> Result<f64, GpuError> {
+        let (pipeline, groups) = self.gemm_launch(kern, g)?;
+        self.dispatch_with(pipeline, groups, g, 1);
         self.wait()?;
         let t = Instant::now();
-        self.dispatch(g, reps.max(1));
+        self.dispatch_with(pipeline, groups, g, reps.max(1));
         self.wait()?;
         Ok(t.elapsed().as_secs_f64() / reps.max(1) as f64)
+    }
+
+    /// One product of `g` by `kern` (`None`: `sgemm.wgsl`) into its C, which is then read back.
+    pub fn run_gemm(
+        &self,
+        kern: Option<&GemmKernel>,
+        g: &GemmBuffers,
+    ) -> Result<Vec<f32>, GpuError> {
+        let (pipeline, groups) = self.gemm_launch(kern, g)?;
+        self.dispatch_with(pipeline, groups, g, 1);
+        self.read_c(g)
     }
 }

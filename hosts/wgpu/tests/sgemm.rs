@@ -9,7 +9,7 @@ use common::gpu;
 fn data(len: usize, seed: u64) -> Vec<f32> {
     common::data(len, seed, 1.0)
 }
-use frugal_wgpu::{GemmOpts, Gpu, GpuError};
+use frugal_wgpu::{GemmOpts, GemmVariant, Gpu, GpuError};
 use proptest::prelude::*;
 
 /// C against the f64 product: each element within 2·k·2⁻²⁴·Σ|a·b| (+1e-30). A sum of k f32 products in
@@ -28,6 +28,21 @@ fn check_with(
     seed: u64,
     opts: GemmOpts,
 ) -> Result<(), String> {
+    check_run(m, n, k, seed, opts, |a, b, old| {
+        gpu.sgemm_with(m, n, k, a, b, opts, old)
+    })
+    .map(|_| ())
+}
+
+/// [`check_with`] of the product `run` computes from A, B and C's old values; returns C.
+fn check_run(
+    m: usize,
+    n: usize,
+    k: usize,
+    seed: u64,
+    opts: GemmOpts,
+    run: impl FnOnce(&[f32], &[f32], &[f32]) -> Result<Vec<f32>, GpuError>,
+) -> Result<Vec<f32>, String> {
     let a = data(m * k, seed);
     let b = data(k * n, seed + 1);
     let old = if opts.accumulate {
@@ -35,9 +50,7 @@ fn check_with(
     } else {
         Vec::new()
     };
-    let c = gpu
-        .sgemm_with(m, n, k, &a, &b, opts, &old)
-        .map_err(|e| e.to_string())?;
+    let c = run(&a, &b, &old).map_err(|e| e.to_string())?;
     if c.len() != m * n {
         return Err(format!("C has {} elements, not {}", c.len(), m * n));
     }
@@ -78,7 +91,7 @@ fn check_with(
             }
         }
     }
-    Ok(())
+    Ok(c)
 }
 
 #[test]
@@ -152,4 +165,84 @@ proptest! {
             prop_assert_eq!(check(g, m, n, k, seed), Ok(()));
         }
     }
+}
+
+/// Every generated kernel of the sweep, in all four layouts, accumulating and not, against the f64
+/// product and bit for bit against `sgemm.wgsl` (each C element is the same in-order `fma` chain): the
+/// general ones on ragged shapes (partial tiles in every dimension, k = 0 included), the fast ones on
+/// tile multiples — and the fast ones refuse a shape that is not.
+#[test]
+fn every_gemm_variant_matches_the_f64_product_and_the_tiled_kernel() {
+    let Some(g) = gpu() else { return };
+    let mut ran = 0;
+    for (i, base) in GemmVariant::sweep().into_iter().enumerate() {
+        for (l, (ta, tb)) in [(false, false), (true, false), (false, true), (true, true)]
+            .into_iter()
+            .enumerate()
+        {
+            let v = base.with_trans(ta, tb);
+            let kern = match g.gemm_kernel(v) {
+                Ok(k) => k,
+                // A tile beyond this adapter's workgroup memory (lavapipe's limits are smaller).
+                Err(GpuError::Shape(why)) if why.contains("limits") => {
+                    eprintln!("skipped: {why}");
+                    continue;
+                }
+                Err(e) => panic!("{e}"),
+            };
+            let (bm, bn, tk) = (v.bm as usize, v.bn as usize, v.tk as usize);
+            let shapes: Vec<(usize, usize, usize)> = if v.fast {
+                vec![(bm, 2 * bn, 3 * tk), (2 * bm, bn, tk)]
+            } else {
+                vec![(bm + 1, bn - 3, tk + 5), (5, 2 * bn + 7, 3), (3, 7, 0)]
+            };
+            for (s, &(m, n, k)) in shapes.iter().enumerate() {
+                let opts = GemmOpts {
+                    trans_a: ta,
+                    trans_b: tb,
+                    accumulate: (i + l + s) % 2 == 1,
+                };
+                let seed = (i * 16 + l * 4 + s) as u64;
+                let got = check_run(m, n, k, seed, opts, |a, b, old| {
+                    g.run_gemm(Some(&kern), &g.gemm_buffers_with(m, n, k, a, b, opts, old)?)
+                })
+                .unwrap_or_else(|e| panic!("{}: {e}", v.name()));
+                let legacy = check_run(m, n, k, seed, opts, |a, b, old| {
+                    g.run_gemm(None, &g.gemm_buffers_with(m, n, k, a, b, opts, old)?)
+                })
+                .unwrap();
+                assert!(
+                    got.iter()
+                        .zip(&legacy)
+                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{} {m}×{n}×{k} {opts:?}: not bit-equal to sgemm.wgsl",
+                    v.name()
+                );
+                ran += 1;
+            }
+            if v.fast {
+                let bufs = g
+                    .gemm_buffers_with(
+                        bm,
+                        bn,
+                        tk + 1,
+                        &data(bm * (tk + 1), 1),
+                        &data((tk + 1) * bn, 2),
+                        GemmOpts {
+                            trans_a: ta,
+                            trans_b: tb,
+                            accumulate: false,
+                        },
+                        &[],
+                    )
+                    .unwrap();
+                assert!(matches!(
+                    g.run_gemm(Some(&kern), &bufs),
+                    Err(GpuError::Shape(_))
+                ));
+            }
+        }
+    }
+    // Most of the sweep compiles even on lavapipe's limits.
+    assert!(ran > 100, "only {ran} products checked");
 }
