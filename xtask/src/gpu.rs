@@ -31,10 +31,13 @@ pub fn main(args: &[String]) -> Result<(), String> {
     let export = crate::bench::arg(args, "--export").map(PathBuf::from);
     // The arguments for `bench_gpu`: without `--prebuilt DIR` / `--export DIR`.
     let mut rest = Vec::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
+    let mut skip = false;
+    for a in args {
+        if std::mem::take(&mut skip) {
+            continue;
+        }
         if a == "--prebuilt" || a == "--export" {
-            it.next();
+            skip = true;
         } else {
             rest.push(a.clone());
         }

@@ -159,10 +159,10 @@ impl GemmVariant {
         if !ok_block(self.tm) || !ok_block(self.tn) {
             return Some("tm and tn must be 4 or 8");
         }
-        if self.bm % (4 * self.tm) != 0 || self.bn % (4 * self.tn) != 0 {
+        if !self.bm.is_multiple_of(4 * self.tm) || !self.bn.is_multiple_of(4 * self.tn) {
             return Some("bm and bn must be multiples of 4·tm and 4·tn");
         }
-        if self.tk == 0 || self.tk % 4 != 0 {
+        if self.tk == 0 || !self.tk.is_multiple_of(4) {
             return Some("tk must be a positive multiple of 4");
         }
         if self.unchecked && !self.fast {
@@ -179,9 +179,9 @@ impl GemmVariant {
         trans_a == self.trans_a
             && trans_b == self.trans_b
             && (!self.fast
-                || (m % self.bm == 0
-                    && n % self.bn == 0
-                    && k % self.tk == 0
+                || (m.is_multiple_of(self.bm)
+                    && n.is_multiple_of(self.bn)
+                    && k.is_multiple_of(self.tk)
                     && m != 0
                     && n != 0
                     && k != 0))
@@ -260,7 +260,7 @@ impl GemmVariant {
             let iters = count.div_ceil(t_all);
             let _ = writeln!(w, "    for (var i = 0u; i < {iters}u; i++) {{");
             let _ = writeln!(w, "      let e = t + i * {t_all}u;");
-            if count % t_all != 0 {
+            if !count.is_multiple_of(t_all) {
                 let _ = writeln!(w, "      if (e >= {count}u) {{ break; }}");
             }
             let (mn, kk) = if inner_k {
