@@ -38,7 +38,7 @@ use frugal_core::model::LossKind;
 use frugal_core::ops::Act;
 use frugal_core::plan::{Eo, Phase, Plan, SpaceId, LOSS_NODE};
 
-use crate::elementwise::{entry, optim_params, workgroups, Params};
+use crate::elementwise::{entry, optim_params, per_workgroup, workgroups, Params};
 use crate::{bn, conv, pool, Dims, Gpu, GpuError, Mapping, TILE};
 
 /// Entry points of `pool.wgsl` (the order of `pool::ENTRIES`).
@@ -607,7 +607,7 @@ fn raw_steps(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
                 for (t, row) in [(g, 2), (be, 3), (rm, 4), (rv, 5)] {
                     out.copy(t, 0, s, row, c)?;
                 }
-                out.push(bn_step(&p, bn::entry::STATS, c, [x, nil, nil, s, nil])?)?;
+                out.push(bn_step(&p, bn::entry::STATS, per_workgroup(c), [x, nil, nil, s, nil])?)?;
                 out.push(bn_step(
                     &p,
                     bn::entry::AFFINE,
@@ -689,7 +689,7 @@ fn raw_steps(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
                     Set::Conv,
                     conv::entry::DW,
                     &p,
-                    g.weight_len(),
+                    per_workgroup(g.weight_len()),
                     [dy, T(xin), T(dw), nil, nil],
                 )?)?;
             }
@@ -699,7 +699,7 @@ fn raw_steps(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
                     Set::Conv,
                     conv::entry::DB,
                     &p,
-                    g.cout,
+                    per_workgroup(g.cout),
                     [dy, nil, T(db), nil, nil],
                 )?)?;
             }
@@ -731,7 +731,7 @@ fn raw_steps(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
                 out.copy(dg, 0, Opnd::Bn2, 0, c)?;
                 out.copy(db, 0, Opnd::Bn2, 1, c)?;
             }
-            out.push(bn_step(&p, bn::entry::SUMS, c, [T(xin), dy, nil, s, nil])?)?;
+            out.push(bn_step(&p, bn::entry::SUMS, per_workgroup(c), [T(xin), dy, nil, s, nil])?)?;
             out.push(bn_step(
                 &p,
                 bn::entry::DPARAMS,
@@ -841,7 +841,7 @@ fn raw_steps(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
                         out.copy(saved(1)?, 0, s, 1, c)?;
                         out.copy(g, 0, s, 2, c)?;
                         let ops = [T(xin), T(dy), nil, s, nil];
-                        out.push(bn_step(&p, bn::entry::SUMS, c, ops)?)?;
+                        out.push(bn_step(&p, bn::entry::SUMS, per_workgroup(c), ops)?)?;
                         let ops = [T(xin), T(dy), T(dx), s, nil];
                         out.push(bn_step(&p, bn::entry::DX, in_elems, ops)?)?;
                     } else {
@@ -1114,6 +1114,9 @@ pub struct GpuBackend {
     pub(crate) beside_cpu: bool,
     /// Submissions so far (a mixed step submits at every move between host and GPU).
     submits: u64,
+    /// Compute dispatches recorded so far (the guard's included), and buffer copies between passes.
+    dispatched: u64,
+    copied: u64,
     /// Profiling ([`GpuBackend::set_profiling`]): seconds per execution order, summed over steps.
     profile: Option<Vec<f64>>,
 }
@@ -1174,6 +1177,8 @@ impl GpuBackend {
             fingerprint: None,
             beside_cpu: false,
             submits: 0,
+            dispatched: 0,
+            copied: 0,
             profile: None,
         }
     }
@@ -1225,6 +1230,18 @@ impl GpuBackend {
     /// per move between the host and the GPU.
     pub fn submissions(&self) -> u64 {
         self.submits
+    }
+
+    /// Compute dispatches recorded so far, the step's guard included (copies between passes are not
+    /// dispatches): their count per step is the number of kernel launches a step costs.
+    pub fn dispatches(&self) -> u64 {
+        self.dispatched
+    }
+
+    /// Buffer copies recorded so far within steps (BatchNorm's gathers and scatters, in-place
+    /// kernels' results put in place): each one ends a compute pass.
+    pub fn copies(&self) -> u64 {
+        self.copied
     }
 
     /// Submits the work recorded so far in this step (with the uniform slots it uses) and opens a new
@@ -1456,6 +1473,7 @@ impl GpuBackend {
                 "the instruction differs from its prepared form",
             ));
         }
+        let (mut dispatched, mut copied) = (0, 0);
         for (i, op) in steps.iter().enumerate() {
             let slot = first as usize + i;
             match op {
@@ -1469,6 +1487,7 @@ impl GpuBackend {
                     pass.set_bind_group(0, &group, &[]);
                     if st.groups.0 > 0 && st.groups.1 > 0 {
                         pass.dispatch_workgroups(st.groups.0, st.groups.1, 1);
+                        dispatched += 1;
                     }
                 }
                 Op::Copy(_) => {
@@ -1482,9 +1501,12 @@ impl GpuBackend {
                         .ok_or(ExecError::BadPlan("an instruction outside a step"))?;
                     let buf = |io: bool| if io { &prep.io } else { &prep.mem };
                     enc.copy_buffer_to_buffer(buf(c.src_io), c.src, buf(c.dst_io), c.dst, c.bytes);
+                    copied += 1;
                 }
             }
         }
+        self.dispatched += dispatched;
+        self.copied += copied;
         Ok(())
     }
 
@@ -1521,6 +1543,7 @@ impl GpuBackend {
         pass.set_pipeline(pipeline(gpu, &kernel));
         pass.set_bind_group(0, &group, &[]);
         pass.dispatch_workgroups(1, 1, 1);
+        self.dispatched += 1;
         Ok(())
     }
 }

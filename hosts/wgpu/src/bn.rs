@@ -1,6 +1,6 @@
 //! BatchNorm in training mode on the GPU (`bn.wgsl`): forward (batch statistics, running statistics)
 //! and backward (γ, β and input gradients), with the CPU's `ops::bn` formulas.
-use crate::elementwise::Pipelines;
+use crate::elementwise::{per_workgroup, Pipelines};
 use crate::{check_len, start_values, u32_of, Gpu, GpuError};
 
 pub(crate) const ENTRIES: [&str; 7] = [
@@ -110,7 +110,7 @@ impl Gpu {
         s[4 * c..5 * c].copy_from_slice(run_mean);
         s[5 * c..6 * c].copy_from_slice(run_var);
         let bytes = bytemuck::bytes_of(&p);
-        let [_, s] = self.run_set(&self.bn, 0, bytes, c, [x, &[], &[], &s])?;
+        let [_, s] = self.run_set(&self.bn, 0, bytes, per_workgroup(c), [x, &[], &[], &s])?;
         let y = vec![0f32; x.len()];
         let [y, _] = self.run_set(&self.bn, 1, bytes, x.len(), [x, &[], &y, &s])?;
         Ok(BnForward {
@@ -146,7 +146,7 @@ impl Gpu {
         s[c..2 * c].copy_from_slice(invstd);
         s[2 * c..3 * c].copy_from_slice(gamma);
         let bytes = bytemuck::bytes_of(&p);
-        let [_, s] = self.run_set(&self.bn, 2, bytes, c, [x, dy, &[], &s])?;
+        let [_, s] = self.run_set(&self.bn, 2, bytes, per_workgroup(c), [x, dy, &[], &s])?;
         let (mut params_old, dx_old) = match old {
             Some((dg, db, dx)) => {
                 check_len("dgamma", dg.len(), c)?;

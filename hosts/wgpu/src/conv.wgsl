@@ -173,10 +173,59 @@ fn direct_dx(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
 }
 
+// The weight and bias gradients are reductions over every sample and position (N·oh·ow terms, 100,352
+// for LeNet-5's first convolution at batch 128): one workgroup of 256 per weight (per output channel for
+// the bias), each invocation summing a strided share of the terms in order, then a tree over the
+// workgroup in a fixed order, so the result is the same run to run. The dispatch has one workgroup per
+// output (see `wg_index`).
+const RED: u32 = 256u;
+var<workgroup> red: array<f32, 256>;
+
+// The workgroup's flat index in a dispatch of (x ≤ 65535, y) workgroups.
+fn wg_index(wid: vec3<u32>) -> u32 {
+    return wid.y * 65535u + wid.x;
+}
+
+// Sums `red` (every invocation's share stored) into red[0], in a fixed order.
+fn tree(lid: u32) {
+    workgroupBarrier();
+    for (var k = RED / 2u; k > 0u; k = k / 2u) {
+        if (lid < k) {
+            red[lid] = red[lid] + red[lid + k];
+        }
+        workgroupBarrier();
+    }
+}
+
+// Term r of a reduction over (sample, oy, ox) as (s, oy, ox); `next` the term RED further (adv =
+// first(RED)), carried digit by digit: no division in the loop.
+fn first(r: u32) -> vec3<u32> {
+    let ohow = p.oh * p.ow;
+    return vec3<u32>(r / ohow, (r % ohow) / p.ow, r % p.ow);
+}
+
+fn next(t: vec3<u32>, adv: vec3<u32>) -> vec3<u32> {
+    var s = t.x + adv.x;
+    var oy = t.y + adv.y;
+    var ox = t.z + adv.z;
+    if (ox >= p.ow) {
+        ox -= p.ow;
+        oy += 1u;
+    }
+    if (oy >= p.oh) {
+        oy -= p.oh;
+        s += 1u;
+    }
+    return vec3<u32>(s, oy, ox);
+}
+
 // dW (= c) (+)= Σ_samples,positions dy (= a) · x (= b) at the weight's tap.
-@compute @workgroup_size(64)
-fn direct_dw(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = index(gid);
+@compute @workgroup_size(256)
+fn direct_dw(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let i = wg_index(wid);
     let cout = p._pad0 * p._pad1;
     if (i >= cout * p.cin_g * p.kh * p.kw) {
         return;
@@ -186,47 +235,58 @@ fn direct_dw(@builtin(global_invocation_id) gid: vec3<u32>) {
     let ci = (i / (p.kw * p.kh)) % p.cin_g;
     let co = i / (p.kw * p.kh * p.cin_g);
     let g = co / p._pad0;
+    let ohow = p.oh * p.ow;
+    let terms = p._pad2 * ohow;
+    var t = first(lid);
+    let adv = first(RED);
     var acc = 0.0;
-    for (var s = 0u; s < p._pad2; s++) {
-        for (var oy = 0u; oy < p.oh; oy++) {
-            let iy = i32(oy * p.sh + ky) - i32(p.ph);
-            if (iy < 0 || iy >= i32(p.h)) {
-                continue;
-            }
-            for (var ox = 0u; ox < p.ow; ox++) {
-                let ix = i32(ox * p.sw + kx) - i32(p.pw);
-                if (ix < 0 || ix >= i32(p.w)) {
-                    continue;
-                }
-                let dyv = a[((s * cout + co) * p.oh + oy) * p.ow + ox];
-                acc = fma(dyv, b[in_at(s, g * p.cin_g + ci, iy, ix)], acc);
-            }
+    for (var r = lid; r < terms; r += RED) {
+        let iy = i32(t.y * p.sh + ky) - i32(p.ph);
+        let ix = i32(t.z * p.sw + kx) - i32(p.pw);
+        if (iy >= 0 && iy < i32(p.h) && ix >= 0 && ix < i32(p.w)) {
+            let dyv = a[((t.x * cout + co) * p.oh + t.y) * p.ow + t.z];
+            acc = fma(dyv, b[in_at(t.x, g * p.cin_g + ci, iy, ix)], acc);
         }
+        t = next(t, adv);
     }
-    if (p.accumulate != 0u) {
-        c[i] = c[i] + acc;
-    } else {
-        c[i] = acc;
+    red[lid] = acc;
+    tree(lid);
+    if (lid == 0u) {
+        if (p.accumulate != 0u) {
+            c[i] = c[i] + red[0];
+        } else {
+            c[i] = red[0];
+        }
     }
 }
 
-// db (= c) (+)= Σ_samples,positions dy (= a), per output channel.
-@compute @workgroup_size(64)
-fn direct_db(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let co = index(gid);
+// db (= c) (+)= Σ_samples,positions dy (= a), per output channel (one workgroup each).
+@compute @workgroup_size(256)
+fn direct_db(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let co = wg_index(wid);
     let cout = p._pad0 * p._pad1;
     if (co >= cout) {
         return;
     }
+    let ohow = p.oh * p.ow;
+    let terms = p._pad2 * ohow;
+    var t = first(lid);
+    let adv = first(RED);
     var acc = 0.0;
-    for (var s = 0u; s < p._pad2; s++) {
-        for (var q = 0u; q < p.oh * p.ow; q++) {
-            acc += a[(s * cout + co) * p.oh * p.ow + q];
-        }
+    for (var r = lid; r < terms; r += RED) {
+        acc += a[((t.x * cout + co) * p.oh + t.y) * p.ow + t.z];
+        t = next(t, adv);
     }
-    if (p.accumulate != 0u) {
-        c[co] = c[co] + acc;
-    } else {
-        c[co] = acc;
+    red[lid] = acc;
+    tree(lid);
+    if (lid == 0u) {
+        if (p.accumulate != 0u) {
+            c[co] = c[co] + red[0];
+        } else {
+            c[co] = red[0];
+        }
     }
 }

@@ -139,6 +139,13 @@ pub(crate) fn workgroups(invocations: u32) -> (u32, u32) {
     (groups.min(ROW), groups.div_ceil(ROW))
 }
 
+/// The "invocations" to ask of [`workgroups`] (and of `Gpu::run_set`) for a kernel that runs one
+/// workgroup per item — the reductions of `conv.wgsl` and `bn.wgsl`, whose workgroups of 256 index
+/// themselves by `wg_index` — so that the dispatch has `items` workgroups.
+pub(crate) fn per_workgroup(items: usize) -> usize {
+    items.saturating_mul(GROUP as usize)
+}
+
 pub(crate) struct Pipelines {
     pub(crate) layout: wgpu::BindGroupLayout,
     pub(crate) all: Vec<wgpu::ComputePipeline>,

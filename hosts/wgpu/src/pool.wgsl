@@ -55,6 +55,17 @@ fn max_fwd(@builtin(global_invocation_id) gid: vec3<u32>) {
     d[o] = bitcast<f32>(arg);
 }
 
+// The windows along one axis that cover input coordinate `v` (window size k, stride st, `o` windows):
+// [first, end), those with ov·st ≤ v < ov·st + k.
+fn covering(v: u32, k: u32, st: u32, o: u32) -> vec2<u32> {
+    var lo = 0u;
+    if (v + 1u > k) {
+        lo = (v + 1u - k + st - 1u) / st;
+    }
+    let hi = min(v / st + 1u, o);
+    return vec2<u32>(lo, max(lo, hi));
+}
+
 // The windows (oy, ox) that cover input (y, x), visited as `visit` below: oy ascending, then the column
 // offset j ascending.
 // dy = a, argmax bits = b, dx = c.
@@ -73,15 +84,11 @@ fn max_grad(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (p.accumulate != 0u) {
         acc = c[e];
     }
-    // The CPU adds in output order (oy, ox ascending): the same here.
-    for (var oy = 0u; oy < p.oh; oy++) {
-        if (y < oy * p.sh || y >= oy * p.sh + p.kh) {
-            continue;
-        }
-        for (var ox = 0u; ox < p.ow; ox++) {
-            if (x < ox * p.sw || x >= ox * p.sw + p.kw) {
-                continue;
-            }
+    // The CPU adds in output order (oy, ox ascending): the same here, over the covering windows only.
+    let ry = covering(y, p.kh, p.sh, p.oh);
+    let rx = covering(x, p.kw, p.sw, p.ow);
+    for (var oy = ry.x; oy < ry.y; oy++) {
+        for (var ox = rx.x; ox < rx.y; ox++) {
             let o = plane * p.oh * p.ow + oy * p.ow + ox;
             if (bitcast<u32>(b[o]) == at) {
                 acc = acc + a[o];
@@ -127,10 +134,8 @@ fn avg_grad(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (p.accumulate != 0u) {
         acc = c[e];
     }
-    for (var oy = 0u; oy < p.oh; oy++) {
-        if (y < oy * p.sh || y >= oy * p.sh + p.kh) {
-            continue;
-        }
+    let ry = covering(y, p.kh, p.sh, p.oh);
+    for (var oy = ry.x; oy < ry.y; oy++) {
         for (var j = 0u; j < p.kw; j++) {
             if (x < j || (x - j) % p.sw != 0u) {
                 continue;
