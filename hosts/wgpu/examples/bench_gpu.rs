@@ -357,6 +357,28 @@ mod native {
             .collect()
     }
 
+    /// Clocks an idle GPU up before a timing (an idle H100 starts at 345 MHz of 1,980): `bufs`'
+    /// products by the default kernel for ≥ 1 s, untimed; nothing on a software adapter.
+    fn warm_up(gpu: &Gpu, bufs: &frugal_wgpu::GemmBuffers) -> Result<(), String> {
+        if gpu.is_software() {
+            return Ok(());
+        }
+        let t = Instant::now();
+        while t.elapsed().as_secs_f64() < 1.0 {
+            gpu.time_sgemm(bufs, 4).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// GFLOPS of the default kernel on `bufs`, one timing: products back to back in one submission of
+    /// ≥ 2 ms (≥ 4 products), so that submit latency stays out.
+    fn sgemm_gflops(gpu: &Gpu, bufs: &frugal_wgpu::GemmBuffers) -> Result<f64, String> {
+        let est = gpu.time_sgemm(bufs, 4).map_err(|e| e.to_string())?;
+        let reps = ((2e-3 / est).ceil() as usize).clamp(4, 1024);
+        let s = gpu.time_sgemm(bufs, reps).map_err(|e| e.to_string())?;
+        Ok(Gpu::flops(bufs) / s / 1e9)
+    }
+
     /// `--sgemm-sweep [--sizes N,N,…] [--timings T] [--top K]`: every SGEMM candidate (the legacy
     /// `sgemm.wgsl` and `GemmVariant::sweep()`) on N³ products of resident operands (default 1024,
     /// 2048, 4096; 256 on a software adapter). Each is first checked against frugal's CPU SGEMM
@@ -619,7 +641,8 @@ mod native {
     /// (tests/bench/burn-wgpu, the same line format). `ROW` is a workload id of
     /// `frugal_cli::workloads` (`lenet5`, `small_cnn`, …; `--batch B --steps S --warmup W`: median
     /// ms/step of `S` steps on the GPU backend after `W` untimed ones) or `matmul` (`--n N --reps R`:
-    /// the tiled SGEMM's best GFLOPS on N³, `R` timings of 4 products). Exit code 3 when no adapter
+    /// the default SGEMM kernel's best GFLOPS on N³ after ≥ 1 s of untimed products, `R` timings of
+    /// one ≥ 2 ms submission each). Exit code 3 when no adapter
     /// opens (the caller reports *skipped*).
     fn one(args: &[String]) -> Result<(), String> {
         let row = args
@@ -654,13 +677,14 @@ mod native {
             let bufs = gpu
                 .gemm_buffers(n, n, n, &a, &b)
                 .map_err(|e| e.to_string())?;
+            warm_up(&gpu, &bufs)?;
             let mut best = 0f64;
             for _ in 0..reps {
-                let s = gpu.time_sgemm(&bufs, 4).map_err(|e| e.to_string())?;
-                best = best.max(Gpu::flops(&bufs) / s / 1e9);
+                best = best.max(sgemm_gflops(&gpu, &bufs)?);
             }
             println!(
-                "BENCH-JSON {{\"side\":\"frugal-wgpu\",\"row\":\"matmul\",\"n\":{n},\"gflops\":{best:.3},\"reps\":{reps},{adapter}}}"
+                "BENCH-JSON {{\"side\":\"frugal-wgpu\",\"row\":\"matmul\",\"n\":{n},\"gflops\":{best:.3},\"reps\":{reps},\"kernel\":{},{adapter}}}",
+                json_str(&gpu.sgemm_kernel_name(&bufs))
             );
             return Ok(());
         }
@@ -692,9 +716,117 @@ mod native {
         Ok(())
     }
 
+    /// `--profile [--batch B] [--steps S]`: the GPU time of every dispatch of one training step of
+    /// LeNet-5 and the small CNN (batch `B`, default 128), from timestamp queries written before and
+    /// after each dispatch inside the step's pass, after `S` (default 10) untimed steps: the top ops
+    /// by GPU time (kernel, workgroups, µs), per-kernel totals, and the dispatches' sum against the
+    /// step's wall time (median of `S` steps). The device is opened with `TIMESTAMP_QUERY` and
+    /// `TIMESTAMP_QUERY_INSIDE_PASSES` only in this mode; "skipped: no timestamp queries" where the
+    /// adapter lacks them. One `BENCH-JSON` line per workload.
+    fn profile(args: &[String]) -> Result<(), String> {
+        let batch = flag(args, "--batch", 128)?;
+        let steps = flag(args, "--steps", 10)?;
+        let need = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        for id in ["lenet5", "small_cnn"] {
+            let w = frugal_cli::workloads::all()
+                .into_iter()
+                .find(|w| w.id == id)
+                .ok_or_else(|| format!("no workload {id}"))?;
+            let gpu = Gpu::open_with_features(need).map_err(|e| e.to_string())?;
+            let adapter = gpu.adapter_details();
+            let mut backend = GpuBackend::new(gpu);
+            if !backend.set_timestamps(true) {
+                println!(
+                    "`bench_gpu --profile` — adapter: {adapter}\nskipped: no timestamp queries (the adapter lacks TIMESTAMP_QUERY + TIMESTAMP_QUERY_INSIDE_PASSES)"
+                );
+                println!(
+                    "BENCH-JSON {{\"side\":\"frugal-wgpu\",\"row\":\"profile\",\"skipped\":\"no timestamp queries\",\"adapter\":{}}}",
+                    json_str(&adapter)
+                );
+                return Ok(());
+            }
+            let plan = gpu_plan(Plan::new(
+                Graph::new(&w.spec, batch).map_err(|e| e.to_string())?,
+            ));
+            let mut arena = vec![0u8; plan.needed_bytes()];
+            let mut ex =
+                Executor::with_backend(&plan, &arena, backend).map_err(|e| e.to_string())?;
+            ex.init_params(&mut arena, 1).map_err(|e| e.to_string())?;
+            let per = w.spec.input.numel();
+            let classes = plan.graph.pred_dims().numel();
+            let x: Vec<f32> = (0..batch * per).map(|i| (i % 17) as f32 / 16.0).collect();
+            let y: Vec<u32> = (0..batch).map(|i| (i % classes) as u32).collect();
+            // Untimed steps first (clocks up, kernels compiled), then the timed ones (timestamps
+            // on: their cost is in the wall time), then the profiled one.
+            let wall = ms_per_step_after(&mut ex, &mut arena, &x, &y, steps, steps)?;
+            ex.train_step(&mut arena, &x, Target::Classes(&y))
+                .map_err(|e| e.to_string())?;
+            let times = ex
+                .backend_mut()
+                .timestamps(&plan)
+                .map_err(|e| e.to_string())?;
+            let sum: f64 = times.iter().map(|t| t.micros).sum();
+            println!(
+                "\n`bench_gpu --profile` — {} b{batch}, adapter: {adapter}\n{} dispatches: GPU time {:.1} µs summed; wall {:.1} µs/step (median of {steps}); the rest is submission, copies between passes, the loss read-back and gaps\n",
+                w.title,
+                times.len(),
+                sum,
+                wall * 1e3
+            );
+            let mut order: Vec<usize> = (0..times.len()).collect();
+            order.sort_by(|&a, &b| times[b].micros.total_cmp(&times[a].micros));
+            println!("| # | instruction | kernel | workgroups | GPU µs | share |");
+            println!("|---:|---|---|---:|---:|---:|");
+            for &i in order.iter().take(15) {
+                let t = &times[i];
+                println!(
+                    "| {i} | {} | {} | {}×{} | {:.1} | {:.1} % |",
+                    t.instruction,
+                    t.kernel,
+                    t.workgroups.0,
+                    t.workgroups.1,
+                    t.micros,
+                    100.0 * t.micros / sum.max(1e-9)
+                );
+            }
+            // Per kernel, summed.
+            let mut by: Vec<(String, usize, f64)> = Vec::new();
+            for t in &times {
+                match by.iter_mut().find(|b| b.0 == t.kernel) {
+                    Some(b) => {
+                        b.1 += 1;
+                        b.2 += t.micros;
+                    }
+                    None => by.push((t.kernel.clone(), 1, t.micros)),
+                }
+            }
+            by.sort_by(|a, b| b.2.total_cmp(&a.2));
+            println!("\n| kernel | dispatches | GPU µs | share |\n|---|---:|---:|---:|");
+            for (k, n, us) in &by {
+                println!("| {k} | {n} | {us:.1} | {:.1} % |", 100.0 * us / sum.max(1e-9));
+            }
+            let top: Vec<String> = by
+                .iter()
+                .take(5)
+                .map(|(k, n, us)| format!("{{\"kernel\":{},\"dispatches\":{n},\"us\":{us:.2}}}", json_str(k)))
+                .collect();
+            println!(
+                "BENCH-JSON {{\"side\":\"frugal-wgpu\",\"row\":\"profile\",\"workload\":\"{id}\",\"batch\":{batch},\"dispatches\":{},\"gpu_us\":{sum:.2},\"wall_us\":{:.2},\"top_kernels\":[{}],\"adapter\":{}}}",
+                times.len(),
+                wall * 1e3,
+                top.join(","),
+                json_str(&adapter)
+            );
+        }
+        Ok(())
+    }
+
     fn run(args: &[String]) -> Result<(), String> {
         if args.first().map(String::as_str) == Some("--one") {
             return one(args);
+        }
+        if args.first().map(String::as_str) == Some("--profile") {
+            return profile(args);
         }
         if args.first().map(String::as_str) == Some("--sgemm-sweep") {
             return sgemm_sweep(args);
@@ -719,8 +851,9 @@ mod native {
             if gpu.is_software() { " (software: runs on this CPU)" } else { "" },
             SgemmKernel::selected().name()
         );
-        println!("| m×n×k | GPU GFLOPS | CPU GFLOPS | GPU / CPU |");
-        println!("|---|---:|---:|---:|");
+        println!("| m×n×k | GPU kernel | GPU GFLOPS | CPU GFLOPS | GPU / CPU |");
+        println!("|---|---|---:|---:|---:|");
+        let mut warm = !gpu.is_software();
         for (m, n, k) in [(1024, 1024, 1024), (32, 256, 784), (2048, 1024, 1024)] {
             let a: Vec<f32> = (0..m * k)
                 .map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0)
@@ -732,10 +865,12 @@ mod native {
                 .gemm_buffers(m, n, k, &a, &b)
                 .map_err(|e| e.to_string())?;
             // Alternate GPU and CPU rounds so both see the same moments of the machine.
+            if std::mem::take(&mut warm) {
+                warm_up(&gpu, &bufs)?;
+            }
             let (mut g_best, mut c_best) = (0f64, 0f64);
             for _ in 0..reps {
-                let s = gpu.time_sgemm(&bufs, 4).map_err(|e| e.to_string())?;
-                g_best = g_best.max(Gpu::flops(&bufs) / s / 1e9);
+                g_best = g_best.max(sgemm_gflops(&gpu, &bufs)?);
                 c_best = c_best.max(cpu_gflops(
                     SgemmKernel::selected(),
                     &pool,
@@ -746,7 +881,8 @@ mod native {
                 ));
             }
             println!(
-                "| {m}×{n}×{k} | {g_best:.1} | {c_best:.1} | {:.2} |",
+                "| {m}×{n}×{k} | {} | {g_best:.1} | {c_best:.1} | {:.2} |",
+                gpu.sgemm_kernel_name(&bufs),
                 g_best / c_best
             );
         }

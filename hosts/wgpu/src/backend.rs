@@ -1024,6 +1024,20 @@ struct Resolved {
     bytes: u64,
 }
 
+/// The next pair of timestamp queries for dispatch `what`, if timestamps are on and queries are left.
+fn stamp(
+    stamps: &mut Option<Stamps>,
+    what: (Eo, Stamped, (u32, u32)),
+) -> Option<(&wgpu::QuerySet, u32)> {
+    let st = stamps.as_mut()?;
+    let q = u32::try_from(st.what.len() * 2).ok()?;
+    if q + 2 > STAMPS {
+        return None;
+    }
+    st.what.push(what);
+    Some((&st.set, q))
+}
+
 /// The step's compute pass, opened when none is (a copy closes it).
 fn pass_of(prep: &mut Prepared) -> Result<&mut wgpu::ComputePass<'static>, ExecError> {
     if prep.pass.is_none() {
@@ -1055,6 +1069,9 @@ struct Prepared {
     groups: Vec<Option<wgpu::BindGroup>>,
     /// The copies, resolved (None for a dispatch).
     copies: Vec<Option<Resolved>>,
+    /// Bytes bound for A, B and C of each GEMM dispatch (zeros elsewhere): what picks its kernel
+    /// (`Gpu::gemm_default`).
+    gemm_bytes: Vec<[u64; 3]>,
     /// The first dispatch or copy of each instruction and how many it has, in training and in
     /// evaluation.
     first: Vec<[(u32, u8); 2]>,
@@ -1119,6 +1136,53 @@ pub struct GpuBackend {
     copied: u64,
     /// Profiling ([`GpuBackend::set_profiling`]): seconds per execution order, summed over steps.
     profile: Option<Vec<f64>>,
+    /// Per-dispatch GPU timestamps ([`GpuBackend::set_timestamps`]).
+    stamps: Option<Stamps>,
+}
+
+/// Queries of the timestamp set: two per dispatch (wgpu's largest query set).
+const STAMPS: u32 = wgpu::QUERY_SET_MAX_QUERIES;
+
+/// A timed dispatch's kernel: a GEMM (its dimensions and bound bytes pick the kernel) or a family's
+/// entry point.
+#[derive(Clone, Copy)]
+enum Stamped {
+    Gemm(Dims, [u64; 3]),
+    Entry(&'static str),
+}
+
+/// The step's timestamps: a query before and after each dispatch, resolved at the step's end.
+struct Stamps {
+    set: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    read: wgpu::Buffer,
+    /// (execution order, kernel, workgroups) of each timed dispatch of the last step, in order.
+    what: Vec<(Eo, Stamped, (u32, u32))>,
+    /// Queries the last step resolved into `read`.
+    resolved: u32,
+}
+
+/// One dispatch of a step and its GPU time ([`GpuBackend::timestamps`]).
+#[derive(Clone, Debug)]
+pub struct DispatchTime {
+    /// The instruction: its node, layer kind and phase, e.g. `#3 Conv Backward`.
+    pub instruction: String,
+    /// The kernel: an entry point of a WGSL family, `sgemm.wgsl`, or a generated GEMM's name.
+    pub kernel: String,
+    /// Workgroups (x, y).
+    pub workgroups: (u32, u32),
+    /// Microseconds between the timestamps written before and after it.
+    pub micros: f64,
+}
+
+fn entry_name(set: Set, e: usize) -> &'static str {
+    let names: &[&'static str] = match set {
+        Set::Ew => &crate::elementwise::ENTRIES,
+        Set::Pool => &pool::ENTRIES,
+        Set::Conv => &conv::ENTRIES,
+        Set::Bn => &bn::ENTRIES,
+    };
+    names.get(e).copied().unwrap_or("?")
 }
 
 /// A hash of everything `prepare` builds from: the program, the storages' lifetimes, spaces and
@@ -1180,7 +1244,103 @@ impl GpuBackend {
             dispatched: 0,
             copied: 0,
             profile: None,
+            stamps: None,
         }
+    }
+
+    /// Per-dispatch GPU timestamps: with `on`, every dispatch of a step (up to 2,048) is bracketed by
+    /// timestamp queries inside the step's pass, resolved and copied at the step's end, and
+    /// [`GpuBackend::timestamps`] reads them after the step. Needs a device opened with
+    /// `TIMESTAMP_QUERY` and `TIMESTAMP_QUERY_INSIDE_PASSES` ([`Gpu::open_with_features`]); false
+    /// (and off) without them. For measuring (`bench_gpu --profile`): it allocates per step.
+    pub fn set_timestamps(&mut self, on: bool) -> bool {
+        let need = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        if !on || !self.gpu.features().contains(need) {
+            self.stamps = None;
+            return !on;
+        }
+        let dev = &self.gpu.device;
+        let bytes = STAMPS as u64 * 8;
+        let buffer = |label, usage| {
+            dev.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: bytes,
+                usage,
+                mapped_at_creation: false,
+            })
+        };
+        self.stamps = Some(Stamps {
+            set: dev.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("frugal stamps"),
+                ty: wgpu::QueryType::Timestamp,
+                count: STAMPS,
+            }),
+            resolve: buffer(
+                "frugal stamps",
+                wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            ),
+            read: buffer(
+                "frugal stamps read",
+                wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            ),
+            what: Vec::new(),
+            resolved: 0,
+        });
+        true
+    }
+
+    /// The last step's dispatches in order with their GPU times (empty without
+    /// [`GpuBackend::set_timestamps`]), natively: waits for the GPU.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn timestamps(&mut self, plan: &Plan) -> Result<Vec<DispatchTime>, ExecError> {
+        let Some(st) = self.stamps.as_ref() else {
+            return Ok(Vec::new());
+        };
+        if st.resolved == 0 {
+            return Ok(Vec::new());
+        }
+        let slice = st.read.slice(..st.resolved as u64 * 8);
+        let mapping = Mapping::start(&slice);
+        self.gpu.wait().map_err(gpu_err)?;
+        crate::block_on(mapping).map_err(gpu_err)?;
+        let ticks: Vec<u64> = {
+            let view = slice
+                .get_mapped_range()
+                .map_err(|e| gpu_err(GpuError::Readback(e.to_string())))?;
+            bytemuck::pod_collect_to_vec(&view)
+        };
+        st.read.unmap();
+        let ns = f64::from(self.gpu.queue.get_timestamp_period());
+        let mut out = Vec::with_capacity(st.what.len());
+        for (i, &(eo, k, groups)) in st.what.iter().enumerate() {
+            let (Some(&t0), Some(&t1)) = (ticks.get(2 * i), ticks.get(2 * i + 1)) else {
+                break;
+            };
+            let instruction = match plan.program.get(eo as usize) {
+                Some(ins) => {
+                    let op = plan
+                        .graph
+                        .nodes
+                        .get(ins.node as usize)
+                        .map(|n| format!("{:?}", n.op))
+                        .unwrap_or_default();
+                    let kind: String = op.chars().take_while(|c| c.is_alphanumeric()).collect();
+                    format!("#{} {kind} {:?}", ins.node, ins.phase)
+                }
+                None => "guard".to_string(),
+            };
+            let kernel = match k {
+                Stamped::Entry(e) => e.to_string(),
+                Stamped::Gemm(d, bytes) => self.gpu.gemm_default_name_bound(&d, bytes),
+            };
+            out.push(DispatchTime {
+                instruction,
+                kernel,
+                workgroups: groups,
+                micros: t1.saturating_sub(t0) as f64 * ns / 1e3,
+            });
+        }
+        Ok(out)
     }
 
     /// Profiling (natively): every instruction is then submitted on its own and waited for, and its
@@ -1482,11 +1642,27 @@ impl GpuBackend {
                     let group = prep.groups[slot].clone().ok_or(ExecError::BadPlan(
                         "the instruction differs from its prepared form",
                     ))?;
+                    // A GEMM runs the fastest kernel that fits its dimensions and bindings.
+                    let (pipe, groups) = match &st.kernel {
+                        Kernel::Gemm(d) => gpu.gemm_default(d, prep.gemm_bytes[slot]),
+                        k => (pipeline(gpu, k), st.groups),
+                    };
+                    let stamped = match &st.kernel {
+                        Kernel::Gemm(d) => Stamped::Gemm(*d, prep.gemm_bytes[slot]),
+                        Kernel::Set(set, e, _) => Stamped::Entry(entry_name(*set, *e)),
+                    };
                     let pass = pass_of(prep)?;
-                    pass.set_pipeline(pipeline(gpu, &st.kernel));
+                    pass.set_pipeline(pipe);
                     pass.set_bind_group(0, &group, &[]);
-                    if st.groups.0 > 0 && st.groups.1 > 0 {
-                        pass.dispatch_workgroups(st.groups.0, st.groups.1, 1);
+                    if groups.0 > 0 && groups.1 > 0 {
+                        let q = stamp(&mut self.stamps, (r.eo, stamped, groups));
+                        if let Some((set, q)) = q {
+                            pass.write_timestamp(set, q);
+                        }
+                        pass.dispatch_workgroups(groups.0, groups.1, 1);
+                        if let Some((set, q)) = q {
+                            pass.write_timestamp(set, q + 1);
+                        }
                         dispatched += 1;
                     }
                 }
@@ -1539,10 +1715,17 @@ impl GpuBackend {
         let group = prep.groups[slot]
             .clone()
             .ok_or(ExecError::BadPlan("the guard has no bind group"))?;
+        let q = stamp(&mut self.stamps, (Eo::MAX, Stamped::Entry("guard"), (1, 1)));
         let pass = pass_of(prep)?;
         pass.set_pipeline(pipeline(gpu, &kernel));
         pass.set_bind_group(0, &group, &[]);
+        if let Some((set, q)) = q {
+            pass.write_timestamp(set, q);
+        }
         pass.dispatch_workgroups(1, 1, 1);
+        if let Some((set, q)) = q {
+            pass.write_timestamp(set, q + 1);
+        }
         self.dispatched += 1;
         Ok(())
     }
@@ -1862,6 +2045,7 @@ impl Backend for GpuBackend {
                 })
             };
         let mut copies = Vec::with_capacity(ops.len());
+        let mut gemm_bytes = vec![[0u64; 3]; ops.len()];
         for (slot, (op, mb, eo)) in ops.iter().enumerate() {
             let eo = *eo as Eo;
             let mbu = *mb as usize;
@@ -1919,6 +2103,11 @@ impl Backend for GpuBackend {
                 }
                 bound.push((buf, off as u64, size as u64));
             }
+            if set.is_none() {
+                for (i, &(_, _, size)) in bound.iter().enumerate() {
+                    gemm_bytes[slot][i] = size;
+                }
+            }
             let uniform_size = match set {
                 None => std::mem::size_of::<Dims>(),
                 Some(_) => PARAM_WORDS * 4,
@@ -1972,6 +2161,7 @@ impl Backend for GpuBackend {
             readback,
             groups,
             copies,
+            gemm_bytes,
             first,
             staging: vec![0u8; ops.len() * SLOT],
             encoder: None,
@@ -2021,6 +2211,10 @@ impl Backend for GpuBackend {
         prep.samples = n;
         prep.guarded = false;
         prep.loss_n.fill(0);
+        if let Some(st) = self.stamps.as_mut() {
+            st.what.clear();
+            st.resolved = 0;
+        }
         let enc = gpu
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -2046,6 +2240,14 @@ impl Backend for GpuBackend {
         let read = (io.nil - io.l) as u64;
         if ran > 0 {
             enc.copy_buffer_to_buffer(&prep.io, io.l as u64, &prep.readback, 0, read);
+        }
+        if let Some(st) = self.stamps.as_mut() {
+            let q = st.what.len() as u32 * 2;
+            if q > 0 {
+                enc.resolve_query_set(&st.set, 0..q, &st.resolve, 0);
+                enc.copy_buffer_to_buffer(&st.resolve, 0, &st.read, 0, q as u64 * 8);
+            }
+            st.resolved = q;
         }
         gpu.queue.write_buffer(&prep.params, 0, &prep.staging);
         gpu.queue.submit([enc.finish()]);

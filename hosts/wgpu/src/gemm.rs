@@ -116,6 +116,24 @@ impl GemmVariant {
         ]
     }
 
+    /// The kernels every GEMM tries first ([`Gpu::gemm_default`](crate::Gpu)), in order, for operands
+    /// in these layouts: the fastest of the H100 sweep for the layout (`bench_gpu --sgemm-sweep`,
+    /// tests/bench/README.md: 25.8–29.4 TFLOPS at 1024³ against 13.4 for `sgemm.wgsl`), then the
+    /// 64×64 tile, which fits more shapes (m, n multiples of 64, k of 16). Fast and unchecked both; a
+    /// shape neither fits runs `sgemm.wgsl`.
+    pub const fn defaults(trans_a: bool, trans_b: bool) -> [GemmVariant; 2] {
+        let best = match (trans_a, trans_b) {
+            (true, false) => GemmVariant::fast(64, 64, 4, 4, 32),
+            _ => GemmVariant::fast(128, 64, 8, 4, 16),
+        };
+        [
+            best.unchecked().with_trans(trans_a, trans_b),
+            GemmVariant::fast(64, 64, 4, 4, 16)
+                .unchecked()
+                .with_trans(trans_a, trans_b),
+        ]
+    }
+
     /// A short name: `f128x64-8x8-k16-nt-u` (f fast / g general, tile, block, depth, layouts of A and
     /// B, u without Naga's checks).
     pub fn name(&self) -> String {
@@ -397,7 +415,8 @@ impl Gpu {
         let module = if v.unchecked {
             // SAFETY: an unchecked variant is a fast one, which is dispatched only for operands it fits
             // (`GemmVariant::fits`: m, n, k multiples of the tile, checked by every caller before a
-            // dispatch) on bindings of at least m·k, k·n and m·n f32 (checked when the buffers are made).
+            // dispatch) on bindings of at least m·k, k·n and m·n f32 (exact for `GemmBuffers`; checked
+            // against the bound sizes by `Gpu::gemm_default` for the GPU backend's bindings).
             // Then every index is in range: the staging reads rows row0 + mn < m (row0 + bm ≤ m) at
             // depths k0 + kk < k (k0 + tk ≤ k), or the transposed equivalents, B likewise, and the
             // stores write rows < m and columns < n; vec4 indices divide element indices that are

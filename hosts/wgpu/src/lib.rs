@@ -28,7 +28,7 @@ mod bn;
 mod conv;
 mod elementwise;
 mod gemm;
-pub use backend::{gpu_plan, GpuBackend, GpuBytes, GPU_ALIGN, GPU_SPACE};
+pub use backend::{gpu_plan, DispatchTime, GpuBackend, GpuBytes, GPU_ALIGN, GPU_SPACE};
 pub use bn::{BnForward, BnGrads};
 pub use gemm::{GemmKernel, GemmVariant};
 #[cfg(not(target_arch = "wasm32"))]
@@ -178,6 +178,20 @@ struct Dims {
     pad: [u32; 2],
 }
 
+impl Dims {
+    fn of(m: u32, n: u32, k: u32, opts: GemmOpts) -> Dims {
+        Dims {
+            m,
+            n,
+            k,
+            accumulate: opts.accumulate as u32,
+            trans_a: opts.trans_a as u32,
+            trans_b: opts.trans_b as u32,
+            pad: [0; 2],
+        }
+    }
+}
+
 /// How a GEMM reads its operands and writes its result.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GemmOpts {
@@ -192,12 +206,21 @@ pub struct GemmOpts {
 /// Rows and columns of C one workgroup computes (`TS` in `sgemm.wgsl`).
 pub const TILE: u32 = 64;
 
+impl GemmBuffers {
+    fn dims(&self) -> Dims {
+        Dims::of(self.m, self.n, self.k, self.opts)
+    }
+}
+
 /// An opened GPU with frugal's pipelines, created once.
 pub struct Gpu {
     device: wgpu::Device,
     queue: wgpu::Queue,
     info: wgpu::AdapterInfo,
     sgemm: wgpu::ComputePipeline,
+    /// The default tile-multiple kernels ([`GemmVariant::defaults`], 2 per layout), compiled on first
+    /// use; `None` where this device refuses one.
+    fast_gemm: [std::sync::OnceLock<Option<GemmKernel>>; 8],
     layout: wgpu::BindGroupLayout,
     elementwise: elementwise::Pipelines,
     pool: elementwise::Pipelines,
@@ -211,6 +234,8 @@ pub struct GemmBuffers {
     n: u32,
     k: u32,
     opts: GemmOpts,
+    /// Bytes bound for A, B and C.
+    bytes: [u64; 3],
     c: wgpu::Buffer,
     group: wgpu::BindGroup,
 }
@@ -222,8 +247,24 @@ impl Gpu {
         pollster::block_on(Self::open_async())
     }
 
+    /// [`Gpu::open`] with those of `wanted` the adapter has (`bench_gpu --profile`: timestamp
+    /// queries); see [`Gpu::features`].
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn open_with_features(wanted: wgpu::Features) -> Result<Gpu, GpuError> {
+        pollster::block_on(Self::open_with_features_async(wanted))
+    }
+
     /// [`Gpu::open`] as a future: the browser's way (WebGPU hands out adapters asynchronously).
     pub async fn open_async() -> Result<Gpu, GpuError> {
+        Self::open_with_features_async(wgpu::Features::empty()).await
+    }
+
+    /// The optional features the device was opened with.
+    pub fn features(&self) -> wgpu::Features {
+        self.device.features()
+    }
+
+    async fn open_with_features_async(wanted: wgpu::Features) -> Result<Gpu, GpuError> {
         let instance =
             wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = instance
@@ -237,7 +278,7 @@ impl Gpu {
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("frugal"),
-                required_features: wgpu::Features::empty(),
+                required_features: wanted & adapter.features(),
                 required_limits: adapter.limits(),
                 ..Default::default()
             })
@@ -297,6 +338,7 @@ impl Gpu {
             queue,
             info,
             sgemm,
+            fast_gemm: Default::default(),
             layout,
             elementwise,
             pool,
@@ -400,15 +442,7 @@ impl Gpu {
             .device
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: Some("dims"),
-                contents: bytemuck::bytes_of(&Dims {
-                    m: mu,
-                    n: nu,
-                    k: ku,
-                    accumulate: opts.accumulate as u32,
-                    trans_a: opts.trans_a as u32,
-                    trans_b: opts.trans_b as u32,
-                    pad: [0; 2],
-                }),
+                contents: bytemuck::bytes_of(&Dims::of(mu, nu, ku, opts)),
                 usage: wgpu::BufferUsages::UNIFORM,
             });
         let ab = init("A", a, wgpu::BufferUsages::STORAGE);
@@ -452,15 +486,65 @@ impl Gpu {
             n: nu,
             k: ku,
             opts,
+            bytes: [ab.size(), bb.size(), c.size()],
             c,
             group,
         })
     }
 
-    /// Records `reps` products into one command buffer and submits it once.
+    /// Records `reps` products by the default kernel ([`Gpu::gemm_default`]) into one command buffer
+    /// and submits it once.
     fn dispatch(&self, g: &GemmBuffers, reps: usize) {
-        let groups = (g.n.div_ceil(TILE), g.m.div_ceil(TILE));
-        self.dispatch_with(&self.sgemm, groups, g, reps);
+        let (pipeline, groups) = self.gemm_default(&g.dims(), g.bytes);
+        self.dispatch_with(pipeline, groups, g, reps);
+    }
+
+    /// The kernel every GEMM runs by default (`sgemm_with`, Linear, the GPU backend's step): the first
+    /// of [`GemmVariant::defaults`] for the layout that fits the dimensions, compiles on this device and
+    /// whose bindings (`bytes`: A, B, C) hold the whole operands, else `sgemm.wgsl`. Its pipeline and
+    /// workgroups. The results are bit-equal whichever it picks (each C element is the same in-order
+    /// `fma` chain).
+    pub(crate) fn gemm_default(
+        &self,
+        d: &Dims,
+        bytes: [u64; 3],
+    ) -> (&wgpu::ComputePipeline, (u32, u32)) {
+        if let Some(k) = self.gemm_default_kernel(d, bytes) {
+            return (&k.pipeline, k.variant.groups(d.m, d.n));
+        }
+        (&self.sgemm, (d.n.div_ceil(TILE), d.m.div_ceil(TILE)))
+    }
+
+    /// The generated kernel [`Gpu::gemm_default`] picks, if any.
+    fn gemm_default_kernel(&self, d: &Dims, bytes: [u64; 3]) -> Option<&GemmKernel> {
+        let (ta, tb) = (d.trans_a != 0, d.trans_b != 0);
+        let need = |r: u32, c: u32| 4 * r as u64 * c as u64;
+        // The unchecked kernels read and write every element of the operands and nothing beyond.
+        if bytes[0] < need(d.m, d.k) || bytes[1] < need(d.k, d.n) || bytes[2] < need(d.m, d.n) {
+            return None;
+        }
+        let layout = usize::from(ta) + 2 * usize::from(tb);
+        GemmVariant::defaults(ta, tb)
+            .into_iter()
+            .enumerate()
+            .filter(|(_, v)| v.fits(d.m, d.n, d.k, ta, tb))
+            .find_map(|(i, v)| {
+                self.fast_gemm[2 * layout + i]
+                    .get_or_init(|| self.gemm_kernel(v).ok())
+                    .as_ref()
+            })
+    }
+
+    /// [`Gpu::gemm_default`]'s kernel's name for bindings of `bytes`.
+    pub(crate) fn gemm_default_name_bound(&self, d: &Dims, bytes: [u64; 3]) -> String {
+        self.gemm_default_kernel(d, bytes)
+            .map_or_else(|| "sgemm.wgsl".to_string(), |k| k.variant.name())
+    }
+
+    /// The name of the kernel a product of these dimensions runs by default (`sgemm.wgsl` or a
+    /// [`GemmVariant::name`]); compiles it if it is the first use.
+    pub fn gemm_default_name(&self, m: u32, n: u32, k: u32, opts: GemmOpts) -> String {
+        self.gemm_default_name_bound(&Dims::of(m, n, k, opts), [u64::MAX; 3])
     }
 
     /// [`Gpu::dispatch`] on `pipeline` with `groups` workgroups per product.
@@ -623,10 +707,17 @@ impl Gpu {
         self.read_c(&g)
     }
 
-    /// Seconds per product over `reps` products of resident operands, submitted at once (the first
-    /// submission, which compiles and warms up, is not timed).
+    /// Seconds per product by the default kernel ([`Gpu::gemm_default`]) over `reps` products of
+    /// resident operands, submitted at once (after one untimed submission).
     pub fn time_sgemm(&self, g: &GemmBuffers, reps: usize) -> Result<f64, GpuError> {
-        self.time_gemm(None, g, reps)
+        let (pipeline, groups) = self.gemm_default(&g.dims(), g.bytes);
+        self.time_launch(pipeline, groups, g, reps)
+    }
+
+    /// The kernel [`Gpu::time_sgemm`] and [`Gpu::sgemm_with`] run on `g` (see
+    /// [`Gpu::gemm_default_name`]).
+    pub fn sgemm_kernel_name(&self, g: &GemmBuffers) -> String {
+        self.gemm_default_name(g.m, g.n, g.k, g.opts)
     }
 
     /// The pipeline and workgroups of one product of `g` by `kern` (`None`: `sgemm.wgsl`), or why
@@ -664,6 +755,18 @@ impl Gpu {
         reps: usize,
     ) -> Result<f64, GpuError> {
         let (pipeline, groups) = self.gemm_launch(kern, g)?;
+        self.time_launch(pipeline, groups, g, reps)
+    }
+
+    /// Seconds per product of `reps` dispatches of `pipeline` recorded in one pass and submitted once,
+    /// after one untimed submission.
+    fn time_launch(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        groups: (u32, u32),
+        g: &GemmBuffers,
+        reps: usize,
+    ) -> Result<f64, GpuError> {
         self.dispatch_with(pipeline, groups, g, 1);
         self.wait()?;
         let t = Instant::now();

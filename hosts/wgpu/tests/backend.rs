@@ -342,3 +342,62 @@ fn steps_create_no_gpu_objects_and_the_gpu_holds_the_planned_bytes() {
     }
     common::assert_no_new_gpu_objects(&after_first, &ex.backend().counters());
 }
+
+/// An MLP whose layers are 64-multiples at batch 64: every GEMM of its step (forward, dX, dW in three
+/// layouts) fits a generated tile kernel, bound to the planner's storages. It trains as on the CPU, and
+/// the per-dispatch timestamps (where the adapter has them) name the generated kernels it ran.
+#[test]
+fn tile_multiple_layers_run_the_generated_gemm_and_train_as_on_the_cpu() {
+    use frugal_core::model::{Dims, Src};
+    use models::layer;
+    if common::gpu().is_none() {
+        return;
+    }
+    let lin = |out| LayerKind::Linear { out, bias: true };
+    let spec = ModelSpec {
+        input: Dims { c: 1, h: 8, w: 8 },
+        layers: vec![
+            layer("flat", LayerKind::Flatten, &[Src::Input]),
+            layer("fc1", lin(128), &[Src::Layer(0)]),
+            layer("relu1", LayerKind::Relu, &[Src::Layer(1)]),
+            layer("fc2", lin(64), &[Src::Layer(2)]),
+            layer("relu2", LayerKind::Relu, &[Src::Layer(3)]),
+            layer("out", lin(64), &[Src::Layer(4)]),
+        ],
+        loss: LossKind::SoftmaxCrossEntropy,
+        optimizer: SGD,
+        seed: 7,
+    };
+    let p = plan(&spec, 64, 1);
+    let cpu = on_cpu(&p, &spec, &[64], 4, 64);
+    let Some(gpu) = on_gpu(&p, &spec, &[64], 4, 64) else {
+        return;
+    };
+    agree(&gpu, &cpu, "tile-multiple MLP");
+
+    let need = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+    let mut backend = GpuBackend::new(frugal_wgpu::Gpu::open_with_features(need).unwrap());
+    if !backend.set_timestamps(true) {
+        eprintln!("skipped the timestamps: the adapter has no timestamp queries");
+        return;
+    }
+    let gp = gpu_plan(p.clone());
+    let mut arena = vec![0u8; gp.needed_bytes()];
+    let mut ex = Executor::with_backend(&gp, &arena, backend).unwrap();
+    ex.init_params(&mut arena, 3).unwrap();
+    let (x, y, _) = batch(&spec, 64, 1, 64);
+    let d0 = ex.backend().dispatches();
+    ex.train_step(&mut arena, &x, Target::Classes(&y)).unwrap();
+    let dispatches = ex.backend().dispatches() - d0;
+    let times = ex.backend_mut().timestamps(&gp).unwrap();
+    assert_eq!(times.len() as u64, dispatches, "one time per dispatch");
+    assert!(times.iter().all(|t| t.micros >= 0.0 && t.micros.is_finite()));
+    let generated: Vec<&str> = times
+        .iter()
+        .filter(|t| t.kernel.starts_with("f64x64") || t.kernel.starts_with("f128x64"))
+        .map(|t| t.kernel.as_str())
+        .collect();
+    // 3 forward products, 3 weight gradients (A transposed), 2 input gradients (B transposed).
+    assert!(generated.len() >= 8, "{times:#?}");
+    assert!(times.iter().any(|t| t.kernel == "guard"));
+}

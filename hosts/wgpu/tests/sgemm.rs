@@ -246,3 +246,53 @@ fn every_gemm_variant_matches_the_f64_product_and_the_tiled_kernel() {
     // Most of the sweep compiles even on lavapipe's limits.
     assert!(ran > 100, "only {ran} products checked");
 }
+
+/// `sgemm_with` (and so Linear and the GPU backend's step) runs the generated default kernel where the
+/// shape is a tile multiple, `sgemm.wgsl` elsewhere; bit for bit the legacy kernel's results in every
+/// layout, accumulating or not.
+#[test]
+fn the_default_kernel_is_the_fast_one_where_it_fits_and_bit_equal() {
+    let Some(g) = gpu() else { return };
+    let mut fast = 0;
+    for (l, (ta, tb)) in [(false, false), (true, false), (false, true), (true, true)]
+        .into_iter()
+        .enumerate()
+    {
+        let best = GemmVariant::defaults(ta, tb)[0];
+        for (s, &(m, n, k)) in [(128, 128, 64), (64, 192, 48), (130, 97, 64)]
+            .iter()
+            .enumerate()
+        {
+            let opts = GemmOpts {
+                trans_a: ta,
+                trans_b: tb,
+                accumulate: (l + s) % 2 == 1,
+            };
+            let name = g.gemm_default_name(m as u32, n as u32, k as u32, opts);
+            let fits = |v: GemmVariant| v.fits(m as u32, n as u32, k as u32, ta, tb);
+            if !GemmVariant::defaults(ta, tb).into_iter().any(fits) {
+                assert_eq!(name, "sgemm.wgsl");
+            } else if g.gemm_kernel(best).is_ok() && fits(best) {
+                assert_eq!(name, best.name());
+            }
+            fast += usize::from(name != "sgemm.wgsl");
+            let seed = (l * 4 + s) as u64;
+            let got = check_run(m, n, k, seed, opts, |a, b, old| {
+                g.sgemm_with(m, n, k, a, b, opts, old)
+            })
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let legacy = check_run(m, n, k, seed, opts, |a, b, old| {
+                g.run_gemm(None, &g.gemm_buffers_with(m, n, k, a, b, opts, old)?)
+            })
+            .unwrap();
+            assert!(
+                got.iter()
+                    .zip(&legacy)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{name} {m}×{n}×{k} {opts:?}: not bit-equal to sgemm.wgsl"
+            );
+        }
+    }
+    // The 64×64 tile fits every adapter's limits: 2 of the 3 shapes run a generated kernel.
+    assert_eq!(fast, 8);
+}
