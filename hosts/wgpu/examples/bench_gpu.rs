@@ -803,12 +803,20 @@ mod native {
             by.sort_by(|a, b| b.2.total_cmp(&a.2));
             println!("\n| kernel | dispatches | GPU µs | share |\n|---|---:|---:|---:|");
             for (k, n, us) in &by {
-                println!("| {k} | {n} | {us:.1} | {:.1} % |", 100.0 * us / sum.max(1e-9));
+                println!(
+                    "| {k} | {n} | {us:.1} | {:.1} % |",
+                    100.0 * us / sum.max(1e-9)
+                );
             }
             let top: Vec<String> = by
                 .iter()
                 .take(5)
-                .map(|(k, n, us)| format!("{{\"kernel\":{},\"dispatches\":{n},\"us\":{us:.2}}}", json_str(k)))
+                .map(|(k, n, us)| {
+                    format!(
+                        "{{\"kernel\":{},\"dispatches\":{n},\"us\":{us:.2}}}",
+                        json_str(k)
+                    )
+                })
                 .collect();
             println!(
                 "BENCH-JSON {{\"side\":\"frugal-wgpu\",\"row\":\"profile\",\"workload\":\"{id}\",\"batch\":{batch},\"dispatches\":{},\"gpu_us\":{sum:.2},\"wall_us\":{:.2},\"top_kernels\":[{}],\"adapter\":{}}}",

@@ -391,7 +391,9 @@ fn tile_multiple_layers_run_the_generated_gemm_and_train_as_on_the_cpu() {
     let dispatches = ex.backend().dispatches() - d0;
     let times = ex.backend_mut().timestamps(&gp).unwrap();
     assert_eq!(times.len() as u64, dispatches, "one time per dispatch");
-    assert!(times.iter().all(|t| t.micros >= 0.0 && t.micros.is_finite()));
+    assert!(times
+        .iter()
+        .all(|t| t.micros >= 0.0 && t.micros.is_finite()));
     let generated: Vec<&str> = times
         .iter()
         .filter(|t| t.kernel.starts_with("f64x64") || t.kernel.starts_with("f128x64"))
