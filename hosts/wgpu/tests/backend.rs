@@ -94,6 +94,66 @@ fn batchnorm_trains_on_the_gpu_as_on_the_cpu() {
 }
 
 #[test]
+fn layers_beyond_65535_weights_and_channels_train_on_the_gpu_as_on_the_cpu() {
+    // WebGPU allows at most 65,535 workgroups per grid dimension, and the weight- and bias-gradient
+    // and BatchNorm reductions run one workgroup per weight or channel: past 65,535 the grid folds into
+    // rows (`wg_index`). A dense 3×3 convolution with 1024·8·9 = 73,728 weights, a grouped 1×1 one with
+    // 66,560 weights and output channels (a bias, so 66,560 bias sums), and BatchNorm over those 66,560
+    // channels (statistics and gradient sums); then a grouped 1×1 convolution back to 1024 channels
+    // (a linear layer over 66,560 features would be a GEMM with k > 65,535, which lavapipe sums wrongly:
+    // its shader loops stop after 65,535 iterations). A reduction that ignored the fold would leave
+    // every output past the first row of workgroups unwritten and others overwritten, far beyond 1e-5.
+    use frugal_core::model::{Dims, Src};
+    let conv = |out, k: u32, pad: u32, groups, bias| LayerKind::Conv2d {
+        out,
+        kernel: [k, k],
+        stride: [1, 1],
+        padding: [pad, pad],
+        groups,
+        bias,
+    };
+    let bn = LayerKind::BatchNorm2d {
+        eps: 1e-5,
+        momentum: 0.1,
+    };
+    let spec = ModelSpec {
+        input: Dims { c: 8, h: 3, w: 3 },
+        layers: vec![
+            models::layer("c1", conv(1024, 3, 1, 1, false), &[Src::Input]),
+            models::layer("c2", conv(66_560, 1, 0, 1024, true), &[Src::Layer(0)]),
+            models::layer("bn", bn, &[Src::Layer(1)]),
+            models::layer("c3", conv(1024, 1, 0, 1024, false), &[Src::Layer(2)]),
+            models::layer("gap", LayerKind::GlobalAvgPool, &[Src::Layer(3)]),
+            models::layer("flat", LayerKind::Flatten, &[Src::Layer(4)]),
+            models::layer(
+                "fc",
+                LayerKind::Linear { out: 3, bias: true },
+                &[Src::Layer(5)],
+            ),
+        ],
+        loss: LossKind::SoftmaxCrossEntropy,
+        optimizer: SGD,
+        seed: 4,
+    };
+    let p = plan(&spec, 3, 1);
+    let cpu = on_cpu(&p, &spec, &[3], 2, 3);
+    let Some(gpu) = on_gpu(&p, &spec, &[3], 2, 3) else {
+        return;
+    };
+    // Losses and predictions as `agree`; the state tensors within 1e-4: BatchNorm's β moves by
+    // −lr·Σdy, a sum of 27 terms that nearly cancel (‖β‖ ≈ 8e-4 against terms of ~1e-2), so the
+    // few-ULP differences of its terms (the GPU's workgroup tree against the CPU's order) are ~1e-5 of
+    // it; a wrong fold is off by O(1).
+    let what = "over 65,535 weights and channels";
+    common::close_norm(&format!("{what}: losses"), &gpu.losses, &cpu.losses, 1e-5);
+    assert_eq!(gpu.correct, cpu.correct, "{what}: correct counts");
+    for (k, (g, c)) in gpu.state.iter().zip(&cpu.state).enumerate() {
+        common::close_norm(&format!("{what}: state tensor {k}"), g, c, 1e-4);
+    }
+    common::close_norm(&format!("{what}: eval"), &[gpu.eval.0], &[cpu.eval.0], 1e-5);
+}
+
+#[test]
 fn fp16_storage_trains_on_the_gpu_as_on_the_cpu() {
     // The saved activations rounded to IEEE half between forward and backward on both backends: the
     // same rounding (nearest even, saturating at ±65504), so the runs agree as the f32 ones do.
