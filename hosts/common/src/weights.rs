@@ -110,9 +110,11 @@ pub fn parse(bytes: &[u8]) -> Result<Vec<NamedTensor>, String> {
             "F32" => Elem::F32,
             "F16" => Elem::F16,
             "BF16" => Elem::Bf16,
-            other => return Err(format!(
+            other => {
+                return Err(format!(
                 "tensor \"{name}\" has element type {other}; only F32, F16 and BF16 are supported"
-            )),
+            ))
+            }
         };
         // Checked above: the data holds shape × element size bytes.
         let values = to_f32(elem, &data[info.offsets.0..info.offsets.1])
