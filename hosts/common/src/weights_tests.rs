@@ -5,9 +5,12 @@ use alloc::string::ToString;
 use alloc::vec;
 use std::collections::BTreeMap;
 
+/// Tensors by name: shape and values.
+type Tensors = BTreeMap<String, (Vec<usize>, Vec<f32>)>;
+
 /// What the `safetensors` crate reads, as this module would return it (`None`: refused, or a tensor
 /// of an element type other than F32, F16 and BF16).
-fn reference(bytes: &[u8]) -> Option<BTreeMap<String, (Vec<usize>, Vec<f32>)>> {
+fn reference(bytes: &[u8]) -> Option<Tensors> {
     use safetensors::{Dtype, SafeTensors};
     let st = SafeTensors::deserialize(bytes).ok()?;
     let mut out = BTreeMap::new();
@@ -30,12 +33,12 @@ fn same(bytes: &[u8]) {
     let header = String::from_utf8_lossy(&bytes[8.min(bytes.len())..]);
     match (&want, &got) {
         (Some(w), Ok(g)) => {
-            let g: BTreeMap<_, _> = g
+            let g: Tensors = g
                 .iter()
                 .map(|(n, s, v)| (n.clone(), (s.clone(), v.clone())))
                 .collect();
             // Bit patterns: NaN payloads and signed zeros read the same.
-            let bits = |m: &BTreeMap<String, (Vec<usize>, Vec<f32>)>| {
+            let bits = |m: &Tensors| {
                 m.iter()
                     .map(|(n, (s, v))| {
                         (
