@@ -1,7 +1,8 @@
 // The browser half of `cargo xtask web --bench`: ms/step of the digits CNN (examples/digits-cnn.frgm,
-// batch 32, seed 1, the bundled training digits in file order) in headless Chromium, and the wasm
-// memory of a fresh module training under budgets. Prints `key=value` and `memory …` lines that the
-// xtask reads; the native half is timed in the xtask's own process.
+// batch 32, seed 1, the bundled training digits in file order) in headless Chromium (each round's
+// ms/step and the best), and the wasm memory of a fresh module training under budgets. Prints
+// `key=value` and `memory …` lines that the xtask reads; the native half is timed in the xtask's own
+// process.
 import { PAGE_HELPERS, start } from "./browser.mjs";
 
 const arg = (name, dflt) => {
@@ -30,13 +31,13 @@ try {
       const w0 = performance.now();
       do t.trainSteps(10);
       while (performance.now() - w0 < 2000);
-      let best = Infinity;
+      const ms = [];
       for (let r = 0; r < rounds; r++) {
         const t0 = performance.now();
         t.trainSteps(steps);
-        best = Math.min(best, (performance.now() - t0) / steps);
+        ms.push((performance.now() - t0) / steps);
       }
-      return { best, plan: t.planInfo(), simd: WebAssembly.validate(new Uint8Array([
+      return { ms, best: Math.min(...ms), plan: t.planInfo(), simd: WebAssembly.validate(new Uint8Array([
         // A module whose one function returns a v128 constant: valid only where simd128 is supported.
         0, 97, 115, 109, 1, 0, 0, 0, 1, 5, 1, 96, 0, 1, 123, 3, 2, 1, 0, 10, 22, 1, 20, 0, 253, 12,
         0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 11,
@@ -45,6 +46,7 @@ try {
     { rounds, steps },
   );
   console.log(`wasm_ms_per_step=${speed.best}`);
+  for (const ms of speed.ms) console.log(`wasm_round ms=${ms}`);
   console.log(`simd128_supported=${speed.simd}`);
   // Wasm memory of a fresh module (its own linear memory) training the demo's head under a budget:
   // the arena's own size (plain plan) and the smallest feasible budget.
