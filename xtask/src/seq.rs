@@ -9,7 +9,8 @@
 //! bisection); and LoRA's held-out perplexity after fine-tuning the model this bench pretrains
 //! (`--no-ppl` skips the training runs), the fine-tune repeated in fresh processes with its frozen base
 //! in the arena and read from a parameter image in f32, fp16 and int8 (`frugal train --frozen`): arena,
-//! image, peak RSS, ms/step, perplexity (`--only-lora`: these rows alone). A second row set: the character LSTM
+//! image, peak RSS, ms/step, perplexity (`--only-lora`: these rows alone; `--base PATH`: a base saved
+//! before instead of pretraining it). A second row set: the character LSTM
 //! (`examples/char-lstm.toml`) against PyTorch's `nn.LSTM`, the same harness.
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,7 +32,7 @@ use crate::bench::{arg, status_kib};
 /// [`policy::MIN_SEARCH_DISCARDS`]).
 const MIN_PLANNINGS: usize = 6;
 
-const USAGE: &str = "usage: cargo xtask bench seq [--batch N] [--repeat N] [--steps N] [--python PATH] [--no-torch] [--no-budget] [--no-ppl] [--only-lora]";
+const USAGE: &str = "usage: cargo xtask bench seq [--batch N] [--repeat N] [--steps N] [--python PATH] [--no-torch] [--no-budget] [--no-ppl] [--only-lora] [--base PATH]";
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -402,8 +403,13 @@ fn run_lora(weights: &Path, frozen: Option<&str>) -> Result<Vec<f64>, String> {
 /// file says (batch, epochs, rank, targets, optimizer) in fresh processes, its frozen base in the arena
 /// and read from a parameter image in f32, fp16 and int8 (`frugal train --frozen`), `repeat` rounds
 /// with the order rotated each round; the held-out text is the last tenth of the fine-tune file, never
-/// trained on. 1 thread, unlimited budget.
-fn lora_perplexity(repeat: usize) -> Result<(), String> {
+/// trained on. 1 thread, unlimited budget. `base`: a base model saved by an earlier run (its
+/// pretraining is minutes on a loaded machine), instead of training it here.
+fn lora_perplexity(repeat: usize, base: Option<&str>) -> Result<(), String> {
+    if let Some(path) = base {
+        println!("the base: {path} (given with --base)");
+        return lora_rows(Path::new(path), repeat);
+    }
     use frugal_cli::train::{self, Device, TrainOptions};
     let mf = load_model(&root().join("examples/char-gpt.toml")).map_err(|e| e.to_string())?;
     let src = mf
@@ -449,6 +455,14 @@ fn lora_perplexity(repeat: usize) -> Result<(), String> {
         .collect();
     frugal_cli::checkpoint::save_safetensors(&path, &named, None).map_err(|e| e.to_string())?;
     drop(base);
+    let r = lora_rows(&path, repeat);
+    let _ = std::fs::remove_dir_all(&dir);
+    r
+}
+
+/// The fine-tune rows from the base model at `path`: in the arena and from f32, fp16 and int8
+/// images, `repeat` rounds of fresh processes in rotated order.
+fn lora_rows(path: &Path, repeat: usize) -> Result<(), String> {
     const VARIANTS: [(&str, Option<&str>); 4] = [
         ("in the arena (f32)", None),
         ("image, f32", Some("f32")),
@@ -460,16 +474,22 @@ fn lora_perplexity(repeat: usize) -> Result<(), String> {
     for r in 0..repeat {
         for k in 0..VARIANTS.len() {
             let v = (k + r) % VARIANTS.len();
-            match run_lora(&path, VARIANTS[v].1) {
-                Ok(f) => got[v].push(f),
-                Err(e) => {
-                    let _ = std::fs::remove_dir_all(&dir);
-                    return Err(e);
-                }
-            }
+            let f = run_lora(path, VARIANTS[v].1)?;
+            // Each run as it ends (a sitting cut short still has its runs).
+            println!(
+                "round {}: {}: {:.1} ms/step, peak RSS {}, arena {}, image {}, perplexity {:.3} → {:.3}",
+                r + 1,
+                VARIANTS[v].0,
+                f[0],
+                mib(f[1]),
+                mib(f[2]),
+                mib(f[3]),
+                f[4],
+                f[5]
+            );
+            got[v].push(f);
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
     let steps = got[0].first().map_or(0.0, |f| f[6]);
     println!(
         "\nLoRA fine-tune (examples/char-gpt-lora.toml, {steps} steps, 1 thread) from that base, frozen base weights stored as below; {repeat} round(s) of fresh processes, order rotated, in {:.0} s (median, min–max):\n",
@@ -529,7 +549,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
 
     if args.iter().any(|a| a == "--only-lora") {
         // The LoRA fine-tune rows alone (frozen base in the arena / f32, fp16, int8 images).
-        return lora_perplexity(repeat);
+        return lora_perplexity(repeat, arg(args, "--base"));
     }
 
     // 1. frugal vs PyTorch, alternating, fresh processes.
@@ -634,7 +654,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         println!("LoRA held-out perplexity: not measured (--no-ppl)");
     } else {
         println!();
-        lora_perplexity(repeat)?;
+        lora_perplexity(repeat, arg(args, "--base"))?;
     }
     Ok(())
 }

@@ -253,9 +253,12 @@ pub(crate) fn init_params_f32(plan: &Plan, arena: &mut [u8], seed: u64) -> Resul
                     for _ in 0..2 * elems {
                         rng.uniform(0.0, 1.0);
                     }
-                } else if !matches!(node.op, NodeOp::BatchNorm { .. } | NodeOp::Norm { .. })
-                    && !(matches!(node.op, NodeOp::Lora(_)) && k + 1 == node.params.len())
-                {
+                } else {
+                    // Filled, not drawn: norms' γ and β, LoRA's B.
+                    let lora_b = matches!(node.op, NodeOp::Lora(_)) && k + 1 == node.params.len();
+                    if matches!(node.op, NodeOp::BatchNorm { .. } | NodeOp::Norm { .. }) || lora_b {
+                        continue;
+                    }
                     let bound = 1.0 / libm::sqrtf(fan_in.max(1) as f32);
                     for _ in 0..elems {
                         rng.uniform(-bound, bound);
