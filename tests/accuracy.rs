@@ -32,6 +32,7 @@ fn held_out_accuracy_with(
         approx,
         threads: 1,
         device: Default::default(),
+        frozen: None,
     };
     let rep = train::train(&m, &tr, &te, &opts, m.train.weights.as_ref()).unwrap();
     assert!(
@@ -132,6 +133,7 @@ fn a_batch_larger_than_the_budget_trains_to_the_same_accuracy_band() {
         approx: Default::default(),
         threads: 1,
         device: Default::default(),
+        frozen: None,
     };
     let rep = train::train(&m, &tr, &te, &opts, None).unwrap();
     assert!(rep.arena_bytes + 63 <= budget);

@@ -28,6 +28,7 @@ fn run(example: &str, precision: Precision, epochs: u32) -> train::Int8Report {
         approx: Default::default(),
         threads: 1,
         device: Default::default(),
+        frozen: None,
     };
     train::train_int8(
         &m,

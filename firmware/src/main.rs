@@ -281,6 +281,7 @@ fn train(plan: &Plan) -> bool {
             match enc {
                 frugal_core::plan::params::ParamEncoding::F32 => "f32",
                 frugal_core::plan::params::ParamEncoding::Int8 => "int8 weights, per-channel scales",
+                frugal_core::plan::params::ParamEncoding::F16 => "fp16 weights",
             }
         );
     }

@@ -52,6 +52,7 @@ fn opts(m: &ModelFile, epochs: Option<u32>) -> TrainOptions {
         approx: Default::default(),
         threads: 1,
         device: Default::default(),
+        frozen: None,
     }
 }
 

@@ -106,6 +106,7 @@ fn main() -> ExitCode {
         Some("bench") if args.get(1).map(String::as_str) == Some("seq") => seq::main(&args[2..]),
         Some("bench") => bench::main(&args[1..]),
         Some("__bench-seq-one") => seq::child(&args[1..]),
+        Some("__bench-seq-lora") => seq::lora_child(&args[1..]),
         Some("__bench-swap-one") => swap::child(&args[1..]),
         Some("__bench-int8-one") => int8::child(&args[1..]),
         Some("firmware") => ready(&[Leg::FirmwareM4, Leg::FirmwareM0, Leg::FirmwareM7])

@@ -7,7 +7,10 @@
 //! budget of a quarter of its unconstrained arena (times of the two plans interleaved step by step in
 //! one process); the smallest budget the policies reach ([`policy::search_min_budget`]: a bounded
 //! bisection); and LoRA's held-out perplexity after fine-tuning the model this bench pretrains
-//! (`--no-ppl` skips the two training runs). A second row set: the character LSTM
+//! (`--no-ppl` skips the training runs), the fine-tune repeated in fresh processes with its frozen base
+//! in the arena and read from a parameter image in f32, fp16 and int8 (`frugal train --frozen`): arena,
+//! image, peak RSS, ms/step, perplexity (`--only-lora`: these rows alone; `--base PATH`: a base saved
+//! before instead of pretraining it). A second row set: the character LSTM
 //! (`examples/char-lstm.toml`) against PyTorch's `nn.LSTM`, the same harness.
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -29,7 +32,7 @@ use crate::bench::{arg, status_kib};
 /// [`policy::MIN_SEARCH_DISCARDS`]).
 const MIN_PLANNINGS: usize = 6;
 
-const USAGE: &str = "usage: cargo xtask bench seq [--batch N] [--repeat N] [--steps N] [--python PATH] [--no-torch] [--no-budget] [--no-ppl]";
+const USAGE: &str = "usage: cargo xtask bench seq [--batch N] [--repeat N] [--steps N] [--python PATH] [--no-torch] [--no-budget] [--no-ppl] [--only-lora] [--base PATH]";
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -320,50 +323,128 @@ fn vs_torch(batch: usize, steps: usize, repeat: usize, torch: Option<&str>) -> R
     Ok(())
 }
 
-/// LoRA's held-out perplexity, as a user gets it: `examples/char-gpt.toml` trained as its file says
-/// (the base model), then `examples/char-gpt-lora.toml` fine-tuned from it as its file says (batch,
-/// epochs, rank, targets, optimizer); the held-out text is the last tenth of the fine-tune file, never
-/// trained on. 1 thread, unlimited budget.
-fn lora_perplexity() -> Result<(), String> {
+/// The fine-tune `examples/char-gpt-lora.toml` as its file says from `--weights`, in this (fresh)
+/// process, its frozen base in the arena (`--frozen` absent) or read from a parameter image (`--frozen
+/// f32|fp16|int8`, as `frugal train --frozen`); prints `RESULT <ms/step> <peak RSS bytes> <arena
+/// bytes> <image bytes> <perplexity before> <perplexity after> <steps>`. ms/step: the steps' own time
+/// (no evaluation); the peak is the process's high-water mark (binary, corpus, the weights file and the
+/// image made from it, arena): what a user's `frugal train` holds. 1 thread, unlimited budget.
+pub fn lora_child(args: &[String]) -> Result<(), String> {
     use frugal_cli::train::{self, Device, TrainOptions};
-    let run = |file: &str, weights: Option<&PathBuf>| -> Result<train::TrainReport, String> {
-        let mf = load_model(&root().join("examples").join(file)).map_err(|e| e.to_string())?;
-        let src = mf
-            .train
-            .dataset
-            .as_ref()
-            .ok_or_else(|| format!("{file}: no [train] dataset"))?;
-        let (tr, te) = train::load_data(src, mf.spec.input.numel()).map_err(|e| e.to_string())?;
-        let opts = TrainOptions {
-            batch: mf.train.batch.map_or(32, |b| b as usize),
-            epochs: mf.train.epochs.unwrap_or(10),
-            budget: Budget::UNLIMITED,
-            seed: 1,
-            progress: false,
-            quiet: true,
-            policy: PolicyKind::Auto,
-            approx: Default::default(),
-            threads: 1,
-            device: Device::Cpu,
-        };
-        let s = Instant::now();
-        let rep = train::train(&mf, &tr, &te, &opts, weights).map_err(|e| e.to_string())?;
-        let (b, a) = rep.test_loss;
-        println!(
-            "{file}: {} steps ({} epochs × {} windows of {} bytes / batch {}) in {:.0} s; held-out perplexity {:.3} → {:.3} ({:+.1}%)",
-            opts.epochs as usize * tr.len().div_ceil(opts.batch),
-            opts.epochs,
-            tr.len(),
-            mf.spec.input.numel(),
-            opts.batch,
-            s.elapsed().as_secs_f64(),
-            b.exp(),
-            a.exp(),
-            (a.exp() / b.exp() - 1.0) * 100.0
-        );
-        Ok(rep)
+    let weights = PathBuf::from(arg(args, "--weights").ok_or("--weights PATH")?);
+    let frozen = arg(args, "--frozen").map(train::parse_frozen).transpose()?;
+    let file = "char-gpt-lora.toml";
+    let mf = load_model(&root().join("examples").join(file)).map_err(|e| e.to_string())?;
+    let src = mf
+        .train
+        .dataset
+        .as_ref()
+        .ok_or_else(|| format!("{file}: no [train] dataset"))?;
+    let (tr, te) = train::load_data(src, mf.spec.input.numel()).map_err(|e| e.to_string())?;
+    let opts = TrainOptions {
+        batch: mf.train.batch.map_or(32, |b| b as usize),
+        epochs: mf.train.epochs.unwrap_or(10),
+        budget: Budget::UNLIMITED,
+        seed: 1,
+        progress: false,
+        quiet: true,
+        policy: PolicyKind::Auto,
+        approx: Default::default(),
+        threads: 1,
+        device: Device::Cpu,
+        frozen,
     };
-    let base = run("char-gpt.toml", None)?;
+    let rep = train::train(&mf, &tr, &te, &opts, Some(&weights)).map_err(|e| e.to_string())?;
+    let (b, a) = rep.test_loss;
+    println!(
+        "RESULT {:.3} {} {} {} {:.4} {:.4} {}",
+        rep.steps.1 * 1e3 / rep.steps.0.max(1) as f64,
+        status_kib("VmHWM:") * 1024,
+        rep.arena_bytes,
+        rep.image_bytes,
+        b.exp(),
+        a.exp(),
+        rep.steps.0
+    );
+    Ok(())
+}
+
+/// One LoRA fine-tune in a fresh process ([`lora_child`]): its `RESULT` fields.
+fn run_lora(weights: &Path, frozen: Option<&str>) -> Result<Vec<f64>, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("__bench-seq-lora").arg("--weights").arg(weights);
+    if let Some(f) = frozen {
+        cmd.args(["--frozen", f]);
+    }
+    let out = cmd.output().map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .ok_or_else(|| {
+            format!(
+                "LoRA child failed: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+    let f: Vec<f64> = line
+        .split_whitespace()
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    if f.len() != 7 {
+        return Err(format!("bad RESULT line: {line}"));
+    }
+    Ok(f)
+}
+
+/// LoRA's held-out perplexity, as a user gets it: `examples/char-gpt.toml` trained as its file says
+/// (the base model, in this process), then `examples/char-gpt-lora.toml` fine-tuned from it as its
+/// file says (batch, epochs, rank, targets, optimizer) in fresh processes, its frozen base in the arena
+/// and read from a parameter image in f32, fp16 and int8 (`frugal train --frozen`), `repeat` rounds
+/// with the order rotated each round; the held-out text is the last tenth of the fine-tune file, never
+/// trained on. 1 thread, unlimited budget. `base`: a base model saved by an earlier run (its
+/// pretraining is minutes on a loaded machine), instead of training it here.
+fn lora_perplexity(repeat: usize, base: Option<&str>) -> Result<(), String> {
+    if let Some(path) = base {
+        println!("the base: {path} (given with --base)");
+        return lora_rows(Path::new(path), repeat);
+    }
+    use frugal_cli::train::{self, Device, TrainOptions};
+    let mf = load_model(&root().join("examples/char-gpt.toml")).map_err(|e| e.to_string())?;
+    let src = mf
+        .train
+        .dataset
+        .as_ref()
+        .ok_or("char-gpt.toml: no [train] dataset")?;
+    let (tr, te) = train::load_data(src, mf.spec.input.numel()).map_err(|e| e.to_string())?;
+    let opts = TrainOptions {
+        batch: mf.train.batch.map_or(32, |b| b as usize),
+        epochs: mf.train.epochs.unwrap_or(10),
+        budget: Budget::UNLIMITED,
+        seed: 1,
+        progress: false,
+        quiet: true,
+        policy: PolicyKind::Auto,
+        approx: Default::default(),
+        threads: 1,
+        device: Device::Cpu,
+        frozen: None,
+    };
+    let s = Instant::now();
+    let base = train::train(&mf, &tr, &te, &opts, None).map_err(|e| e.to_string())?;
+    let (b, a) = base.test_loss;
+    println!(
+        "char-gpt.toml (the base): {} steps ({} epochs × {} windows of {} bytes / batch {}) in {:.0} s; held-out perplexity {:.3} → {:.3}",
+        base.steps.0,
+        opts.epochs,
+        tr.len(),
+        mf.spec.input.numel(),
+        opts.batch,
+        s.elapsed().as_secs_f64(),
+        b.exp(),
+        a.exp(),
+    );
     let dir = std::env::temp_dir().join(format!("frugal-bench-seq-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let path = dir.join("char-gpt.safetensors");
@@ -373,9 +454,77 @@ fn lora_perplexity() -> Result<(), String> {
         .map(|(n, s, v)| (n.as_str(), s.as_slice(), v.as_slice()))
         .collect();
     frugal_cli::checkpoint::save_safetensors(&path, &named, None).map_err(|e| e.to_string())?;
-    let r = run("char-gpt-lora.toml", Some(&path));
+    drop(base);
+    let r = lora_rows(&path, repeat);
     let _ = std::fs::remove_dir_all(&dir);
-    r.map(|_| ())
+    r
+}
+
+/// The fine-tune rows from the base model at `path`: in the arena and from f32, fp16 and int8
+/// images, `repeat` rounds of fresh processes in rotated order.
+fn lora_rows(path: &Path, repeat: usize) -> Result<(), String> {
+    const VARIANTS: [(&str, Option<&str>); 4] = [
+        ("in the arena (f32)", None),
+        ("image, f32", Some("f32")),
+        ("image, fp16", Some("fp16")),
+        ("image, int8", Some("int8")),
+    ];
+    let mut got: Vec<Vec<Vec<f64>>> = vec![Vec::new(); VARIANTS.len()];
+    let s = Instant::now();
+    for r in 0..repeat {
+        for k in 0..VARIANTS.len() {
+            let v = (k + r) % VARIANTS.len();
+            let f = run_lora(path, VARIANTS[v].1)?;
+            // Each run as it ends (a sitting cut short still has its runs).
+            println!(
+                "round {}: {}: {:.1} ms/step, peak RSS {}, arena {}, image {}, perplexity {:.3} → {:.3}",
+                r + 1,
+                VARIANTS[v].0,
+                f[0],
+                mib(f[1]),
+                mib(f[2]),
+                mib(f[3]),
+                f[4],
+                f[5]
+            );
+            got[v].push(f);
+        }
+    }
+    let steps = got[0].first().map_or(0.0, |f| f[6]);
+    println!(
+        "\nLoRA fine-tune (examples/char-gpt-lora.toml, {steps} steps, 1 thread) from that base, frozen base weights stored as below; {repeat} round(s) of fresh processes, order rotated, in {:.0} s (median, min–max):\n",
+        s.elapsed().as_secs_f64()
+    );
+    println!("| frozen base | arena | image | arena + image | peak RSS | ms/step | held-out perplexity |");
+    println!("|---|---|---|---|---|---|---|");
+    let spread = |v: &[Vec<f64>], i: usize, scale: f64, prec: usize| {
+        let mut x: Vec<f64> = v.iter().map(|f| f[i] * scale).collect();
+        x.sort_by(|a, b| a.total_cmp(b));
+        let (lo, hi) = (x[0], x[x.len() - 1]);
+        let m = median(x);
+        if (hi - lo).abs() < 1e-9 {
+            format!("{m:.prec$}")
+        } else {
+            format!("{m:.prec$} ({lo:.prec$}–{hi:.prec$})")
+        }
+    };
+    let mb = 1.0 / (1u64 << 20) as f64;
+    for (v, (name, _)) in VARIANTS.iter().enumerate() {
+        let f = &got[v];
+        let (arena, image) = (f[0][2], f[0][3]);
+        println!(
+            "| {name} | {} | {} | {} | {} MiB | {} | {:.3} → {} ({:+.1} %) |",
+            mib(arena),
+            mib(image),
+            mib(arena + image),
+            spread(f, 1, mb, 2),
+            spread(f, 0, 1.0, 1),
+            f[0][4],
+            spread(f, 5, 1.0, 3),
+            (median(f.iter().map(|x| x[5]).collect()) / f[0][4] - 1.0) * 100.0
+        );
+    }
+    Ok(())
 }
 
 pub fn main(args: &[String]) -> Result<(), String> {
@@ -397,6 +546,11 @@ pub fn main(args: &[String]) -> Result<(), String> {
     println!(
         "char transformer (examples/char-gpt.toml): {params} parameters, batch {batch}, 1 thread"
     );
+
+    if args.iter().any(|a| a == "--only-lora") {
+        // The LoRA fine-tune rows alone (frozen base in the arena / f32, fp16, int8 images).
+        return lora_perplexity(repeat, arg(args, "--base"));
+    }
 
     // 1. frugal vs PyTorch, alternating, fresh processes.
     let torch = find_torch(args);
@@ -500,7 +654,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         println!("LoRA held-out perplexity: not measured (--no-ppl)");
     } else {
         println!();
-        lora_perplexity()?;
+        lora_perplexity(repeat, arg(args, "--base"))?;
     }
     Ok(())
 }

@@ -24,8 +24,8 @@ const NO_SEQ: ExecError =
 /// The portable CPU backend (SIMD where the target has it), single-threaded unless given a pool.
 ///
 /// It reads frozen parameters from the executor's read-only parameter image when the plan has a
-/// parameter space ([`crate::plan::params`]); int8 weights there are dequantised, one weight at a time,
-/// into the plan's dequantisation region ([`Plan::dequant_region`]).
+/// parameter space ([`crate::plan::params`]); int8 and fp16 weights there are converted to f32, one
+/// weight at a time, into the plan's dequantisation region ([`Plan::dequant_region`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuBackend<P: WorkerPool = SingleThread> {
     pool: P,
@@ -161,12 +161,12 @@ struct Ro<'r> {
     body: &'r [u8],
 }
 
-/// The arena range an int8 weight operand is dequantised into (`(0, 0)` for any other operand).
+/// The arena range an int8 or fp16 weight operand is converted into (`(0, 0)` for any other operand).
 fn dequant(plan: &Plan, ro: Option<ReadOnly<'_>>) -> Result<(usize, usize), ExecError> {
     match ro {
-        Some(ReadOnly::I8 { .. }) => plan.dequant_region().ok_or(ExecError::BadPlan(
-            "an int8 weight in a plan without a dequantisation region",
-        )),
+        Some(ReadOnly::I8 { .. } | ReadOnly::F16(_)) => plan.dequant_region().ok_or(
+            ExecError::BadPlan("an int8 or fp16 weight in a plan without a dequantisation region"),
+        ),
         _ => Ok((0, 0)),
     }
 }
@@ -189,7 +189,7 @@ fn param<'r>(
 }
 
 /// The f32 values of a parameter operand: carved from the arena, read from the image in place, or (an
-/// int8 weight) dequantised into `dq`, its carved dequantisation region.
+/// int8 or fp16 weight) converted into `dq`, its carved dequantisation region.
 fn values<'a>(
     carved: &'a mut [u8],
     ro: Option<ReadOnly<'a>>,
@@ -203,6 +203,13 @@ fn values<'a>(
                 "an int8 weight larger than the dequantisation region",
             ))?;
             dequantize_rows(q, scales, out);
+            Ok(out)
+        }
+        Some(ReadOnly::F16(h)) => {
+            let out = f32s(dq)?.get_mut(..h.len()).ok_or(ExecError::BadPlan(
+                "an fp16 weight larger than the dequantisation region",
+            ))?;
+            params::f16_to_f32(h, out);
             Ok(out)
         }
     }
@@ -237,9 +244,23 @@ pub(crate) fn init_params_f32(plan: &Plan, arena: &mut [u8], seed: u64) -> Resul
             if read_only(plan, p.value) {
                 // In the parameter image (the caller's bytes); its draws are made all the same, so the
                 // parameters in the arena start as in the plan that keeps every one there.
-                if !matches!(node.op, NodeOp::BatchNorm { .. }) {
+                let elems = plan.graph.tensors[p.value as usize].bytes / 4;
+                if matches!(
+                    node.op,
+                    NodeOp::Embedding { .. } | NodeOp::PosEmbedding { .. }
+                ) {
+                    // Two uniform draws per value (Box–Muller below).
+                    for _ in 0..2 * elems {
+                        rng.uniform(0.0, 1.0);
+                    }
+                } else {
+                    // Filled, not drawn: norms' γ and β, LoRA's B.
+                    let lora_b = matches!(node.op, NodeOp::Lora(_)) && k + 1 == node.params.len();
+                    if matches!(node.op, NodeOp::BatchNorm { .. } | NodeOp::Norm { .. }) || lora_b {
+                        continue;
+                    }
                     let bound = 1.0 / libm::sqrtf(fan_in.max(1) as f32);
-                    for _ in 0..plan.graph.tensors[p.value as usize].bytes / 4 {
+                    for _ in 0..elems {
                         rng.uniform(-bound, bound);
                     }
                 }
@@ -667,50 +688,42 @@ fn forward(
         | NodeOp::Rnn(_) => return Err(NO_SEQ),
         #[cfg(feature = "seq")]
         NodeOp::Embedding { vocab, dim } => {
-            let [tb, yb] = carve(
-                a,
-                [
-                    whole(plan, eo, w)?,
-                    reg(plan, eo, Some(node.out), out_elems)?,
-                ],
-            )?;
+            let (wr, wro) = param(plan, eo, w, body)?;
+            let [tb, yb] = carve(a, [wr, reg(plan, eo, Some(node.out), out_elems)?])?;
             let ids = token_ids(xext, in_elems, *vocab)?;
-            ops::seq::embedding_fwd(ids, f32s(tb)?, *dim, f32s(yb)?);
+            ops::seq::embedding_fwd(ids, f32_param(tb, wro)?, *dim, f32s(yb)?);
         }
         #[cfg(feature = "seq")]
         NodeOp::PosEmbedding { per } => {
+            let (wr, wro) = param(plan, eo, w, body)?;
             if same(plan, eo, xin, node.out) {
-                let [pb, yb] = carve(
-                    a,
-                    [
-                        whole(plan, eo, w)?,
-                        reg(plan, eo, Some(node.out), out_elems)?,
-                    ],
-                )?;
-                ops::seq::pos_fwd_inplace(n, *per, f32s(pb)?, f32s(yb)?);
+                let [pb, yb] = carve(a, [wr, reg(plan, eo, Some(node.out), out_elems)?])?;
+                ops::seq::pos_fwd_inplace(n, *per, f32_param(pb, wro)?, f32s(yb)?);
             } else {
                 let [xb, pb, yb] = carve(
                     a,
                     [
                         reg(plan, eo, Some(xin), in_elems)?,
-                        whole(plan, eo, w)?,
+                        wr,
                         reg(plan, eo, Some(node.out), out_elems)?,
                     ],
                 )?;
                 let x = input(plan, xin, xb, xext, in_elems)?;
-                ops::seq::pos_fwd(n, *per, x, f32s(pb)?, f32s(yb)?);
+                ops::seq::pos_fwd(n, *per, x, f32_param(pb, wro)?, f32s(yb)?);
             }
         }
         #[cfg(feature = "seq")]
         NodeOp::Norm { dim, eps, rms } => {
             let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
             let (mean, rstd) = norm_saved(node, *rms);
+            let (gr, gro) = param(plan, eo, w, body)?;
+            let (br, bro) = param(plan, eo, if *rms { None } else { b }, body)?;
             let [xb, gb, bb, yb, mb, rb] = carve(
                 a,
                 [
                     reg(plan, eo, Some(xin), in_elems)?,
-                    whole(plan, eo, w)?,
-                    whole(plan, eo, if *rms { None } else { b })?,
+                    gr,
+                    br,
                     reg(plan, eo, Some(node.out), out_elems)?,
                     reg(plan, eo, mean, rows)?,
                     reg(plan, eo, rstd, rows)?,
@@ -722,8 +735,11 @@ fn forward(
                 *dim,
                 *eps,
                 x,
-                f32s(gb)?,
-                opt_f32(bb)?.map(|b| &*b),
+                f32_param(gb, gro)?,
+                match bro {
+                    Some(r) => Some(f32_param(bb, Some(r))?),
+                    None => opt_f32(bb)?.map(|b| &*b),
+                },
                 f32s(yb)?,
                 opt_f32(mb)?,
                 f32s(rb)?,
@@ -765,17 +781,20 @@ fn forward(
         NodeOp::Lora(g) => {
             let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
             let l = lora_params(node)?;
-            let [xb, wb, bb, ab, bmb, ub, yb, sb] = carve(
+            let (wr, wro) = param(plan, eo, Some(l.w), body)?;
+            let (br, bro) = param(plan, eo, l.b, body)?;
+            let [xb, wb, bb, ab, bmb, ub, yb, sb, qb] = carve(
                 a,
                 [
                     reg(plan, eo, Some(xin), in_elems)?,
-                    whole(plan, eo, Some(l.w))?,
-                    whole(plan, eo, l.b)?,
+                    wr,
+                    br,
                     whole(plan, eo, Some(l.a))?,
                     whole(plan, eo, Some(l.bm))?,
                     reg(plan, eo, node.saved.first().copied(), rows * g.rank)?,
                     reg(plan, eo, Some(node.out), out_elems)?,
                     whole(plan, eo, s)?,
+                    dequant(plan, wro)?,
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
@@ -783,8 +802,11 @@ fn forward(
                 g,
                 rows,
                 x,
-                f32s(wb)?,
-                opt_f32(bb)?.map(|b| &*b),
+                values(wb, wro, qb)?,
+                match bro {
+                    Some(r) => Some(f32_param(bb, Some(r))?),
+                    None => opt_f32(bb)?.map(|b| &*b),
+                },
                 f32s(ab)?,
                 f32s(bmb)?,
                 f32s(ub)?,
@@ -1418,12 +1440,13 @@ fn grad_x(
         NodeOp::Norm { dim, rms, .. } => {
             let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
             let (mean, rstd) = norm_saved(node, *rms);
+            let (gr, gro) = param(plan, eo, w, body)?;
             let [xb, dyb, gb, mb, rb, dxb] = carve(
                 a,
                 [
                     reg(plan, eo, Some(node.inputs[0]), in_elems)?,
                     reg(plan, eo, Some(dy), out_elems)?,
-                    whole(plan, eo, w)?,
+                    gr,
                     reg(plan, eo, mean, rows)?,
                     reg(plan, eo, rstd, rows)?,
                     reg(plan, eo, need_dx()?, in_elems)?,
@@ -1434,7 +1457,7 @@ fn grad_x(
                 *dim,
                 f32s(xb)?,
                 f32s(dyb)?,
-                f32s(gb)?,
+                f32_param(gb, gro)?,
                 opt_f32(mb)?.map(|m| &*m),
                 f32s(rb)?,
                 f32s(dxb)?,
@@ -1488,22 +1511,24 @@ fn grad_x(
         NodeOp::Lora(g) => {
             let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
             let l = lora_params(node)?;
-            let [dyb, wb, ab, bmb, dxb, sb] = carve(
+            let (wr, wro) = param(plan, eo, Some(l.w), body)?;
+            let [dyb, wb, ab, bmb, dxb, sb, qb] = carve(
                 a,
                 [
                     reg(plan, eo, Some(dy), out_elems)?,
-                    whole(plan, eo, Some(l.w))?,
+                    wr,
                     whole(plan, eo, Some(l.a))?,
                     whole(plan, eo, Some(l.bm))?,
                     reg(plan, eo, need_dx()?, in_elems)?,
                     whole(plan, eo, s)?,
+                    dequant(plan, wro)?,
                 ],
             )?;
             ops::seq::lora_grad_x(
                 g,
                 rows,
                 f32s(dyb)?,
-                f32s(wb)?,
+                values(wb, wro, qb)?,
                 f32s(ab)?,
                 f32s(bmb)?,
                 f32s(dxb)?,

@@ -383,7 +383,7 @@ impl<'p, B: Backend> Executor<'p, B> {
     }
 
     /// A copy of a persistent f32 tensor, wherever it lives: the host arena, the read-only parameter
-    /// image (int8 weights dequantised), or a memory space of the backend (read back through
+    /// image (int8 and fp16 weights converted to f32), or a memory space of the backend (read back through
     /// [`Backend::read_tensor`], e.g. from the GPU).
     pub fn read_vec(
         &mut self,
@@ -397,6 +397,11 @@ impl<'p, B: Backend> Executor<'p, B> {
                     Some(ReadOnly::I8 { scales, q }) => {
                         let mut out = alloc::vec![0f32; q.len()];
                         dequantize_rows(q, scales, &mut out);
+                        Ok(out)
+                    }
+                    Some(ReadOnly::F16(h)) => {
+                        let mut out = alloc::vec![0f32; h.len()];
+                        params::f16_to_f32(h, &mut out);
                         Ok(out)
                     }
                     None => Err(ExecError::Tensor("not in the parameter image")),

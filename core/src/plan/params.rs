@@ -4,15 +4,18 @@
 //! A sparse update ([`crate::model::Update`]) leaves parameters that a step only reads: the values of
 //! parameters without a gradient (frozen layers, a bias-only layer's weight) and the running statistics
 //! of BatchNorms in evaluation mode. [`Plan::read_only_params`] moves their storages out of the host
-//! arena into a memory space of their own — [`PARAMS`] (f32) or [`PARAMS_I8`] (Linear/Conv weights as
-//! int8 with one f32 scale per output channel, [`crate::kernels::rows`]; everything else f32) — laid out
+//! arena into a memory space of their own — [`PARAMS`] (f32), [`PARAMS_I8`] (Linear/Conv weights and
+//! LoRA Linears' base weights as int8 with one f32 scale per output channel, [`crate::kernels::rows`];
+//! everything else f32) or [`PARAMS_F16`] (those weights as IEEE fp16, everything else f32) — laid out
 //! like any other space (the plan format carries it): the arena shrinks by exactly their bytes. The
 //! caller hands the space's bytes to the executor as a *parameter image*
 //! ([`Executor::with_params`](crate::exec::Executor::with_params)): a 64-byte header ([`IMAGE_MAGIC`],
 //! the encoding, the body's length and a fingerprint of the layout, so an image made for another plan
 //! is refused) followed by the body at the plan's offsets. [`split_state`] builds it (and the rest of
 //! the state, which goes into the arena) from the state in [`Executor::state_ids`] order; under
-//! [`PARAMS_I8`] that is where the weights are quantised.
+//! [`PARAMS_I8`] and [`PARAMS_F16`] that is where the weights are quantised or rounded. A step
+//! converts such a weight to f32, one weight at a time, into a region at the top of the arena
+//! ([`Plan::dequant_region`]).
 //!
 //! Channel subsets ([`crate::model::Update::Channels`]) stay in the arena whole: their frozen rows
 //! share a tensor with the trained ones, and a kernel reads a weight as one slice.
@@ -31,6 +34,8 @@ use crate::model::Precision;
 pub const PARAMS: SpaceId = SpaceId(0xF0);
 /// The read-only parameter space with Linear/Conv weights in int8 (per-output-channel scales).
 pub const PARAMS_I8: SpaceId = SpaceId(0xF1);
+/// The read-only parameter space with Linear/Conv weights in IEEE fp16.
+pub const PARAMS_F16: SpaceId = SpaceId(0xF2);
 
 /// Bytes of a parameter image's header; the body follows (64-byte aligned when the image is).
 pub const IMAGE_HEADER: usize = 64;
@@ -46,6 +51,9 @@ pub enum ParamEncoding {
     /// weight's scales, then its int8 values; read as `q × scale`. Biases, BatchNorm parameters and
     /// statistics stay f32.
     Int8,
+    /// Linear/Conv weights as IEEE fp16 (round to nearest even), read as their f32 values; the rest
+    /// f32, as under [`ParamEncoding::Int8`].
+    F16,
 }
 
 impl ParamEncoding {
@@ -54,6 +62,7 @@ impl ParamEncoding {
         match self {
             ParamEncoding::F32 => PARAMS,
             ParamEncoding::Int8 => PARAMS_I8,
+            ParamEncoding::F16 => PARAMS_F16,
         }
     }
     /// The encoding of a read-only parameter space (None: another space).
@@ -61,6 +70,7 @@ impl ParamEncoding {
         match s {
             PARAMS => Some(ParamEncoding::F32),
             PARAMS_I8 => Some(ParamEncoding::Int8),
+            PARAMS_F16 => Some(ParamEncoding::F16),
             _ => None,
         }
     }
@@ -68,7 +78,13 @@ impl ParamEncoding {
         match self {
             ParamEncoding::F32 => 0,
             ParamEncoding::Int8 => 1,
+            ParamEncoding::F16 => 2,
         }
+    }
+    /// Whether Linear/Conv weights are stored narrower than f32 (converted into the arena's
+    /// dequantisation region when an instruction reads them).
+    pub const fn narrow(self) -> bool {
+        !matches!(self, ParamEncoding::F32)
     }
 }
 
@@ -90,6 +106,12 @@ pub enum ParamsError {
     Magic,
     /// The image was made for another layout or encoding (what differs).
     Mismatch(&'static str),
+    /// An fp16 weight of the image holds a NaN or an infinity (a corrupt image; fp16 rounding of a
+    /// finite weight saturates instead): the parameter's node.
+    NonFinite {
+        /// The graph node whose weight it is.
+        node: usize,
+    },
 }
 
 impl fmt::Display for ParamsError {
@@ -107,6 +129,10 @@ impl fmt::Display for ParamsError {
             ParamsError::Mismatch(w) => {
                 write!(f, "the parameter image was made for another plan: {w}")
             }
+            ParamsError::NonFinite { node } => write!(
+                f,
+                "the parameter image's fp16 weight of node {node} holds a NaN or an infinity"
+            ),
         }
     }
 }
@@ -128,17 +154,22 @@ pub fn read_only_tensors(g: &Graph) -> impl Iterator<Item = TensorId> + '_ {
     })
 }
 
-/// Output channels of `t` when it is a Linear/Conv weight (the tensors [`ParamEncoding::Int8`] stores
-/// in int8).
+/// A node's weight that the narrow encodings store narrower than f32: a Linear's, a convolution's or
+/// a LoRA Linear's base weight (its first parameter).
+fn narrow_weight(n: &crate::graph::Node) -> Option<&crate::graph::Param> {
+    match n.op {
+        NodeOp::Linear { .. } | NodeOp::Conv(_) | NodeOp::Lora(_) => n.params.first(),
+        _ => None,
+    }
+}
+
+/// Output channels of `t` when it is a Linear/Conv weight or a LoRA Linear's base weight (the tensors
+/// [`ParamEncoding::Int8`] stores in int8 and [`ParamEncoding::F16`] in fp16).
 pub fn weight_rows(g: &Graph, t: TensorId) -> Option<usize> {
-    g.nodes
-        .iter()
-        .find_map(|n| match (&n.op, n.params.first()) {
-            (NodeOp::Linear { .. } | NodeOp::Conv(_), Some(p)) if p.value == t => {
-                p.shape.first().copied()
-            }
-            _ => None,
-        })
+    g.nodes.iter().find_map(|n| match narrow_weight(n) {
+        Some(p) if p.value == t => p.shape.first().copied(),
+        _ => None,
+    })
 }
 
 /// Bytes tensor `t` takes in the parameter space of `enc`.
@@ -146,6 +177,7 @@ pub fn encoded_bytes(g: &Graph, t: TensorId, enc: ParamEncoding) -> usize {
     let bytes = g.tensors[t as usize].bytes;
     match (enc, weight_rows(g, t)) {
         (ParamEncoding::Int8, Some(rows)) => rows * 4 + bytes / 4,
+        (ParamEncoding::F16, Some(_)) => bytes / 2,
         _ => bytes,
     }
 }
@@ -202,29 +234,35 @@ impl Plan {
             .find_map(|s| ParamEncoding::of_space(s.space).map(|e| (e, s.bytes)))
     }
 
-    /// f32 elements of the largest int8 weight in the parameter space (0 without one): what the
-    /// dequantisation region at the top of the arena holds ([`Plan::dequant_region`]).
+    /// Whether tensor `t` is read from the parameter image (not the arena).
+    pub fn in_params_space(&self, t: TensorId) -> bool {
+        self.storage_at(t, 0)
+            .is_some_and(|s| ParamEncoding::of_space(self.lives[s].space).is_some())
+    }
+
+    /// f32 elements of the largest int8 or fp16 weight in the parameter space (0 without one): what
+    /// the dequantisation region at the top of the arena holds ([`Plan::dequant_region`]).
     pub fn dequant_elems(&self) -> usize {
-        if self.spaces.iter().all(|s| s.space != PARAMS_I8) {
+        let narrow = |s: SpaceId| ParamEncoding::of_space(s).is_some_and(ParamEncoding::narrow);
+        if !self.spaces.iter().any(|s| narrow(s.space)) {
             return 0;
         }
         self.graph
             .nodes
             .iter()
-            .filter_map(|n| match (&n.op, n.params.first()) {
-                (NodeOp::Linear { .. } | NodeOp::Conv(_), Some(p)) => self
-                    .storage_at(p.value, 0)
-                    .filter(|&s| self.lives[s].space == PARAMS_I8)
-                    .map(|_| self.graph.tensors[p.value as usize].bytes / 4),
-                _ => None,
+            .filter_map(|n| {
+                let p = narrow_weight(n)?;
+                self.storage_at(p.value, 0)
+                    .filter(|&s| narrow(self.lives[s].space))
+                    .map(|_| self.graph.tensors[p.value as usize].bytes / 4)
             })
             .max()
             .unwrap_or(0)
     }
 
-    /// The arena range `(offset, bytes)` int8 weights are dequantised into, one weight at a time by
-    /// the instruction that reads it: the top [`Plan::dequant_elems`] f32 values of the arena
-    /// (rounded up to [`ALIGN`]), which no storage uses. None when the plan has no int8 weights.
+    /// The arena range `(offset, bytes)` int8 and fp16 weights are converted into, one weight at a
+    /// time by the instruction that reads it: the top [`Plan::dequant_elems`] f32 values of the arena
+    /// (rounded up to [`ALIGN`]), which no storage uses. None when the plan has no such weights.
     pub fn dequant_region(&self) -> Option<(usize, usize)> {
         let elems = self.dequant_elems();
         if elems == 0 {
@@ -236,9 +274,10 @@ impl Plan {
 
     /// Moves every tensor a step only reads ([`read_only_tensors`]) out of the arena into the read-only
     /// parameter space of `enc`, and lays out the arena again without them; under
-    /// [`ParamEncoding::Int8`] the arena then grows by the dequantisation region at its top
-    /// ([`Plan::dequant_region`]). Returns the number of tensors moved (0 leaves the plan as it was).
-    /// f32 plans whose storages are all in the arena only.
+    /// [`ParamEncoding::Int8`] and [`ParamEncoding::F16`] the arena then grows by the dequantisation
+    /// region at its top ([`Plan::dequant_region`]). Returns the number of tensors moved (0 leaves the
+    /// plan as it was). f32 plans whose storages are all in the arena only, without a frozen LSTM/GRU
+    /// (its kernels read their weights from the arena).
     pub fn read_only_params(&mut self, enc: ParamEncoding) -> Result<usize, ParamsError> {
         if self.graph.precision != Precision::F32 {
             return Err(ParamsError::Unsupported(
@@ -248,6 +287,15 @@ impl Plan {
         if !self.spaces.is_empty() || self.lives.iter().any(|l| l.space != SpaceId::HOST) {
             return Err(ParamsError::Unsupported(
                 "the plan already uses another memory space",
+            ));
+        }
+        let frozen_rnn =
+            self.graph.nodes.iter().any(|n| {
+                matches!(n.op, NodeOp::Rnn(_)) && n.params.iter().any(|p| p.grad.is_none())
+            });
+        if frozen_rnn {
+            return Err(ParamsError::Unsupported(
+                "a frozen LSTM/GRU (its parameters stay in the arena)",
             ));
         }
         let moved: Vec<(TensorId, StorageId)> = read_only_tensors(&self.graph)
@@ -345,19 +393,39 @@ impl Plan {
                 "another layout of the parameter space",
             ));
         }
-        image
+        let body = image
             .get(IMAGE_HEADER..needed)
             .ok_or(ParamsError::TooShort {
                 needed,
                 given: image.len(),
-            })
+            })?;
+        if enc == ParamEncoding::F16 {
+            self.check_f16_finite(body)?;
+        }
+        Ok(body)
+    }
+
+    /// Every fp16 weight of an [`ParamEncoding::F16`] image's `body` is finite ([`split_state`]
+    /// saturates what it rounds, so a NaN or an infinity there is a corrupt image).
+    fn check_f16_finite(&self, body: &[u8]) -> Result<(), ParamsError> {
+        for (node, n) in self.graph.nodes.iter().enumerate() {
+            let Some(p) = narrow_weight(n) else { continue };
+            if let Some(ReadOnly::F16(v)) = read_only(self, body, p.value)? {
+                // Exponent all ones: an infinity or a NaN.
+                if v.iter().any(|&h| h & 0x7c00 == 0x7c00) {
+                    return Err(ParamsError::NonFinite { node });
+                }
+            }
+        }
+        Ok(())
     }
 }
 
 /// Splits a state (every persistent tensor's little-endian f32 values back to back in
 /// [`Executor::state_ids`](crate::exec::Executor::state_ids) order, as a checkpoint or `cargo xtask
 /// mcu-pretrain` writes it) into the plan's parameter image (header and body; weights quantised under
-/// [`ParamEncoding::Int8`]) and the rest of the state in the same order, which
+/// [`ParamEncoding::Int8`], rounded to fp16 under [`ParamEncoding::F16`], saturating at ±65504) and the
+/// rest of the state in the same order, which
 /// [`Executor::write_state`](crate::exec::Executor::write_state) loads into the arena. A plan without a
 /// parameter space gives an empty image and the whole state.
 pub fn split_state(plan: &Plan, state: &[u8]) -> Result<(Vec<u8>, Vec<u8>), ParamsError> {
@@ -412,6 +480,13 @@ pub fn split_state(plan: &Plan, state: &[u8]) -> Result<(Vec<u8>, Vec<u8>), Para
                     *d = *v as u8;
                 }
             }
+            (ParamEncoding::F16, Some(_)) => {
+                for (d, c) in dst.chunks_exact_mut(2).zip(src.chunks_exact(4)) {
+                    d.copy_from_slice(
+                        &f16_bits(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes(),
+                    );
+                }
+            }
             _ => dst[..src.len()].copy_from_slice(src),
         }
     }
@@ -429,6 +504,14 @@ pub fn split_state(plan: &Plan, state: &[u8]) -> Result<(Vec<u8>, Vec<u8>), Para
     Ok((image, rest))
 }
 
+/// `v` rounded to the nearest fp16 (ties to even), saturating at ±65504 instead of overflowing to an
+/// infinity (a weight that large is out of fp16's range, not infinite); a NaN stays a NaN.
+pub fn f16_bits(v: f32) -> u16 {
+    let max = half::f16::MAX.to_f32();
+    let v = if v.is_nan() { v } else { v.clamp(-max, max) };
+    half::f16::from_f32(v).to_bits()
+}
+
 /// A read-only parameter as an instruction reads it from the image's body.
 #[derive(Clone, Copy, Debug)]
 pub enum ReadOnly<'a> {
@@ -441,6 +524,15 @@ pub enum ReadOnly<'a> {
         /// The values, row after row.
         q: &'a [i8],
     },
+    /// An fp16 weight: the values' bits (converted by [`f16_to_f32`]).
+    F16(&'a [u16]),
+}
+
+/// Converts an fp16 weight's `bits` into `out` (as long as `bits`).
+pub fn f16_to_f32(bits: &[u16], out: &mut [f32]) {
+    for (o, &h) in out.iter_mut().zip(bits) {
+        *o = half::f16::from_bits(h).to_f32();
+    }
 }
 
 /// Tensor `t` of `plan` read from the parameter image's `body` (None: it is not in a parameter
@@ -478,6 +570,14 @@ pub fn read_only<'a>(
                 scales: f32s(scales)?,
                 q: bytemuck::cast_slice(q),
             }))
+        }
+        (ParamEncoding::F16, Some(_)) => {
+            let b = body.get(off..off + bytes / 2).ok_or(short)?;
+            Ok(Some(ReadOnly::F16(if b.is_empty() {
+                &[]
+            } else {
+                bytemuck::try_cast_slice(b).map_err(|_| ParamsError::Misaligned)?
+            })))
         }
         _ => Ok(Some(ReadOnly::F32(f32s(
             body.get(off..off + bytes).ok_or(short)?,

@@ -105,6 +105,14 @@ enum Cmd {
         /// memory; with auto it bounds the host arena and the GPU memory each.
         #[arg(long = "device", default_value = "cpu", value_parser = parse_device)]
         on: train::Device,
+        /// Frozen parameters (LoRA's base weights, a sparse update's frozen layers) read from a
+        /// parameter image outside the arena instead of the arena: f32, fp16 or int8 (Linear weights
+        /// rounded to IEEE half, or int8 with a scale per output channel; biases and norms stay f32).
+        /// The arena shrinks by their bytes and the budget bounds the arena; the frozen tensors come
+        /// from --weights. fp16/int8 are approximations of the base (the saved, merged checkpoint
+        /// holds the rounded base); CPU only.
+        #[arg(long, value_parser = train::parse_frozen)]
+        frozen: Option<frugal_core::plan::params::ParamEncoding>,
     },
     /// Print the plan of one training step: every tensor, its lifetime and offset; or, with --budgets,
     /// a table of plans for a ladder of budgets.
@@ -269,6 +277,7 @@ fn run(cli: Cli) -> Res {
             threads,
             on,
             save_adapters,
+            frozen,
         } => {
             let mf = load_model(&model)?;
             if save_adapters.is_some() && mf.lora.is_none() {
@@ -307,6 +316,10 @@ fn run(cli: Cli) -> Res {
                 train_set.len(),
                 test_set.len()
             );
+            if frozen.is_some() && (precision != frugal_core::model::Precision::F32 || f16_storage)
+            {
+                return Err("--frozen trains in f32 (--precision f32)".into());
+            }
             if precision != frugal_core::model::Precision::F32 {
                 if on != train::Device::Cpu {
                     return Err(
@@ -328,8 +341,22 @@ fn run(cli: Cli) -> Res {
                 ghost_batch_norm,
                 f16_storage,
             };
-            let chosen = train::plan_for(&mf, batch, budget_v, policy, Some(&cost), approx)
-                .map_err(|e| match (&e, &device) {
+            let threads = threads.map_or_else(ThreadPool::available, usize::from);
+            let opts = TrainOptions {
+                batch,
+                epochs,
+                budget: budget_v,
+                seed,
+                progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                quiet: false,
+                policy,
+                approx,
+                threads,
+                device: on,
+                frozen,
+            };
+            let chosen =
+                train::plan_run(&mf, &opts, Some(&cost)).map_err(|e| match (&e, &device) {
                     (train::TrainError::Budget(_), Some(m)) => format!(
                         "{e} (no --budget: {} bytes is what this device can give, by {})",
                         m.bytes, m.source
@@ -338,6 +365,18 @@ fn run(cli: Cli) -> Res {
                     _ => Box::<dyn std::error::Error>::from(e),
                 })?;
             println!("{}", report::summary(&chosen.plan, budget));
+            if let Some((enc, bytes)) = chosen.plan.params_space() {
+                println!(
+                    "frozen parameters: {} parameter image of {} ({} B) outside the arena: {} tensors, {} B in f32",
+                    train::frozen_name(enc),
+                    human_bytes(bytes + frugal_core::plan::params::IMAGE_HEADER),
+                    bytes + frugal_core::plan::params::IMAGE_HEADER,
+                    frugal_core::plan::params::read_only_tensors(&chosen.plan.graph).count(),
+                    frugal_core::plan::params::read_only_tensors(&chosen.plan.graph)
+                        .map(|t| chosen.plan.graph.tensors[t as usize].bytes)
+                        .sum::<usize>()
+                );
+            }
             if f16_storage {
                 let f32_plan = Plan::new(Graph::new(&mf.spec, batch)?);
                 let (full, half) = policy::half::packed_bytes(&chosen.plan);
@@ -360,25 +399,12 @@ fn run(cli: Cli) -> Res {
                 chosen.extra_flops as f64 / 1e6,
                 chosen.predicted_ms
             );
-            let threads = threads.map_or_else(ThreadPool::available, usize::from);
             if on == train::Device::Cpu {
                 println!(
                     "cpu: {threads} thread{}",
                     if threads == 1 { "" } else { "s" }
                 );
             }
-            let opts = TrainOptions {
-                batch,
-                epochs,
-                budget: budget_v,
-                seed,
-                progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
-                quiet: false,
-                policy,
-                approx,
-                threads,
-                device: on,
-            };
             let w = weights.or(mf.train.weights.clone());
             let rep = train::train(&mf, &train_set, &test_set, &opts, w.as_ref())?;
             if train_set.tokens > 1 {
@@ -435,9 +461,18 @@ fn run(cli: Cli) -> Res {
                 println!("curves: {}", p.display());
             }
             println!(
-                "arena used: {} of budget {}",
+                "arena used: {} of budget {}{}",
                 human_bytes(rep.arena_bytes),
-                budget.map_or("unlimited".into(), human_bytes)
+                budget.map_or("unlimited".into(), human_bytes),
+                match (frozen, rep.image_bytes) {
+                    (Some(e), b) if b > 0 => format!(
+                        "; frozen parameters: {} image ({}) outside it, {} in all",
+                        human_bytes(b),
+                        train::frozen_name(e),
+                        human_bytes(rep.arena_bytes + b)
+                    ),
+                    _ => String::new(),
+                }
             );
         }
         Cmd::Plan {
@@ -657,6 +692,7 @@ fn train_int8_cli(
         approx: Approximations::default(),
         threads: 1,
         device: Default::default(),
+        frozen: None,
     };
     let rescale = if every_step {
         Rescale::EveryStep

@@ -9,6 +9,7 @@ use frugal_core::exec::int8::Int8Executor;
 use frugal_core::exec::{ExecError, Executor, Target};
 use frugal_core::graph::{Graph, GraphError};
 use frugal_core::model::{Int8Update, Precision};
+use frugal_core::plan::params::{self, ParamEncoding, ParamsError};
 use frugal_core::plan::Plan;
 use frugal_core::policy::{self, Approximations, Chosen, CostModel, PlanError, PolicyKind};
 use frugal_core::pool::ThreadPool;
@@ -44,6 +45,9 @@ pub struct TrainOptions {
     pub threads: usize,
     /// Where the f32 steps run.
     pub device: Device,
+    /// Frozen parameters (LoRA's base, the frozen layers of a sparse update) read from a parameter
+    /// image in this encoding, outside the arena (None: in the arena, f32). CPU only.
+    pub frozen: Option<ParamEncoding>,
 }
 
 /// Where f32 training runs.
@@ -75,6 +79,8 @@ pub struct TrainReport {
     pub test_loss: (f32, f32),
     /// Arena size of the plan.
     pub arena_bytes: usize,
+    /// Bytes of the frozen parameters' image outside the arena (0 without `--frozen`).
+    pub image_bytes: usize,
     /// Lower bound of the plan.
     pub lower_bound: usize,
     /// The trained persistent tensors (name, shape, values), ready to save.
@@ -85,6 +91,9 @@ pub struct TrainReport {
     pub micro_batch: usize,
     /// Recompute instructions per step.
     pub recomputes: usize,
+    /// Training steps taken and the seconds they took (the steps alone: no evaluation, no loading;
+    /// (0, 0) from an int8 run).
+    pub steps: (u64, f64),
 }
 
 /// Why a run failed.
@@ -104,6 +113,8 @@ pub enum TrainError {
     Mismatch(String),
     /// The system refused the memory the plan needs.
     Memory(MemoryError),
+    /// The frozen parameters cannot be read from an image.
+    Params(ParamsError),
 }
 
 impl fmt::Display for TrainError {
@@ -116,6 +127,7 @@ impl fmt::Display for TrainError {
             TrainError::Checkpoint(e) => write!(f, "{e}"),
             TrainError::Mismatch(e) => write!(f, "{e}"),
             TrainError::Memory(e) => write!(f, "{e}"),
+            TrainError::Params(e) => write!(f, "--frozen: {e}"),
         }
     }
 }
@@ -137,6 +149,7 @@ from!(Budget, BudgetError);
 from!(Exec, ExecError);
 from!(Checkpoint, CheckpointError);
 from!(Memory, MemoryError);
+from!(Params, ParamsError);
 
 impl From<PlanError> for TrainError {
     fn from(e: PlanError) -> Self {
@@ -210,6 +223,130 @@ pub fn plan_for(
     )?)
 }
 
+/// Parses `--frozen`: `f32`, `fp16` (or `f16`) or `int8`.
+pub fn parse_frozen(s: &str) -> Result<ParamEncoding, String> {
+    match s {
+        "f32" => Ok(ParamEncoding::F32),
+        "fp16" | "f16" => Ok(ParamEncoding::F16),
+        "int8" => Ok(ParamEncoding::Int8),
+        _ => Err(format!(
+            "unknown encoding {s:?} of the frozen weights (f32, fp16, int8)"
+        )),
+    }
+}
+
+/// The name `--frozen` takes for an encoding.
+pub fn frozen_name(e: ParamEncoding) -> &'static str {
+    match e {
+        ParamEncoding::F32 => "f32",
+        ParamEncoding::F16 => "fp16",
+        ParamEncoding::Int8 => "int8",
+    }
+}
+
+/// The plan of a run: [`plan_for`] within the budget, and with `opts.frozen` its frozen parameters
+/// moved out of the arena into a parameter image of that encoding ([`Plan::read_only_params`]). The
+/// budget bounds the arena alone: the policies first plan for the budget plus the frozen f32 bytes
+/// (what leaves the arena), and when the smaller arena still does not fit, for the budget itself.
+pub fn plan_run(
+    model: &ModelFile,
+    opts: &TrainOptions,
+    cost: Option<&CostModel>,
+) -> Result<Chosen, TrainError> {
+    let plan = |b: Budget| plan_for(model, opts.batch, b, opts.policy, cost, opts.approx);
+    let Some(enc) = opts.frozen else {
+        return plan(opts.budget);
+    };
+    if opts.device != Device::Cpu {
+        return Err(TrainError::Mismatch(
+            "--frozen reads the frozen weights on the CPU backend (--device cpu)".into(),
+        ));
+    }
+    let g = Graph::new(&model.spec, opts.batch)?;
+    let frozen: usize = params::read_only_tensors(&g)
+        .map(|t| g.tensors[t as usize].bytes)
+        .sum();
+    if frozen == 0 {
+        return Err(TrainError::Params(ParamsError::Unsupported(
+            "the model trains every parameter (nothing is frozen)",
+        )));
+    }
+    let mut needed = usize::MAX;
+    for b in [opts.budget.bytes.saturating_add(frozen), opts.budget.bytes] {
+        let mut c = match plan(Budget::new(b)) {
+            Ok(c) => c,
+            Err(TrainError::Budget(BudgetError::TooSmall { needed: n, .. })) => {
+                needed = needed.min(n.saturating_sub(frozen));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        c.plan.read_only_params(enc)?;
+        if c.plan.needed_bytes() <= opts.budget.bytes {
+            return Ok(c);
+        }
+        needed = needed.min(c.plan.needed_bytes());
+    }
+    Err(TrainError::Budget(BudgetError::TooSmall {
+        needed,
+        given: opts.budget.bytes,
+    }))
+}
+
+/// The parameter image of `plan` (aligned as [`Executor::with_params`] needs: the slice `at..at+len`
+/// of the buffer): the frozen tensors from `weights`, in the plan's encoding. Every frozen tensor must
+/// be there (frozen random weights teach nothing).
+fn frozen_image(
+    plan: &Plan,
+    weights: Option<&PathBuf>,
+) -> Result<(Vec<u8>, std::ops::Range<usize>), TrainError> {
+    let path = weights.ok_or_else(|| {
+        TrainError::Mismatch("--frozen needs --weights holding the frozen tensors".into())
+    })?;
+    let tensors = checkpoint::load_safetensors(path)?;
+    let g = &plan.graph;
+    let mut state = Vec::new();
+    for n in &g.nodes {
+        let named = n.params.iter().map(|p| (p.name.as_str(), p.value)).chain(
+            n.stats
+                .iter()
+                .map(|&s| (g.tensors[s as usize].name.as_str(), s)),
+        );
+        for (name, t) in named {
+            let elems = g.tensors[t as usize].bytes / 4;
+            if !plan.in_params_space(t) {
+                // In the arena: loaded there after initialisation ([`load_weights`]).
+                state.resize(state.len() + elems * 4, 0);
+                continue;
+            }
+            let v = match tensors.iter().find(|(n, _, _)| n == name) {
+                Some((_, _, v)) if v.len() == elems => v,
+                Some((_, s, _)) => {
+                    return Err(TrainError::Mismatch(format!(
+                        "{}: tensor {name} has shape {s:?}, the model needs {elems} values",
+                        path.display()
+                    )))
+                }
+                None => {
+                    return Err(TrainError::Mismatch(format!(
+                        "--frozen: {name} is frozen but {} does not hold it",
+                        path.display()
+                    )))
+                }
+            };
+            state.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+        }
+    }
+    drop(tensors);
+    let (image, _) = params::split_state(plan, &state)?;
+    drop(state);
+    // The same bytes at a 64-byte aligned address (f32 values are read in place).
+    let mut buf = vec![0u8; image.len() + 64];
+    let at = buf.as_ptr().align_offset(64);
+    buf[at..at + image.len()].copy_from_slice(&image);
+    Ok((buf, at..at + image.len()))
+}
+
 /// Loads named tensors into the executor's persistent tensors; returns how many were loaded.
 pub fn load_weights<B: Backend>(
     ex: &mut Executor<'_, B>,
@@ -220,6 +357,11 @@ pub fn load_weights<B: Backend>(
     let state: Vec<_> = ex.state_tensors().collect();
     let mut loaded = 0;
     for (name, shape, t) in state {
+        if ex.plan().in_params_space(t) {
+            // In the parameter image, made from the same file ([`plan_run`]).
+            loaded += usize::from(tensors.iter().any(|(n, _, _)| *n == name));
+            continue;
+        }
         if let Some((_, s, v)) = tensors.iter().find(|(n, _, _)| *n == name) {
             if *s != shape {
                 return Err(TrainError::Mismatch(format!(
@@ -277,14 +419,7 @@ pub fn train(
             train.dims, spec.input
         )));
     }
-    let chosen = plan_for(
-        model,
-        opts.batch,
-        opts.budget,
-        opts.policy,
-        None,
-        opts.approx,
-    )?;
+    let chosen = plan_run(model, opts, None)?;
     let how = (chosen.policy, chosen.recomputes);
     let plan = chosen.plan;
     let outputs = plan.graph.pred_dims().numel();
@@ -296,11 +431,16 @@ pub fn train(
     }
     match opts.device {
         Device::Cpu => {
+            let (image, at) = match plan.params_space() {
+                Some(_) => frozen_image(&plan, weights)?,
+                None => (Vec::new(), 0..0),
+            };
             let mut arena = alloc_zeroed::<u8>(plan.needed_bytes(), "the arena")?;
             let pool = ThreadPool::new(opts.threads).map_err(|e| {
                 TrainError::Mismatch(format!("cannot start {} CPU threads: {e}", opts.threads))
             })?;
-            let ex = Executor::with_backend(&plan, &arena, CpuBackend::with_pool(&pool))?;
+            let backend = CpuBackend::with_pool(&pool);
+            let ex = Executor::with_params(&plan, &arena, backend, &image[at])?;
             run(ex, &mut arena, how, model, (train, test), opts, weights)
         }
         Device::Gpu => train_gpu(plan, how, model, (train, test), opts, weights),
@@ -488,6 +628,7 @@ fn run<B: Backend>(
     let mut ybuf = alloc_zeroed::<u32>(rows * train.tokens, "the label buffer")?;
     let steps = train.len().div_ceil(opts.batch) as u64;
     let mut curves = Vec::new();
+    let (mut taken, mut secs) = (0u64, 0f64);
     for epoch in 0..opts.epochs {
         let order = train.shuffle_indices(opts.seed, epoch as u64);
         let bar = (!opts.quiet)
@@ -496,11 +637,14 @@ fn run<B: Backend>(
         for chunk in order.chunks(opts.batch) {
             let n = chunk.len();
             train.batch(chunk, &mut xbuf, &mut ybuf);
+            let t0 = std::time::Instant::now();
             let s = ex.train_step(
                 arena,
                 &xbuf[..n * per],
                 Target::Classes(&ybuf[..n * train.tokens]),
             )?;
+            secs += t0.elapsed().as_secs_f64();
+            taken += 1;
             loss_sum += s.loss as f64 * n as f64;
             correct += s.correct;
             seen += n;
@@ -534,18 +678,28 @@ fn run<B: Backend>(
         test_accuracy,
         test_samples: test.len(),
         test_loss: (loss_before, loss_after),
-        // The memory the tensors need where they run (a GPU plan's host arena is empty).
-        arena_bytes: plan
-            .arena_bytes
-            .max(plan.spaces.iter().map(|s| s.bytes).sum()),
-        lower_bound: plan
-            .lower_bound
-            .max(plan.spaces.iter().map(|s| s.lower_bound).sum()),
+        // The memory the tensors need where they run (a GPU plan's host arena is empty); the
+        // frozen parameters' image apart.
+        arena_bytes: plan.arena_bytes.max(device_bytes(plan, |s| s.bytes)),
+        lower_bound: plan.lower_bound.max(device_bytes(plan, |s| s.lower_bound)),
+        image_bytes: plan
+            .params_space()
+            .map_or(0, |(_, b)| b + params::IMAGE_HEADER),
         tensors,
         policy,
         micro_batch: plan.graph.batch,
         recomputes,
+        steps: (taken, secs),
     })
+}
+
+/// Bytes of the plan's memory spaces other than the parameter image, by `f`.
+fn device_bytes(plan: &Plan, f: impl Fn(&frugal_core::plan::SpaceLayout) -> usize) -> usize {
+    plan.spaces
+        .iter()
+        .filter(|s| ParamEncoding::of_space(s.space).is_none())
+        .map(f)
+        .sum()
 }
 
 /// Default bit width of the pure-integer update (best of 1–4 on the digits MLP and CNN: 4).
@@ -772,11 +926,13 @@ pub fn train_int8_with(
             // Int8 runs never carry a text data set (int8 refuses sequence layers): no before.
             test_loss: (f32::NAN, test_loss),
             arena_bytes: plan.arena_bytes,
+            image_bytes: 0,
             lower_bound: plan.lower_bound,
             tensors,
             policy: PolicyKind::Plain,
             micro_batch: plan.graph.batch,
             recomputes: 0,
+            steps: (0, 0.0),
         },
         counts: ex.counts(),
         per_epoch,

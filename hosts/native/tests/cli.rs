@@ -351,6 +351,128 @@ fn a_tiny_gpt_trains_fine_tunes_with_lora_and_generates() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// The number after `key` and before " B" in `out` (first occurrence).
+fn bytes_after(out: &str, key: &str) -> usize {
+    let at = out
+        .find(key)
+        .unwrap_or_else(|| panic!("no {key:?} in {out}"))
+        + key.len();
+    out[at..]
+        .split(" B")
+        .next()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no bytes after {key:?} in {out}"))
+}
+
+/// `frugal train examples/char-gpt-lora.toml --frozen fp16|int8` (the example's layers on a few
+/// windows of text, a few steps): the frozen base is read from a parameter image, the arena shrinks by
+/// the frozen f32 bytes (less the region one converted weight takes), the run trains, and the adapters
+/// save; `--frozen f32` shrinks it by exactly the frozen bytes.
+#[test]
+fn lora_fine_tunes_with_its_frozen_base_in_fp16_and_int8_outside_the_arena() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let dir = std::env::temp_dir().join(format!("frugal-frozen-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = std::fs::read(format!("{root}/data/kjv/matthew.txt")).unwrap();
+    std::fs::write(dir.join("text.txt"), &text[..64 * 20 + 1]).unwrap();
+    // The examples with their data set pointed at the short text (20 windows: 16 train, 4 held out).
+    for name in ["char-gpt", "char-gpt-lora"] {
+        let t = std::fs::read_to_string(format!("{root}/examples/{name}.toml")).unwrap();
+        let t = t.replace("../data/kjv/genesis.txt", "text.txt");
+        let t = t.replace("../data/kjv/matthew.txt", "text.txt");
+        assert!(t.contains("\"text.txt\""), "{name}: its data set");
+        std::fs::write(dir.join(format!("{name}.toml")), t).unwrap();
+    }
+    let p = |f: &str| dir.join(f).to_str().unwrap().to_string();
+    // The base: the example's initial weights (no step), as a checkpoint.
+    let (ok, out) = frugal(&[
+        "train",
+        &p("char-gpt.toml"),
+        "--epochs",
+        "0",
+        "--save",
+        &p("base.safetensors"),
+    ]);
+    assert!(ok, "{out}");
+    let run = |frozen: Option<&str>| {
+        let mut args = vec![
+            "train".to_string(),
+            p("char-gpt-lora.toml"),
+            "--weights".into(),
+            p("base.safetensors"),
+            "--batch".into(),
+            "4".into(),
+            "--epochs".into(),
+            "1".into(),
+            "--threads".into(),
+            "1".into(),
+            "--save".into(),
+            p("merged.safetensors"),
+            "--save-adapters".into(),
+            p("adapters.safetensors"),
+        ];
+        if let Some(f) = frozen {
+            args.extend(["--frozen".into(), f.into()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (ok, out) = frugal(&args);
+        assert!(ok, "{frozen:?}: {out}");
+        assert!(
+            out.contains("epoch 1/1") && out.contains("perplexity"),
+            "{out}"
+        );
+        assert!(out.contains("adapters:"), "{out}");
+        out
+    };
+    let plain = run(None);
+    let arena = |out: &str| bytes_after(&out[out.find("plan: ").unwrap()..], "(");
+    let plain_arena = arena(&plain);
+    assert!(!plain.contains("frozen parameters"), "{plain}");
+    let mut frozen_f32 = 0;
+    for enc in ["f32", "fp16", "int8"] {
+        let out = run(Some(enc));
+        assert!(
+            out.contains(&format!("{enc} parameter image of")) && out.contains("outside it"),
+            "{out}"
+        );
+        let f32_bytes = bytes_after(&out, "tensors, ");
+        let image = bytes_after(&out[out.find("parameter image of ").unwrap()..], "(");
+        frozen_f32 = f32_bytes;
+        let shrunk = plain_arena - arena(&out);
+        match enc {
+            // Exactly the frozen bytes (each rounded to the arena's 64-byte alignment).
+            "f32" => {
+                assert!(
+                    shrunk >= f32_bytes && shrunk < f32_bytes + 64 * 64,
+                    "{shrunk} {f32_bytes}"
+                );
+                assert!(image > f32_bytes, "{image}");
+            }
+            // Less the region the largest converted weight (fc1/fc2: 512×128 f32) takes.
+            _ => {
+                let region = 512 * 128 * 4;
+                assert!(
+                    shrunk + region >= f32_bytes && shrunk + region < f32_bytes + 64 * 64,
+                    "{enc}: {shrunk} + {region} vs {f32_bytes}"
+                );
+                assert!(
+                    image < f32_bytes * 6 / 10,
+                    "{enc}: image {image} of {f32_bytes}"
+                );
+            }
+        }
+        let adapters =
+            frugal_cli::checkpoint::load_safetensors(&dir.join("adapters.safetensors")).unwrap();
+        // Adapters A and B on qkv, proj, fc1, fc2 of 4 blocks and on the head.
+        assert_eq!(adapters.len(), 2 * (4 * 4 + 1), "{enc}");
+    }
+    assert!(
+        frozen_f32 > 3 << 20,
+        "the base's 0.87 M parameters: {frozen_f32}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// An LSTM and a GRU language model (the golden cases' files with a `[train]` section) train on text
 /// (held-out perplexity reported) and generate deterministically from a prompt.
 #[test]
