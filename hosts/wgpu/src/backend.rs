@@ -683,17 +683,19 @@ fn raw_steps(plan: &Plan, r: Run) -> Result<Steps, ExecError> {
                 .d_out
                 .ok_or(need("gradient without an output derivative"))?);
             let acc = r.mb > 0;
+            let db = node.params.get(1).and_then(|p| p.grad);
             if let Some(dw) = node.params.first().and_then(|p| p.grad) {
-                let p = conv::direct_params(g, n, false, acc).map_err(shape_err)?;
+                // One dispatch: the weights' workgroups, then (with a bias) the bias's.
+                let p = conv::direct_params(g, n, db.is_some(), acc).map_err(shape_err)?;
+                let bias = if db.is_some() { g.cout } else { 0 };
                 out.push(set_step(
                     Set::Conv,
                     conv::entry::DW,
                     &p,
-                    per_workgroup(g.weight_len()),
-                    [dy, T(xin), T(dw), nil, nil],
+                    per_workgroup(g.weight_len() + bias),
+                    [dy, T(xin), T(dw), db.map_or(nil, T), nil],
                 )?)?;
-            }
-            if let Some(db) = node.params.get(1).and_then(|p| p.grad) {
+            } else if let Some(db) = db {
                 let p = conv::direct_params(g, n, false, acc).map_err(shape_err)?;
                 out.push(set_step(
                     Set::Conv,

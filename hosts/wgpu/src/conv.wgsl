@@ -219,7 +219,9 @@ fn next(t: vec3<u32>, adv: vec3<u32>) -> vec3<u32> {
     return vec3<u32>(s, oy, ox);
 }
 
-// dW (= c) (+)= Σ_samples,positions dy (= a) · x (= b) at the weight's tap.
+// dW (= c) (+)= Σ_samples,positions dy (= a) · x (= b) at the weight's tap; with a bias (p.group = 1) the
+// workgroups after the weights' also sum db (= d) (+)= Σ dy per output channel, so that one dispatch
+// computes both.
 @compute @workgroup_size(256)
 fn direct_dw(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -227,7 +229,20 @@ fn direct_dw(
 ) {
     let i = wg_index(wid);
     let cout = p._pad0 * p._pad1;
-    if (i >= cout * p.cin_g * p.kh * p.kw) {
+    let wlen = cout * p.cin_g * p.kh * p.kw;
+    if (i >= wlen) {
+        // Uniform per workgroup (i is the workgroup's), so the barriers of bias_sum are too.
+        if (p.group == 0u || i >= wlen + cout) {
+            return;
+        }
+        let v = bias_sum(i - wlen, lid);
+        if (lid == 0u) {
+            if (p.accumulate != 0u) {
+                d[i - wlen] = d[i - wlen] + v;
+            } else {
+                d[i - wlen] = v;
+            }
+        }
         return;
     }
     let kx = i % p.kw;
@@ -260,7 +275,24 @@ fn direct_dw(
     }
 }
 
-// db (= c) (+)= Σ_samples,positions dy (= a), per output channel (one workgroup each).
+// Σ_samples,positions dy (= a) for output channel co, by the workgroup (every invocation gets it).
+fn bias_sum(co: u32, lid: u32) -> f32 {
+    let cout = p._pad0 * p._pad1;
+    let terms = p._pad2 * p.oh * p.ow;
+    var t = first(lid);
+    let adv = first(RED);
+    var acc = 0.0;
+    for (var r = lid; r < terms; r += RED) {
+        acc += a[((t.x * cout + co) * p.oh + t.y) * p.ow + t.z];
+        t = next(t, adv);
+    }
+    red[lid] = acc;
+    tree(lid);
+    return red[0];
+}
+
+// db (= c) (+)= Σ_samples,positions dy (= a), per output channel (one workgroup each): a bias trained
+// without its weights (with them, `direct_dw` sums it).
 @compute @workgroup_size(256)
 fn direct_db(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -271,22 +303,12 @@ fn direct_db(
     if (co >= cout) {
         return;
     }
-    let ohow = p.oh * p.ow;
-    let terms = p._pad2 * ohow;
-    var t = first(lid);
-    let adv = first(RED);
-    var acc = 0.0;
-    for (var r = lid; r < terms; r += RED) {
-        acc += a[((t.x * cout + co) * p.oh + t.y) * p.ow + t.z];
-        t = next(t, adv);
-    }
-    red[lid] = acc;
-    tree(lid);
+    let v = bias_sum(co, lid);
     if (lid == 0u) {
         if (p.accumulate != 0u) {
-            c[co] = c[co] + red[0];
+            c[co] = c[co] + v;
         } else {
-            c[co] = red[0];
+            c[co] = v;
         }
     }
 }
