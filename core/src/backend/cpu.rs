@@ -29,9 +29,9 @@ const NO_SEQ: ExecError =
 /// parameter space ([`crate::plan::params`]); int8 weights there are dequantised, one weight at a time,
 /// into the plan's dequantisation region ([`Plan::dequant_region`]).
 ///
-/// A BatchNorm forward (training or recompute) whose next instruction is a ReLU or ReLU6 over its
-/// output in place applies the activation as it writes its output, and that instruction then does
-/// nothing ([`fused_act`]): one pass over the tensor instead of two, the same bits.
+/// With `std`, a BatchNorm forward (training or recompute) whose next instruction is a ReLU or ReLU6
+/// over its output in place applies the activation as it writes its output, and that instruction then
+/// does nothing ([`fused_act`]): one pass over the tensor instead of two, the same bits.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuBackend<P: WorkerPool = SingleThread> {
     pool: P,
@@ -103,6 +103,15 @@ fn plan_key(plan: &Plan) -> usize {
 /// next instruction runs over its output in place, in the same phase, micro-batch and placement), so
 /// that instruction has nothing left to do. Nothing reads the BatchNorm's output in between: the two
 /// instructions are adjacent, and the activation overwrites it in place.
+///
+/// Hosts with `std` only: the fused kernels would grow the CPU browser module and the firmware, whose
+/// batches are small enough for the two passes to stay in cache (the results are the same bits).
+#[cfg(not(feature = "std"))]
+fn fused_act(_: &Cx<'_>, _: &Node) -> Option<Act> {
+    None
+}
+
+#[cfg(feature = "std")]
 fn fused_act(cx: &Cx<'_>, node: &Node) -> Option<Act> {
     if !matches!(node.op, NodeOp::BatchNorm { train: true, .. })
         || !matches!(cx.mode, Mode::Train | Mode::Recompute)
@@ -1065,7 +1074,9 @@ fn bn_forward(
                 ($run:ident) => {
                     match post {
                         None => $run!(|v| v),
+                        #[cfg(feature = "std")]
                         Some(Act::Relu) => $run!(ops::relu),
+                        #[cfg(feature = "std")]
                         Some(Act::Relu6) => $run!(ops::relu6),
                         Some(_) => return Err(ExecError::BadPlan("no such fused activation")),
                     }
