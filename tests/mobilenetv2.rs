@@ -7,9 +7,10 @@
 use std::path::Path;
 
 use frugal_cli::spec_toml::load_model;
+use frugal_core::backend::CpuBackend;
 use frugal_core::budget::Budget;
 use frugal_core::exec::{Executor, Target};
-use frugal_core::graph::Graph;
+use frugal_core::graph::{Graph, NodeOp};
 use frugal_core::model::ModelSpec;
 use frugal_core::plan::{Phase, Plan};
 use frugal_core::policy::{self, CostModel, PolicyKind};
@@ -25,8 +26,13 @@ fn spec() -> ModelSpec {
 /// Losses of 2 steps on fixed samples, then every persistent tensor (weights, optimizer state,
 /// BatchNorm running statistics).
 fn train(p: &Plan) -> Vec<f32> {
+    train_on(p, CpuBackend::new(), &mut |_, _| {})
+}
+
+/// [`train`] on `backend`, calling `after(eo, aligned arena)` after every instruction of the first step.
+fn train_on(p: &Plan, backend: CpuBackend, after: &mut dyn FnMut(usize, &[u8])) -> Vec<f32> {
     let mut arena = vec![0xA5u8; p.needed_bytes()];
-    let mut ex = Executor::new(p, &arena).unwrap();
+    let mut ex = Executor::with_backend(p, &arena, backend).unwrap();
     ex.init_params(&mut arena, 5).unwrap();
     let mut rng = Rng::new(11);
     let x: Vec<f32> = (0..BATCH * p.graph.input_dims.numel())
@@ -34,13 +40,17 @@ fn train(p: &Plan) -> Vec<f32> {
         .collect();
     let y: Vec<u32> = (0..BATCH as u32).map(|i| i % 10).collect();
     let mut out = Vec::new();
-    for _ in 0..2 {
-        out.push(
-            ex.train_step(&mut arena, &x, Target::Classes(&y))
-                .unwrap()
-                .loss,
-        );
-    }
+    let mut obs = |eo: usize, _: &frugal_core::plan::Instr, a: &[u8]| after(eo, a);
+    out.push(
+        ex.train_step_observed(&mut arena, &x, Target::Classes(&y), &mut obs)
+            .unwrap()
+            .loss,
+    );
+    out.push(
+        ex.train_step(&mut arena, &x, Target::Classes(&y))
+            .unwrap()
+            .loss,
+    );
     for (_, _, t) in ex.state_tensors().collect::<Vec<_>>() {
         out.extend_from_slice(ex.read(&mut arena, t).unwrap());
     }
@@ -120,4 +130,70 @@ fn policy_plans_are_bit_exact_with_the_plain_plan_and_fit() {
         recomputing, 4,
         "every budget below the arena needs recomputation"
     );
+}
+
+/// The CPU backend runs a training BatchNorm and the ReLU6 in place right after it as one pass (the
+/// activation applied as the BatchNorm writes; the ReLU6 instruction then does nothing), forward and
+/// recompute: the same bits as the two in turn, and it does happen — right after such a BatchNorm
+/// instruction its output already lies in [0, 6].
+#[test]
+fn batchnorm_and_relu6_as_one_pass_train_bit_identically() {
+    let spec = spec();
+    let g = Graph::new(&spec, BATCH).unwrap();
+    let plain = Plan::new(g.clone());
+    let cost = CostModel::estimate(&g);
+    let budget = Budget::new(plain.needed_bytes() / 2);
+    let half = policy::plan_for_budget(&spec, BATCH, budget, PolicyKind::Auto, &cost)
+        .unwrap()
+        .plan;
+    for (name, p) in [("plain", &plain), ("½ arena", &half)] {
+        // The BatchNorm instructions (forward or recompute) a ReLU6 over their output follows.
+        let pairs: Vec<usize> = (0..p.program.len() - 1)
+            .filter(|&eo| {
+                let (a, b) = (&p.program[eo], &p.program[eo + 1]);
+                let (Some(na), Some(nb)) = (
+                    p.graph.nodes.get(a.node as usize),
+                    p.graph.nodes.get(b.node as usize),
+                ) else {
+                    return false;
+                };
+                matches!(a.phase, Phase::Forward | Phase::Recompute)
+                    && a.phase == b.phase
+                    && matches!(na.op, NodeOp::BatchNorm { .. })
+                    && matches!(nb.op, NodeOp::Act(_))
+                    && nb.inputs[0] == na.out
+            })
+            .collect();
+        let recomputed = pairs
+            .iter()
+            .filter(|&&eo| p.program[eo].phase == Phase::Recompute)
+            .count();
+        assert!(pairs.len() >= 10, "{name}: {} pairs", pairs.len());
+        if name != "plain" {
+            assert!(recomputed > 0, "{name}: no recomputed BatchNorm + ReLU6");
+        }
+        let mut clamped = 0;
+        let mut seen = |eo: usize, a: &[u8]| {
+            if pairs.contains(&eo) {
+                let out = p.graph.nodes[p.program[eo].node as usize].out;
+                let v = frugal_core::exec::view(p, a, out, eo).unwrap();
+                assert!(
+                    v.iter().all(|&x| (0.0..=6.0).contains(&x)),
+                    "{name}: eo {eo} not clamped"
+                );
+                clamped += 1;
+            }
+        };
+        let fused = train_on(p, CpuBackend::new(), &mut seen);
+        assert_eq!(clamped, pairs.len());
+        let apart = train_on(p, CpuBackend::new().unfused(), &mut |_, _| {});
+        assert!(
+            fused
+                .iter()
+                .zip(&apart)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name}: the fused step differs"
+        );
+        println!("{name}: {} BatchNorm + ReLU6 pairs ({recomputed} recomputed) in one pass, bit-identical", pairs.len());
+    }
 }

@@ -3,12 +3,14 @@
 //! host-provided [`WorkerPool`] when one is given.
 use super::arena::{self, carve, f32s, u32s};
 use super::{
-    Backend, Cx, ExecError, LayerOps, LossOps, LossOut, Mode, MoveOps, OptimOps, Placement, Target,
+    Backend, Cx, ExecError, LayerOps, LossOps, LossOut, Mode, MoveOps, OptimOps, Placement,
+    StepStart, Target,
 };
 use crate::graph::{scratch_slot, Node, NodeOp, TensorId, TensorKind};
 use crate::kernels::rows::dequantize_rows;
 use crate::model::LossKind;
 use crate::ops;
+use crate::ops::Act;
 use crate::optim::{self, StepCtx};
 use crate::plan::params::{self, ParamEncoding, ReadOnly};
 use crate::plan::{Eo, Instr, Phase, Plan, LOSS_NODE};
@@ -26,9 +28,19 @@ const NO_SEQ: ExecError =
 /// It reads frozen parameters from the executor's read-only parameter image when the plan has a
 /// parameter space ([`crate::plan::params`]); int8 and fp16 weights there are converted to f32, one
 /// weight at a time, into the plan's dequantisation region ([`Plan::dequant_region`]).
+///
+/// With `std`, a BatchNorm forward (training or recompute) whose next instruction is a ReLU or ReLU6
+/// over its output in place applies the activation as it writes its output, and that instruction then
+/// does nothing ([`fused_act`]): one pass over the tensor instead of two, the same bits.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuBackend<P: WorkerPool = SingleThread> {
     pool: P,
+    /// Run every instruction on its own (no BatchNorm + activation pass): the reference the fused
+    /// steps are tested against.
+    unfused: bool,
+    /// The instruction (plan, execution order) whose work the last BatchNorm forward did: skipped if it
+    /// is the next one dispatched. Cleared by every other dispatch, at every step and plan switch.
+    fused: Option<(usize, Eo)>,
 }
 
 impl CpuBackend {
@@ -42,7 +54,20 @@ impl<P: WorkerPool> CpuBackend<P> {
     /// The CPU backend splitting GEMM, convolution and large element-wise work across `pool`; results
     /// are bit-identical to one thread.
     pub fn with_pool(pool: P) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            unfused: false,
+            fused: None,
+        }
+    }
+
+    /// This backend running every instruction on its own, without the BatchNorm + activation pass
+    /// (the same results: the reference of the tests).
+    pub fn unfused(self) -> Self {
+        Self {
+            unfused: true,
+            ..self
+        }
     }
 
     /// The worker pool.
@@ -69,9 +94,72 @@ fn seed_of(cx: &Cx<'_>) -> RunSeed {
     }
 }
 
+/// The plan's identity for [`CpuBackend::fused`]: its address (a plan switch also clears the mark).
+fn plan_key(plan: &Plan) -> usize {
+    plan as *const Plan as usize
+}
+
+/// The activation the BatchNorm forward at `cx` may apply as it writes (the ReLU or ReLU6 that the
+/// next instruction runs over its output in place, in the same phase, micro-batch and placement), so
+/// that instruction has nothing left to do. Nothing reads the BatchNorm's output in between: the two
+/// instructions are adjacent, and the activation overwrites it in place.
+///
+/// Hosts with `std` only: the fused kernels would grow the CPU browser module and the firmware, whose
+/// batches are small enough for the two passes to stay in cache (the results are the same bits).
+#[cfg(not(feature = "std"))]
+fn fused_act(_: &Cx<'_>, _: &Node) -> Option<Act> {
+    None
+}
+
+#[cfg(feature = "std")]
+fn fused_act(cx: &Cx<'_>, node: &Node) -> Option<Act> {
+    if !matches!(node.op, NodeOp::BatchNorm { train: true, .. })
+        || !matches!(cx.mode, Mode::Train | Mode::Recompute)
+    {
+        return None;
+    }
+    // Only the plan's own instruction (not one a plan switch synthesises to regenerate a value).
+    if !core::ptr::eq(cx.ins, cx.plan.program.get(cx.eo as usize)?) {
+        return None;
+    }
+    let next_eo = cx.eo.checked_add(1)?;
+    let next = cx.plan.program.get(next_eo as usize)?;
+    if next.mb != cx.ins.mb || next.phase != cx.ins.phase || next.placement != cx.ins.placement {
+        return None;
+    }
+    let act_node = cx.plan.graph.nodes.get(next.node as usize)?;
+    match act_node.op {
+        NodeOp::Act(a @ (Act::Relu | Act::Relu6))
+            if act_node.inputs.first() == Some(&node.out)
+                && same(cx.plan, next_eo, node.out, act_node.out)
+                && same(cx.plan, cx.eo, node.out, act_node.out) =>
+        {
+            Some(a)
+        }
+        _ => None,
+    }
+}
+
 impl<P: WorkerPool> LayerOps for CpuBackend<P> {
     fn forward(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError> {
         let node = node_of(cx)?;
+        if self.fused.take() == Some((plan_key(cx.plan), cx.eo))
+            && matches!(node.op, NodeOp::Act(_))
+        {
+            return Ok(()); // the BatchNorm before it applied this activation
+        }
+        let post = if self.unfused {
+            None
+        } else {
+            fused_act(cx, node)
+        };
+        if post.is_some() {
+            bn_forward(
+                cx.plan, cx.eo, host, node, cx.n, cx.x, cx.mode, cx.params, post,
+            )?;
+            self.fused = Some((plan_key(cx.plan), cx.eo + 1));
+            return Ok(());
+        }
         let pool: &dyn WorkerPool = &self.pool;
         let ro = Ro { body: cx.params };
         forward(
@@ -88,11 +176,13 @@ impl<P: WorkerPool> LayerOps for CpuBackend<P> {
         )
     }
     fn grad_w(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError> {
+        self.fused = None;
         let node = node_of(cx)?;
         let pool: &dyn WorkerPool = &self.pool;
         grad_w(pool, cx.plan, cx.eo, host, node, cx.n, cx.x, cx.ins.mb > 0)
     }
     fn grad_x(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError> {
+        self.fused = None;
         let node = node_of(cx)?;
         let pool: &dyn WorkerPool = &self.pool;
         let ro = Ro { body: cx.params };
@@ -108,6 +198,7 @@ impl<P: WorkerPool> LossOps for CpuBackend<P> {
         target: Target<'_>,
         norm: usize,
     ) -> Result<LossOut, ExecError> {
+        self.fused = None;
         let train = cx.mode == Mode::Train;
         let (mean, correct) = run_loss(cx.plan, cx.eo, host, cx.n, target, train, norm)?;
         Ok(LossOut {
@@ -120,6 +211,7 @@ impl<P: WorkerPool> LossOps for CpuBackend<P> {
 
 impl<P: WorkerPool> OptimOps for CpuBackend<P> {
     fn apply(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError> {
+        self.fused = None;
         let node = node_of(cx)?;
         apply(cx.plan, cx.eo, host, node, StepCtx { t: cx.t })
     }
@@ -127,6 +219,7 @@ impl<P: WorkerPool> OptimOps for CpuBackend<P> {
 
 impl<P: WorkerPool> MoveOps for CpuBackend<P> {
     fn convert_half(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError> {
+        self.fused = None;
         convert_half(cx.plan, cx.eo, host, cx.ins)
     }
 }
@@ -138,8 +231,13 @@ impl<P: WorkerPool> Backend for CpuBackend<P> {
     fn serves(&self, p: Placement) -> bool {
         p == Placement::Cpu
     }
+    fn begin_step(&mut self, _plan: &Plan, _step: &StepStart<'_>) -> Result<(), ExecError> {
+        self.fused = None;
+        Ok(())
+    }
     /// Checks placements and spaces (the host arena and a read-only parameter space only).
     fn prepare(&mut self, plan: &Plan) -> Result<(), ExecError> {
+        self.fused = None;
         if let Some(i) = plan.program.iter().find(|i| !self.serves(i.placement)) {
             return Err(ExecError::Placement(i.placement));
         }
@@ -848,7 +946,7 @@ fn forward(
             );
         }
         NodeOp::BatchNorm { .. } => {
-            return bn_forward(plan, eo, a, node, n, xext, mode, body);
+            return bn_forward(plan, eo, a, node, n, xext, mode, body, None);
         }
     }
     Ok(())
@@ -923,6 +1021,7 @@ fn bn_forward(
     xext: &[f32],
     mode: Mode,
     body: &[u8],
+    post: Option<Act>,
 ) -> Result<(), ExecError> {
     let xin = node.inputs[0];
     let in_elems = n * node.in_dims[0].numel();
@@ -991,24 +1090,42 @@ fn bn_forward(
                     "a training BatchNorm's running statistics are read-only",
                 ));
             }
+            // The activation applied as the output is written ([`fused_act`]): one monomorphised
+            // kernel per activation, so the inner loops stay branch-free.
+            macro_rules! with_post {
+                ($run:ident) => {
+                    match post {
+                        None => $run!(|v| v),
+                        #[cfg(feature = "std")]
+                        Some(Act::Relu) => $run!(ops::relu),
+                        #[cfg(feature = "std")]
+                        Some(Act::Relu6) => $run!(ops::relu6),
+                        Some(_) => return Err(ExecError::BadPlan("no such fused activation")),
+                    }
+                };
+            }
             if *train && mode == Mode::Recompute {
-                ops::bn_fwd_recompute(n, *c, *hw, x, gamma, beta, f32s(mb)?, f32s(ib)?, f32s(yb)?);
+                let (mean, invstd, y) = (f32s(mb)?, f32s(ib)?, f32s(yb)?);
+                macro_rules! run {
+                    ($post:expr) => {
+                        ops::bn_fwd_recompute_then(
+                            n, *c, *hw, x, gamma, beta, mean, invstd, y, $post,
+                        )
+                    };
+                }
+                with_post!(run);
             } else if *train && mode == Mode::Train {
-                ops::bn_fwd_train(
-                    n,
-                    *c,
-                    *hw,
-                    x,
-                    gamma,
-                    beta,
-                    f32s(yb)?,
-                    f32s(mb)?,
-                    f32s(ib)?,
-                    f32s(rmb)?,
-                    f32s(rvb)?,
-                    *momentum,
-                    *eps,
-                );
+                let (y, mean, invstd) = (f32s(yb)?, f32s(mb)?, f32s(ib)?);
+                let (run_mean, run_var) = (f32s(rmb)?, f32s(rvb)?);
+                macro_rules! run {
+                    ($post:expr) => {
+                        ops::bn_fwd_train_then(
+                            n, *c, *hw, x, gamma, beta, y, mean, invstd, run_mean, run_var,
+                            *momentum, *eps, $post,
+                        )
+                    };
+                }
+                with_post!(run);
             } else {
                 ops::bn_fwd_eval(
                     n,

@@ -20,8 +20,10 @@ pub enum Act {
     Tanh,
 }
 
+/// ReLU of one element (a kernel that applies it as it writes, [`crate::ops::bn_fwd_train_then`],
+/// gives the same bits as [`act_fwd`]).
 #[inline(always)]
-fn relu<T: Real>(x: T) -> T {
+pub fn relu<T: Real>(x: T) -> T {
     // `x < 0 → 0` keeps NaN as NaN, like PyTorch.
     if x < T::ZERO {
         T::ZERO
@@ -30,8 +32,9 @@ fn relu<T: Real>(x: T) -> T {
     }
 }
 
+/// ReLU6 of one element (see [`relu`]).
 #[inline(always)]
-fn relu6<T: Real>(x: T) -> T {
+pub fn relu6<T: Real>(x: T) -> T {
     let six = T::from_f32(6.0);
     if x < T::ZERO {
         T::ZERO

@@ -161,8 +161,9 @@ fn group_grad_sums<T: Real>(
     }
 }
 
-/// `y = (x − mean[ch])·a(ch) + b(ch)` over the channels of `chs`, sample by sample.
+/// `y = post((x − mean[ch])·a(ch) + b(ch))` over the channels of `chs`, sample by sample.
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 fn affine<T: Real>(
     n: usize,
     c: usize,
@@ -173,13 +174,14 @@ fn affine<T: Real>(
     mean: &[T],
     a: impl Fn(usize) -> T,
     b: impl Fn(usize) -> T,
+    post: impl Fn(T) -> T,
 ) {
     for s in 0..n {
         for ch in chs.clone() {
             let o = (s * c + ch) * hw;
             let (mu, a, b) = (mean[ch], a(ch), b(ch));
             for (y, &x) in y[o..o + hw].iter_mut().zip(&x[o..o + hw]) {
-                *y = (x - mu) * a + b;
+                *y = post((x - mu) * a + b);
             }
         }
     }
@@ -204,6 +206,45 @@ pub fn bn_fwd_train<T: Real>(
     run_var: &mut [T],
     momentum: T,
     eps: T,
+) {
+    bn_fwd_train_then(
+        n,
+        c,
+        hw,
+        x,
+        gamma,
+        beta,
+        y,
+        mean,
+        invstd,
+        run_mean,
+        run_var,
+        momentum,
+        eps,
+        |v| v,
+    );
+}
+
+/// [`bn_fwd_train`] with `post` applied to every output element as it is written: `y = post(BN(x))`.
+/// With `post` an activation this is the BatchNorm and the activation after it in one pass over `y`
+/// (the same bits as the two in turn), which a large batch, whose tensors leave the cache, pays for
+/// by the pass.
+#[allow(clippy::too_many_arguments)]
+pub fn bn_fwd_train_then<T: Real>(
+    n: usize,
+    c: usize,
+    hw: usize,
+    x: &[T],
+    gamma: &[T],
+    beta: &[T],
+    y: &mut [T],
+    mean: &mut [T],
+    invstd: &mut [T],
+    run_mean: &mut [T],
+    run_var: &mut [T],
+    momentum: T,
+    eps: T,
+    post: impl Fn(T) -> T + Copy,
 ) {
     let count = n * hw;
     if count == 0 {
@@ -251,6 +292,7 @@ pub fn bn_fwd_train<T: Real>(
             mean,
             |ch| gamma[ch] * invstd[ch],
             |ch| beta[ch],
+            post,
         );
     }
 }
@@ -269,6 +311,24 @@ pub fn bn_fwd_recompute<T: Real>(
     invstd: &[T],
     y: &mut [T],
 ) {
+    bn_fwd_recompute_then(n, c, hw, x, gamma, beta, mean, invstd, y, |v| v);
+}
+
+/// [`bn_fwd_recompute`] with `post` applied to every output element as it is written (see
+/// [`bn_fwd_train_then`]).
+#[allow(clippy::too_many_arguments)]
+pub fn bn_fwd_recompute_then<T: Real>(
+    n: usize,
+    c: usize,
+    hw: usize,
+    x: &[T],
+    gamma: &[T],
+    beta: &[T],
+    mean: &[T],
+    invstd: &[T],
+    y: &mut [T],
+    post: impl Fn(T) -> T,
+) {
     if n * hw == 0 {
         return;
     }
@@ -283,6 +343,7 @@ pub fn bn_fwd_recompute<T: Real>(
         mean,
         |ch| gamma[ch] * invstd[ch],
         |ch| beta[ch],
+        post,
     );
 }
 
@@ -310,6 +371,7 @@ pub fn bn_fwd_eval<T: Real>(
         run_mean,
         |ch| gamma[ch] / (run_var[ch] + eps).sqrt(),
         |ch| beta[ch],
+        |v| v,
     );
 }
 
@@ -992,5 +1054,97 @@ mod tests {
         // Eval normalises by the running statistics (mean ≈ 10, std ≈ 1): x − run_mean ≈ 90 carries
         // the f32 rounding of run_mean (~1e-6 relative of 10) amplified by a/|y|; normwise 1e-5.
         assert_close("y eval", &widen(&ye32), &ye, 1e-5, 1.0);
+    }
+
+    /// The BatchNorm forward with the activation applied as it writes (what the CPU backend runs for a
+    /// BatchNorm followed by a ReLU/ReLU6 in place) against the two in turn: the same bits, for the
+    /// training forward (and its running statistics) and the recomputation. The inputs straddle both
+    /// kinks (outputs below 0 and above 6), NaN included.
+    #[test]
+    fn bn_then_activation_is_the_bits_of_bn_and_the_activation_in_turn() {
+        use crate::ops::act::{act_fwd_inplace, relu, relu6, Act};
+        let mut rng = Rng::new(33);
+        for (n, c, hw) in [(3, 70, 16), (2, 3, 4100), (5, 9, 1)] {
+            let len = n * c * hw;
+            let mut x: Vec<f32> = (0..len).map(|_| rng.uniform(-4.0, 4.0)).collect();
+            x[len / 2] = f32::NAN;
+            let g: Vec<f32> = (0..c).map(|_| rng.uniform(0.5, 8.0)).collect();
+            let b: Vec<f32> = (0..c).map(|_| rng.uniform(-3.0, 3.0)).collect();
+            let rm: Vec<f32> = (0..c).map(|_| rng.uniform(-1.0, 1.0)).collect();
+            let rv: Vec<f32> = (0..c).map(|_| rng.uniform(0.5, 2.0)).collect();
+            let want = train(n, c, hw, &x, &g, &b, &rm, &rv);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            for act in [Act::Relu, Act::Relu6] {
+                let mut y_ref = want.y.clone();
+                act_fwd_inplace(act, &mut y_ref);
+                assert!(y_ref.contains(&0.0), "{act:?}: no clamped output");
+                if act == Act::Relu6 {
+                    assert!(y_ref.contains(&6.0), "no output clamped at 6");
+                }
+                let mut o = Out {
+                    y: vec![0.0; len],
+                    mean: vec![0.0; c],
+                    invstd: vec![0.0; c],
+                    rm: rm.clone(),
+                    rv: rv.clone(),
+                };
+                let (m, e) = (0.1f32, 1e-5f32);
+                macro_rules! fwd {
+                    ($post:expr) => {
+                        bn_fwd_train_then(
+                            n,
+                            c,
+                            hw,
+                            &x,
+                            &g,
+                            &b,
+                            &mut o.y,
+                            &mut o.mean,
+                            &mut o.invstd,
+                            &mut o.rm,
+                            &mut o.rv,
+                            m,
+                            e,
+                            $post,
+                        )
+                    };
+                }
+                match act {
+                    Act::Relu => fwd!(relu),
+                    _ => fwd!(relu6),
+                }
+                assert_eq!(bits(&o.y), bits(&y_ref), "{act:?} ({n}, {c}, {hw})");
+                assert_eq!(bits(&o.mean), bits(&want.mean));
+                assert_eq!(bits(&o.invstd), bits(&want.invstd));
+                assert_eq!(bits(&o.rm), bits(&want.rm));
+                assert_eq!(bits(&o.rv), bits(&want.rv));
+                let mut r = vec![0.0f32; len];
+                macro_rules! rec {
+                    ($post:expr) => {
+                        bn_fwd_recompute_then(
+                            n,
+                            c,
+                            hw,
+                            &x,
+                            &g,
+                            &b,
+                            &want.mean,
+                            &want.invstd,
+                            &mut r,
+                            $post,
+                        )
+                    };
+                }
+                match act {
+                    Act::Relu => rec!(relu),
+                    _ => rec!(relu6),
+                }
+                assert_eq!(
+                    bits(&r),
+                    bits(&y_ref),
+                    "recompute, {act:?} ({n}, {c}, {hw})"
+                );
+            }
+        }
     }
 }
