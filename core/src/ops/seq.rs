@@ -14,6 +14,10 @@
 use crate::kernels::gemm_scratch_len;
 #[cfg(feature = "seq")]
 use crate::kernels::{gemm, MatRef, Real};
+#[cfg(feature = "seq")]
+use crate::ops::linear_grad_w_rows_par;
+#[cfg(feature = "seq")]
+use crate::pool::WorkerPool;
 
 // ---------------------------------------------------------------------------------------------------
 // Embeddings
@@ -276,6 +280,93 @@ pub fn smooth_grad<T: Real>(a: Smooth, x: &[T], dy: &[T], dx: &mut [T], accumula
         } else {
             *d = k * g;
         }
+    }
+}
+
+/// Rows of the recomputed activation [`linear_act_grad_w_par`] holds at once: the GEMM's depth
+/// block (256), so over a multiple of it the tiles' products add up in the order of one product over
+/// every row.
+pub const ACT_TILE_ROWS: usize = 256;
+
+/// Elements of [`linear_act_grad_w_par`]'s tile of the recomputed activation for `rows` rows of `fin`
+/// (the front of its scratch; the GEMM's room follows).
+pub fn act_tile_len(rows: usize, fin: usize) -> usize {
+    rows.min(ACT_TILE_ROWS).saturating_mul(fin)
+}
+
+/// The weight gradient of a Linear whose input is `a(h)`, from the activation's input `h` `[n, fin]`
+/// instead of `a(h)` ([`crate::graph::Node::act_in`]): `a(h)` is recomputed [`ACT_TILE_ROWS`] rows at a
+/// time into the front of `scratch` and each tile's `dYᵀ·a(h)` added into `dw` — the leading `rows`
+/// outputs, as [`crate::ops::linear_grad_w_rows_par`], which it equals on `a(h)` up to the blocking
+/// of the sums (none over a multiple of the tile). `db = Σ_rows dY`. So `a(h)` need not be kept from
+/// the forward pass. `scratch`: [`act_tile_len`] elements, then the GEMM's.
+#[cfg(feature = "seq")]
+#[allow(clippy::too_many_arguments)]
+pub fn linear_act_grad_w_par<T: Real>(
+    pool: &dyn WorkerPool,
+    a: Smooth,
+    n: usize,
+    fin: usize,
+    fout: usize,
+    rows: usize,
+    h: &[T],
+    dy: &[T],
+    dw: Option<&mut [T]>,
+    db: Option<&mut [T]>,
+    accumulate: bool,
+    scratch: &mut [T],
+) {
+    let (tile, room) = scratch.split_at_mut(act_tile_len(n, fin));
+    if let Some(dw) = dw {
+        if n == 0 {
+            // The GEMM's own k = 0 case: zero (or unchanged when accumulating).
+            linear_grad_w_rows_par(
+                pool,
+                0,
+                fin,
+                fout,
+                rows,
+                &[],
+                &[],
+                Some(dw),
+                None,
+                accumulate,
+                room,
+            );
+        }
+        for (i, r0) in (0..n).step_by(ACT_TILE_ROWS).enumerate() {
+            let r1 = (r0 + ACT_TILE_ROWS).min(n);
+            let t = &mut tile[..(r1 - r0) * fin];
+            smooth_fwd(a, &h[r0 * fin..r1 * fin], t);
+            linear_grad_w_rows_par(
+                pool,
+                r1 - r0,
+                fin,
+                fout,
+                rows,
+                t,
+                &dy[r0 * fout..r1 * fout],
+                Some(&mut *dw),
+                None,
+                accumulate || i > 0,
+                room,
+            );
+        }
+    }
+    if db.is_some() {
+        linear_grad_w_rows_par(
+            pool,
+            n,
+            fin,
+            fout,
+            rows,
+            &[],
+            dy,
+            None,
+            db,
+            accumulate,
+            room,
+        );
     }
 }
 
