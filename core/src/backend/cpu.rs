@@ -1131,6 +1131,8 @@ fn grad_w(
         NodeOp::Lora(g) => {
             let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
             let l = lora_params(node)?;
+            // After GELU/SiLU: the activation's input, recomputed tile by tile ([`Node::act_in`]).
+            let xin = node.act_in.map_or(xin, |a| a.1);
             let [xb, ub, dyb, bmb, dab, dbmb, sb] = carve(
                 a,
                 [
@@ -1144,8 +1146,9 @@ fn grad_w(
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
-            ops::seq::lora_grad_w(
+            ops::seq::lora_act_grad_w(
                 g,
+                node.act_in.map(|a| a.0),
                 rows,
                 x,
                 f32s(ub)?,
@@ -1450,6 +1453,21 @@ fn grad_x(
                 f32s(dxb)?,
                 acc,
             );
+        }
+        #[cfg(feature = "seq")]
+        NodeOp::Smooth(k) if dx.is_some_and(|dx| same(plan, eo, dy, dx)) => {
+            // In place over dL/d(out) (the plan merged the two: nothing reads it afterwards).
+            let [xb, db] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(node.inputs[0]), in_elems)?,
+                    reg(plan, eo, dx, in_elems)?,
+                ],
+            )?;
+            let (k, x) = (*k, &*f32s(xb)?);
+            ops::par_map(pool, f32s(db)?, &|r, d| {
+                ops::seq::smooth_grad_inplace(k, &x[r], d)
+            });
         }
         #[cfg(feature = "seq")]
         NodeOp::Smooth(k) => {

@@ -215,7 +215,7 @@ fn transformer_trains_and_sharing_is_bit_exact() {
 /// Linear → GELU/SiLU → Linear keeps only the pre-activation for the backward pass: the second
 /// Linear's weight gradient recomputes the activation from it (`Node::act_in`), so the activation's
 /// output dies at that Linear's forward — a smaller arena, and the same bits as keeping the output
-/// (18 token rows: one tile, the same GEMM).
+/// (18 token rows: one tile, the same GEMM); a LoRA Linear there likewise.
 #[test]
 fn linear_after_gelu_recomputes_it_and_trains_the_same_bits() {
     for rms in [false, true] {
@@ -251,6 +251,36 @@ fn linear_after_gelu_recomputes_it_and_trains_the_same_bits() {
         );
         assert_eq!(bits(&run(&p, 3, 3)), bits(&run(&kept, 3, 3)));
     }
+    // LoRA fine-tuning with adapters on the second MLP Linear too: its adapter gradient recomputes the
+    // activation the same way.
+    let mut spec = gpt(11, 6, 8, 2, 2, false, true);
+    for l in spec.layers.iter_mut().filter(|l| l.name.ends_with(".fc2")) {
+        l.kind = LayerKind::LoraLinear {
+            out: 8,
+            bias: true,
+            rank: 2,
+            alpha: 4.0,
+        };
+        l.trainable = true;
+    }
+    let g = Graph::new(&spec, 3).unwrap();
+    let fused: Vec<usize> = (0..g.nodes.len())
+        .filter(|&i| g.nodes[i].act_in.is_some())
+        .collect();
+    assert_eq!(fused.len(), 2);
+    let mut kept = g.clone();
+    for &i in &fused {
+        assert!(matches!(g.nodes[i].op, crate::graph::NodeOp::Lora(_)));
+        kept.nodes[i].act_in = None;
+    }
+    let (p, kept) = (Plan::new(g), Plan::new(kept));
+    assert!(
+        p.arena_bytes < kept.arena_bytes,
+        "{} vs {}",
+        p.arena_bytes,
+        kept.arena_bytes
+    );
+    assert_eq!(bits(&run(&p, 3, 3)), bits(&run(&kept, 3, 3)));
 }
 
 #[test]

@@ -278,7 +278,7 @@ pub struct Node {
     pub scratch: [Option<TensorId>; 3],
     /// Parameters train.
     pub trainable: bool,
-    /// A Linear whose input is the output of a GELU/SiLU layer (f32): that activation and its own
+    /// A Linear or LoRA Linear whose input is the output of a GELU/SiLU layer (f32): that activation and its own
     /// input. The weight gradient recomputes the activation tile by tile from its input instead of
     /// reading it ([`crate::plan::grad_w_inputs`]), so the activation's output lives only from its
     /// forward to this layer's and Linear → GELU → Linear keeps only the pre-activation for the
@@ -1280,7 +1280,9 @@ impl<'a> Builder<'a> {
             let act_in = None;
             #[cfg(feature = "seq")]
             let act_in = match (&op, l.inputs[0]) {
-                (NodeOp::Linear { .. }, Src::Layer(j)) if self.precision == Precision::F32 => {
+                (NodeOp::Linear { .. } | NodeOp::Lora(_), Src::Layer(j))
+                    if self.precision == Precision::F32 =>
+                {
                     match nodes[j as usize].op {
                         NodeOp::Smooth(k) => Some((k, nodes[j as usize].inputs[0])),
                         _ => None,
@@ -1403,6 +1405,11 @@ impl<'a> Builder<'a> {
                     NodeOp::View if consumers.get(&t).copied() == Some(1) => {
                         Share::ReadView(d_out_id)
                     }
+                    // GELU/SiLU: the derivative is element-wise from the input (in place when
+                    // f32: the integer kernels have neither).
+                    NodeOp::Smooth(_) if self.precision == Precision::F32 => {
+                        Share::ModifyView(d_out_id)
+                    }
                     NodeOp::Act(_)
                     | NodeOp::Dropout { .. }
                     | NodeOp::PosEmbedding { .. }
@@ -1455,7 +1462,11 @@ impl<'a> Builder<'a> {
                 NodeOp::Lora(g) => {
                     let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
                     let b = ops::seq::lora_bwd_scratch_len(g, rows);
-                    (ops::seq::lora_gemm_scratch_len(g, rows), b, b)
+                    let gw = match node.act_in {
+                        Some(_) => b + ops::seq::act_tile_len(rows, g.fin),
+                        None => b,
+                    };
+                    (ops::seq::lora_gemm_scratch_len(g, rows), gw, b)
                 }
                 #[cfg(feature = "seq")]
                 NodeOp::Attention(g) => (
