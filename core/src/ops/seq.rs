@@ -268,7 +268,7 @@ fn smooth_slope<T: Real>(a: Smooth, x: T) -> T {
     match a {
         Smooth::Gelu => {
             let cdf = half * (T::ONE + (x * T::from_f32(FRAC_1_SQRT_2)).erf());
-            cdf + x * T::from_f32(INV_SQRT_2PI) * (-half * x * x).exp()
+            cdf + x * T::from_f32(INV_SQRT_2PI) * (-half * x * x).exp_nonpos()
         }
         Smooth::Silu => {
             let s = T::ONE / (T::ONE + (-x).exp());
