@@ -1176,9 +1176,10 @@ fn grad_w(
         .ok_or(ExecError::BadPlan("gradient without an output derivative"))?;
     match &node.op {
         NodeOp::Linear { .. } | NodeOp::Conv(_) => {
-            // A bias-only update reads no input (the plan need not have kept it).
+            // A bias-only update reads no input (the plan need not have kept it); a Linear after
+            // GELU/SiLU reads the activation's input instead of its own ([`Node::act_in`]).
             let x_elems = if dw.is_some() { in_elems } else { 0 };
-            let x_t = if dw.is_some() { Some(xin) } else { None };
+            let x_t = dw.and(Some(node.act_in.map_or(xin, |a| a.1)));
             let [xb, dyb, dwb, dbb, sb] = carve(
                 a,
                 [
@@ -1194,12 +1195,21 @@ fn grad_w(
                 None => &[],
             };
             let (dy, dw, db, s) = (f32s(dyb)?, opt_f32(dwb)?, opt_f32(dbb)?, f32s(sb)?);
-            match &node.op {
-                NodeOp::Linear { fin, fout } => {
+            match (&node.op, node.act_in) {
+                #[cfg(feature = "seq")]
+                (NodeOp::Linear { fin, fout }, Some((act, _))) => {
+                    let m = n * node.op.rows_per_sample(node.in_dims[0].numel());
+                    ops::seq::linear_act_grad_w_par(
+                        pool, act, m, *fin, *fout, rows, x, dy, dw, db, acc_w, s,
+                    )
+                }
+                #[cfg(not(feature = "seq"))]
+                (NodeOp::Linear { .. }, Some(_)) => return Err(NO_SEQ),
+                (NodeOp::Linear { fin, fout }, None) => {
                     let m = n * node.op.rows_per_sample(node.in_dims[0].numel());
                     ops::linear_grad_w_rows_par(pool, m, *fin, *fout, rows, x, dy, dw, db, acc_w, s)
                 }
-                NodeOp::Conv(g) => {
+                (NodeOp::Conv(g), _) => {
                     ops::conv_grad_w_rows_par(pool, g, n, rows, x, dy, dw, db, acc_w, s)
                 }
                 _ => return Err(ExecError::BadPlan("not a linear or convolution layer")),
@@ -1260,6 +1270,8 @@ fn grad_w(
         NodeOp::Lora(g) => {
             let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
             let l = lora_params(node)?;
+            // After GELU/SiLU: the activation's input, recomputed tile by tile ([`Node::act_in`]).
+            let xin = node.act_in.map_or(xin, |a| a.1);
             let [xb, ub, dyb, bmb, dab, dbmb, sb] = carve(
                 a,
                 [
@@ -1273,8 +1285,9 @@ fn grad_w(
                 ],
             )?;
             let x = input(plan, xin, xb, xext, in_elems)?;
-            ops::seq::lora_grad_w(
+            ops::seq::lora_act_grad_w(
                 g,
+                node.act_in.map(|a| a.0),
                 rows,
                 x,
                 f32s(ub)?,
@@ -1580,6 +1593,21 @@ fn grad_x(
                 f32s(dxb)?,
                 acc,
             );
+        }
+        #[cfg(feature = "seq")]
+        NodeOp::Smooth(k) if dx.is_some_and(|dx| same(plan, eo, dy, dx)) => {
+            // In place over dL/d(out) (the plan merged the two: nothing reads it afterwards).
+            let [xb, db] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(node.inputs[0]), in_elems)?,
+                    reg(plan, eo, dx, in_elems)?,
+                ],
+            )?;
+            let (k, x) = (*k, &*f32s(xb)?);
+            ops::par_map(pool, f32s(db)?, &|r, d| {
+                ops::seq::smooth_grad_inplace(k, &x[r], d)
+            });
         }
         #[cfg(feature = "seq")]
         NodeOp::Smooth(k) => {

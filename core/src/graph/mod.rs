@@ -278,6 +278,12 @@ pub struct Node {
     pub scratch: [Option<TensorId>; 3],
     /// Parameters train.
     pub trainable: bool,
+    /// A Linear or LoRA Linear whose input is the output of a GELU/SiLU layer (f32): that activation and its own
+    /// input. The weight gradient recomputes the activation tile by tile from its input instead of
+    /// reading it ([`crate::plan::grad_w_inputs`]), so the activation's output lives only from its
+    /// forward to this layer's and Linear → GELU → Linear keeps only the pre-activation for the
+    /// backward pass (which the activation's own derivative reads anyway).
+    pub act_in: Option<(Smooth, TensorId)>,
 }
 
 impl Node {
@@ -1268,6 +1274,22 @@ impl<'a> Builder<'a> {
             });
             stats.shrink_to_fit();
             saved.shrink_to_fit();
+            // A Linear after GELU/SiLU recomputes that activation for its weight gradient (f32: the
+            // integer kernels have neither layer).
+            #[cfg(not(feature = "seq"))]
+            let act_in = None;
+            #[cfg(feature = "seq")]
+            let act_in = match (&op, l.inputs[0]) {
+                (NodeOp::Linear { .. } | NodeOp::Lora(_), Src::Layer(j))
+                    if self.precision == Precision::F32 =>
+                {
+                    match nodes[j as usize].op {
+                        NodeOp::Smooth(k) => Some((k, nodes[j as usize].inputs[0])),
+                        _ => None,
+                    }
+                }
+                _ => None,
+            };
             nodes.push(Node {
                 layer: li as u32,
                 name: self.name(String::from(name)),
@@ -1283,6 +1305,7 @@ impl<'a> Builder<'a> {
                 d_in: Vec::new(),
                 scratch: [None; 3],
                 trainable,
+                act_in,
             });
         }
 
@@ -1382,6 +1405,11 @@ impl<'a> Builder<'a> {
                     NodeOp::View if consumers.get(&t).copied() == Some(1) => {
                         Share::ReadView(d_out_id)
                     }
+                    // GELU/SiLU: the derivative is element-wise from the input (in place when
+                    // f32: the integer kernels have neither).
+                    NodeOp::Smooth(_) if self.precision == Precision::F32 => {
+                        Share::ModifyView(d_out_id)
+                    }
                     NodeOp::Act(_)
                     | NodeOp::Dropout { .. }
                     | NodeOp::PosEmbedding { .. }
@@ -1420,13 +1448,25 @@ impl<'a> Builder<'a> {
                 NodeOp::Linear { fin, fout } => {
                     let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
                     let s = ops::linear_scratch_len_threads(rows, *fin, *fout, self.threads);
-                    (s, s, s)
+                    // The recomputed activation's tile beside the GEMM's room.
+                    #[cfg(feature = "seq")]
+                    let gw = match node.act_in {
+                        Some(_) => s + ops::seq::act_tile_len(rows, *fin),
+                        None => s,
+                    };
+                    #[cfg(not(feature = "seq"))]
+                    let gw = s;
+                    (s, gw, s)
                 }
                 #[cfg(feature = "seq")]
                 NodeOp::Lora(g) => {
                     let rows = n * node.op.rows_per_sample(node.in_dims[0].numel());
                     let b = ops::seq::lora_bwd_scratch_len(g, rows);
-                    (ops::seq::lora_gemm_scratch_len(g, rows), b, b)
+                    let gw = match node.act_in {
+                        Some(_) => b + ops::seq::act_tile_len(rows, g.fin),
+                        None => b,
+                    };
+                    (ops::seq::lora_gemm_scratch_len(g, rows), gw, b)
                 }
                 #[cfg(feature = "seq")]
                 NodeOp::Attention(g) => (

@@ -14,6 +14,10 @@
 use crate::kernels::gemm_scratch_len;
 #[cfg(feature = "seq")]
 use crate::kernels::{gemm, MatRef, Real};
+#[cfg(feature = "seq")]
+use crate::ops::linear_grad_w_rows_par;
+#[cfg(feature = "seq")]
+use crate::pool::WorkerPool;
 
 // ---------------------------------------------------------------------------------------------------
 // Embeddings
@@ -256,26 +260,129 @@ pub fn smooth_fwd<T: Real>(a: Smooth, x: &[T], y: &mut [T]) {
     }
 }
 
+/// `a'(x)`.
+#[cfg(feature = "seq")]
+#[inline]
+fn smooth_slope<T: Real>(a: Smooth, x: T) -> T {
+    let half = T::from_f32(0.5);
+    match a {
+        Smooth::Gelu => {
+            let cdf = half * (T::ONE + (x * T::from_f32(FRAC_1_SQRT_2)).erf());
+            cdf + x * T::from_f32(INV_SQRT_2PI) * (-half * x * x).exp_nonpos()
+        }
+        Smooth::Silu => {
+            let s = T::ONE / (T::ONE + (-x).exp());
+            s * (T::ONE + x * (T::ONE - s))
+        }
+    }
+}
+
 /// `dx = a'(x)·dy` (added when `accumulate`).
 #[cfg(feature = "seq")]
 pub fn smooth_grad<T: Real>(a: Smooth, x: &[T], dy: &[T], dx: &mut [T], accumulate: bool) {
-    let half = T::from_f32(0.5);
     for ((d, &x), &g) in dx.iter_mut().zip(x).zip(dy) {
-        let k = match a {
-            Smooth::Gelu => {
-                let cdf = half * (T::ONE + (x * T::from_f32(FRAC_1_SQRT_2)).erf());
-                cdf + x * T::from_f32(INV_SQRT_2PI) * (-half * x * x).exp()
-            }
-            Smooth::Silu => {
-                let s = T::ONE / (T::ONE + (-x).exp());
-                s * (T::ONE + x * (T::ONE - s))
-            }
-        };
+        let k = smooth_slope(a, x);
         if accumulate {
             *d += k * g;
         } else {
             *d = k * g;
         }
+    }
+}
+
+/// [`smooth_grad`] in place over `dy` (the derivative's storage shared with the output's): `d =
+/// a'(x)·d`, the same bits.
+#[cfg(feature = "seq")]
+pub fn smooth_grad_inplace<T: Real>(a: Smooth, x: &[T], d: &mut [T]) {
+    for (d, &x) in d.iter_mut().zip(x) {
+        *d = smooth_slope(a, x) * *d;
+    }
+}
+
+/// Rows of the recomputed activation [`linear_act_grad_w_par`] holds at once: the GEMM's depth
+/// block (256), so over a multiple of it the tiles' products add up in the order of one product over
+/// every row.
+pub const ACT_TILE_ROWS: usize = 256;
+
+/// Elements of [`linear_act_grad_w_par`]'s tile of the recomputed activation for `rows` rows of `fin`
+/// (the front of its scratch; the GEMM's room follows).
+pub fn act_tile_len(rows: usize, fin: usize) -> usize {
+    rows.min(ACT_TILE_ROWS).saturating_mul(fin)
+}
+
+/// The weight gradient of a Linear whose input is `a(h)`, from the activation's input `h` `[n, fin]`
+/// instead of `a(h)` ([`crate::graph::Node::act_in`]): `a(h)` is recomputed [`ACT_TILE_ROWS`] rows at a
+/// time into the front of `scratch` and each tile's `dYᵀ·a(h)` added into `dw` — the leading `rows`
+/// outputs, as [`crate::ops::linear_grad_w_rows_par`], which it equals on `a(h)` up to the blocking
+/// of the sums (none over a multiple of the tile). `db = Σ_rows dY`. So `a(h)` need not be kept from
+/// the forward pass. `scratch`: [`act_tile_len`] elements, then the GEMM's.
+#[cfg(feature = "seq")]
+#[allow(clippy::too_many_arguments)]
+pub fn linear_act_grad_w_par<T: Real>(
+    pool: &dyn WorkerPool,
+    a: Smooth,
+    n: usize,
+    fin: usize,
+    fout: usize,
+    rows: usize,
+    h: &[T],
+    dy: &[T],
+    dw: Option<&mut [T]>,
+    db: Option<&mut [T]>,
+    accumulate: bool,
+    scratch: &mut [T],
+) {
+    let (tile, room) = scratch.split_at_mut(act_tile_len(n, fin));
+    if let Some(dw) = dw {
+        if n == 0 {
+            // The GEMM's own k = 0 case: zero (or unchanged when accumulating).
+            linear_grad_w_rows_par(
+                pool,
+                0,
+                fin,
+                fout,
+                rows,
+                &[],
+                &[],
+                Some(dw),
+                None,
+                accumulate,
+                room,
+            );
+        }
+        for (i, r0) in (0..n).step_by(ACT_TILE_ROWS).enumerate() {
+            let r1 = (r0 + ACT_TILE_ROWS).min(n);
+            let t = &mut tile[..(r1 - r0) * fin];
+            smooth_fwd(a, &h[r0 * fin..r1 * fin], t);
+            linear_grad_w_rows_par(
+                pool,
+                r1 - r0,
+                fin,
+                fout,
+                rows,
+                t,
+                &dy[r0 * fout..r1 * fout],
+                Some(&mut *dw),
+                None,
+                accumulate || i > 0,
+                room,
+            );
+        }
+    }
+    if db.is_some() {
+        linear_grad_w_rows_par(
+            pool,
+            n,
+            fin,
+            fout,
+            rows,
+            &[],
+            dy,
+            None,
+            db,
+            accumulate,
+            room,
+        );
     }
 }
 
@@ -558,8 +665,34 @@ pub fn lora_grad_w<T: Real>(
     accumulate: bool,
     scratch: &mut [T],
 ) {
+    lora_act_grad_w(g, None, rows, x, u, dy, bm, da, db, accumulate, scratch)
+}
+
+/// [`lora_grad_w`]; with `act`, of a LoRA Linear whose input is `act(x)`, from the activation's input
+/// `x` ([`crate::graph::Node::act_in`]): `dA`'s product recomputes `act(x)` [`ACT_TILE_ROWS`] rows at a
+/// time, as [`linear_act_grad_w_par`] does, in [`act_tile_len`] elements of `scratch` after the
+/// `rows × rank` of `s·dY·B` (before the GEMM's room).
+#[allow(clippy::too_many_arguments)]
+#[cfg(feature = "seq")]
+pub fn lora_act_grad_w<T: Real>(
+    g: &LoraGeom,
+    act: Option<Smooth>,
+    rows: usize,
+    x: &[T],
+    u: &[T],
+    dy: &[T],
+    bm: &[T],
+    da: &mut [T],
+    db: &mut [T],
+    accumulate: bool,
+    scratch: &mut [T],
+) {
     let (fin, fout, r) = (g.fin, g.fout, g.rank);
     let (t, scratch) = scratch.split_at_mut(rows * r);
+    let (tile, scratch) = match act {
+        Some(_) => scratch.split_at_mut(act_tile_len(rows, fin)),
+        None => (&mut [][..], scratch),
+    };
     if rows == 0 {
         if !accumulate {
             da[..r * fin].iter_mut().for_each(|v| *v = T::ZERO);
@@ -579,17 +712,36 @@ pub fn lora_grad_w<T: Real>(
         scratch,
     );
     scaled_dy_b(g, rows, dy, bm, t, scratch);
-    gemm(
-        r,
-        fin,
-        rows,
-        MatRef::row_major_t(t, r),
-        MatRef::row_major(x, fin),
-        &mut da[..r * fin],
-        fin,
-        accumulate,
-        scratch,
-    );
+    let Some(act) = act else {
+        gemm(
+            r,
+            fin,
+            rows,
+            MatRef::row_major_t(t, r),
+            MatRef::row_major(x, fin),
+            &mut da[..r * fin],
+            fin,
+            accumulate,
+            scratch,
+        );
+        return;
+    };
+    for (i, r0) in (0..rows).step_by(ACT_TILE_ROWS).enumerate() {
+        let r1 = (r0 + ACT_TILE_ROWS).min(rows);
+        let xt = &mut tile[..(r1 - r0) * fin];
+        smooth_fwd(act, &x[r0 * fin..r1 * fin], xt);
+        gemm(
+            r,
+            fin,
+            r1 - r0,
+            MatRef::row_major_t(&t[r0 * r..r1 * r], r),
+            MatRef::row_major(xt, fin),
+            &mut da[..r * fin],
+            fin,
+            accumulate || i > 0,
+            scratch,
+        );
+    }
 }
 
 /// `t = s·dY·B` (`rows × rank`).

@@ -113,6 +113,130 @@ fn gelu_and_silu() {
     }
 }
 
+/// The weight gradient from the activation's input equals the plain Linear's on the activation's
+/// output: bit for bit in f32 over whole tiles (the GEMM's depth blocks are the tiles), to f64
+/// rounding over a partial last tile (only the blocking of the sums differs), for every output and a
+/// sparse update's leading rows, overwriting and accumulating; the bias gradient is the plain one.
+#[test]
+fn linear_weight_gradient_recomputes_its_activation() {
+    use crate::ops::{linear_grad_w_rows_par, linear_scratch_len};
+    use crate::pool::SingleThread;
+    let mut rng = Rng::new(9);
+    let (fin, fout) = (12, 5);
+    for a in [Smooth::Gelu, Smooth::Silu] {
+        for (n, rows, acc) in [(2 * ACT_TILE_ROWS, 5, false), (2 * ACT_TILE_ROWS, 3, true)] {
+            let h = to_f32(&rand_vec(&mut rng, n * fin, -3.0, 3.0));
+            let dy = to_f32(&rand_vec(&mut rng, n * fout, -1.0, 1.0));
+            let start = to_f32(&rand_vec(&mut rng, fout * fin + fout, -1.0, 1.0));
+            let mut y = vec![0.0f32; n * fin];
+            smooth_fwd(a, &h, &mut y);
+            let mut s = vec![0.0f32; act_tile_len(n, fin) + linear_scratch_len(n, fin, fout)];
+            let (mut dw, mut db) = (start[..fout * fin].to_vec(), start[fout * fin..].to_vec());
+            let (mut dw2, mut db2) = (dw.clone(), db.clone());
+            linear_act_grad_w_par(
+                &SingleThread,
+                a,
+                n,
+                fin,
+                fout,
+                rows,
+                &h,
+                &dy,
+                Some(&mut dw),
+                Some(&mut db),
+                acc,
+                &mut s,
+            );
+            linear_grad_w_rows_par(
+                &SingleThread,
+                n,
+                fin,
+                fout,
+                rows,
+                &y,
+                &dy,
+                Some(&mut dw2),
+                Some(&mut db2),
+                acc,
+                &mut s,
+            );
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&dw), bits(&dw2), "{a:?} dW, n = {n}, rows = {rows}");
+            assert_eq!(bits(&db), bits(&db2), "{a:?} db");
+        }
+        // A partial last tile, in f64: the sums' blocking differs, so rounding (≈ 1e-16 relative).
+        let n = ACT_TILE_ROWS + 37;
+        let h = rand_vec(&mut rng, n * fin, -3.0, 3.0);
+        let dy = rand_vec(&mut rng, n * fout, -1.0, 1.0);
+        let mut y = vec![0.0; n * fin];
+        smooth_fwd(a, &h, &mut y);
+        let mut s = vec![0.0f64; act_tile_len(n, fin)];
+        let (mut dw, mut dw2) = (vec![0.0; fout * fin], vec![0.0; fout * fin]);
+        linear_act_grad_w_par(
+            &SingleThread,
+            a,
+            n,
+            fin,
+            fout,
+            fout,
+            &h,
+            &dy,
+            Some(&mut dw),
+            None,
+            false,
+            &mut s,
+        );
+        linear_grad_w_rows_par(
+            &SingleThread,
+            n,
+            fin,
+            fout,
+            fout,
+            &y,
+            &dy,
+            Some(&mut dw2),
+            None,
+            false,
+            &mut [],
+        );
+        assert_close(&format!("{a:?} dW f64"), &dw, &dw2, 1e-12, 1e-2);
+        // LoRA's adapter gradients likewise (dA from the recomputed tiles, dB as before).
+        let g = LoraGeom {
+            fin,
+            fout,
+            rank: 3,
+            scale: 0.5,
+        };
+        let n = 2 * ACT_TILE_ROWS;
+        let h = to_f32(&rand_vec(&mut rng, n * fin, -3.0, 3.0));
+        let dy = to_f32(&rand_vec(&mut rng, n * fout, -1.0, 1.0));
+        let u = to_f32(&rand_vec(&mut rng, n * g.rank, -1.0, 1.0));
+        let bm = to_f32(&rand_vec(&mut rng, fout * g.rank, -1.0, 1.0));
+        let mut y = vec![0.0f32; n * fin];
+        smooth_fwd(a, &h, &mut y);
+        let mut s = vec![0.0f32; lora_bwd_scratch_len(&g, n) + act_tile_len(n, fin)];
+        let (mut da, mut db) = (vec![0.0f32; g.rank * fin], vec![0.0f32; fout * g.rank]);
+        let (mut da2, mut db2) = (da.clone(), db.clone());
+        lora_act_grad_w(
+            &g,
+            Some(a),
+            n,
+            &h,
+            &u,
+            &dy,
+            &bm,
+            &mut da,
+            &mut db,
+            false,
+            &mut s,
+        );
+        lora_grad_w(&g, n, &y, &u, &dy, &bm, &mut da2, &mut db2, false, &mut s);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&da), bits(&da2), "{a:?} LoRA dA");
+        assert_eq!(bits(&db), bits(&db2), "{a:?} LoRA dB");
+    }
+}
+
 #[test]
 fn causal_attention() {
     let mut rng = Rng::new(4);

@@ -22,7 +22,7 @@ pub use space::{SpaceId, SpaceLayout};
 
 use crate::backend::Placement;
 use crate::budget::{Budget, BudgetError};
-use crate::graph::{scratch_slot, Graph, NodeOp, Share, TensorId, TensorKind};
+use crate::graph::{scratch_slot, Graph, Node, NodeOp, Share, TensorId, TensorKind};
 
 /// An execution order: the index of an instruction in the step's program.
 pub type Eo = u32;
@@ -346,8 +346,8 @@ pub fn touches(g: &Graph, ins: &Instr, out: &mut Vec<TensorId>) {
             // need not be saved for it.
             let bias_only = matches!(n.op, NodeOp::Linear { .. } | NodeOp::Conv(_))
                 && n.params.first().is_some_and(|p| p.grad.is_none());
-            if !bias_only && grad_w_reads_input(&n.op) {
-                out.extend(n.inputs.iter().copied());
+            if !bias_only {
+                out.extend(grad_w_inputs(n).iter().copied());
             }
             out.extend(n.scratch[scratch_slot::GRAD_W]);
         }
@@ -404,6 +404,19 @@ pub fn touches(g: &Graph, ins: &Instr, out: &mut Vec<TensorId>) {
 /// overwrite it in place.
 pub fn grad_w_reads_input(op: &NodeOp) -> bool {
     !matches!(op, NodeOp::PosEmbedding { .. })
+}
+
+/// The activations a layer's weight gradient reads as its input ([`grad_w_reads_input`]): none for a
+/// positional embedding; for a Linear after GELU/SiLU ([`Node::act_in`]) the activation's input, from
+/// which it recomputes its own input, so that input dies after this layer's forward; else its inputs.
+pub fn grad_w_inputs(n: &Node) -> &[TensorId] {
+    if !grad_w_reads_input(&n.op) {
+        return &[];
+    }
+    match &n.act_in {
+        Some((_, h)) => core::slice::from_ref(h),
+        None => &n.inputs,
+    }
 }
 
 /// Whether `ins` overwrites all of tensor `t` without reading it — the start of a new value (a new

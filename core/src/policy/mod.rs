@@ -606,9 +606,7 @@ fn values_consistent(g: &Graph, roots: &[TensorId], program: &[Instr]) -> bool {
         match ins.phase {
             Phase::GradW | Phase::GradX if matches!(n.op, NodeOp::Rnn(_)) => reads.push(n.out),
             Phase::Forward | Phase::Recompute => reads.extend(n.inputs.iter().copied()),
-            Phase::GradW if crate::plan::grad_w_reads_input(&n.op) => {
-                reads.extend(n.inputs.iter().copied())
-            }
+            Phase::GradW => reads.extend(crate::plan::grad_w_inputs(n).iter().copied()),
             Phase::GradX => match n.op {
                 NodeOp::Act(_) => reads.push(n.out),
                 NodeOp::BatchNorm { train: true, .. }
