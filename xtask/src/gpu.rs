@@ -270,6 +270,15 @@ fn burn(args: &[String]) -> Result<(), String> {
                 if !st.as_ref().is_ok_and(|s| s.success()) {
                     return Err(format!("cannot gunzip {} ({st:?})", gz.display()));
                 }
+                // gzip gives the unpacked file the archive's mode: a `.gz` made without the execute bit
+                // (or copied through a tool that drops it) unpacks to a driver that cannot be run.
+                #[cfg(unix)]
+                {
+                    use std::os::unix::fs::PermissionsExt;
+                    let bin = dir.join(BURN_BIN);
+                    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755))
+                        .map_err(|e| format!("{}: {e}", bin.display()))?;
+                }
             }
             (dir.join(FRUGAL_BIN), dir.join(BURN_BIN))
         }
