@@ -394,7 +394,10 @@ mod tests {
         // Lengths from one block to a few bounce buffers, so cycles need several chunks.
         let lens: Vec<usize> = (0..n)
             .map(|_| {
-                let most = if rng.below(2) == 0 { 4 } else { 200 };
+                // Under Miri (which checks every byte it touches, ~1000× slower) up to 70 blocks: still
+                // more than one bounce buffer (64 blocks), so cycles still take several chunks.
+                let long = if cfg!(miri) { 70 } else { 200 };
+                let most = if rng.below(2) == 0 { 4 } else { long };
                 ALIGN * (1 + rng.below(most) as usize)
             })
             .collect();
@@ -422,7 +425,7 @@ mod tests {
     fn ordered_moves_carry_out_any_permutation_in_place() {
         let mut rng = Rng::new(11);
         // Fewer cases under Miri, which checks the copies' bounds and aliasing rather than the orders.
-        for case in 0..if cfg!(miri) { 40 } else { 3000 } {
+        for case in 0..if cfg!(miri) { 12 } else { 3000 } {
             let (moves, len) = layouts(&mut rng);
             let before: Vec<u8> = (0..len).map(|i| (i * 31 + i / 251) as u8).collect();
             let mut arena = before.clone();
