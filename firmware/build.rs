@@ -164,6 +164,7 @@ fn main() {
             grad_tile: b.int8_grad_tile,
             names: true,
             threads: 1,
+            attn_recompute: false,
         };
         let g = Graph::with_options(&spec, b.batch, options)
             .unwrap_or_else(|e| panic!("{} in int8: {e}", b.model));

@@ -49,10 +49,54 @@ fn main() {
             transformer_steps_allocate_nothing,
         ),
         (
+            "attention_recompute_steps_allocate_nothing",
+            attention_recompute_steps_allocate_nothing,
+        ),
+        (
             "sparse_update_steps_allocate_nothing",
             sparse_update_steps_allocate_nothing,
         ),
     ]);
+}
+
+/// A transformer step with its attention in recompute mode (`GraphOptions::attn_recompute`: the
+/// backward recomputes the probabilities tile by tile into its planned scratch) allocates nothing, whole
+/// batch and micro-batched.
+fn attention_recompute_steps_allocate_nothing() {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden");
+    let spec = frugal_cli::spec_toml::load_model(&dir.join("gpt.toml"))
+        .unwrap()
+        .spec;
+    let (batch, seq) = (4, spec.input.numel());
+    let x: Vec<f32> = (0..batch * seq).map(|i| ((i * 7) % 128) as f32).collect();
+    let y: Vec<u32> = (0..batch * seq).map(|i| ((i * 5) % 128) as u32).collect();
+    for m in [1usize, 2] {
+        let options = GraphOptions {
+            attn_recompute: true,
+            ..GraphOptions::default()
+        };
+        let g = Graph::with_options(&spec, batch / m, options).unwrap();
+        assert!(g.attn_recompute());
+        let plan = Plan::shaped(
+            g,
+            frugal_core::plan::PlanShape {
+                micro_batches: m as u16,
+                in_place: true,
+            },
+        );
+        let mut arena = vec![0u8; plan.needed_bytes()];
+        let mut ex = Executor::new(&plan, &arena).unwrap();
+        ex.init_params(&mut arena, 1).unwrap();
+        let ((), n) = allocations(|| {
+            for _ in 0..2 {
+                ex.train_step(&mut arena, &x, Target::Classes(&y)).unwrap();
+            }
+        });
+        assert_eq!(
+            n, 0,
+            "recompute-mode attention, {m} micro-batch(es): heap allocations"
+        );
+    }
 }
 
 /// A transformer step (embedding, positions, LayerNorm/RMSNorm, causal attention, GELU/SiLU, residual

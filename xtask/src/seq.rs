@@ -598,6 +598,21 @@ pub fn main(args: &[String]) -> Result<(), String> {
             }
             Err(e) => println!("LoRA within ⅓ of full fine-tuning's arena: no plan ({e})"),
         }
+        // The plain plan with its attention in recompute mode (the probabilities recomputed tile by tile
+        // in the backward) against the plain plan that saves them.
+        let rec = policy::graph_in_mode(&full, batch, true).map_err(|e| e.to_string())?;
+        let pr = Plan::new(rec);
+        let t = steps_ms_interleaved(&[(&pf, batch), (&pr, batch)], rounds)
+            .map_err(|e| e.to_string())?;
+        println!(
+            "plain plan, attention recomputed: arena {} ({:.3}× the saving plan's {}), {:.1} ms/step vs {:.1} ({:.2}×; medians of {rounds} interleaved steps)",
+            mib(pr.arena_bytes as f64),
+            pr.arena_bytes as f64 / pf.arena_bytes as f64,
+            mib(pf.arena_bytes as f64),
+            t[1],
+            t[0],
+            t[1] / t[0]
+        );
         let cost = CostModel::estimate(&pf.graph);
         let quarter = pf.needed_bytes() / 4;
         let s = Instant::now();
@@ -607,11 +622,12 @@ pub fn main(args: &[String]) -> Result<(), String> {
                 let t = steps_ms_interleaved(&[(&pf, batch), (&c.plan, batch)], rounds)
                     .map_err(|e| e.to_string())?;
                 println!(
-                    "budget ¼ of the unconstrained arena ({}; planned in {planned:.1} s): policy {}, micro-batch {} × {}, {} recomputes, arena {}, {:.1} ms/step vs {:.1} unconstrained ({:.2}×; medians of {rounds} interleaved steps)",
+                    "budget ¼ of the unconstrained arena ({}; planned in {planned:.1} s): policy {}, micro-batch {} × {}, attention {}, {} recomputes, arena {}, {:.1} ms/step vs {:.1} unconstrained ({:.2}×; medians of {rounds} interleaved steps)",
                     mib(quarter as f64),
                     c.policy.name(),
                     c.plan.graph.batch,
                     c.plan.micro_batches,
+                    attn_mode(&c.plan),
                     c.recomputes,
                     mib(c.plan.arena_bytes as f64),
                     t[1],
@@ -631,12 +647,13 @@ pub fn main(args: &[String]) -> Result<(), String> {
         let t = steps_ms_interleaved(&[(&pf, batch), (&min.plan, batch)], steps)
             .map_err(|e| e.to_string())?;
         println!(
-            "smallest budget the policies reach at batch {batch}: {} ({:.3}× the unconstrained {}): micro-batch {} × {}, {} recomputes, {:.2}× the unconstrained time ({steps} interleaved steps); no plan of that micro-batching needs less than {} ({:.3}×) — bisection of {} plannings in {searched:.1} s",
+            "smallest budget the policies reach at batch {batch}: {} ({:.3}× the unconstrained {}): micro-batch {} × {}, attention {}, {} recomputes, {:.2}× the unconstrained time ({steps} interleaved steps); no plan of that micro-batching needs less than {} ({:.3}×) — bisection of {} plannings in {searched:.1} s",
             mib(min.plan.needed_bytes() as f64),
             min.plan.needed_bytes() as f64 / pf.needed_bytes() as f64,
             mib(pf.needed_bytes() as f64),
             min.plan.graph.batch,
             min.plan.micro_batches,
+            attn_mode(&min.plan),
             min.plan
                 .program
                 .iter()
@@ -657,6 +674,15 @@ pub fn main(args: &[String]) -> Result<(), String> {
         lora_perplexity(repeat, arg(args, "--base"))?;
     }
     Ok(())
+}
+
+/// How a plan's attention keeps its probabilities for the backward.
+fn attn_mode(p: &Plan) -> &'static str {
+    if p.graph.attn_recompute() {
+        "recomputed"
+    } else {
+        "saved"
+    }
 }
 
 /// The character LSTM (`examples/char-lstm.toml`) against PyTorch's `nn.LSTM` (tests/golden/gen.py's

@@ -365,6 +365,117 @@ fn transformer_min_budget_search_is_bounded_and_bit_exact() {
     );
 }
 
+/// Attention in recompute mode (`GraphOptions::attn_recompute`) saves each block's row statistics
+/// instead of its probabilities — a smaller arena — and trains the same bits as the saving mode
+/// (losses and every persistent tensor after 4 steps), over sequences of two full tiles and a short
+/// one, whole batch, micro-batched and with the recompute policy; its plans keep the layout
+/// invariants and the recompute policy's plans in that mode stay bit-exact too.
+#[test]
+fn attention_recompute_mode_trains_the_same_bits() {
+    use crate::graph::GraphOptions;
+    use crate::ops::seq::ATTN_TILE_ROWS;
+    let seq = 2 * ATTN_TILE_ROWS + 3;
+    let spec = gpt(11, seq as u32, 8, 2, 2, false, false);
+    let graph = |batch: usize, attn_recompute: bool| {
+        let o = GraphOptions {
+            attn_recompute,
+            ..GraphOptions::default()
+        };
+        Graph::with_options(&spec, batch, o).unwrap()
+    };
+    let (save, rec) = (graph(3, false), graph(3, true));
+    assert!(!save.attn_recompute() && rec.attn_recompute());
+    let saved = |g: &Graph| -> Vec<(String, usize)> {
+        g.nodes
+            .iter()
+            .filter(|n| matches!(n.op, crate::graph::NodeOp::Attention(_)))
+            .map(|n| {
+                let t = &g.tensors[n.saved[0] as usize];
+                (t.name.clone(), t.bytes)
+            })
+            .collect()
+    };
+    // 3 samples × 2 heads × seq rows: seq² probabilities or 2 statistics each.
+    assert_eq!(
+        saved(&save),
+        vec![
+            ("h0.attn.probs".into(), 4 * 3 * 2 * seq * seq),
+            ("h1.attn.probs".into(), 4 * 3 * 2 * seq * seq)
+        ]
+    );
+    assert_eq!(
+        saved(&rec),
+        vec![
+            ("h0.attn.rowstats".into(), 4 * 3 * 2 * seq * 2),
+            ("h1.attn.rowstats".into(), 4 * 3 * 2 * seq * 2)
+        ]
+    );
+    let (ps, pr) = (Plan::new(save.clone()), Plan::new(rec.clone()));
+    check_layout(&pr);
+    assert!(
+        pr.arena_bytes < ps.arena_bytes,
+        "{} vs {}",
+        pr.arena_bytes,
+        ps.arena_bytes
+    );
+    let want = run(&ps, 4, 3);
+    let got = run(&pr, 4, 3);
+    assert!(want[3] < want[0], "it learns: {:?}", &want[..4]);
+    assert_eq!(bits(&got), bits(&want), "plain plans");
+    // Micro-batched (3 × 1) in both modes: the same bits as each other.
+    let shape = PlanShape {
+        micro_batches: 3,
+        in_place: true,
+    };
+    let ms = Plan::shaped(graph(1, false), shape);
+    let mr = Plan::shaped(graph(1, true), shape);
+    assert_eq!(
+        bits(&run(&mr, 4, 3)),
+        bits(&run(&ms, 4, 3)),
+        "micro-batched"
+    );
+    // The recompute policy at its smallest in recompute mode: still the plain plan's bits.
+    let cost = CostModel::estimate(&rec);
+    let (Ok(min) | Err(min)) = policy::recompute(&rec, 1, 0, &cost);
+    check_layout(&min);
+    assert_eq!(bits(&run(&min, 4, 3)), bits(&want), "recompute policy");
+}
+
+/// The budget policies try the saving mode first and fall back to the recompute mode: a budget the
+/// plain plan fits keeps the probabilities; the bounded smallest-budget search ends in recompute
+/// mode (the probabilities, 3.2 KB a sample here, dominate what a sample saves).
+#[test]
+fn budget_policies_fall_back_to_recomputed_attention() {
+    use crate::budget::Budget;
+    let spec = gpt(11, 20, 8, 2, 1, false, false);
+    let g = Graph::new(&spec, 3).unwrap();
+    let cost = CostModel::estimate(&g);
+    let plain = Plan::new(g.clone());
+    let c = policy::plan_for_budget(
+        &spec,
+        3,
+        Budget::new(plain.needed_bytes()),
+        policy::PolicyKind::Auto,
+        &cost,
+    )
+    .unwrap();
+    assert!(!c.plan.graph.attn_recompute());
+    let min = policy::search_min_budget(&spec, 3, &cost, 6).unwrap();
+    assert!(min.plan.graph.attn_recompute());
+    assert!(min.lower_bound <= min.plan.needed_bytes());
+    // plan_for_budget plans for that budget too, in recompute mode.
+    let c = policy::plan_for_budget(
+        &spec,
+        3,
+        Budget::new(min.plan.needed_bytes()),
+        policy::PolicyKind::Auto,
+        &cost,
+    )
+    .unwrap();
+    assert!(c.plan.graph.attn_recompute());
+    assert!(c.plan.needed_bytes() <= min.plan.needed_bytes());
+}
+
 #[test]
 fn lora_trains_only_the_adapters() {
     let spec = gpt(11, 6, 8, 2, 2, false, true);

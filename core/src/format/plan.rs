@@ -9,10 +9,11 @@
 //! payload length, payload, CRC-32 of the payload):
 //!
 //! ```text
-//! plan file   = frame(b"FRGP", 4, model | body)
-//! table file  = frame(b"FRGT", 4, model | entries: u32 | { budget: u64 | body } × entries)
+//! plan file   = frame(b"FRGP", 5, model | body)
+//! table file  = frame(b"FRGT", 5, model | entries: u32 | { budget: u64 | body } × entries)
 //! model       = len: u32 | encode_model(spec) (itself a framed b"FRGM" file of `len` bytes)
 //! body        = micro-batch size: u32 | precision: u8 | update_bits: u8 | kernels: u8 | grad_tile: u32
+//!             | attention: u8                                                     (version 5)
 //!             | micro_batches: u16 | in_place: u8 (0/1)
 //!             | instrs: u32 | { node: u16 | phase: u8 | mb: u16 | placement: u8 } × instrs
 //!             | storages: u32 | offset: u64 × storages
@@ -38,6 +39,12 @@
 //! gradient accumulates at once ([`GraphOptions::grad_tile`], 0 the whole gradient). An f32 plan must
 //! have 0 in both.
 //!
+//! Attention (version 5; earlier files have none and decode as 0): 0 the attention layers save their
+//! probabilities for the backward, 1 they save only their rows' softmax statistics and the backward
+//! recomputes the probabilities tile by tile ([`GraphOptions::attn_recompute`]); it changes the saved
+//! tensors' sizes and the scratch, so the graph is realised with it. 1 needs a model with an attention
+//! layer (so one plan has one encoding); other values are rejected.
+//!
 //! Phases are coded 0 F, 1 loss, 2 CG, 3 CD, 4 apply, 5 recompute, 6 swap-out, 7 swap-in, 8 pack to
 //! fp16, 9 unpack, 10 move between memory spaces; a swap's, pack's or move's `node` is the id of the
 //! tensor it moves (an in-arena, non-persistent tensor of the model; a pack's half copy is re-created in
@@ -54,7 +61,7 @@ use super::{decode_model, encode_model, FormatError, Reader};
 use crate::backend::Placement;
 use crate::graph::{Graph, GraphError, GraphOptions, TensorId, TensorKind};
 use crate::kernels::int8::KernelFamily;
-use crate::model::{Int8Update, ModelSpec, Precision};
+use crate::model::{Int8Update, LayerKind, ModelSpec, Precision};
 use crate::plan::params::{self, ParamEncoding};
 use crate::plan::{
     lifetimes, lower_bound, share_groups, strategies, IdVec, Instr, Phase, Plan, SpaceId,
@@ -64,11 +71,11 @@ use crate::plan::{
 /// Magic of an encoded [`Plan`].
 pub const PLAN_MAGIC: [u8; 4] = *b"FRGP";
 /// Current plan encoding version.
-pub const PLAN_VERSION: u16 = 4;
+pub const PLAN_VERSION: u16 = 5;
 /// Magic of an encoded [`PlanTable`].
 pub const TABLE_MAGIC: [u8; 4] = *b"FRGT";
 /// Current plan-table encoding version.
-pub const TABLE_VERSION: u16 = 4;
+pub const TABLE_VERSION: u16 = 5;
 /// Most instructions a decoded plan may have.
 pub const MAX_INSTRS: usize = 1 << 20;
 /// Largest micro-batch size a decoded plan may have.
@@ -187,6 +194,7 @@ fn put_body(out: &mut Vec<u8>, plan: &Plan) {
     out.extend_from_slice(&precision_code(plan.graph.precision));
     put_u8(out, kernels_code(plan.graph.kernels));
     put_u32(out, u32::try_from(plan.graph.grad_tile).unwrap_or(u32::MAX));
+    put_u8(out, plan.graph.attn_recompute() as u8);
     put_u16(out, plan.micro_batches);
     put_u8(out, (plan.roots == share_groups(&plan.graph, true)) as u8);
     put_u32(out, plan.program.len() as u32);
@@ -447,12 +455,36 @@ fn get_graph(
     } else {
         (KernelFamily::Any, 0)
     };
+    let attn_recompute = if version >= 5 {
+        let at = r.at();
+        match r.u8("attention")? {
+            0 => false,
+            1 if spec
+                .layers
+                .iter()
+                .any(|l| matches!(l.kind, LayerKind::Attention { .. })) =>
+            {
+                true
+            }
+            1 => {
+                return Err(bad(
+                    "attention",
+                    at,
+                    "must be 0 when the model has no attention layer",
+                ))
+            }
+            _ => return Err(bad("attention", at, "unknown attention mode")),
+        }
+    } else {
+        false
+    };
     let options = GraphOptions {
         precision,
         kernels,
         grad_tile,
         names,
         threads: 1,
+        attn_recompute,
     };
     Graph::with_options(spec, batch, options).map_err(|e| bad("model", at, graph_reason(&e)))
 }
@@ -825,10 +857,15 @@ mod tests {
         4 + model_len + 4
     }
 
-    /// The payload offset of instruction 0: precision, update bits, kernels, grad_tile, micro-batches,
-    /// in-place and the instruction count come first.
+    /// The payload offset of instruction 0: precision, update bits, kernels, grad_tile, attention,
+    /// micro-batches, in-place and the instruction count come first.
     fn first_instr(bytes: &[u8]) -> usize {
-        precision_at(bytes) + 2 + 1 + 4 + 2 + 1 + 4
+        attention_at(bytes) + 1 + 2 + 1 + 4
+    }
+
+    /// The payload offset of the attention byte (after precision, update bits, kernels, grad_tile).
+    fn attention_at(bytes: &[u8]) -> usize {
+        precision_at(bytes) + 2 + 1 + 4
     }
 
     fn patched(bytes: &[u8], at: usize, v: u8) -> Vec<u8> {
@@ -1112,14 +1149,26 @@ mod tests {
         );
     }
 
-    /// A host-only version-4 body less its trailing space count (0): the body of versions 1 to 3.
-    fn strip_spaces(p: &[u8]) -> &[u8] {
+    /// A version-5 payload of a model without attention less its attention byte (0): the payload of
+    /// version 4.
+    fn strip_attention(p: &[u8]) -> Vec<u8> {
+        let model_len = u32::from_le_bytes([p[0], p[1], p[2], p[3]]) as usize;
+        let at = 4 + model_len + 4 + 2 + 1 + 4;
+        assert_eq!(p[at], 0, "saving-mode attention");
+        let mut v = p[..at].to_vec();
+        v.extend_from_slice(&p[at + 1..]);
+        v
+    }
+
+    /// A host-only version-5 payload less its attention byte and its trailing space count (0): the
+    /// payload of versions 1 to 3.
+    fn strip_spaces(p: &[u8]) -> Vec<u8> {
         assert_eq!(
             p.last(),
             Some(&0),
             "a host-only plan ends with space count 0"
         );
-        &p[..p.len() - 1]
+        strip_attention(&p[..p.len() - 1])
     }
 
     #[test]
@@ -1127,7 +1176,7 @@ mod tests {
         for plan in [plain(), int8(Int8Update::FloatMaster)] {
             let b = encode_plan(&spec(), &plan);
             let (_, p) = unframe(PLAN_MAGIC, PLAN_VERSION, &b).unwrap();
-            let (_, p3) = decode_plan(&frame(PLAN_MAGIC, 3, strip_spaces(p))).unwrap();
+            let (_, p3) = decode_plan(&frame(PLAN_MAGIC, 3, &strip_spaces(p))).unwrap();
             assert!(p3.spaces.is_empty());
             assert_same(&plan, &p3);
         }
@@ -1156,15 +1205,15 @@ mod tests {
         // A version from the future is a typed error naming both versions.
         let b = encode_plan(&spec(), &plain());
         let (_, p) = unframe(PLAN_MAGIC, PLAN_VERSION, &b).unwrap();
-        let e = decode_plan(&frame(PLAN_MAGIC, 5, p)).unwrap_err();
+        let e = decode_plan(&frame(PLAN_MAGIC, 6, p)).unwrap_err();
         assert_eq!(
             e,
             FormatError::BadVersion {
-                found: 5,
-                newest: 4
+                found: 6,
+                newest: 5
             }
         );
-        assert!(e.to_string().contains("versions 1 to 4"), "{e}");
+        assert!(e.to_string().contains("versions 1 to 5"), "{e}");
     }
 
     #[test]
@@ -1234,6 +1283,118 @@ mod tests {
         assert_eq!(field(&patched(&f, at, 1)), "kernels");
         // Nor do f32 gradients accumulate in tiles.
         assert_eq!(field(&patched(&f, at + 1, 1)), "grad_tile");
+    }
+
+    /// A small causal transformer (embedding, positions, LayerNorm, qkv, attention, head).
+    fn attn_spec() -> ModelSpec {
+        let mut n = 0u32;
+        let mut layer = |name: &str, kind: LayerKind| {
+            let input = match n {
+                0 => Src::Input,
+                i => Src::Layer(i - 1),
+            };
+            n += 1;
+            LayerSpec {
+                name: name.into(),
+                kind,
+                inputs: vec![input],
+                trainable: true,
+                update: crate::model::Update::All,
+            }
+        };
+        ModelSpec {
+            input: Dims::flat(20),
+            layers: vec![
+                layer("tok", LayerKind::Embedding { vocab: 11, dim: 8 }),
+                layer("pos", LayerKind::PosEmbedding),
+                layer("ln", LayerKind::LayerNorm { eps: 1e-5 }),
+                layer(
+                    "qkv",
+                    LayerKind::Linear {
+                        out: 24,
+                        bias: false,
+                    },
+                ),
+                layer("attn", LayerKind::Attention { heads: 2 }),
+                layer(
+                    "head",
+                    LayerKind::Linear {
+                        out: 11,
+                        bias: false,
+                    },
+                ),
+            ],
+            loss: LossKind::SoftmaxCrossEntropy,
+            optimizer: OptimizerSpec::Sgd {
+                lr: 0.1,
+                momentum: 0.0,
+                weight_decay: 0.0,
+            },
+            seed: 1,
+        }
+    }
+
+    /// The attention mode round-trips (the recompute mode's smaller saved tensor and scratch are
+    /// realised again on decode, named or not); a version-4 file decodes in the saving mode; an
+    /// unknown mode, or the recompute mode in a model without attention, is a typed error naming the
+    /// byte.
+    #[test]
+    fn attention_mode_round_trips_and_bad_modes_are_rejected() {
+        let s = attn_spec();
+        for attn_recompute in [false, true] {
+            let o = GraphOptions {
+                attn_recompute,
+                ..GraphOptions::default()
+            };
+            let plan = Plan::new(Graph::with_options(&s, 3, o).unwrap());
+            assert_eq!(plan.graph.attn_recompute(), attn_recompute);
+            let b = encode_plan(&s, &plan);
+            assert_eq!(b[12 + attention_at(&b)], attn_recompute as u8);
+            let (_, p2) = decode_plan(&b).unwrap();
+            assert_eq!(p2.graph.attn_recompute(), attn_recompute);
+            assert_same(&plan, &p2);
+            let p3 = decode_plan_unnamed(&b).unwrap();
+            assert_eq!(encode_plan(&s, &p3), b);
+            if !attn_recompute {
+                // The same plan as a version-4 file (no attention byte).
+                let (_, p) = unframe(PLAN_MAGIC, PLAN_VERSION, &b).unwrap();
+                let (_, p4) = decode_plan(&frame(PLAN_MAGIC, 4, &strip_attention(p))).unwrap();
+                assert!(!p4.graph.attn_recompute());
+                assert_same(&plan, &p4);
+            }
+        }
+        let field = |b: &[u8]| match decode_plan(b) {
+            Err(FormatError::BadValue { field, .. }) => field,
+            other => panic!("expected BadValue, got {other:?}"),
+        };
+        let b = encode_plan(&s, &Plan::new(Graph::new(&s, 3).unwrap()));
+        let at = attention_at(&b);
+        for v in [2, 0xff] {
+            assert_eq!(field(&patched(&b, at, v)), "attention");
+        }
+        // Recompute mode claimed for a model without attention.
+        let f = encode_plan(&spec(), &plain());
+        assert_eq!(field(&patched(&f, attention_at(&f), 1)), "attention");
+        // A table records each entry's mode.
+        let o = GraphOptions {
+            attn_recompute: true,
+            ..GraphOptions::default()
+        };
+        let t = PlanTable {
+            entries: vec![
+                PlanEntry {
+                    budget: 1 << 10,
+                    plan: Plan::new(Graph::with_options(&s, 3, o).unwrap()),
+                },
+                PlanEntry {
+                    budget: 1 << 20,
+                    plan: Plan::new(Graph::new(&s, 3).unwrap()),
+                },
+            ],
+        };
+        let (_, t2) = decode_plan_table(&encode_plan_table(&s, &t)).unwrap();
+        assert!(t2.entries[0].plan.graph.attn_recompute());
+        assert!(!t2.entries[1].plan.graph.attn_recompute());
     }
 
     #[test]

@@ -427,6 +427,12 @@ pub struct GraphOptions {
     /// on the convolutions' samples. Ignored in int8. Not stored in plan files: a decoded plan is sized
     /// for one worker.
     pub threads: usize,
+    /// Attention in recompute mode ([`AttnGeom::recompute_probs`]): each attention layer saves its rows'
+    /// softmax statistics (`{name}.rowstats`, `[n, heads, seq, 2]`) instead of its probabilities
+    /// (`{name}.probs`, `[n, heads, seq, seq]`), and its backward recomputes the probabilities one tile
+    /// of query rows at a time into its scratch. The same bits either way; the planner sees the smaller
+    /// saved tensor (the budget policy tries this after the saving mode). Stored in plan files.
+    pub attn_recompute: bool,
 }
 
 impl Default for GraphOptions {
@@ -438,6 +444,7 @@ impl Default for GraphOptions {
             grad_tile: 0,
             names: true,
             threads: 1,
+            attn_recompute: false,
         }
     }
 }
@@ -490,6 +497,7 @@ impl Graph {
         }
         b.names = options.names;
         b.threads = options.threads.max(1);
+        b.attn_recompute = options.attn_recompute;
         b.build()
     }
 
@@ -535,6 +543,14 @@ impl Graph {
         Some(h)
     }
 
+    /// Whether its attention layers run in recompute mode ([`GraphOptions::attn_recompute`]; false
+    /// without attention).
+    pub fn attn_recompute(&self) -> bool {
+        self.nodes
+            .iter()
+            .any(|n| matches!(n.op, NodeOp::Attention(a) if a.recompute_probs))
+    }
+
     /// Per-sample prediction shape.
     pub fn pred_dims(&self) -> Dims {
         self.nodes
@@ -553,6 +569,7 @@ struct Builder<'a> {
     grad_tile: usize,
     names: bool,
     threads: usize,
+    attn_recompute: bool,
 }
 
 impl<'a> Builder<'a> {
@@ -572,6 +589,7 @@ impl<'a> Builder<'a> {
             grad_tile: 0,
             names: true,
             threads: 1,
+            attn_recompute: false,
         })
     }
 
@@ -827,6 +845,7 @@ impl<'a> Builder<'a> {
                         seq: x.c as usize,
                         dim: w / 3,
                         heads,
+                        recompute_probs: self.attn_recompute,
                     };
                     (NodeOp::Attention(g), seq_out((w / 3) as u32))
                 }
@@ -1204,13 +1223,18 @@ impl<'a> Builder<'a> {
                 }
                 #[cfg(feature = "seq")]
                 NodeOp::Attention(g) => {
-                    let elems = g.probs_per_sample().checked_mul(n).ok_or_else(|| {
+                    let what = if g.recompute_probs {
+                        "rowstats"
+                    } else {
+                        "probs"
+                    };
+                    let elems = g.saved_per_sample().checked_mul(n).ok_or_else(|| {
                         GraphError::TooLarge {
-                            tensor: format!("{name}.probs"),
+                            tensor: format!("{name}.{what}"),
                         }
                     })?;
                     saved.push(self.tensor(
-                        format!("{name}.probs"),
+                        format!("{name}.{what}"),
                         TensorKind::Activation,
                         elems,
                         Share::Own,

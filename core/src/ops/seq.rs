@@ -390,8 +390,17 @@ pub fn linear_act_grad_w_par<T: Real>(
 // Causal multi-head self-attention
 // ---------------------------------------------------------------------------------------------------
 
+/// Query rows of the score matrix attention computes at once (a tile: its scores against the causal
+/// keys only, `0..=` its last row). Both modes ([`AttnGeom::recompute_probs`]) compute the
+/// probabilities tile by tile with the same products in the same order, so they give the same bits;
+/// in recompute mode the backward regenerates one tile at a time into a scratch of
+/// `ATTN_TILE_ROWS × seq` elements instead of reading a saved `[n, heads, seq, seq]` matrix.
+pub const ATTN_TILE_ROWS: usize = 16;
+
 /// Geometry of causal self-attention: input `qkv` `[n, seq, 3·dim]` (queries, keys, values side by side,
-/// each `heads` heads of `dim/heads`), output `[n, seq, dim]`, probabilities `[n, heads, seq, seq]`.
+/// each `heads` heads of `dim/heads`), output `[n, seq, dim]`, and what the forward saves for the
+/// backward: the probabilities `[n, heads, seq, seq]`, or in recompute mode only each query row's
+/// softmax statistics `[n, heads, seq, 2]` (row maximum of the scaled scores, sum of exponentials).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttnGeom {
     /// Sequence length.
@@ -400,6 +409,11 @@ pub struct AttnGeom {
     pub dim: usize,
     /// Heads.
     pub heads: usize,
+    /// Recompute mode: save the row statistics (`2·heads·seq` a sample, 2 KiB for the char
+    /// transformer's block against 64 KiB of probabilities) and recompute the probabilities tile by tile
+    /// in the backward (one more `Q·Kᵀ` tile product and its exponentials: about a quarter more
+    /// attention FLOPs). The same bits as the saving mode.
+    pub recompute_probs: bool,
 }
 
 impl AttnGeom {
@@ -411,83 +425,171 @@ impl AttnGeom {
     pub fn probs_per_sample(&self) -> usize {
         self.heads * self.seq * self.seq
     }
+    /// Elements of one sample's row statistics (recompute mode).
+    pub fn rowstats_per_sample(&self) -> usize {
+        2 * self.heads * self.seq
+    }
+    /// Elements one sample saves for the backward: its probabilities, or in recompute mode its row
+    /// statistics.
+    pub fn saved_per_sample(&self) -> usize {
+        if self.recompute_probs {
+            self.rowstats_per_sample()
+        } else {
+            self.probs_per_sample()
+        }
+    }
+    /// Elements of one tile of probabilities (or of their derivatives): [`ATTN_TILE_ROWS`] rows of
+    /// `seq`.
+    pub fn tile_len(&self) -> usize {
+        ATTN_TILE_ROWS.min(self.seq) * self.seq
+    }
 }
 
-/// Scratch elements of the forward (GEMM packing).
+/// GEMM packing room of any tile product: `S = Q·Kᵀ` and `dP = dO·Vᵀ` (`rows × keys × dh`),
+/// `O = P·V` and `dQ = dS·K` (`rows × dh × keys`), `dV = Pᵀ·dO` and `dK = dSᵀ·Q` (`keys × dh × rows`).
+/// Every product gets at least its own room, so its blocking, hence its bits, do not depend on the
+/// mode.
+fn attention_gemm_scratch_len(g: &AttnGeom) -> usize {
+    let (t, dh) = (g.seq, g.head_dim());
+    let r = ATTN_TILE_ROWS.min(t);
+    gemm_scratch_len(r, t, dh)
+        .max(gemm_scratch_len(r, dh, t))
+        .max(gemm_scratch_len(t, dh, r))
+}
+
+/// Scratch elements of the forward: GEMM packing, after one tile of probabilities in recompute mode.
 pub fn attention_fwd_scratch_len(g: &AttnGeom) -> usize {
-    let (t, dh) = (g.seq, g.head_dim());
-    gemm_scratch_len(t, t, dh).max(gemm_scratch_len(t, dh, t))
+    let tile = if g.recompute_probs { g.tile_len() } else { 0 };
+    tile + attention_gemm_scratch_len(g)
 }
 
-/// Scratch elements of the backward: one `seq × seq` block of `dP` plus GEMM packing.
+/// Scratch elements of the backward: one tile of `dP`, one of recomputed probabilities in recompute
+/// mode, and GEMM packing (never proportional to the batch, and in recompute mode not to `seq²`
+/// either).
 pub fn attention_bwd_scratch_len(g: &AttnGeom) -> usize {
-    let (t, dh) = (g.seq, g.head_dim());
-    t * t
-        + gemm_scratch_len(t, t, dh)
-            .max(gemm_scratch_len(t, dh, t))
-            .max(gemm_scratch_len(t, dh, t))
+    let tiles = if g.recompute_probs { 2 } else { 1 };
+    tiles * g.tile_len() + attention_gemm_scratch_len(g)
 }
 
-/// Forward of `n` sequences: per sample and head, `S = Q·Kᵀ/√dh` (written into `p`), masked to
-/// `j ≤ i`, softmax per row (the stored probabilities, 0 above the diagonal), `O = P·V`.
+/// The scaled, masked scores of query rows `i0..i1` of head `h` against keys `0..i1` into `pt` (row
+/// stride `seq`): `S = Q·Kᵀ` for that tile. `xb`: one sample's `qkv`.
+#[cfg(feature = "seq")]
+fn attn_scores_tile<T: Real>(
+    g: &AttnGeom,
+    xb: &[T],
+    h: usize,
+    i0: usize,
+    i1: usize,
+    pt: &mut [T],
+    room: &mut [T],
+) {
+    let (t, d, dh) = (g.seq, g.dim, g.head_dim());
+    let ld = 3 * d;
+    let q = MatRef::row_major(&xb[i0 * ld + h * dh..], ld);
+    let kt = MatRef {
+        data: &xb[d + h * dh..],
+        rs: 1,
+        cs: ld,
+    };
+    gemm(i1 - i0, i1, dh, q, kt, pt, t, false, room);
+}
+
+/// Forward of `n` sequences: per sample, head and tile of [`ATTN_TILE_ROWS`] query rows, `S = Q·Kᵀ/√dh`
+/// over the causal keys, masked to `j ≤ i`, softmax per row, `O = P·V`. `saved`: the probabilities
+/// (0 above the diagonal), or in recompute mode ([`AttnGeom::recompute_probs`]) each row's maximum of
+/// the scaled scores and sum of exponentials, the probabilities going to the front of `scratch`.
 #[cfg(feature = "seq")]
 pub fn attention_fwd<T: Real>(
     g: &AttnGeom,
     n: usize,
     qkv: &[T],
-    p: &mut [T],
+    saved: &mut [T],
     o: &mut [T],
     scratch: &mut [T],
 ) {
     let (t, d, dh) = (g.seq, g.dim, g.head_dim());
     let ld = 3 * d;
     let scale = T::ONE / T::from_usize(dh).sqrt();
+    let (tile, room) = if g.recompute_probs {
+        scratch.split_at_mut(g.tile_len())
+    } else {
+        (&mut [][..], scratch)
+    };
     for b in 0..n {
         let xb = &qkv[b * t * ld..(b + 1) * t * ld];
         for h in 0..g.heads {
-            let pb = &mut p[(b * g.heads + h) * t * t..(b * g.heads + h + 1) * t * t];
-            let q = MatRef::row_major(&xb[h * dh..], ld);
-            let kt = MatRef {
-                data: &xb[d + h * dh..],
-                rs: 1,
-                cs: ld,
-            };
-            gemm(t, t, dh, q, kt, pb, t, false, scratch);
-            for i in 0..t {
-                let row = &mut pb[i * t..(i + 1) * t];
-                let mut m = row[0] * scale;
-                for &v in &row[1..=i] {
-                    let v = v * scale;
-                    if v > m {
-                        m = v;
+            let bh = b * g.heads + h;
+            for i0 in (0..t).step_by(ATTN_TILE_ROWS) {
+                let i1 = (i0 + ATTN_TILE_ROWS).min(t);
+                // The tile's probabilities, and in recompute mode its rows' statistics.
+                let (pt, stats): (&mut [T], &mut [T]) = if g.recompute_probs {
+                    (
+                        &mut tile[..],
+                        &mut saved[2 * (bh * t + i0)..2 * (bh * t + i1)],
+                    )
+                } else {
+                    (
+                        &mut saved[bh * t * t + i0 * t..(bh + 1) * t * t],
+                        &mut [][..],
+                    )
+                };
+                attn_scores_tile(g, xb, h, i0, i1, pt, room);
+                for i in i0..i1 {
+                    let row = &mut pt[(i - i0) * t..(i - i0 + 1) * t];
+                    let mut m = row[0] * scale;
+                    for &v in &row[1..=i] {
+                        let v = v * scale;
+                        if v > m {
+                            m = v;
+                        }
+                    }
+                    let mut s = T::ZERO;
+                    for v in &mut row[..=i] {
+                        let e = (*v * scale - m).exp();
+                        *v = e;
+                        s += e;
+                    }
+                    let inv = T::ONE / s;
+                    row[..=i].iter_mut().for_each(|v| *v *= inv);
+                    // Keys past the tile's last row were not computed; in the saved matrix they are
+                    // zeros like the rest above the diagonal.
+                    let end = if g.recompute_probs { i1 } else { t };
+                    row[i + 1..end].iter_mut().for_each(|v| *v = T::ZERO);
+                    if g.recompute_probs {
+                        stats[2 * (i - i0)] = m;
+                        stats[2 * (i - i0) + 1] = s;
                     }
                 }
-                let mut s = T::ZERO;
-                for v in &mut row[..=i] {
-                    let e = (*v * scale - m).exp();
-                    *v = e;
-                    s += e;
-                }
-                let inv = T::ONE / s;
-                row[..=i].iter_mut().for_each(|v| *v *= inv);
-                row[i + 1..].iter_mut().for_each(|v| *v = T::ZERO);
+                let v = MatRef::row_major(&xb[2 * d + h * dh..], ld);
+                let ob = &mut o[b * t * d + i0 * d + h * dh..];
+                gemm(
+                    i1 - i0,
+                    dh,
+                    i1,
+                    MatRef::row_major(pt, t),
+                    v,
+                    ob,
+                    d,
+                    false,
+                    room,
+                );
             }
-            let v = MatRef::row_major(&xb[2 * d + h * dh..], ld);
-            let ob = &mut o[b * t * d + h * dh..];
-            gemm(t, dh, t, MatRef::row_major(pb, t), v, ob, d, false, scratch);
         }
     }
 }
 
-/// Input derivative of `n` sequences from the saved probabilities: `dV = Pᵀ·dO`, `dP = dO·Vᵀ`,
-/// `dS = P∘(dP − rowsum(P∘dP))/√dh`, `dQ = dS·K`, `dK = dSᵀ·Q` (added into `dqkv` when `accumulate`).
+/// Input derivative of `n` sequences, tile by tile of [`ATTN_TILE_ROWS`] query rows over the causal
+/// keys: `dV += Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = P∘(dP − rowsum(P∘dP))/√dh`, `dQ = dS·K`, `dK += dSᵀ·Q`
+/// (added into `dqkv` when `accumulate`). `saved` as [`attention_fwd`] wrote it: in recompute mode each
+/// tile's probabilities are recomputed from `Q`, `K` and the row statistics with the forward's
+/// arithmetic (the same bits) into the front of `scratch`.
 #[allow(clippy::too_many_arguments)]
 #[cfg(feature = "seq")]
 pub fn attention_grad_x<T: Real>(
     g: &AttnGeom,
     n: usize,
     qkv: &[T],
-    p: &[T],
+    saved: &[T],
     d_o: &[T],
     dqkv: &mut [T],
     accumulate: bool,
@@ -499,69 +601,92 @@ pub fn attention_grad_x<T: Real>(
     if !accumulate {
         dqkv[..n * t * ld].iter_mut().for_each(|v| *v = T::ZERO);
     }
-    let (dp, scratch) = scratch.split_at_mut(t * t);
+    let (dp, scratch) = scratch.split_at_mut(g.tile_len());
+    let (tile, room) = if g.recompute_probs {
+        scratch.split_at_mut(g.tile_len())
+    } else {
+        (&mut [][..], scratch)
+    };
     for b in 0..n {
         let xb = &qkv[b * t * ld..(b + 1) * t * ld];
         let dxb = &mut dqkv[b * t * ld..(b + 1) * t * ld];
         let dob = &d_o[b * t * d..(b + 1) * t * d];
         for h in 0..g.heads {
-            let pb = &p[(b * g.heads + h) * t * t..(b * g.heads + h + 1) * t * t];
-            let dout = MatRef::row_major(&dob[h * dh..], d);
-            // dV += Pᵀ·dO.
-            gemm(
-                t,
-                dh,
-                t,
-                MatRef::row_major_t(pb, t),
-                dout,
-                &mut dxb[2 * d + h * dh..],
-                ld,
-                true,
-                scratch,
-            );
-            // dP = dO·Vᵀ.
-            let vt = MatRef {
-                data: &xb[2 * d + h * dh..],
-                rs: 1,
-                cs: ld,
-            };
-            gemm(t, t, dh, dout, vt, dp, t, false, scratch);
-            for i in 0..t {
-                let pr = &pb[i * t..(i + 1) * t];
-                let dr = &mut dp[i * t..(i + 1) * t];
-                let mut s = T::ZERO;
-                for j in 0..=i {
-                    s += pr[j] * dr[j];
+            let bh = b * g.heads + h;
+            for i0 in (0..t).step_by(ATTN_TILE_ROWS) {
+                let (i1, r) = ((i0 + ATTN_TILE_ROWS).min(t), ATTN_TILE_ROWS.min(t - i0));
+                let pt: &[T] = if g.recompute_probs {
+                    attn_scores_tile(g, xb, h, i0, i1, tile, room);
+                    for i in i0..i1 {
+                        let st = &saved[2 * (bh * t + i)..2 * (bh * t + i) + 2];
+                        let (m, inv) = (st[0], T::ONE / st[1]);
+                        let row = &mut tile[(i - i0) * t..(i - i0) * t + i1];
+                        for v in &mut row[..=i] {
+                            *v = (*v * scale - m).exp() * inv;
+                        }
+                        row[i + 1..].iter_mut().for_each(|v| *v = T::ZERO);
+                    }
+                    &tile[..]
+                } else {
+                    &saved[bh * t * t + i0 * t..(bh + 1) * t * t]
+                };
+                let dout = MatRef::row_major(&dob[i0 * d + h * dh..], d);
+                // dV[..i1] += Pᵀ·dO.
+                gemm(
+                    i1,
+                    dh,
+                    r,
+                    MatRef::row_major_t(pt, t),
+                    dout,
+                    &mut dxb[2 * d + h * dh..],
+                    ld,
+                    true,
+                    room,
+                );
+                // dP = dO·Vᵀ over the tile's keys.
+                let vt = MatRef {
+                    data: &xb[2 * d + h * dh..],
+                    rs: 1,
+                    cs: ld,
+                };
+                gemm(r, i1, dh, dout, vt, dp, t, false, room);
+                for i in i0..i1 {
+                    let pr = &pt[(i - i0) * t..(i - i0) * t + i1];
+                    let dr = &mut dp[(i - i0) * t..(i - i0) * t + i1];
+                    let mut s = T::ZERO;
+                    for j in 0..=i {
+                        s += pr[j] * dr[j];
+                    }
+                    for j in 0..=i {
+                        dr[j] = pr[j] * (dr[j] - s) * scale;
+                    }
+                    dr[i + 1..].iter_mut().for_each(|v| *v = T::ZERO);
                 }
-                for j in 0..=i {
-                    dr[j] = pr[j] * (dr[j] - s) * scale;
-                }
-                dr[i + 1..].iter_mut().for_each(|v| *v = T::ZERO);
+                // dQ[i0..i1] += dS·K.
+                gemm(
+                    r,
+                    dh,
+                    i1,
+                    MatRef::row_major(dp, t),
+                    MatRef::row_major(&xb[d + h * dh..], ld),
+                    &mut dxb[i0 * ld + h * dh..],
+                    ld,
+                    true,
+                    room,
+                );
+                // dK[..i1] += dSᵀ·Q.
+                gemm(
+                    i1,
+                    dh,
+                    r,
+                    MatRef::row_major_t(dp, t),
+                    MatRef::row_major(&xb[i0 * ld + h * dh..], ld),
+                    &mut dxb[d + h * dh..],
+                    ld,
+                    true,
+                    room,
+                );
             }
-            // dQ += dS·K.
-            gemm(
-                t,
-                dh,
-                t,
-                MatRef::row_major(dp, t),
-                MatRef::row_major(&xb[d + h * dh..], ld),
-                &mut dxb[h * dh..],
-                ld,
-                true,
-                scratch,
-            );
-            // dK += dSᵀ·Q.
-            gemm(
-                t,
-                dh,
-                t,
-                MatRef::row_major_t(dp, t),
-                MatRef::row_major(&xb[h * dh..], ld),
-                &mut dxb[d + h * dh..],
-                ld,
-                true,
-                scratch,
-            );
         }
     }
 }

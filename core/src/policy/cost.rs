@@ -49,8 +49,13 @@ pub fn flops_per_sample(g: &Graph, node: usize, phase: Phase) -> u64 {
             2 * rows * (l.fin * l.fout + l.rank * (l.fin + l.fout)) as u64
         }
         (NodeOp::Attention(a), Phase::Forward | Phase::Recompute | Phase::GradX) => {
-            // Q·Kᵀ and P·V (forward); four products of the same size backward.
-            let k = if phase == Phase::GradX { 4 } else { 2 };
+            // Q·Kᵀ and P·V (forward); four products of the same size backward, five in recompute
+            // mode (Q·Kᵀ again, tile by tile).
+            let k = match phase {
+                Phase::GradX if a.recompute_probs => 5,
+                Phase::GradX => 4,
+                _ => 2,
+            };
             k * 2 * (a.seq * a.seq * a.dim) as u64
         }
         (NodeOp::Rnn(r), Phase::Forward | Phase::Recompute | Phase::GradW | Phase::GradX) => {

@@ -22,8 +22,8 @@ use core::fmt;
 pub use cost::CostModel;
 
 use crate::budget::{Budget, BudgetError};
-use crate::graph::{Graph, GraphError, NodeOp, TensorId, TensorKind};
-use crate::model::ModelSpec;
+use crate::graph::{Graph, GraphError, GraphOptions, NodeOp, TensorId, TensorKind};
+use crate::model::{LayerKind, ModelSpec};
 use crate::plan::{Eo, GroupId, IdVec, Instr, Phase, Plan, PlanShape, Schedule, StorageId, ALIGN};
 use crate::sort::heap_sort_by_key;
 
@@ -150,6 +150,40 @@ pub fn sample_separable(g: &Graph) -> bool {
     !g.nodes
         .iter()
         .any(|n| matches!(n.op, NodeOp::BatchNorm { train: true, .. }))
+}
+
+/// Whether `spec` has an attention layer, so its graph has two modes ([`GraphOptions::attn_recompute`]).
+pub fn has_attention(spec: &ModelSpec) -> bool {
+    spec.layers
+        .iter()
+        .any(|l| matches!(l.kind, LayerKind::Attention { .. }))
+}
+
+/// `spec` realised for batches of `batch`, its attention in recompute mode when `attn_recompute`.
+pub fn graph_in_mode(
+    spec: &ModelSpec,
+    batch: usize,
+    attn_recompute: bool,
+) -> Result<Graph, GraphError> {
+    Graph::with_options(
+        spec,
+        batch,
+        GraphOptions {
+            attn_recompute,
+            ..GraphOptions::default()
+        },
+    )
+}
+
+/// The attention modes the policies try, in order: saving the probabilities (no extra work), then,
+/// for a model with attention, recomputing them tile by tile in the backward (its plans need less:
+/// `[n, heads, seq, seq]` saved probabilities become `[n, heads, seq, 2]` row statistics).
+fn attn_modes(spec: &ModelSpec) -> &'static [bool] {
+    if has_attention(spec) {
+        &[false, true]
+    } else {
+        &[false]
+    }
 }
 
 fn arena_budget(budget: usize) -> usize {
@@ -747,10 +781,28 @@ pub fn search_min_budget(
     } else {
         (batch, 1)
     };
-    let g = Graph::new(spec, b)?;
     let m = m as u16;
-    let lower_bound = arena_lower_bound(&g, m) + ALIGN - 1;
+    // Each attention mode's graph; the bound is the smallest of theirs (recompute mode's, unless its
+    // extra tile of scratch outweighs the probabilities it does not keep).
+    let modes = attn_modes(spec);
+    let graphs: Vec<Graph> = modes
+        .iter()
+        .map(|&a| graph_in_mode(spec, b, a))
+        .collect::<Result<_, _>>()?;
+    let lower_bound = graphs
+        .iter()
+        .map(|g| arena_lower_bound(g, m))
+        .min()
+        .unwrap_or(0)
+        + ALIGN
+        - 1;
     let mut best = micro_plan(spec, b, m as usize)?;
+    for &a in &modes[1..] {
+        let p = micro_plan_in_mode(spec, b, m as usize, a)?;
+        if p.needed_bytes() < best.needed_bytes() {
+            best = p;
+        }
+    }
     let (mut lo, mut n) = (lower_bound, 0);
     // Stop within 5% of the bracket's lower end: the probes below that are the ones that do not fit,
     // and each of those runs all its discards (the slow case).
@@ -758,9 +810,16 @@ pub fn search_min_budget(
         let mid = lo + (best.needed_bytes() - lo) / 2;
         n += 1;
         let limit = arena_budget(mid);
-        match recompute_bounded(&g, m, mid, cost, MIN_SEARCH_DISCARDS) {
-            Ok(p) if p.arena_bytes <= limit => best = p,
-            _ => lo = mid,
+        // The saving mode first (no extra work where it fits), then the recompute mode.
+        let found = graphs.iter().find_map(|g| {
+            match recompute_bounded(g, m, mid, cost, MIN_SEARCH_DISCARDS) {
+                Ok(p) if p.arena_bytes <= limit => Some(p),
+                _ => None,
+            }
+        });
+        match found {
+            Some(p) => best = p,
+            None => lo = mid,
         }
     }
     Ok(MinSearch {
@@ -780,8 +839,18 @@ pub fn balanced_micro_batch(batch: usize, b: usize) -> usize {
 
 /// The plain plan of `spec` at micro-batch `b` with `m` micro-batches.
 fn micro_plan(spec: &ModelSpec, b: usize, m: usize) -> Result<Plan, GraphError> {
+    micro_plan_in_mode(spec, b, m, false)
+}
+
+/// [`micro_plan`] with attention in recompute mode when `attn`.
+fn micro_plan_in_mode(
+    spec: &ModelSpec,
+    b: usize,
+    m: usize,
+    attn: bool,
+) -> Result<Plan, GraphError> {
     Ok(Plan::shaped(
-        Graph::new(spec, b)?,
+        graph_in_mode(spec, b, attn)?,
         PlanShape {
             micro_batches: m as u16,
             in_place: true,
@@ -826,6 +895,8 @@ pub fn plan_for_budget_with(
     plan_searching(spec, batch, budget, kind, cost, approx, Search::Exhaustive)
 }
 
+/// The policy search in each attention mode in turn ([`attn_modes`]): the saving mode's plan when one
+/// fits, else the recompute mode's; the error of the last mode tried.
 fn plan_searching(
     spec: &ModelSpec,
     batch: usize,
@@ -835,7 +906,39 @@ fn plan_searching(
     approx: Approximations,
     search: Search,
 ) -> Result<Chosen, PlanError> {
-    let g = Graph::new(spec, batch)?;
+    let modes = attn_modes(spec);
+    let mut last = Err(PlanError::Budget(BudgetError::TooSmall {
+        needed: usize::MAX,
+        given: budget.bytes,
+    }));
+    for (i, &attn) in modes.iter().enumerate() {
+        // Only the last mode's search runs the skipped recomputations that size its error.
+        let is_last = i + 1 == modes.len();
+        last = plan_searching_mode(
+            spec, batch, budget, kind, cost, approx, search, attn, is_last,
+        );
+        if !matches!(last, Err(PlanError::Budget(_))) {
+            break;
+        }
+    }
+    last
+}
+
+/// [`plan_searching`] in one attention mode (`attn`: recompute). Without `last` the recomputations
+/// that cannot fit are not run to size the error (a later mode's search will).
+#[allow(clippy::too_many_arguments)]
+fn plan_searching_mode(
+    spec: &ModelSpec,
+    batch: usize,
+    budget: Budget,
+    kind: PolicyKind,
+    cost: &CostModel,
+    approx: Approximations,
+    search: Search,
+    attn: bool,
+    last: bool,
+) -> Result<Chosen, PlanError> {
+    let g = graph_in_mode(spec, batch, attn)?;
     let fits = |p: &Plan| p.needed_bytes() <= budget.bytes;
     if approx.f16_storage {
         let p = half::f16_storage(&g);
@@ -883,7 +986,7 @@ fn plan_searching(
                     .rev()
                     .filter(|&b| balanced_micro_batch(batch, b) == b)
                 {
-                    let p = micro_plan(spec, b, batch.div_ceil(b))?;
+                    let p = micro_plan_in_mode(spec, b, batch.div_ceil(b), attn)?;
                     note(&p);
                     if fits(&p) {
                         candidates.push(Chosen::new(p, k, cost));
@@ -934,8 +1037,12 @@ fn plan_searching(
                             let ms = match plain_ms[j] {
                                 Some(ms) => ms,
                                 None => {
-                                    let ms =
-                                        cost.step_ms(&micro_plan(spec, b2, batch.div_ceil(b2))?);
+                                    let ms = cost.step_ms(&micro_plan_in_mode(
+                                        spec,
+                                        b2,
+                                        batch.div_ceil(b2),
+                                        attn,
+                                    )?);
                                     plain_ms[j] = Some(ms);
                                     ms
                                 }
@@ -949,9 +1056,9 @@ fn plan_searching(
                             break;
                         }
                     }
-                    let gb = Graph::new(spec, b)?;
+                    let gb = graph_in_mode(spec, b, attn)?;
                     if k == PolicyKind::Hybrid {
-                        let p = micro_plan(spec, b, m)?;
+                        let p = micro_plan_in_mode(spec, b, m, attn)?;
                         note(&p);
                         if fits(&p) {
                             candidates.push(Chosen::new(p, k, cost));
@@ -977,9 +1084,9 @@ fn plan_searching(
             _ => {}
         }
     }
-    if candidates.is_empty() {
+    if candidates.is_empty() && last {
         for (b, m) in skipped {
-            let (Ok(p) | Err(p)) = recompute(&Graph::new(spec, b)?, m, budget.bytes, cost);
+            let (Ok(p) | Err(p)) = recompute(&graph_in_mode(spec, b, attn)?, m, budget.bytes, cost);
             note(&p);
         }
     }
@@ -995,14 +1102,16 @@ fn plan_searching(
 /// The smallest budget any policy reaches for `spec` at `batch` (micro-batch 1 where separable, maximal
 /// recomputation).
 pub fn min_budget(spec: &ModelSpec, batch: usize, cost: &CostModel) -> Result<usize, GraphError> {
-    let g = Graph::new(spec, batch)?;
-    let mut best = match recompute(&g, 1, 0, cost) {
-        Ok(p) | Err(p) => p.needed_bytes(),
-    };
-    if sample_separable(&g) {
-        let g1 = Graph::new(spec, 1)?;
-        let (Ok(p) | Err(p)) = recompute(&g1, batch as u16, 0, cost);
+    let mut best = usize::MAX;
+    for &attn in attn_modes(spec) {
+        let g = graph_in_mode(spec, batch, attn)?;
+        let (Ok(p) | Err(p)) = recompute(&g, 1, 0, cost);
         best = best.min(p.needed_bytes());
+        if sample_separable(&g) {
+            let g1 = graph_in_mode(spec, 1, attn)?;
+            let (Ok(p) | Err(p)) = recompute(&g1, batch as u16, 0, cost);
+            best = best.min(p.needed_bytes());
+        }
     }
     Ok(best)
 }
@@ -1061,12 +1170,13 @@ pub fn floor(
     tolerance: f64,
 ) -> Result<Floor, PlanError> {
     let g = Graph::new(spec, batch)?;
-    // Micro-batching (where the graph allows it) goes down to one sample.
-    let lower_bound = if sample_separable(&g) {
-        working_set_bound(&Graph::new(spec, 1)?)
-    } else {
-        working_set_bound(&g)
-    };
+    // Micro-batching (where the graph allows it) goes down to one sample; the bound holds for every
+    // attention mode the search tries.
+    let b = if sample_separable(&g) { 1 } else { batch };
+    let mut lower_bound = usize::MAX;
+    for &attn in attn_modes(spec) {
+        lower_bound = lower_bound.min(working_set_bound(&graph_in_mode(spec, b, attn)?));
+    }
     let approx = Approximations::default();
     let probe = |b: usize| {
         plan_searching(
