@@ -1,10 +1,11 @@
 //! The planner's layout is within 5% of the lower bound (max over execution orders of live bytes) for every
-//! example model and every benchmark workload.
+//! example model and every benchmark workload (models with attention also in its recompute mode).
 use std::path::PathBuf;
 
 use frugal_cli::{spec_toml::load_model, workloads};
 use frugal_core::graph::Graph;
 use frugal_core::plan::Plan;
+use frugal_core::policy;
 
 fn check(what: &str, p: &Plan) {
     let ratio = p.arena_bytes as f64 / p.lower_bound as f64;
@@ -30,6 +31,13 @@ fn examples_plan_within_five_percent_of_the_lower_bound() {
                     &format!("{} b{batch}", path.display()),
                     &Plan::new(Graph::new(&m.spec, batch).unwrap()),
                 );
+                // Attention in recompute mode: row statistics saved, one tile of scratch.
+                if policy::has_attention(&m.spec) {
+                    check(
+                        &format!("{} b{batch} attention recomputed", path.display()),
+                        &Plan::new(policy::graph_in_mode(&m.spec, batch, true).unwrap()),
+                    );
+                }
             }
             n += 1;
         }
