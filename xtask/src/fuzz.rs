@@ -322,6 +322,16 @@ fn write_seeds(corpus: &Path) -> Result<(), String> {
         "mlp-int8.frgp",
         &encode_plan(&mlp, &Plan::new(int8)),
     )?;
+    // A small transformer with its attention in recompute mode (plan version 5's attention byte).
+    let gpt = frugal_cli::spec_toml::load_model(&r.join("tests/golden/gpt.toml"))
+        .map_err(|e| e.to_string())?
+        .spec;
+    let rec = frugal_core::policy::graph_in_mode(&gpt, 2, true).map_err(|e| e.to_string())?;
+    put(
+        &corpus.join("plan"),
+        "gpt-attn-recompute.frgp",
+        &encode_plan(&gpt, &Plan::new(rec)),
+    )?;
     let table = PlanTable {
         entries: vec![
             PlanEntry {

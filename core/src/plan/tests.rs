@@ -463,7 +463,8 @@ fn a_second_memory_space_is_laid_out_on_its_own() {
     assert_eq!(q.offsets, p.offsets);
     // A corrupt space byte is a typed error, not a panic.
     let bytes = encode_plan(&spec, &p);
-    let (v, payload) = crate::format::unframe(*b"FRGP", 4, &bytes).unwrap();
+    let (v, payload) =
+        crate::format::unframe(*b"FRGP", crate::format::plan::PLAN_VERSION, &bytes).unwrap();
     let mut payload = payload.to_vec();
     *payload.last_mut().unwrap() = 9; // the last storage's space byte: an undeclared space
     let bad = crate::format::frame(*b"FRGP", v, &payload);
