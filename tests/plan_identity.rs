@@ -145,5 +145,8 @@ fn recurrent_plans_are_the_recorded_ones() {
         "tests/golden/plans_rnn.txt: generate it with FRUGAL_BLESS=1 cargo test -p frugal-tests \
          --test plan_identity",
     );
-    assert_eq!(want, out, "the recurrent plans differ from tests/golden/plans_rnn.txt");
+    assert_eq!(
+        want, out,
+        "the recurrent plans differ from tests/golden/plans_rnn.txt"
+    );
 }
