@@ -102,7 +102,8 @@ fn attention_recompute_steps_allocate_nothing() {
 /// A transformer step (embedding, positions, LayerNorm/RMSNorm, causal attention, GELU/SiLU, residual
 /// adds, sequence cross-entropy, AdamW) allocates nothing — trained in full and with LoRA adapters,
 /// whole batch and micro-batched, plus evaluation and prediction; likewise an LSTM and a GRU language
-/// model step (the golden `lstm` and `gru` cases: two stacked recurrent layers each).
+/// model step (the golden `lstm` and `gru` cases: two stacked recurrent layers each, every time step
+/// its own forward and backward instruction).
 fn transformer_steps_allocate_nothing() {
     let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden");
     for case in ["gpt", "gpt_lora", "lstm", "gru"] {
@@ -120,6 +121,13 @@ fn transformer_steps_allocate_nothing() {
                     in_place: true,
                 },
             );
+            // The recurrent layers run one instruction per time step.
+            let steps = plan
+                .program
+                .iter()
+                .filter(|i| i.phase == frugal_core::plan::Phase::StepBwd)
+                .count();
+            assert_eq!(steps > 0, matches!(case, "lstm" | "gru"), "{case}");
             let mut arena = vec![0u8; plan.needed_bytes()];
             let mut ex = Executor::new(&plan, &arena).unwrap();
             ex.init_params(&mut arena, 1).unwrap();

@@ -123,3 +123,30 @@ fn plans_are_the_recorded_ones() {
         diff.join("\n")
     );
 }
+
+/// The recurrent layers' plans, pinned like the others (the golden `lstm` and `gru` models, two stacked
+/// layers each, 12 time steps: every step one forward and one backward instruction, each step's saved
+/// tensors their own storages), in a file of their own (`golden/plans_rnn.txt`, regenerated the same
+/// way) so that a change to them reads apart from the rest.
+#[test]
+fn recurrent_plans_are_the_recorded_ones() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut out = String::new();
+    for case in ["lstm", "gru"] {
+        let m = load_model(&root.join(format!("golden/{case}.toml"))).unwrap();
+        lines(&mut out, case, &m.spec, 8);
+    }
+    let file = root.join("golden/plans_rnn.txt");
+    if std::env::var_os("FRUGAL_BLESS").is_some() {
+        std::fs::write(&file, &out).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&file).expect(
+        "tests/golden/plans_rnn.txt: generate it with FRUGAL_BLESS=1 cargo test -p frugal-tests \
+         --test plan_identity",
+    );
+    assert_eq!(
+        want, out,
+        "the recurrent plans differ from tests/golden/plans_rnn.txt"
+    );
+}

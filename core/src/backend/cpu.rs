@@ -143,6 +143,11 @@ fn fused_act(cx: &Cx<'_>, node: &Node) -> Option<Act> {
 impl<P: WorkerPool> LayerOps for CpuBackend<P> {
     fn forward(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError> {
         let node = node_of(cx)?;
+        #[cfg(feature = "seq")]
+        if let NodeOp::Rnn(g) = &node.op {
+            self.fused = None;
+            return rnn_step(cx, host, node, g);
+        }
         if self.fused.take() == Some((plan_key(cx.plan), cx.eo))
             && matches!(node.op, NodeOp::Act(_))
         {
@@ -184,6 +189,10 @@ impl<P: WorkerPool> LayerOps for CpuBackend<P> {
     fn grad_x(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError> {
         self.fused = None;
         let node = node_of(cx)?;
+        #[cfg(feature = "seq")]
+        if let NodeOp::Rnn(g) = &node.op {
+            return rnn_step(cx, host, node, g);
+        }
         let pool: &dyn WorkerPool = &self.pool;
         let ro = Ro { body: cx.params };
         grad_x(pool, cx.plan, cx.eo, host, node, cx.n, seed_of(cx), ro)
@@ -631,6 +640,115 @@ fn lora_params(node: &Node) -> Result<LoraParams, ExecError> {
     })
 }
 
+/// Why a recurrent layer's whole-layer forward or derivative instruction is refused.
+#[cfg(feature = "seq")]
+const RNN_STEPS: &str = "a recurrent layer runs as one instruction per time step (StepFwd/StepBwd)";
+
+/// One time step of a recurrent layer: [`Phase::StepFwd`] (forward step `cx.ins.step`) or
+/// [`Phase::StepBwd`] (its backward through time). Each step reads and writes its own saved tensors
+/// (`{name}.t{t}.gates`, `.state`; the LSTM's previous cell), rows of the whole-sequence input, output
+/// and derivatives, and the backward's carried derivatives (`{name}.dcarry`).
+#[cfg(feature = "seq")]
+fn rnn_step(
+    cx: &Cx<'_>,
+    a: &mut [u8],
+    node: &Node,
+    g: &ops::rnn::RnnGeom,
+) -> Result<(), ExecError> {
+    let (plan, eo, n, t) = (cx.plan, cx.eo, cx.n, cx.ins.step);
+    let b = node.bptt.ok_or(ExecError::BadPlan(
+        "a recurrent layer without its time steps",
+    ))?;
+    if t >= b.steps {
+        return Err(ExecError::BadPlan("a time step beyond the sequence"));
+    }
+    let (gate_elems, state_elems) = (n * g.gate_width(), n * g.hidden);
+    let in_elems = n * node.in_dims[0].numel();
+    let out_elems = n * node.out_dims.numel();
+    // The LSTM's previous cell (forward: c_{t−1}; backward: df reads it).
+    let prev = (t > 0 && g.cell == ops::rnn::Cell::Lstm).then(|| b.state(t - 1));
+    let w = node.params.first().map(|p| p.value);
+    let tu = usize::from(t);
+    match cx.ins.phase {
+        Phase::StepFwd => {
+            let xin = node.inputs[0];
+            let [xb, wb, bb, gb, pb, stb, yb, rb, sb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(xin), in_elems)?,
+                    whole(plan, eo, w)?,
+                    whole(plan, eo, node.params.get(1).map(|p| p.value))?,
+                    reg(plan, eo, Some(b.gates(t)), gate_elems)?,
+                    reg(plan, eo, prev, state_elems)?,
+                    reg(plan, eo, Some(b.state(t)), state_elems)?,
+                    reg(plan, eo, Some(node.out), out_elems)?,
+                    reg(plan, eo, b.r, out_elems)?,
+                    whole(plan, eo, node.scratch[scratch_slot::FWD])?,
+                ],
+            )?;
+            let x = input(plan, xin, xb, cx.x, in_elems)?;
+            ops::rnn::rnn_fwd_step(
+                g,
+                n,
+                tu,
+                x,
+                f32s(wb)?,
+                f32s(bb)?,
+                f32s(gb)?,
+                f32s(pb)?,
+                f32s(stb)?,
+                f32s(yb)?,
+                f32s(rb)?,
+                f32s(sb)?,
+            );
+        }
+        Phase::StepBwd => {
+            let (dy, dx, acc) = derivatives(node)?;
+            if acc {
+                return Err(ExecError::BadPlan(
+                    "a recurrent layer's input derivative is shared",
+                ));
+            }
+            let y = (g.cell == ops::rnn::Cell::Gru).then_some(node.out);
+            let [dyb, wb, gb, pb, stb, yb, dxb, cb, sb] = carve(
+                a,
+                [
+                    reg(plan, eo, Some(dy), out_elems)?,
+                    whole(plan, eo, w)?,
+                    reg(plan, eo, Some(b.gates(t)), gate_elems)?,
+                    reg(plan, eo, prev, state_elems)?,
+                    reg(plan, eo, Some(b.state(t)), state_elems)?,
+                    reg(plan, eo, y, out_elems)?,
+                    reg(plan, eo, need(dx)?, in_elems)?,
+                    reg(plan, eo, b.carry, ops::rnn::rnn_carry_len(g, n))?,
+                    whole(plan, eo, node.scratch[scratch_slot::GRAD_X])?,
+                ],
+            )?;
+            if b.carry.is_none() {
+                return Err(ExecError::BadPlan(
+                    "a backward step without its carried derivatives",
+                ));
+            }
+            ops::rnn::rnn_grad_x_step(
+                g,
+                n,
+                tu,
+                f32s(dyb)?,
+                f32s(wb)?,
+                f32s(gb)?,
+                f32s(pb)?,
+                f32s(stb)?,
+                f32s(yb)?,
+                f32s(dxb)?,
+                f32s(cb)?,
+                f32s(sb)?,
+            );
+        }
+        _ => return Err(ExecError::BadPlan(RNN_STEPS)),
+    }
+    Ok(())
+}
+
 #[allow(clippy::too_many_arguments)]
 fn forward(
     pool: &dyn WorkerPool,
@@ -912,39 +1030,9 @@ fn forward(
                 f32s(sb)?,
             );
         }
+        // A recurrent layer runs one instruction per time step ([`rnn_step`]).
         #[cfg(feature = "seq")]
-        NodeOp::Rnn(g) => {
-            let steps = n * g.seq;
-            let [xb, wb, bb, gb, stb, yb, sb] = carve(
-                a,
-                [
-                    reg(plan, eo, Some(xin), in_elems)?,
-                    whole(plan, eo, w)?,
-                    whole(plan, eo, b)?,
-                    reg(
-                        plan,
-                        eo,
-                        node.saved.first().copied(),
-                        steps * g.gate_width(),
-                    )?,
-                    reg(plan, eo, node.saved.get(1).copied(), steps * g.hidden)?,
-                    reg(plan, eo, Some(node.out), out_elems)?,
-                    whole(plan, eo, s)?,
-                ],
-            )?;
-            let x = input(plan, xin, xb, xext, in_elems)?;
-            ops::rnn::rnn_fwd(
-                g,
-                n,
-                x,
-                f32s(wb)?,
-                f32s(bb)?,
-                f32s(gb)?,
-                f32s(stb)?,
-                f32s(yb)?,
-                f32s(sb)?,
-            );
-        }
+        NodeOp::Rnn(_) => return Err(ExecError::BadPlan(RNN_STEPS)),
         NodeOp::BatchNorm { .. } => {
             return bn_forward(plan, eo, a, node, n, xext, mode, body, None);
         }
@@ -1301,18 +1389,14 @@ fn grad_w(
         }
         #[cfg(feature = "seq")]
         NodeOp::Rnn(g) => {
-            let steps = n * g.seq;
             let dxg = node.d_in.first().copied().flatten().map(|d| d.0);
-            let [dxb, gb, yb, dwb, dbb, sb] = carve(
+            // The GRU's reset gates (the LSTM reads none).
+            let r = node.bptt.and_then(|b| b.r);
+            let [dxb, rb, yb, dwb, dbb, sb] = carve(
                 a,
                 [
                     reg(plan, eo, dxg, in_elems)?,
-                    reg(
-                        plan,
-                        eo,
-                        node.saved.first().copied(),
-                        steps * g.gate_width(),
-                    )?,
+                    reg(plan, eo, r, out_elems)?,
                     reg(plan, eo, Some(node.out), out_elems)?,
                     whole(plan, eo, dw)?,
                     whole(plan, eo, db)?,
@@ -1323,7 +1407,7 @@ fn grad_w(
                 g,
                 n,
                 f32s(dxb)?,
-                f32s(gb)?,
+                f32s(rb)?,
                 f32s(yb)?,
                 f32s(dwb)?,
                 f32s(dbb)?,
@@ -1682,42 +1766,7 @@ fn grad_x(
             );
         }
         #[cfg(feature = "seq")]
-        NodeOp::Rnn(g) => {
-            if acc {
-                return Err(ExecError::BadPlan(
-                    "a recurrent layer's input derivative is shared",
-                ));
-            }
-            let steps = n * g.seq;
-            let [dyb, wb, gb, stb, yb, dxb, sb] = carve(
-                a,
-                [
-                    reg(plan, eo, Some(dy), out_elems)?,
-                    whole(plan, eo, w)?,
-                    reg(
-                        plan,
-                        eo,
-                        node.saved.first().copied(),
-                        steps * g.gate_width(),
-                    )?,
-                    reg(plan, eo, node.saved.get(1).copied(), steps * g.hidden)?,
-                    reg(plan, eo, Some(node.out), out_elems)?,
-                    reg(plan, eo, need_dx()?, in_elems)?,
-                    whole(plan, eo, s)?,
-                ],
-            )?;
-            ops::rnn::rnn_grad_x(
-                g,
-                n,
-                f32s(dyb)?,
-                f32s(wb)?,
-                f32s(gb)?,
-                f32s(stb)?,
-                f32s(yb)?,
-                f32s(dxb)?,
-                f32s(sb)?,
-            );
-        }
+        NodeOp::Rnn(_) => return Err(ExecError::BadPlan(RNN_STEPS)),
         NodeOp::BatchNorm { .. } => {
             return bn_grad_x(plan, eo, a, node, n, body);
         }

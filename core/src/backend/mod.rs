@@ -126,11 +126,12 @@ pub struct LossOut {
 /// Forward, recompute, weight gradient and input derivative of a layer.
 #[cfg(feature = "alloc")]
 pub trait LayerOps {
-    /// [`Phase::Forward`] and [`Phase::Recompute`] (`cx.mode` says which, and whether it trains).
+    /// [`Phase::Forward`] and [`Phase::Recompute`] (`cx.mode` says which, and whether it trains); a
+    /// recurrent layer's forward time step [`Phase::StepFwd`] (`cx.ins.step`).
     fn forward(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError>;
     /// [`Phase::GradW`]: dL/dW; micro-batches after the first (`cx.ins.mb > 0`) add to it.
     fn grad_w(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError>;
-    /// [`Phase::GradX`]: dL/dX.
+    /// [`Phase::GradX`]: dL/dX; a recurrent layer's backward time step [`Phase::StepBwd`].
     fn grad_x(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError>;
 }
 
@@ -339,9 +340,10 @@ pub fn dispatch<B: Backend + ?Sized>(
         return Err(ExecError::Placement(cx.ins.placement));
     }
     match cx.ins.phase {
-        Phase::Forward | Phase::Recompute => b.forward(cx, host),
+        // A recurrent layer's time steps go to the same methods (`cx.ins.step` says which step).
+        Phase::Forward | Phase::Recompute | Phase::StepFwd => b.forward(cx, host),
         Phase::GradW => b.grad_w(cx, host),
-        Phase::GradX => b.grad_x(cx, host),
+        Phase::GradX | Phase::StepBwd => b.grad_x(cx, host),
         Phase::Apply => b.apply(cx, host),
         Phase::Pack | Phase::Unpack => b.convert_half(cx, host),
         Phase::Move => {

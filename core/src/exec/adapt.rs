@@ -174,6 +174,8 @@ fn runnable(p: &Plan) -> Result<(), ExecError> {
                 | Phase::GradX
                 | Phase::Apply
                 | Phase::Recompute
+                | Phase::StepFwd
+                | Phase::StepBwd
         )
     });
     if !ok {
@@ -659,10 +661,12 @@ struct Vid {
 }
 
 fn vid(ins: &Instr) -> Vid {
-    let phase = if ins.phase == Phase::Recompute {
-        Phase::Forward
-    } else {
-        ins.phase
+    // A recurrent layer's time steps write the values its whole forward and derivative would: every
+    // step of a node's forward names one value of each group it writes, as one forward did.
+    let phase = match ins.phase {
+        Phase::Recompute | Phase::StepFwd => Phase::Forward,
+        Phase::StepBwd => Phase::GradX,
+        p => p,
     };
     Vid {
         node: ins.node,
@@ -725,6 +729,24 @@ fn written(g: &Graph, ins: &Instr, out: &mut Vec<TensorId>) {
                 out.push(p.value);
                 out.extend(p.grad);
                 out.extend(p.state.iter().copied());
+            }
+        }
+        // A forward time step writes its output rows and its own saved tensors (the GRU's reset
+        // gates' rows); a backward step its input derivative's rows and the carried derivatives.
+        Phase::StepFwd | Phase::StepBwd => {
+            let Some(b) = n.bptt.filter(|b| ins.step < b.steps) else {
+                return;
+            };
+            if ins.phase == Phase::StepFwd {
+                out.push(n.out);
+                out.push(b.gates(ins.step));
+                out.push(b.state(ins.step));
+                out.extend(b.r);
+                out.extend(n.scratch[crate::graph::scratch_slot::FWD]);
+            } else {
+                out.extend(n.d_in.iter().flatten().map(|d| d.0));
+                out.extend(b.carry);
+                out.extend(n.scratch[crate::graph::scratch_slot::GRAD_X]);
             }
         }
         _ => touches(g, ins, out),
@@ -918,12 +940,20 @@ impl<'p> AdaptScratch<'p> {
         ];
         for p in &plans {
             for node in 0..p.graph.nodes.len() {
-                for phase in phases {
+                // A recurrent layer's steps: step 1 touches the most (the LSTM's previous cell too).
+                let steps = p.graph.nodes[node].bptt.map_or(0, |b| b.steps);
+                let stepped = (steps > 0).then_some([Phase::StepFwd, Phase::StepBwd]);
+                for phase in phases.into_iter().chain(stepped.into_iter().flatten()) {
                     let ins = Instr {
                         node: node as u16,
                         phase,
                         mb: 0,
                         placement: Placement::Cpu,
+                        step: if matches!(phase, Phase::StepFwd | Phase::StepBwd) {
+                            steps.min(2) - 1
+                        } else {
+                            0
+                        },
                     };
                     touches(&p.graph, &ins, &mut buf);
                     t_max = t_max.max(buf.len());
@@ -1628,6 +1658,7 @@ fn rf(node: usize) -> Instr {
         phase: Phase::Recompute,
         mb: 0,
         placement: Placement::Cpu,
+        step: 0,
     }
 }
 
@@ -1670,6 +1701,7 @@ impl WriterIndex {
                     phase,
                     mb: 0,
                     placement: Placement::Cpu,
+                    step: 0,
                 };
                 written(g, &ins, &mut buf);
                 for &t in &buf {
@@ -1713,7 +1745,7 @@ impl WriterIndex {
 /// Lines P1's executed prefix up with P2: the index after P2's instruction matching P1's last executed
 /// non-recompute instruction. The non-recompute sequences of the two programs must be equal.
 fn align(p1: &Plan, e1: usize, p2: &Plan) -> Result<usize, NoSwitch> {
-    let key = |i: &Instr| (i.node, i.phase, i.mb);
+    let key = |i: &Instr| (i.node, i.phase, i.mb, i.step);
     let mut a = p1.program.iter().filter(|i| i.phase != Phase::Recompute);
     let mut b = p2.program.iter().filter(|i| i.phase != Phase::Recompute);
     loop {

@@ -171,7 +171,7 @@ impl<'p, B: Backend> Steer<'p, B> for ForwardOnly {
         }
         while let Some(ins) = program.get(eo) {
             match (ins.phase, ins.mb) {
-                (Phase::Forward, 0) => return Ok(eo),
+                (Phase::Forward | Phase::StepFwd, 0) => return Ok(eo),
                 (Phase::Loss, 0) => {
                     self.loss_eo = Some(eo);
                     return Ok(if run.target.is_some() {

@@ -138,7 +138,9 @@ fn lstm_and_gru_train_stacked_and_sharing_is_bit_exact() {
                 .iter()
                 .position(|i| i.node == ri && i.phase == ph)
         };
-        assert!(at(Phase::GradX).unwrap() < at(Phase::GradW).unwrap());
+        // The backward through time (its last step first) before the weight gradient.
+        assert_eq!(shared.program[at(Phase::StepBwd).unwrap()].step, 6);
+        assert!(at(Phase::StepBwd).unwrap() < at(Phase::GradW).unwrap());
         let unshared = Plan::with_sharing(g, false);
         let a = run(&shared, 6, 3);
         assert_eq!(bits(&a), bits(&run(&unshared, 6, 3)));
@@ -146,6 +148,94 @@ fn lstm_and_gru_train_stacked_and_sharing_is_bit_exact() {
         // (random init, small outputs, 11 classes).
         assert!((a[0] - 11f32.ln()).abs() < 0.3, "first loss {}", a[0]);
         assert!(a[5] < a[0] - 0.05, "losses {:?}", &a[..6]);
+    }
+}
+
+/// The recurrent layers unrolled over time: one forward instruction per step in order, one backward
+/// instruction per step in reverse, each step's gates and state their own storage, alive exactly from
+/// the step's forward to its backward (the LSTM's state also read by the next step's forward and
+/// backward, both inside that span), the carried derivatives from the last step's backward to the
+/// first's; and the planner reuses a finished step's bytes for a later tensor.
+#[test]
+fn rnn_steps_are_planned_one_by_one() {
+    for gru in [false, true] {
+        let seq = 7u16;
+        let spec = rnn_lm(gru, 11, seq.into(), 6, 5, 2);
+        let g = Graph::new(&spec, 3).unwrap();
+        let p = Plan::new(g.clone());
+        check_layout(&p);
+        for (ri, n) in g.nodes.iter().enumerate() {
+            let Some(b) = n.bptt else {
+                assert!(!matches!(n.op, NodeOp::Rnn(_)));
+                continue;
+            };
+            assert_eq!(b.steps, seq);
+            assert_eq!(b.r.is_some(), gru);
+            let eo = |ph: Phase, t: u16| {
+                let mut it = p.program.iter().enumerate();
+                let (e, _) = it
+                    .find(|(_, i)| usize::from(i.node) == ri && i.phase == ph && i.step == t)
+                    .unwrap();
+                e as u32
+            };
+            // No whole-layer forward or derivative; the steps in order.
+            assert!(!p.program.iter().any(|i| usize::from(i.node) == ri
+                && matches!(i.phase, Phase::Forward | Phase::GradX | Phase::Recompute)));
+            for t in 1..seq {
+                assert_eq!(eo(Phase::StepFwd, t), eo(Phase::StepFwd, t - 1) + 1);
+                assert_eq!(eo(Phase::StepBwd, t - 1), eo(Phase::StepBwd, t) + 1);
+            }
+            for t in 0..seq {
+                assert_eq!(
+                    g.tensors[b.gates(t) as usize].name,
+                    format!("{}.t{t}.gates", n.name)
+                );
+                assert_eq!(
+                    g.tensors[b.state(t) as usize].name,
+                    format!("{}.t{t}.state", n.name)
+                );
+                for x in [b.gates(t), b.state(t)] {
+                    let s = p.storage_at(x, eo(Phase::StepFwd, t)).unwrap();
+                    let life = &p.lives[s];
+                    assert_eq!(
+                        (life.first, life.last),
+                        (eo(Phase::StepFwd, t), eo(Phase::StepBwd, t))
+                    );
+                }
+            }
+            let carry = b.carry.unwrap();
+            let s = p.storage_at(carry, eo(Phase::StepBwd, 0)).unwrap();
+            let life = &p.lives[s];
+            assert_eq!(
+                (life.first, life.last),
+                (eo(Phase::StepBwd, seq - 1), eo(Phase::StepBwd, 0))
+            );
+            // Some later storage takes bytes of a step's saved tensors once that step's backward ran.
+            let step_bytes: Vec<(u32, usize, usize)> = (0..seq)
+                .flat_map(|t| [b.gates(t), b.state(t)])
+                .map(|x| {
+                    let s = p.storage_at(x, eo(Phase::StepBwd, 0)).unwrap_or_else(|| {
+                        let t = (x - b.first) as u16 / 2;
+                        p.storage_at(x, eo(Phase::StepBwd, t)).unwrap()
+                    });
+                    (
+                        p.lives[s].last,
+                        p.offsets[s],
+                        p.offsets[s] + p.lives[s].bytes,
+                    )
+                })
+                .collect();
+            let reused = p.lives.iter_enumerated().any(|(s, l)| {
+                let (lo, hi) = (p.offsets[s], p.offsets[s] + l.bytes);
+                step_bytes
+                    .iter()
+                    .any(|&(last, a, z)| l.first > last && lo < z && a < hi)
+            });
+            assert!(
+                reused,
+                "gru {gru}: no storage reuses a finished step's bytes"
+            );
+        }
     }
 }
 

@@ -15,7 +15,8 @@
 //! body        = micro-batch size: u32 | precision: u8 | update_bits: u8 | kernels: u8 | grad_tile: u32
 //!             | attention: u8                                                     (version 5)
 //!             | micro_batches: u16 | in_place: u8 (0/1)
-//!             | instrs: u32 | { node: u16 | phase: u8 | mb: u16 | placement: u8 } × instrs
+//!             | instrs: u32 | { node: u16 | phase: u8 | mb: u16 | placement: u8
+//!                             | step: u16, only for phases 11 and 12 } × instrs
 //!             | storages: u32 | offset: u64 × storages
 //!             | arena_bytes: u64
 //!             | strategy length: u8 | strategy name bytes
@@ -51,6 +52,13 @@
 //! program order on decode). A move must have a value to move: a storage of its group that ends where the
 //! move begins the next ([`Plan::move_storages`]). Like packs before it, the move phase came without a
 //! version bump: no earlier file holds code 10, and an older decoder rejects it as an unknown phase.
+//!
+//! A recurrent layer (LSTM, GRU) runs as time steps: 11 a forward step, 12 a backward step (through
+//! time), each followed by its step (`u16`, below the layer's sequence length). They too came without a
+//! version bump: an older file has neither code (and no step bytes), an older decoder rejects them as
+//! unknown phases. A recurrent layer has no other forward, recompute or derivative instruction and no
+//! other layer has steps; an older file whose recurrent layer runs whole (its plan made before the
+//! layer was unrolled) is refused as such, typed, rather than run.
 //!
 //! Decoding trusts nothing: every enum value, node index and micro-batch index is checked, the storage
 //! count must match the storages recomputed from the program, and the stored layout must be aligned, fit
@@ -183,6 +191,8 @@ fn phase_code(p: Phase) -> u8 {
         Phase::Pack => 8,
         Phase::Unpack => 9,
         Phase::Move => 10,
+        Phase::StepFwd => 11,
+        Phase::StepBwd => 12,
     }
 }
 
@@ -203,6 +213,9 @@ fn put_body(out: &mut Vec<u8>, plan: &Plan) {
         put_u8(out, phase_code(ins.phase));
         put_u16(out, ins.mb);
         put_u8(out, placement_code(ins.placement));
+        if matches!(ins.phase, Phase::StepFwd | Phase::StepBwd) {
+            put_u16(out, ins.step);
+        }
     }
     put_u32(out, plan.offsets.len() as u32);
     for &o in &plan.offsets {
@@ -530,6 +543,8 @@ fn get_program(r: &mut Reader<'_>, mut graph: Graph, version: u16) -> Result<Pla
             8 => Phase::Pack,
             9 => Phase::Unpack,
             10 => Phase::Move,
+            11 => Phase::StepFwd,
+            12 => Phase::StepBwd,
             _ => return Err(bad("instruction phase", phase_at, "unknown phase")),
         };
         let ok = if phase == Phase::Loss {
@@ -551,6 +566,20 @@ fn get_program(r: &mut Reader<'_>, mut graph: Graph, version: u16) -> Result<Pla
         if !ok {
             return Err(bad("instruction node", at, "no such node"));
         }
+        // A recurrent layer runs as time steps, and only it has them.
+        let bptt = match phase {
+            Phase::Forward | Phase::Recompute | Phase::GradX | Phase::StepFwd | Phase::StepBwd => {
+                graph.nodes[node as usize].bptt
+            }
+            _ => None,
+        };
+        if bptt.is_some() != matches!(phase, Phase::StepFwd | Phase::StepBwd) {
+            return Err(bad(
+                "instruction phase",
+                phase_at,
+                "a recurrent layer's forward and derivative run as time steps (phases 11, 12), and only it has them",
+            ));
+        }
         let mb_at = r.at();
         let mb = r.u16("instruction micro-batch")?;
         if mb >= micro_batches {
@@ -567,11 +596,27 @@ fn get_program(r: &mut Reader<'_>, mut graph: Graph, version: u16) -> Result<Pla
             2 => Placement::Dsp,
             _ => return Err(bad("instruction placement", pl_at, "unknown placement")),
         };
+        let step = match bptt {
+            Some(b) => {
+                let step_at = r.at();
+                let step = r.u16("instruction step")?;
+                if step >= b.steps {
+                    return Err(bad(
+                        "instruction step",
+                        step_at,
+                        "not below the recurrent layer's sequence length",
+                    ));
+                }
+                step
+            }
+            None => 0,
+        };
         program.push(Instr {
             node,
             phase,
             mb,
             placement,
+            step,
         });
     }
     let count_at = r.at();
@@ -906,6 +951,59 @@ mod tests {
                 assert_same(&plan, &p2);
             }
         }
+    }
+
+    /// A recurrent layer's time steps: a step at or past the sequence length, a step phase on a layer
+    /// that has none, and a whole-layer forward or derivative of a recurrent layer (a plan made before
+    /// the layer ran per step) are typed errors naming the field.
+    #[test]
+    fn malformed_recurrent_steps_are_typed_errors() {
+        let s = crate::exec::rnn_tests::rnn_lm(false, 11, 6, 6, 5, 1);
+        let plan = Plan::new(Graph::new(&s, 2).unwrap());
+        let first = plan
+            .program
+            .iter()
+            .position(|i| i.phase == Phase::StepFwd)
+            .unwrap();
+        let rnn = plan.program[first].node;
+        let field = |program: Vec<Instr>| {
+            let mut p = plan.clone();
+            p.program = program;
+            match decode_plan(&encode_plan(&s, &p)) {
+                Err(FormatError::BadValue { field, .. }) => field,
+                other => panic!("decoded: {:?}", other.map(|_| ())),
+            }
+        };
+        // Step 6 of a 6-step sequence.
+        let mut p = plan.program.clone();
+        p[first].step = 6;
+        assert_eq!(field(p), "instruction step");
+        let mut p = plan.program.clone();
+        p[first + 5].step = u16::MAX;
+        assert_eq!(field(p), "instruction step");
+        // A step phase on the head (not recurrent).
+        let mut p = plan.program.clone();
+        let head = plan
+            .program
+            .iter()
+            .position(|i| i.phase == Phase::Forward && i.node > rnn);
+        p[head.unwrap()].phase = Phase::StepFwd;
+        assert_eq!(field(p), "instruction phase");
+        // The recurrent layer run whole.
+        for ph in [Phase::Forward, Phase::Recompute, Phase::GradX] {
+            let mut p = plan.program.clone();
+            p[first].phase = ph;
+            p[first].step = 0;
+            assert_eq!(field(p), "instruction phase");
+        }
+        // The steps round-trip (the last backward step runs first).
+        let bytes = encode_plan(&s, &plan);
+        let (_, back) = decode_plan(&bytes).unwrap();
+        assert_eq!(back.program, plan.program);
+        assert!(back
+            .program
+            .iter()
+            .any(|i| i.phase == Phase::StepBwd && i.step == 5));
     }
 
     #[test]

@@ -247,6 +247,36 @@ pub mod scratch_slot {
     pub const GRAD_X: usize = 2;
 }
 
+/// A recurrent layer unrolled over time ([`NodeOp::Rnn`]): its forward and its backward through time
+/// are one instruction per step ([`crate::plan::Phase::StepFwd`], [`crate::plan::Phase::StepBwd`]),
+/// and each step saves tensors of its own, alive from its forward step to its backward step, so the
+/// planner sees (and reuses) every step's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bptt {
+    /// Time steps.
+    pub steps: u16,
+    /// Step `t`'s gates (`{name}.t{t}.gates`, `[n, G·hidden]`) are tensor `first + 2t`, its state
+    /// (`{name}.t{t}.state`, `[n, hidden]`) tensor `first + 2t + 1`; all in [`Node::saved`].
+    pub first: TensorId,
+    /// The GRU's reset gates of every step (`{name}.rgate`, `[n, seq, hidden]`), which its weight
+    /// gradient reads after the backward steps; also in [`Node::saved`].
+    pub r: Option<TensorId>,
+    /// The derivatives carried from each backward step to the one before it (`{name}.dcarry`: `dh`,
+    /// and the LSTM's `dc`); None when the layer has no backward.
+    pub carry: Option<TensorId>,
+}
+
+impl Bptt {
+    /// Step `t`'s saved gates.
+    pub fn gates(&self, t: u16) -> TensorId {
+        self.first + 2 * TensorId::from(t)
+    }
+    /// Step `t`'s saved state.
+    pub fn state(&self, t: u16) -> TensorId {
+        self.first + 2 * TensorId::from(t) + 1
+    }
+}
+
 /// One layer, realised.
 #[derive(Clone, Debug)]
 pub struct Node {
@@ -284,6 +314,8 @@ pub struct Node {
     /// forward to this layer's and Linear → GELU → Linear keeps only the pre-activation for the
     /// backward pass (which the activation's own derivative reads anyway).
     pub act_in: Option<(Smooth, TensorId)>,
+    /// A recurrent layer's per-step tensors ([`Bptt`]); None for every other layer.
+    pub bptt: Option<Bptt>,
 }
 
 impl Node {
@@ -1031,6 +1063,7 @@ impl<'a> Builder<'a> {
             // Parameters.
             let mut stats = Vec::new();
             let mut saved = Vec::new();
+            let mut bptt = None;
             let trainable = l.trainable;
             // (name, shape, frozen whatever the layer says: LoRA's base weights).
             let mut shapes: Vec<(&str, Vec<usize>, bool)> = Vec::new();
@@ -1257,21 +1290,57 @@ impl<'a> Builder<'a> {
                 }
                 NodeOp::Rnn(g) => {
                     // Every step's gates (after their nonlinearities) and state (LSTM cell, GRU
-                    // W_hn·h + b_hn), kept from the forward to the backward through time.
-                    let steps = n.checked_mul(g.seq);
-                    for (what, width) in [("gates", g.gate_width()), ("state", g.hidden)] {
-                        let elems = steps.and_then(|s| s.checked_mul(width)).ok_or_else(|| {
-                            GraphError::TooLarge {
-                                tensor: format!("{name}.{what}"),
+                    // W_hn·h + b_hn), each its own tensor: written by the step's forward, read last by
+                    // its backward, so the planner reuses their bytes as the backward walks back.
+                    let steps = u16::try_from(g.seq).map_err(|_| {
+                        err(
+                            li,
+                            name,
+                            format!("a recurrent layer runs at most 65535 steps; got {}", g.seq),
+                        )
+                    })?;
+                    let (gate_elems, state_elems) =
+                        match (n.checked_mul(g.gate_width()), n.checked_mul(g.hidden)) {
+                            (Some(a), Some(b)) => (a, b),
+                            _ => {
+                                return Err(GraphError::TooLarge {
+                                    tensor: format!("{name}.t0.gates"),
+                                })
                             }
+                        };
+                    let first = self.tensors.len() as TensorId;
+                    for t in 0..g.seq {
+                        for (what, elems) in [("gates", gate_elems), ("state", state_elems)] {
+                            saved.push(self.tensor(
+                                format!("{name}.t{t}.{what}"),
+                                TensorKind::Activation,
+                                elems,
+                                Share::Own,
+                            )?);
+                        }
+                    }
+                    let r = if g.cell == Cell::Gru {
+                        let elems = n.checked_mul(g.seq).and_then(|s| s.checked_mul(g.hidden));
+                        let elems = elems.ok_or_else(|| GraphError::TooLarge {
+                            tensor: format!("{name}.rgate"),
                         })?;
-                        saved.push(self.tensor(
-                            format!("{name}.{what}"),
+                        let r = self.tensor(
+                            format!("{name}.rgate"),
                             TensorKind::Activation,
                             elems,
                             Share::Own,
-                        )?);
-                    }
+                        )?;
+                        saved.push(r);
+                        Some(r)
+                    } else {
+                        None
+                    };
+                    bptt = Some(Bptt {
+                        steps,
+                        first,
+                        r,
+                        carry: None,
+                    });
                 }
                 NodeOp::MaxPool(_) => {
                     let dtype = if self.precision == Precision::F32 {
@@ -1330,6 +1399,7 @@ impl<'a> Builder<'a> {
                 scratch: [None; 3],
                 trainable,
                 act_in,
+                bptt,
             });
         }
 
@@ -1533,6 +1603,22 @@ impl<'a> Builder<'a> {
                         dtype,
                     )?);
                 }
+            }
+            // The derivatives a recurrent layer's backward carries from step to step: a planned
+            // tensor, alive from the last step's backward (the first to run) to the first step's.
+            if let (NodeOp::Rnn(g), Some(b), true) = (&node.op, &mut node.bptt, needed[2]) {
+                let elems = n
+                    .checked_mul(g.hidden)
+                    .and_then(|e| e.checked_mul(if g.cell == Cell::Lstm { 2 } else { 1 }))
+                    .ok_or_else(|| GraphError::TooLarge {
+                        tensor: format!("{}.dcarry", node.name),
+                    })?;
+                b.carry = Some(self.tensor(
+                    format!("{}.dcarry", node.name),
+                    TensorKind::Derivative,
+                    elems,
+                    Share::Own,
+                )?);
             }
         }
         let loss_scratch = if int8 {

@@ -7,14 +7,21 @@
 //! r, z, n), and own `W_hh [G·hidden, hidden]` and `b_hh [G·hidden]`. Each time step runs the
 //! recurrent GEMM `h_{t−1}·W_hhᵀ` over the batch.
 //!
-//! Saved for the backward: the gates after their nonlinearities (`[n, seq, G·hidden]`) and one
-//! state per step (`[n, seq, hidden]`: the LSTM's cell `c_t`; the GRU's `W_hn·h_{t−1} + b_hn`, which
-//! the reset gate multiplies). The output `y` (`[n, seq, hidden]`, every `h_t`) is read back too.
+//! The layer runs one time step at a time: [`rnn_fwd_step`] and [`rnn_grad_x_step`] are each one
+//! instruction of the plan (`Phase::StepFwd`/`Phase::StepBwd`), so the planner sees every step's
+//! saved tensors — the gates after their nonlinearities (`[n, G·hidden]`) and one state (`[n,
+//! hidden]`: the LSTM's cell `c_t`; the GRU's `W_hn·h_{t−1} + b_hn`, which the reset gate
+//! multiplies) — each alive from its forward step to its backward step. The output `y` (`[n, seq,
+//! hidden]`, every `h_t`) is read back too, and the GRU keeps its reset gates (`[n, seq, hidden]`)
+//! for the weight gradient.
 //!
-//! The backward runs through time once, in the input-derivative phase, writing `dxg` (the gate
-//! pre-activations' derivative, which is also the projection's output derivative); the weight
-//! gradients then read `dxg`: `dW_hh = Σ_t dgᵀ·h_{t−1}` (one GEMM per chunk of samples, ≥ 512 steps
-//! deep) and `db_hh = Σ dg`, where `dg` is `dxg` except for the GRU's n gate (`r ∘ dn`).
+//! The backward runs through time, step `seq − 1` down to 0, writing `dxg` (the gate
+//! pre-activations' derivative, which is also the projection's output derivative) and carrying `dh`
+//! (and the LSTM's `dc`) from step to step in a planned tensor; the weight gradients then read `dxg`:
+//! `dW_hh = Σ_t dgᵀ·h_{t−1}` (one GEMM per chunk of samples, ≥ 512 steps deep) and `db_hh = Σ dg`,
+//! where `dg` is `dxg` except for the GRU's n gate (`r ∘ dn`). The arithmetic is that of the
+//! whole-sequence kernels these replaced, operation for operation (the tests keep those to compare
+//! bit for bit).
 use crate::kernels::{gemm, gemm_scratch_len, MatRef, Real};
 use crate::ops::act::{act_fwd, act_fwd_inplace, Act};
 
@@ -55,8 +62,8 @@ impl RnnGeom {
     }
 }
 
-/// Scratch elements of the forward for `n` samples (the GRU's `h·W_hhᵀ + b_hh` of one step, GEMM
-/// packing).
+/// Scratch elements of one forward step for `n` samples (the GRU's `h·W_hhᵀ + b_hh` of the step,
+/// GEMM packing).
 pub fn rnn_fwd_scratch_len(g: &RnnGeom, n: usize) -> usize {
     let gw = g.gate_width();
     let own = match g.cell {
@@ -66,15 +73,25 @@ pub fn rnn_fwd_scratch_len(g: &RnnGeom, n: usize) -> usize {
     own + gemm_scratch_len(n, gw, g.hidden)
 }
 
-/// Scratch elements of the input derivative for `n` samples (the carried `dh`; the LSTM's `dc` and
-/// one row of `tanh(c)` or the GRU's recurrent gate derivative of one step; GEMM packing).
+/// Scratch elements of one backward step for `n` samples (the LSTM's row of `tanh(c)` or the GRU's
+/// recurrent gate derivative of the step; GEMM packing). The derivatives carried from step to step
+/// are a planned tensor of their own ([`rnn_carry_len`]).
 pub fn rnn_grad_x_scratch_len(g: &RnnGeom, n: usize) -> usize {
     let gw = g.gate_width();
     let own = match g.cell {
-        Cell::Lstm => 2 * n * g.hidden + g.hidden,
-        Cell::Gru => n * g.hidden + n * gw,
+        Cell::Lstm => g.hidden,
+        Cell::Gru => n * gw,
     };
     own + gemm_scratch_len(n, g.hidden, gw)
+}
+
+/// Elements of the derivatives the backward carries from step `t` to step `t − 1` for `n` samples:
+/// `dh` (`[n, hidden]`), then the LSTM's `dc` (as many).
+pub fn rnn_carry_len(g: &RnnGeom, n: usize) -> usize {
+    match g.cell {
+        Cell::Lstm => 2 * n * g.hidden,
+        Cell::Gru => n * g.hidden,
+    }
 }
 
 /// Samples per weight-gradient GEMM: enough of them that the product is ≥ 512 steps deep (a GEMM
@@ -95,20 +112,27 @@ pub fn rnn_grad_w_scratch_len(g: &RnnGeom, n: usize) -> usize {
     own + gemm_scratch_len(gw, g.hidden, steps)
 }
 
-/// Forward of `n` sequences: `xg` the input projection, `w` = `W_hh`, `b` = `b_hh`; writes the gates
-/// after their nonlinearities (`gates`), the per-step state (`state`: LSTM `c_t`, GRU
-/// `W_hn·h_{t−1} + b_hn`) and the output `y` (every `h_t`). The element-wise work of a step is a few
-/// simple passes over rows of `hidden` (each vectorises).
+/// Forward step `t` of `n` sequences: `xg` the input projection (`[n, seq, G·hidden]`), `w` = `W_hh`,
+/// `b` = `b_hh`, `y` the output (`[n, seq, hidden]`: rows `t − 1` read, rows `t` written). Writes the
+/// step's gates after their nonlinearities (`gates`, `[n, G·hidden]`) and state (`state`, `[n,
+/// hidden]`: LSTM `c_t`, GRU `W_hn·h_{t−1} + b_hn`) from the previous step's (`prev`: LSTM `c_{t−1}`,
+/// unused at `t = 0` and by the GRU); the GRU also keeps its reset gate in `r` (`[n, seq, hidden]`,
+/// rows `t`), the one gate its weight gradient reads. The element-wise work is a few simple passes
+/// over rows of `hidden` (each vectorises). Each step is one instruction of the plan, so the planner
+/// sees every step's saved tensors; the arithmetic is the whole-sequence kernel's, step by step.
 #[allow(clippy::too_many_arguments)]
-pub fn rnn_fwd<T: Real>(
+pub fn rnn_fwd_step<T: Real>(
     g: &RnnGeom,
     n: usize,
+    t: usize,
     xg: &[T],
     w: &[T],
     b: &[T],
     gates: &mut [T],
+    prev: &[T],
     state: &mut [T],
     y: &mut [T],
+    r: &mut [T],
     scratch: &mut [T],
 ) {
     let (t_len, h, gw) = (g.seq, g.hidden, g.gate_width());
@@ -116,105 +140,101 @@ pub fn rnn_fwd<T: Real>(
     match g.cell {
         Cell::Lstm => {
             // Both biases go into the pre-activations before the recurrent GEMM adds h·W_hhᵀ.
-            for (dst, src) in gates[..n * gs]
-                .chunks_exact_mut(gw)
-                .zip(xg.chunks_exact(gw))
-            {
+            for (s, dst) in gates[..n * gw].chunks_exact_mut(gw).enumerate() {
+                let src = &xg[s * gs + t * gw..s * gs + (t + 1) * gw];
                 for ((d, &x), &bb) in dst.iter_mut().zip(src).zip(b) {
                     *d = x + bb;
                 }
             }
-            for t in 0..t_len {
-                if t > 0 {
-                    gemm(
-                        n,
-                        gw,
-                        h,
-                        MatRef::row_major(&y[(t - 1) * h..], ys),
-                        MatRef::row_major_t(w, h),
-                        &mut gates[t * gw..],
-                        gs,
-                        true,
-                        scratch,
-                    );
+            if t > 0 {
+                gemm(
+                    n,
+                    gw,
+                    h,
+                    MatRef::row_major(&y[(t - 1) * h..], ys),
+                    MatRef::row_major_t(w, h),
+                    gates,
+                    gw,
+                    true,
+                    scratch,
+                );
+            }
+            for s in 0..n {
+                let gr = &mut gates[s * gw..(s + 1) * gw];
+                let (ifg, o) = gr.split_at_mut(3 * h);
+                let (i_f, gg) = ifg.split_at_mut(2 * h);
+                act_fwd_inplace(Act::Sigmoid, i_f);
+                act_fwd_inplace(Act::Sigmoid, o);
+                act_fwd_inplace(Act::Tanh, gg);
+                let (i, f) = i_f.split_at(h);
+                let c = &mut state[s * h..(s + 1) * h];
+                // c = f·c_{t−1} + i·g (c_{−1} = 0).
+                for ((c, &i), &g) in c.iter_mut().zip(i).zip(&*gg) {
+                    *c = i * g;
                 }
-                for s in 0..n {
-                    let gr = &mut gates[s * gs + t * gw..s * gs + (t + 1) * gw];
-                    let (ifg, o) = gr.split_at_mut(3 * h);
-                    let (i_f, gg) = ifg.split_at_mut(2 * h);
-                    act_fwd_inplace(Act::Sigmoid, i_f);
-                    act_fwd_inplace(Act::Sigmoid, o);
-                    act_fwd_inplace(Act::Tanh, gg);
-                    let (i, f) = i_f.split_at(h);
-                    let base = s * ys + t * h;
-                    let (before, after) = state.split_at_mut(base);
-                    let c = &mut after[..h];
-                    // c = f·c_{t−1} + i·g (c_{−1} = 0).
-                    for ((c, &i), &g) in c.iter_mut().zip(i).zip(&*gg) {
-                        *c = i * g;
+                if t > 0 {
+                    for ((c, &f), &p) in c.iter_mut().zip(f).zip(&prev[s * h..(s + 1) * h]) {
+                        *c += f * p;
                     }
-                    if t > 0 {
-                        for ((c, &f), &p) in c.iter_mut().zip(f).zip(&before[base - h..]) {
-                            *c += f * p;
-                        }
-                    }
-                    // h = o·tanh(c).
-                    let y_out = &mut y[base..base + h];
-                    act_fwd(Act::Tanh, c, y_out);
-                    for (y, &o) in y_out.iter_mut().zip(&*o) {
-                        *y *= o;
-                    }
+                }
+                // h = o·tanh(c).
+                let base = s * ys + t * h;
+                let y_out = &mut y[base..base + h];
+                act_fwd(Act::Tanh, c, y_out);
+                for (y, &o) in y_out.iter_mut().zip(&*o) {
+                    *y *= o;
                 }
             }
         }
         Cell::Gru => {
             let (hg, scratch) = scratch.split_at_mut(n * gw);
-            gates[..n * gs].copy_from_slice(&xg[..n * gs]);
-            for t in 0..t_len {
-                for row in hg.chunks_exact_mut(gw) {
-                    row.copy_from_slice(&b[..gw]);
+            for (s, dst) in gates[..n * gw].chunks_exact_mut(gw).enumerate() {
+                dst.copy_from_slice(&xg[s * gs + t * gw..s * gs + (t + 1) * gw]);
+            }
+            for row in hg.chunks_exact_mut(gw) {
+                row.copy_from_slice(&b[..gw]);
+            }
+            if t > 0 {
+                gemm(
+                    n,
+                    gw,
+                    h,
+                    MatRef::row_major(&y[(t - 1) * h..], ys),
+                    MatRef::row_major_t(w, h),
+                    hg,
+                    gw,
+                    true,
+                    scratch,
+                );
+            }
+            for s in 0..n {
+                let gr = &mut gates[s * gw..(s + 1) * gw];
+                let hr = &hg[s * gw..(s + 1) * gw];
+                let (rz, nn) = gr.split_at_mut(2 * h);
+                // r, z = σ(x + h·W_hhᵀ + b_hh).
+                for (v, &q) in rz.iter_mut().zip(&hr[..2 * h]) {
+                    *v += q;
+                }
+                act_fwd_inplace(Act::Sigmoid, rz);
+                // n = tanh(x_n + r·(W_hn·h + b_hn)).
+                let hn = &hr[2 * h..];
+                for ((v, &r), &q) in nn.iter_mut().zip(&rz[..h]).zip(hn) {
+                    *v += r * q;
+                }
+                act_fwd_inplace(Act::Tanh, nn);
+                state[s * h..(s + 1) * h].copy_from_slice(hn);
+                let base = s * ys + t * h;
+                r[base..base + h].copy_from_slice(&rz[..h]);
+                // h = (1 − z)·n + z·h_{t−1} (h_{−1} = 0).
+                let (before, after) = y.split_at_mut(base);
+                let y_out = &mut after[..h];
+                let z = &rz[h..];
+                for ((y, &z), &nv) in y_out.iter_mut().zip(z).zip(&*nn) {
+                    *y = (T::ONE - z) * nv;
                 }
                 if t > 0 {
-                    gemm(
-                        n,
-                        gw,
-                        h,
-                        MatRef::row_major(&y[(t - 1) * h..], ys),
-                        MatRef::row_major_t(w, h),
-                        hg,
-                        gw,
-                        true,
-                        scratch,
-                    );
-                }
-                for s in 0..n {
-                    let gr = &mut gates[s * gs + t * gw..s * gs + (t + 1) * gw];
-                    let hr = &hg[s * gw..(s + 1) * gw];
-                    let (rz, nn) = gr.split_at_mut(2 * h);
-                    // r, z = σ(x + h·W_hhᵀ + b_hh).
-                    for (v, &q) in rz.iter_mut().zip(&hr[..2 * h]) {
-                        *v += q;
-                    }
-                    act_fwd_inplace(Act::Sigmoid, rz);
-                    // n = tanh(x_n + r·(W_hn·h + b_hn)).
-                    let hn = &hr[2 * h..];
-                    for ((v, &r), &q) in nn.iter_mut().zip(&rz[..h]).zip(hn) {
-                        *v += r * q;
-                    }
-                    act_fwd_inplace(Act::Tanh, nn);
-                    let base = s * ys + t * h;
-                    state[base..base + h].copy_from_slice(hn);
-                    // h = (1 − z)·n + z·h_{t−1} (h_{−1} = 0).
-                    let (before, after) = y.split_at_mut(base);
-                    let y_out = &mut after[..h];
-                    let z = &rz[h..];
-                    for ((y, &z), &nv) in y_out.iter_mut().zip(z).zip(&*nn) {
-                        *y = (T::ONE - z) * nv;
-                    }
-                    if t > 0 {
-                        for ((y, &z), &p) in y_out.iter_mut().zip(z).zip(&before[base - h..]) {
-                            *y += z * p;
-                        }
+                    for ((y, &z), &p) in y_out.iter_mut().zip(z).zip(&before[base - h..]) {
+                        *y += z * p;
                     }
                 }
             }
@@ -222,157 +242,160 @@ pub fn rnn_fwd<T: Real>(
     }
 }
 
-/// Input derivative of `n` sequences: back-propagation through time from `dy` (every `h_t`'s
-/// derivative) with the saved `gates`, `state` and output `y`; writes `dxg`, the derivative of the
-/// gate pre-activations (overwritten: the layer's input has no other reader).
+/// Backward step `t` of `n` sequences (back-propagation through time walks `t` from `seq − 1` down to
+/// 0, one instruction each): from `dy` (every `h_t`'s derivative, `[n, seq, hidden]`), the step's
+/// saved `gates` and `state`, the previous step's state `prev` (the LSTM's `c_{t−1}`; unused at
+/// `t = 0` and by the GRU) and the output `y` (the GRU reads `h_{t−1}`), writes rows `t` of `dxg`
+/// (`[n, seq, G·hidden]`, the gate pre-activations' derivative; overwritten: the layer's input has no
+/// other reader). `carry` holds the derivatives carried between steps ([`rnn_carry_len`]): zeroed at
+/// `t = seq − 1`, read and left for step `t − 1` after.
 #[allow(clippy::too_many_arguments)]
-pub fn rnn_grad_x<T: Real>(
+pub fn rnn_grad_x_step<T: Real>(
     g: &RnnGeom,
     n: usize,
+    t: usize,
     dy: &[T],
     w: &[T],
     gates: &[T],
+    prev: &[T],
     state: &[T],
     y: &[T],
     dxg: &mut [T],
+    carry: &mut [T],
     scratch: &mut [T],
 ) {
     let (t_len, h, gw) = (g.seq, g.hidden, g.gate_width());
     let (ys, gs) = (t_len * h, t_len * gw);
     let one = T::ONE;
-    let (dh, scratch) = scratch.split_at_mut(n * h);
-    dh.iter_mut().for_each(|v| *v = T::ZERO);
+    let carry = &mut carry[..rnn_carry_len(g, n)];
+    if t + 1 == t_len {
+        carry.iter_mut().for_each(|v| *v = T::ZERO);
+    }
+    let (dh, dc) = carry.split_at_mut(n * h);
     match g.cell {
         Cell::Lstm => {
-            let (dc, scratch) = scratch.split_at_mut(n * h);
             let (tc, scratch) = scratch.split_at_mut(h);
-            dc.iter_mut().for_each(|v| *v = T::ZERO);
-            for t in (0..t_len).rev() {
-                for s in 0..n {
-                    let gr = &gates[s * gs + t * gw..s * gs + (t + 1) * gw];
-                    let (gi, gf, gg, go) =
-                        (&gr[..h], &gr[h..2 * h], &gr[2 * h..3 * h], &gr[3 * h..]);
-                    let dr = &mut dxg[s * gs + t * gw..s * gs + (t + 1) * gw];
-                    let (di, rest) = dr.split_at_mut(h);
-                    let (df, rest) = rest.split_at_mut(h);
-                    let (dg, d_o) = rest.split_at_mut(h);
-                    let base = s * ys + t * h;
-                    let dht = &mut dh[s * h..(s + 1) * h];
-                    let dct = &mut dc[s * h..(s + 1) * h];
-                    // dh_t = dy_t + the carried dh; tanh(c_t).
-                    for (d, &v) in dht.iter_mut().zip(&dy[base..base + h]) {
-                        *d += v;
-                    }
-                    act_fwd(Act::Tanh, &state[base..base + h], tc);
-                    // do = dh·tanh(c)·o(1 − o); dc = dh·o·(1 − tanh²c) + the carried dc.
-                    for (((d, &dh), &tc), &o) in d_o.iter_mut().zip(&*dht).zip(&*tc).zip(go) {
-                        *d = dh * tc * o * (one - o);
-                    }
-                    for (((dc, &dh), &tc), &o) in dct.iter_mut().zip(&*dht).zip(&*tc).zip(go) {
-                        *dc += dh * o * (one - tc * tc);
-                    }
-                    // di = dc·g·i(1 − i); dg = dc·i·(1 − g²); df = dc·c_{t−1}·f(1 − f).
-                    for (((d, &dc), &g), &i) in di.iter_mut().zip(&*dct).zip(gg).zip(gi) {
-                        *d = dc * g * i * (one - i);
-                    }
-                    for (((d, &dc), &g), &i) in dg.iter_mut().zip(&*dct).zip(gg).zip(gi) {
-                        *d = dc * i * (one - g * g);
-                    }
-                    if t > 0 {
-                        let prev = &state[base - h..base];
-                        for (((d, &dc), &p), &f) in df.iter_mut().zip(&*dct).zip(prev).zip(gf) {
-                            *d = dc * p * f * (one - f);
-                        }
-                    } else {
-                        df.iter_mut().for_each(|d| *d = T::ZERO);
-                    }
-                    // The carried dc_{t−1} = dc·f.
-                    for (dc, &f) in dct.iter_mut().zip(gf) {
-                        *dc *= f;
-                    }
+            for s in 0..n {
+                let gr = &gates[s * gw..(s + 1) * gw];
+                let (gi, gf, gg, go) = (&gr[..h], &gr[h..2 * h], &gr[2 * h..3 * h], &gr[3 * h..]);
+                let dr = &mut dxg[s * gs + t * gw..s * gs + (t + 1) * gw];
+                let (di, rest) = dr.split_at_mut(h);
+                let (df, rest) = rest.split_at_mut(h);
+                let (dg, d_o) = rest.split_at_mut(h);
+                let base = s * ys + t * h;
+                let dht = &mut dh[s * h..(s + 1) * h];
+                let dct = &mut dc[s * h..(s + 1) * h];
+                // dh_t = dy_t + the carried dh; tanh(c_t).
+                for (d, &v) in dht.iter_mut().zip(&dy[base..base + h]) {
+                    *d += v;
+                }
+                act_fwd(Act::Tanh, &state[s * h..(s + 1) * h], tc);
+                // do = dh·tanh(c)·o(1 − o); dc = dh·o·(1 − tanh²c) + the carried dc.
+                for (((d, &dh), &tc), &o) in d_o.iter_mut().zip(&*dht).zip(&*tc).zip(go) {
+                    *d = dh * tc * o * (one - o);
+                }
+                for (((dc, &dh), &tc), &o) in dct.iter_mut().zip(&*dht).zip(&*tc).zip(go) {
+                    *dc += dh * o * (one - tc * tc);
+                }
+                // di = dc·g·i(1 − i); dg = dc·i·(1 − g²); df = dc·c_{t−1}·f(1 − f).
+                for (((d, &dc), &g), &i) in di.iter_mut().zip(&*dct).zip(gg).zip(gi) {
+                    *d = dc * g * i * (one - i);
+                }
+                for (((d, &dc), &g), &i) in dg.iter_mut().zip(&*dct).zip(gg).zip(gi) {
+                    *d = dc * i * (one - g * g);
                 }
                 if t > 0 {
-                    // dh_{t−1} = dg_t·W_hh.
-                    gemm(
-                        n,
-                        h,
-                        gw,
-                        MatRef::row_major(&dxg[t * gw..], gs),
-                        MatRef::row_major(w, h),
-                        dh,
-                        h,
-                        false,
-                        scratch,
-                    );
+                    let p = &prev[s * h..(s + 1) * h];
+                    for (((d, &dc), &p), &f) in df.iter_mut().zip(&*dct).zip(p).zip(gf) {
+                        *d = dc * p * f * (one - f);
+                    }
+                } else {
+                    df.iter_mut().for_each(|d| *d = T::ZERO);
                 }
+                // The carried dc_{t−1} = dc·f.
+                for (dc, &f) in dct.iter_mut().zip(gf) {
+                    *dc *= f;
+                }
+            }
+            if t > 0 {
+                // dh_{t−1} = dg_t·W_hh.
+                gemm(
+                    n,
+                    h,
+                    gw,
+                    MatRef::row_major(&dxg[t * gw..], gs),
+                    MatRef::row_major(w, h),
+                    dh,
+                    h,
+                    false,
+                    scratch,
+                );
             }
         }
         Cell::Gru => {
             let (dhg, scratch) = scratch.split_at_mut(n * gw);
-            for t in (0..t_len).rev() {
-                for s in 0..n {
-                    let gr = &gates[s * gs + t * gw..s * gs + (t + 1) * gw];
-                    let (gr_r, gr_z, gr_n) = (&gr[..h], &gr[h..2 * h], &gr[2 * h..]);
-                    let dr = &mut dxg[s * gs + t * gw..s * gs + (t + 1) * gw];
-                    let (dr_r, rest) = dr.split_at_mut(h);
-                    let (dr_z, dr_n) = rest.split_at_mut(h);
-                    let dq = &mut dhg[s * gw..(s + 1) * gw];
-                    let base = s * ys + t * h;
-                    let hn = &state[base..base + h];
-                    let dht = &mut dh[s * h..(s + 1) * h];
-                    for (d, &v) in dht.iter_mut().zip(&dy[base..base + h]) {
-                        *d += v;
-                    }
-                    // dn = dh·(1 − z)·(1 − n²); dz = dh·(h_{t−1} − n)·z(1 − z);
-                    // dr = dn·(W_hn·h + b_hn)·r(1 − r).
-                    for (((d, &dh), &z), &nv) in dr_n.iter_mut().zip(&*dht).zip(gr_z).zip(gr_n) {
-                        *d = dh * (one - z) * (one - nv * nv);
-                    }
-                    for (((d, &dh), &z), &nv) in dr_z.iter_mut().zip(&*dht).zip(gr_z).zip(gr_n) {
-                        *d = -dh * nv * z * (one - z);
-                    }
-                    if t > 0 {
-                        let prev = &y[base - h..base];
-                        for (((d, &dh), &z), &p) in dr_z.iter_mut().zip(&*dht).zip(gr_z).zip(prev) {
-                            *d += dh * p * z * (one - z);
-                        }
-                    }
-                    for (((d, &dn), &q), &r) in dr_r.iter_mut().zip(&*dr_n).zip(hn).zip(gr_r) {
-                        *d = dn * q * r * (one - r);
-                    }
-                    // The recurrent GEMM's output derivative: (dr, dz, r·dn).
-                    let (dq_rz, dq_n) = dq.split_at_mut(2 * h);
-                    dq_rz[..h].copy_from_slice(dr_r);
-                    dq_rz[h..].copy_from_slice(dr_z);
-                    for ((d, &dn), &r) in dq_n.iter_mut().zip(&*dr_n).zip(gr_r) {
-                        *d = dn * r;
-                    }
-                    // The direct path: dh_{t−1} = dh·z (+ the GEMM below).
-                    for (d, &z) in dht.iter_mut().zip(gr_z) {
-                        *d *= z;
-                    }
+            for s in 0..n {
+                let gr = &gates[s * gw..(s + 1) * gw];
+                let (gr_r, gr_z, gr_n) = (&gr[..h], &gr[h..2 * h], &gr[2 * h..]);
+                let dr = &mut dxg[s * gs + t * gw..s * gs + (t + 1) * gw];
+                let (dr_r, rest) = dr.split_at_mut(h);
+                let (dr_z, dr_n) = rest.split_at_mut(h);
+                let dq = &mut dhg[s * gw..(s + 1) * gw];
+                let base = s * ys + t * h;
+                let hn = &state[s * h..(s + 1) * h];
+                let dht = &mut dh[s * h..(s + 1) * h];
+                for (d, &v) in dht.iter_mut().zip(&dy[base..base + h]) {
+                    *d += v;
+                }
+                // dn = dh·(1 − z)·(1 − n²); dz = dh·(h_{t−1} − n)·z(1 − z);
+                // dr = dn·(W_hn·h + b_hn)·r(1 − r).
+                for (((d, &dh), &z), &nv) in dr_n.iter_mut().zip(&*dht).zip(gr_z).zip(gr_n) {
+                    *d = dh * (one - z) * (one - nv * nv);
+                }
+                for (((d, &dh), &z), &nv) in dr_z.iter_mut().zip(&*dht).zip(gr_z).zip(gr_n) {
+                    *d = -dh * nv * z * (one - z);
                 }
                 if t > 0 {
-                    // dh_{t−1} = dh_t∘z + dg_t·W_hh.
-                    gemm(
-                        n,
-                        h,
-                        gw,
-                        MatRef::row_major(dhg, gw),
-                        MatRef::row_major(w, h),
-                        dh,
-                        h,
-                        true,
-                        scratch,
-                    );
+                    let p = &y[base - h..base];
+                    for (((d, &dh), &z), &p) in dr_z.iter_mut().zip(&*dht).zip(gr_z).zip(p) {
+                        *d += dh * p * z * (one - z);
+                    }
                 }
+                for (((d, &dn), &q), &r) in dr_r.iter_mut().zip(&*dr_n).zip(hn).zip(gr_r) {
+                    *d = dn * q * r * (one - r);
+                }
+                // The recurrent GEMM's output derivative: (dr, dz, r·dn).
+                let (dq_rz, dq_n) = dq.split_at_mut(2 * h);
+                dq_rz[..h].copy_from_slice(dr_r);
+                dq_rz[h..].copy_from_slice(dr_z);
+                for ((d, &dn), &r) in dq_n.iter_mut().zip(&*dr_n).zip(gr_r) {
+                    *d = dn * r;
+                }
+                // The direct path: dh_{t−1} = dh·z (+ the GEMM below).
+                for (d, &z) in dht.iter_mut().zip(gr_z) {
+                    *d *= z;
+                }
+            }
+            if t > 0 {
+                // dh_{t−1} = dh_t∘z + dg_t·W_hh.
+                gemm(
+                    n,
+                    h,
+                    gw,
+                    MatRef::row_major(dhg, gw),
+                    MatRef::row_major(w, h),
+                    dh,
+                    h,
+                    true,
+                    scratch,
+                );
             }
         }
     }
 }
 
-/// Weight gradients of `n` sequences from `dxg` (written by [`rnn_grad_x`]), the output `y` and the
-/// saved `gates` (the GRU's reset gate): `dW_hh = Σ_{s, t≥1} dg[s,t]ᵀ·y[s,t−1]`, `db_hh = Σ dg` (added
+/// Weight gradients of `n` sequences from `dxg` (written by [`rnn_grad_x_step`]), the output `y` and
+/// the GRU's reset gate `r` (`[n, seq, hidden]`, kept by [`rnn_fwd_step`]; unused by the LSTM): `dW_hh = Σ_{s, t≥1} dg[s,t]ᵀ·y[s,t−1]`, `db_hh = Σ dg` (added
 /// into `dw`, `db` when `accumulate`). One GEMM per chunk of samples against their `y` shifted by one
 /// step (a zero row at `t = 0`).
 #[allow(clippy::too_many_arguments)]
@@ -380,7 +403,7 @@ pub fn rnn_grad_w<T: Real>(
     g: &RnnGeom,
     n: usize,
     dxg: &[T],
-    gates: &[T],
+    r: &[T],
     y: &[T],
     dw: &mut [T],
     db: &mut [T],
@@ -417,14 +440,14 @@ pub fn rnn_grad_w<T: Real>(
         let dq: &[T] = match g.cell {
             Cell::Lstm => dgs,
             Cell::Gru => {
-                let gr = &gates[s0 * gs..(s0 + c) * gs];
+                let gr = &r[s0 * ys..(s0 + c) * ys];
                 for ((q, d), r) in tmp
                     .chunks_exact_mut(gw)
                     .zip(dgs.chunks_exact(gw))
-                    .zip(gr.chunks_exact(gw))
+                    .zip(gr.chunks_exact(h))
                 {
                     q[..2 * h].copy_from_slice(&d[..2 * h]);
-                    for ((q, &d), &r) in q[2 * h..].iter_mut().zip(&d[2 * h..]).zip(&r[..h]) {
+                    for ((q, &d), &r) in q[2 * h..].iter_mut().zip(&d[2 * h..]).zip(r) {
                         *q = d * r;
                     }
                 }

@@ -23,6 +23,7 @@ pub use space::{SpaceId, SpaceLayout};
 use crate::backend::Placement;
 use crate::budget::{Budget, BudgetError};
 use crate::graph::{scratch_slot, Graph, Node, NodeOp, Share, TensorId, TensorKind};
+use crate::ops::rnn::Cell;
 
 /// An execution order: the index of an instruction in the step's program.
 pub type Eo = u32;
@@ -63,6 +64,14 @@ pub enum Phase {
     /// one, which may live in another space (its [`TensorLife::space`]). Both are live here: the old
     /// segment ends at the move, the new one begins at it. `Instr::node` holds the *tensor id*.
     Move = 10,
+    /// One time step of a recurrent layer's forward ([`crate::graph::Node::bptt`]): `Instr::step` says
+    /// which. The layer has no [`Phase::Forward`]; its steps run in order, each writing its own saved
+    /// tensors (and the step's rows of the output).
+    StepFwd = 11,
+    /// One time step of a recurrent layer's backward through time (its input derivative; steps in
+    /// reverse order, `Instr::step` says which), reading that step's saved tensors for the last time.
+    /// The layer has no [`Phase::GradX`].
+    StepBwd = 12,
 }
 
 impl Phase {
@@ -80,12 +89,14 @@ impl Phase {
             Phase::Pack => "PK",
             Phase::Unpack => "UP",
             Phase::Move => "MV",
+            Phase::StepFwd => "SF",
+            Phase::StepBwd => "SB",
         }
     }
 }
 
-/// One instruction of a plan. `node` + `phase` + `mb` is its stable logical id, so two plans can be lined
-/// up when the budget changes.
+/// One instruction of a plan. `node` + `phase` + `mb` + `step` is its stable logical id, so two plans can
+/// be lined up when the budget changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Instr {
     /// Node index (`u16::MAX` for the loss).
@@ -96,6 +107,9 @@ pub struct Instr {
     pub mb: u16,
     /// Backend that runs it.
     pub placement: Placement,
+    /// The time step of a recurrent layer's [`Phase::StepFwd`]/[`Phase::StepBwd`]; 0 for every other
+    /// phase.
+    pub step: u16,
 }
 
 /// Node index used by the loss instruction.
@@ -111,6 +125,7 @@ impl Instr {
             phase,
             mb,
             placement: Placement::Cpu,
+            step: 0,
         })
     }
 
@@ -128,6 +143,7 @@ impl Instr {
             phase,
             mb: 0,
             placement: Placement::Cpu,
+            step: 0,
         })
     }
 
@@ -145,6 +161,7 @@ impl Instr {
             phase: Phase::Move,
             mb: 0,
             placement: Placement::Cpu,
+            step: 0,
         })
     }
 
@@ -237,16 +254,29 @@ pub fn step_program(g: &Graph, m: u16) -> Vec<Instr> {
         phase,
         mb,
         placement: Placement::Cpu,
+        step: 0,
+    };
+    let step = |node: usize, phase, mb, step| Instr {
+        node: node as u16,
+        phase,
+        mb,
+        placement: Placement::Cpu,
+        step,
     };
     for mb in 0..m {
-        for i in 0..g.nodes.len() {
-            program.push(ins(i, Phase::Forward, mb));
+        for (i, n) in g.nodes.iter().enumerate() {
+            match n.bptt {
+                // A recurrent layer unrolled over time: one instruction per step.
+                Some(b) => program.extend((0..b.steps).map(|t| step(i, Phase::StepFwd, mb, t))),
+                None => program.push(ins(i, Phase::Forward, mb)),
+            }
         }
         program.push(Instr {
             node: LOSS_NODE,
             phase: Phase::Loss,
             mb,
             placement: Placement::Cpu,
+            step: 0,
         });
         for i in (0..g.nodes.len()).rev() {
             let n = &g.nodes[i];
@@ -254,7 +284,13 @@ pub fn step_program(g: &Graph, m: u16) -> Vec<Instr> {
             // gradient phase reads.
             let x_first = matches!(n.op, NodeOp::Rnn(_));
             if x_first && n.has_grad_x(g) {
-                program.push(ins(i, Phase::GradX, mb));
+                match n.bptt {
+                    // Back through time: the last step first.
+                    Some(b) => {
+                        program.extend((0..b.steps).rev().map(|t| step(i, Phase::StepBwd, mb, t)))
+                    }
+                    None => program.push(ins(i, Phase::GradX, mb)),
+                }
             }
             if n.has_grad_w() {
                 program.push(ins(i, Phase::GradW, mb));
@@ -325,13 +361,50 @@ pub fn touches(g: &Graph, ins: &Instr, out: &mut Vec<TensorId>) {
             }
             out.extend(n.scratch[scratch_slot::FWD]);
         }
+        Phase::StepFwd | Phase::StepBwd => {
+            let (Some(b), NodeOp::Rnn(rg)) = (n.bptt, &n.op) else {
+                return;
+            };
+            let t = ins.step;
+            if t >= b.steps {
+                return;
+            }
+            // The LSTM's step reads the previous step's cell (forward: c_{t−1}; backward: df).
+            let prev = (t > 0 && rg.cell == Cell::Lstm).then(|| b.state(t - 1));
+            if ins.phase == Phase::StepFwd {
+                // The projection's rows t, h_{t−1} and h_t, W_hh and b_hh, the step's own saved
+                // tensors and the GRU's reset gates.
+                out.extend(n.inputs.iter().copied());
+                out.push(n.out);
+                out.extend(n.params.iter().map(|p| p.value));
+                out.extend(prev);
+                out.push(b.gates(t));
+                out.push(b.state(t));
+                out.extend(b.r);
+                out.extend(n.scratch[scratch_slot::FWD]);
+            } else {
+                // dy_t, the input derivative's rows t, W_hh, the GRU's h_{t−1}, the step's saved
+                // tensors (their last use) and the carried derivatives.
+                out.extend(n.d_out);
+                out.extend(n.d_in.iter().flatten().map(|d| d.0));
+                out.extend(n.params.first().map(|p| p.value));
+                if rg.cell == Cell::Gru {
+                    out.push(n.out);
+                }
+                out.extend(prev);
+                out.push(b.gates(t));
+                out.push(b.state(t));
+                out.extend(b.carry);
+                out.extend(n.scratch[scratch_slot::GRAD_X]);
+            }
+        }
         Phase::GradW if matches!(n.op, NodeOp::Rnn(_)) => {
-            // The input derivative (the gates' derivative, written by the derivative phase before
-            // it), every h_t and the saved gates; not the input.
+            // The input derivative (the gates' derivative, written by the backward steps before
+            // it), every h_t and the GRU's reset gates; not the input.
             out.extend(n.d_in.iter().flatten().map(|d| d.0));
             out.push(n.out);
             out.extend(n.params.iter().filter_map(|p| p.grad));
-            out.extend(n.saved.iter().copied());
+            out.extend(n.bptt.and_then(|b| b.r));
             out.extend(n.scratch[scratch_slot::GRAD_W]);
         }
         Phase::GradW => {
@@ -455,6 +528,20 @@ pub fn fresh_write(g: &Graph, ins: &Instr, t: TensorId, root: bool) -> bool {
         }
         Phase::GradX => n.d_in.iter().flatten().any(|&(d, acc)| d == t && !acc),
         Phase::GradW => ins.mb == 0 && n.params.iter().any(|p| p.grad == Some(t)),
+        // A step writes its own saved tensors; the first step begins the output and the GRU's reset
+        // gates (later steps add their rows to the same value).
+        Phase::StepFwd => n.bptt.is_some_and(|b| {
+            let s = ins.step;
+            s < b.steps
+                && (t == b.gates(s)
+                    || t == b.state(s)
+                    || (s == 0 && (t == n.out || Some(t) == b.r)))
+        }),
+        // The last step (the first to run) begins the input derivative and the carried derivatives.
+        Phase::StepBwd => n.bptt.is_some_and(|b| {
+            u32::from(ins.step) + 1 == u32::from(b.steps)
+                && (Some(t) == b.carry || n.d_in.iter().flatten().any(|&(d, acc)| d == t && !acc))
+        }),
         _ => false,
     }
 }

@@ -251,7 +251,7 @@ proptest! {
         for (node, at) in recomputes {
             let node = node % g.nodes.len() as u16;
             let at = at as usize % (s.program.len() + 1);
-            s.program.insert(at, Instr { node, phase: Phase::Recompute, mb: 0, placement: Placement::Cpu });
+            s.program.insert(at, Instr { node, phase: Phase::Recompute, mb: 0, placement: Placement::Cpu, step: 0 });
         }
         let p = s.plan();
         prop_assert_eq!(s.arena_bytes(), p.arena_bytes);

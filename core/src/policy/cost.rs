@@ -13,14 +13,25 @@ const PHASES: usize = 5;
 
 fn slot(p: Phase) -> usize {
     match p {
-        Phase::Forward | Phase::Recompute => 0,
+        // A recurrent layer's time steps cost a step of its forward or derivative each.
+        Phase::Forward | Phase::Recompute | Phase::StepFwd => 0,
         Phase::GradW => 1,
-        Phase::GradX => 2,
+        Phase::GradX | Phase::StepBwd => 2,
         Phase::Apply => 3,
         Phase::Loss => 4,
         // Swaps are not modelled (`instr_ns` prices them at 0); any slot will do.
         Phase::SpillOut | Phase::SpillIn | Phase::Pack | Phase::Unpack | Phase::Move => 3,
     }
+}
+
+/// Whether instruction phase `p` is measured as phase `ph` by [`CostModel::fit`] (a recurrent layer's
+/// time steps as its forward and derivative).
+fn same(p: Phase, ph: Phase) -> bool {
+    p == ph
+        || matches!(
+            (p, ph),
+            (Phase::StepFwd, Phase::Forward) | (Phase::StepBwd, Phase::GradX)
+        )
 }
 
 /// Per node (plus one for the loss) and phase: `(fixed ns, ns per sample)`.
@@ -62,6 +73,8 @@ pub fn flops_per_sample(g: &Graph, node: usize, phase: Phase) -> u64 {
             // The recurrent GEMM of every step (h·W_hhᵀ forward, dg·W_hh and dgᵀ·h backward).
             2 * (r.seq * r.gate_width() * r.hidden) as u64
         }
+        // One time step's recurrent GEMM.
+        (NodeOp::Rnn(r), Phase::StepFwd | Phase::StepBwd) => 2 * (r.gate_width() * r.hidden) as u64,
         (NodeOp::Norm { .. }, _) => 8 * out,
         (NodeOp::Conv(c), Phase::Forward | Phase::Recompute | Phase::GradW | Phase::GradX) => {
             2 * (c.cin / c.groups * c.kh * c.kw) as u64 * out
@@ -90,9 +103,23 @@ impl CostModel {
             .into_iter()
             .enumerate()
             {
+                // A recurrent layer's forward and derivative run one instruction per time step:
+                // their rows price one step.
+                let steps = g
+                    .nodes
+                    .get(i)
+                    .and_then(|n| n.bptt)
+                    .map_or(1, |b| b.steps.max(1));
+                let per_step = matches!(ph, Phase::Forward | Phase::GradX) && steps > 1;
+                let ph = match (ph, per_step) {
+                    (Phase::Forward, true) => Phase::StepFwd,
+                    (Phase::GradX, true) => Phase::StepBwd,
+                    _ => ph,
+                };
                 let f = flops_per_sample(g, i, ph) as f64;
                 let bytes = g.nodes.get(i).map_or(0.0, |n| {
                     8.0 * (n.out_dims.numel() + n.in_dims[0].numel()) as f64
+                        / if per_step { f64::from(steps) } else { 1.0 }
                 });
                 let params: f64 = g.nodes.get(i).map_or(0.0, |n| {
                     n.params
@@ -124,10 +151,17 @@ impl CostModel {
                 .program
                 .iter()
                 .zip(ns)
-                .filter(|(i, _)| i.node == node && i.phase == ph)
+                .filter(|(i, _)| i.node == node && same(i.phase, ph))
                 .map(|(_, t)| *t)
                 .sum();
-            (v > 0.0).then_some(v)
+            // A recurrent layer's time steps: the mean of its steps (its row prices one step).
+            let k = p
+                .program
+                .iter()
+                .filter(|i| i.node == node && same(i.phase, ph))
+                .count()
+                .max(1);
+            (v > 0.0).then_some(v / k as f64)
         };
         for (i, row) in m.costs.iter_mut().enumerate() {
             let node = if i == g.nodes.len() {
@@ -193,10 +227,13 @@ impl CostModel {
         let step = |b: usize| -> f64 {
             let m = full.div_ceil(b);
             let mut t = 0.0;
-            for (i, _) in g.nodes.iter().enumerate() {
+            for (i, n) in g.nodes.iter().enumerate() {
+                // A recurrent layer's forward and derivative rows price one time step.
+                let steps = n.bptt.map_or(1.0, |b| f64::from(b.steps));
                 for ph in [Phase::Forward, Phase::GradW, Phase::GradX] {
                     let (f, p) = self.costs[i][slot(ph)];
-                    t += m as f64 * (f + p * b as f64);
+                    let k = if ph == Phase::GradW { 1.0 } else { steps };
+                    t += m as f64 * k * (f + p * b as f64);
                 }
             }
             let (f, p) = self.costs[g.nodes.len()][slot(Phase::Loss)];

@@ -144,12 +144,16 @@ pub fn mixed(
     for (eo, ins) in program.iter_mut().enumerate() {
         ins.placement = match ins.phase {
             Phase::Loss => LOSS_PLACEMENT,
-            Phase::Forward | Phase::Recompute | Phase::GradW | Phase::GradX | Phase::Apply => {
-                device_of_node
-                    .get(ins.node as usize)
-                    .copied()
-                    .unwrap_or(Placement::Cpu)
-            }
+            Phase::Forward
+            | Phase::Recompute
+            | Phase::GradW
+            | Phase::GradX
+            | Phase::Apply
+            | Phase::StepFwd
+            | Phase::StepBwd => device_of_node
+                .get(ins.node as usize)
+                .copied()
+                .unwrap_or(Placement::Cpu),
             phase => return Err(MixedError::Unsupported { eo, phase }),
         };
         at.push(space(ins.placement)?.0);
@@ -243,7 +247,7 @@ fn storage_spaces(
 pub fn node_devices(plan: &Plan) -> Vec<Placement> {
     let mut out = vec![Placement::Cpu; plan.graph.nodes.len()];
     for ins in &plan.program {
-        if ins.phase == Phase::Forward {
+        if matches!(ins.phase, Phase::Forward | Phase::StepFwd) {
             if let Some(d) = out.get_mut(ins.node as usize) {
                 *d = ins.placement;
             }

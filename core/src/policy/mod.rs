@@ -521,6 +521,11 @@ fn build_chain(
         if chain.iter().any(|i| i.node as usize == node) {
             continue;
         }
+        // A recurrent layer runs as time steps, never as one recomputed forward: a value that needs
+        // it regenerated is not discarded.
+        if p.graph.nodes[node].bptt.is_some() {
+            return false;
+        }
         for &x in &p.graph.nodes[node].inputs {
             if p.graph.tensors[x as usize].kind == TensorKind::External {
                 continue;
@@ -560,6 +565,7 @@ fn build_chain(
             phase: Phase::Recompute,
             mb,
             placement: Default::default(),
+            step: 0,
         });
     }
     true
@@ -629,7 +635,7 @@ fn values_consistent(g: &Graph, roots: &[TensorId], program: &[Instr]) -> bool {
     let mut last: Vec<Option<usize>> = vec![None; g.tensors.len()];
     let mut mb = u16::MAX;
     for ins in program {
-        if ins.mb != mb && ins.phase == Phase::Forward {
+        if ins.mb != mb && matches!(ins.phase, Phase::Forward | Phase::StepFwd) {
             mb = ins.mb;
             last.iter_mut().for_each(|v| *v = None);
         }
@@ -638,8 +644,12 @@ fn values_consistent(g: &Graph, roots: &[TensorId], program: &[Instr]) -> bool {
         };
         let mut reads: Vec<TensorId> = Vec::new();
         match ins.phase {
-            Phase::GradW | Phase::GradX if matches!(n.op, NodeOp::Rnn(_)) => reads.push(n.out),
-            Phase::Forward | Phase::Recompute => reads.extend(n.inputs.iter().copied()),
+            Phase::GradW | Phase::GradX | Phase::StepBwd if matches!(n.op, NodeOp::Rnn(_)) => {
+                reads.push(n.out)
+            }
+            Phase::Forward | Phase::Recompute | Phase::StepFwd => {
+                reads.extend(n.inputs.iter().copied())
+            }
             Phase::GradW => reads.extend(crate::plan::grad_w_inputs(n).iter().copied()),
             Phase::GradX => match n.op {
                 NodeOp::Act(_) => reads.push(n.out),
@@ -662,7 +672,10 @@ fn values_consistent(g: &Graph, roots: &[TensorId], program: &[Instr]) -> bool {
                 return false;
             }
         }
-        if matches!(ins.phase, Phase::Forward | Phase::Recompute) {
+        if matches!(
+            ins.phase,
+            Phase::Forward | Phase::Recompute | Phase::StepFwd
+        ) {
             last[roots[n.out as usize] as usize] = Some(ins.node as usize);
         }
     }

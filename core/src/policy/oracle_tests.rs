@@ -307,6 +307,7 @@ impl<'a> Emitter<'a> {
             phase,
             mb: 0,
             placement: Default::default(),
+            step: 0,
         });
     }
 
