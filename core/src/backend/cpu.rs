@@ -49,6 +49,9 @@ pub struct CpuBackend<P: WorkerPool = SingleThread> {
     /// The step in progress may switch plans between instructions (an adaptive step): no backward
     /// fusion, whose work spans instructions and is not idempotent like the forward's activation.
     switchable: bool,
+    /// No fused BatchNorm backward (the forward's BatchNorm + activation pass stays): what the
+    /// backward fusion is measured against.
+    no_backward_fusion: bool,
     /// Fused BatchNorm backwards run so far ([`CpuBackend::fused_backward`]).
     backward_fused: u64,
 }
@@ -69,6 +72,7 @@ impl<P: WorkerPool> CpuBackend<P> {
             unfused: false,
             fused: None,
             switchable: false,
+            no_backward_fusion: false,
             backward_fused: 0,
         }
     }
@@ -78,6 +82,15 @@ impl<P: WorkerPool> CpuBackend<P> {
     pub fn unfused(self) -> Self {
         Self {
             unfused: true,
+            ..self
+        }
+    }
+
+    /// This backend without the fused BatchNorm backward, the forward's BatchNorm + activation pass
+    /// kept (the same results: what `cargo xtask bench budget --mobilenet-fusion` compares with).
+    pub fn without_backward_fusion(self) -> Self {
+        Self {
+            no_backward_fusion: true,
             ..self
         }
     }
@@ -263,7 +276,7 @@ impl<P: WorkerPool> LayerOps for CpuBackend<P> {
         {
             return Ok(()); // the fused BatchNorm backward wrote this input derivative
         }
-        if !self.unfused && !self.switchable {
+        if !(self.unfused || self.no_backward_fusion || self.switchable) {
             if let Some((act, bn, w_eo, x_eo)) = fused_bn_grad(cx, node) {
                 if bn_grad_fused(cx, host, node, act, bn, w_eo, x_eo)? {
                     self.fused = Some((plan_key(cx.plan), cx.eo + 1));
