@@ -26,11 +26,12 @@ fn spec() -> ModelSpec {
 /// Losses of 2 steps on fixed samples, then every persistent tensor (weights, optimizer state,
 /// BatchNorm running statistics).
 fn train(p: &Plan) -> Vec<f32> {
-    train_on(p, CpuBackend::new(), &mut |_, _| {})
+    train_on(p, CpuBackend::new(), &mut |_, _| {}).0
 }
 
-/// [`train`] on `backend`, calling `after(eo, aligned arena)` after every instruction of the first step.
-fn train_on(p: &Plan, backend: CpuBackend, after: &mut dyn FnMut(usize, &[u8])) -> Vec<f32> {
+/// [`train`] on `backend`, calling `after(eo, aligned arena)` after every instruction of the first step;
+/// also the number of fused BatchNorm backwards the backend ran ([`CpuBackend::fused_backward`]).
+fn train_on(p: &Plan, backend: CpuBackend, after: &mut dyn FnMut(usize, &[u8])) -> (Vec<f32>, u64) {
     let mut arena = vec![0xA5u8; p.needed_bytes()];
     let mut ex = Executor::with_backend(p, &arena, backend).unwrap();
     ex.init_params(&mut arena, 5).unwrap();
@@ -54,7 +55,7 @@ fn train_on(p: &Plan, backend: CpuBackend, after: &mut dyn FnMut(usize, &[u8])) 
     for (_, _, t) in ex.state_tensors().collect::<Vec<_>>() {
         out.extend_from_slice(ex.read(&mut arena, t).unwrap());
     }
-    out
+    (out, ex.backend().fused_backward())
 }
 
 #[test]
@@ -135,7 +136,8 @@ fn policy_plans_are_bit_exact_with_the_plain_plan_and_fit() {
 /// The CPU backend runs a training BatchNorm and the ReLU6 in place right after it as one pass (the
 /// activation applied as the BatchNorm writes; the ReLU6 instruction then does nothing), forward and
 /// recompute: the same bits as the two in turn, and it does happen — right after such a BatchNorm
-/// instruction its output already lies in [0, 6].
+/// instruction its output already lies in [0, 6]. Backward, the ReLU6's derivative and the
+/// BatchNorm's gradient and input derivative after it run as one kernel: for every such pair.
 #[test]
 fn batchnorm_and_relu6_as_one_pass_train_bit_identically() {
     let spec = spec();
@@ -184,9 +186,41 @@ fn batchnorm_and_relu6_as_one_pass_train_bit_identically() {
                 clamped += 1;
             }
         };
-        let fused = train_on(p, CpuBackend::new(), &mut seen);
+        // The backward pairs: a ReLU6's derivative right before its BatchNorm's gradient and input
+        // derivative.
+        let backward: Vec<usize> = (0..p.program.len() - 2)
+            .filter(|&eo| {
+                let (a, b, c) = (&p.program[eo], &p.program[eo + 1], &p.program[eo + 2]);
+                let (Some(na), Some(nb)) = (
+                    p.graph.nodes.get(a.node as usize),
+                    p.graph.nodes.get(b.node as usize),
+                ) else {
+                    return false;
+                };
+                a.phase == Phase::GradX
+                    && matches!(na.op, NodeOp::Act(_))
+                    && matches!(nb.op, NodeOp::BatchNorm { .. })
+                    && na.inputs[0] == nb.out
+                    && (b.phase, c.phase, c.node) == (Phase::GradW, Phase::GradX, b.node)
+            })
+            .collect();
+        let (fused, fused_bwd) = train_on(p, CpuBackend::new(), &mut seen);
         assert_eq!(clamped, pairs.len());
-        let apart = train_on(p, CpuBackend::new().unfused(), &mut |_, _| {});
+        // Every BatchNorm + ReLU6 pair of the model (11) in the plain plan; a recomputing plan puts
+        // some recomputations between an activation's derivative and its BatchNorm's (7 of 11 left).
+        if name == "plain" {
+            assert_eq!(backward.len(), 11, "{name}: backward pairs");
+        } else {
+            assert!(!backward.is_empty(), "{name}: no backward pair");
+        }
+        // All of them fused, in both steps.
+        assert_eq!(
+            fused_bwd,
+            2 * backward.len() as u64,
+            "{name}: fused backwards"
+        );
+        let (apart, none) = train_on(p, CpuBackend::new().unfused(), &mut |_, _| {});
+        assert_eq!(none, 0);
         assert!(
             fused
                 .iter()
@@ -194,6 +228,6 @@ fn batchnorm_and_relu6_as_one_pass_train_bit_identically() {
                 .all(|(a, b)| a.to_bits() == b.to_bits()),
             "{name}: the fused step differs"
         );
-        println!("{name}: {} BatchNorm + ReLU6 pairs ({recomputed} recomputed) in one pass, bit-identical", pairs.len());
+        println!("{name}: {} BatchNorm + ReLU6 pairs ({recomputed} recomputed) in one pass, {} backward in one kernel, bit-identical", pairs.len(), backward.len());
     }
 }

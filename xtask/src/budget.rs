@@ -67,13 +67,35 @@ fn fmt_kib(b: usize) -> String {
     format!("{:.1} KiB", b as f64 / 1024.0)
 }
 
-/// `cargo xtask bench budget [--mobilenet]`: every table, or (`--mobilenet`) only MobileNetV2's rows of
-/// the headline and the smallest-budget tables (a few minutes).
+/// `cargo xtask bench budget [--mobilenet | --mobilenet-fusion [--batches B,B…] [--reps N]]`: every
+/// table, or (`--mobilenet`) only MobileNetV2's rows of the headline and the smallest-budget tables (a
+/// few minutes), or (`--mobilenet-fusion`) the CPU backend's fused BatchNorm backward on MobileNetV2's
+/// headline plans against the same plans without it ([`mobilenet_fusion`]).
 pub fn main(args: &[String]) -> Result<(), String> {
+    const USAGE: &str =
+        "usage: cargo xtask bench budget [--mobilenet | --mobilenet-fusion [--batches B,B…] [--reps N]]";
+    if args.first().map(String::as_str) == Some("--mobilenet-fusion") {
+        let (mut batches, mut reps) = (vec![139, 160], MOBILENET_REPS);
+        let mut it = args[1..].iter();
+        while let Some(a) = it.next() {
+            let v = it.next().ok_or(USAGE)?;
+            match a.as_str() {
+                "--batches" => {
+                    batches = v
+                        .split(',')
+                        .map(|b| b.trim().parse::<usize>().map_err(|e| format!("{b}: {e}")))
+                        .collect::<Result<_, _>>()?
+                }
+                "--reps" => reps = v.parse().map_err(|e| format!("--reps {v}: {e}"))?,
+                _ => return Err(USAGE.into()),
+            }
+        }
+        return mobilenet_fusion(&batches, reps.max(1));
+    }
     let only_mobilenet = match args {
         [] => false,
         [a] if a == "--mobilenet" => true,
-        _ => return Err("usage: cargo xtask bench budget [--mobilenet]".into()),
+        _ => return Err(USAGE.into()),
     };
     println!("`cargo xtask bench budget` — 1 thread, synthetic data; ms/step = median of {STEPS} steps, the plans of one row measured in interleaved rounds (one step of each per round), so a row's ratios come from the same moments of the machine.\n");
     let models = [
@@ -361,6 +383,144 @@ fn mobilenet_headline(spec: &ModelSpec, name: &str, budget: usize) -> Result<(),
         println!("| {name} | {} | {base_ms:.2} | {base_sps:.0} | 32 | — (no batch from {least} fits) | — | 1.0× | — |", fmt_kib(budget));
     }
     Ok(())
+}
+
+/// The CPU backend's fused BatchNorm backward (a ReLU6's derivative, the BatchNorm's gradient and input
+/// derivative as one kernel) on MobileNetV2's plans at `batches` for the budget of the batch-32 arena
+/// (the headline's plans, profiled costs), against the same plans without it (the forward's BatchNorm +
+/// ReLU6 pass kept in both): each batch's step checked bit-identical both ways, then `reps`
+/// repetitions of [`MOBILENET_ROUNDS`] interleaved rounds (batch 32 with the fusion, then every batch
+/// fused and unfused, alternating), reported as median ms/step, the fused/unfused step-time ratio and
+/// samples/s relative to batch 32, each with its spread over the repetitions.
+fn mobilenet_fusion(batches: &[usize], reps: usize) -> Result<(), String> {
+    use frugal_core::backend::CpuBackend;
+    let spec = model(MOBILENET)?;
+    let base = Plan::new(Graph::new(&spec, 32).map_err(|e| e.to_string())?);
+    let budget = base.needed_bytes();
+    let mut plans = Vec::new();
+    for &b in batches {
+        let cost = cost_model(&spec, b, true)?;
+        let c = policy::plan_for_budget(&spec, b, Budget::new(budget), PolicyKind::Auto, &cost)
+            .map_err(|e| format!("batch {b}: no plan within {}: {e}", fmt_kib(budget)))?;
+        let f = step_bits_on(&c.plan, b, CpuBackend::new())?;
+        if f.0 != step_bits_on(&c.plan, b, CpuBackend::new().without_backward_fusion())?.0 {
+            return Err(format!("batch {b}: the fused backward changed the step"));
+        }
+        plans.push((b, c, f.1));
+    }
+    struct Run<'p> {
+        ex: Executor<'p, CpuBackend>,
+        arena: Vec<u8>,
+        batch: Batch,
+        times: Vec<f64>,
+    }
+    let mut runs = Vec::new();
+    fn mk(
+        plan: &Plan,
+        n: usize,
+        backend: CpuBackend,
+    ) -> Result<(Executor<'_, CpuBackend>, Vec<u8>, Batch), String> {
+        let mut arena = vec![0u8; plan.needed_bytes()];
+        let mut ex = Executor::with_backend(plan, &arena, backend).map_err(|e| e.to_string())?;
+        ex.init_params(&mut arena, 1).map_err(|e| e.to_string())?;
+        let batch = Batch::new(plan, n);
+        // Warm-up: the arena touched, the code paged in.
+        ex.train_step(&mut arena, &batch.x, batch.target())
+            .map_err(|e| e.to_string())?;
+        Ok((ex, arena, batch))
+    }
+    let (ex, arena, batch) = mk(&base, 32, CpuBackend::new())?;
+    runs.push(Run {
+        ex,
+        arena,
+        batch,
+        times: Vec::new(),
+    });
+    for (b, c, _) in &plans {
+        for backend in [
+            CpuBackend::new(),
+            CpuBackend::new().without_backward_fusion(),
+        ] {
+            let (ex, arena, batch) = mk(&c.plan, *b, backend)?;
+            runs.push(Run {
+                ex,
+                arena,
+                batch,
+                times: Vec::new(),
+            });
+        }
+    }
+    // Per repetition: each run's median ms/step over its rounds.
+    let mut per_rep: Vec<Vec<f64>> = vec![Vec::new(); runs.len()];
+    for _ in 0..reps {
+        for r in runs.iter_mut() {
+            r.times.clear();
+        }
+        for _ in 0..MOBILENET_ROUNDS {
+            for r in runs.iter_mut() {
+                let s = std::time::Instant::now();
+                r.ex.train_step(&mut r.arena, &r.batch.x, r.batch.target())
+                    .map_err(|e| e.to_string())?;
+                r.times.push(s.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        for (k, r) in runs.iter().enumerate() {
+            per_rep[k].push(median(r.times.clone()));
+        }
+    }
+    let spread = |v: &[f64]| {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(0.0, f64::max);
+        format!("{:.2} ({lo:.2}–{hi:.2})", median(v.to_vec()))
+    };
+    let b32 = &per_rep[0];
+    println!("MobileNetV2 0.35, 32×32 (exact BN), plans for the budget of the batch-32 arena ({}), 1 thread: the fused BatchNorm backward against the same plan without it (the forward's BatchNorm + ReLU6 pass in both); medians of {reps} repetitions of {MOBILENET_ROUNDS} interleaved rounds (batch 32, then each batch fused and unfused), spread min–max over the repetitions.\n", fmt_kib(budget));
+    println!("| batch | its plan | fused backwards / step | b32 ms/step | fused ms/step | unfused ms/step | fused / unfused time | × samples/s fused | × samples/s unfused |");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    for (k, (b, c, fused)) in plans.iter().enumerate() {
+        let (f, u) = (&per_rep[1 + 2 * k], &per_rep[2 + 2 * k]);
+        let ratio: Vec<f64> = f.iter().zip(u).map(|(f, u)| f / u).collect();
+        let sps = |t: &[f64]| -> Vec<f64> {
+            t.iter()
+                .zip(b32)
+                .map(|(t, t32)| (*b as f64 / t) / (32.0 / t32))
+                .collect()
+        };
+        println!(
+            "| {b} | {} ({} recomputes) | {fused} | {:.1} | {:.1} | {:.1} | {} | {} | {} |",
+            c.policy.name(),
+            c.recomputes,
+            median(b32.clone()),
+            median(f.clone()),
+            median(u.clone()),
+            spread(&ratio),
+            spread(&sps(f)),
+            spread(&sps(u)),
+        );
+    }
+    Ok(())
+}
+
+/// [`one_step_bits`] on `backend`, and how many fused BatchNorm backwards the step ran.
+fn step_bits_on(
+    plan: &Plan,
+    n: usize,
+    backend: frugal_core::backend::CpuBackend,
+) -> Result<(Vec<u32>, u64), String> {
+    let mut arena = vec![0u8; plan.needed_bytes()];
+    let mut ex = Executor::with_backend(plan, &arena, backend).map_err(|e| e.to_string())?;
+    ex.init_params(&mut arena, 1).map_err(|e| e.to_string())?;
+    let b = Batch::new(plan, n);
+    let loss = ex
+        .train_step(&mut arena, &b.x, b.target())
+        .map_err(|e| e.to_string())?
+        .loss;
+    let mut bits = vec![loss.to_bits()];
+    for (_, _, t) in ex.state_tensors().collect::<Vec<_>>() {
+        let v = ex.read(&mut arena, t).map_err(|e| e.to_string())?;
+        bits.extend(v.iter().map(|x| x.to_bits()));
+    }
+    Ok((bits, ex.backend().fused_backward()))
 }
 
 /// One training step of `plan` on `n` synthetic samples: the loss and every persistent tensor

@@ -26,7 +26,7 @@
 //! - `bench python [--rounds R] [--clients C] [--only fl|overhead]`: the Python package's figures — federated
 //!   (Flower) vs centralised held-out accuracy, each client's arena against its budget per device
 //!   class, and Python's per-call overhead on a digits-MLP step (see `python.rs`, `python/bench/figures.py`).
-//! - `bench budget`: the memory policies — Melon's headline, smallest budgets, Sage's orderings.
+//! - `bench budget [--mobilenet | --mobilenet-fusion [--batches B,B] [--reps N]]`: the memory policies — Melon's headline, smallest budgets, Sage's orderings; MobileNetV2's fused BatchNorm backward against none.
 //! - `bench planning [--reps R] [--batches B,B]`: how long planning for a budget takes, by model, batch and budget.
 //! - `bench swap [--scale S] [--lookahead L] [--budget-mib M] [--steps N] [--rounds R] [--keep-cache]`:
 //!   proactive swap (NNTrainer §4.3) on VGG-16/CIFAR: no swap, on-demand and proactive swap, each in a

@@ -31,16 +31,29 @@ const NO_SEQ: ExecError =
 ///
 /// With `std`, a BatchNorm forward (training or recompute) whose next instruction is a ReLU or ReLU6
 /// over its output in place applies the activation as it writes its output, and that instruction then
-/// does nothing ([`fused_act`]): one pass over the tensor instead of two, the same bits.
+/// does nothing ([`fused_act`]): one pass over the tensor instead of two, the same bits. Backward, the
+/// derivative of such a ReLU or ReLU6 in place, when the BatchNorm's gradient and input derivative (in
+/// place) follow it, runs as one kernel with them, the activation's derivative taken as the
+/// BatchNorm's kernels read their output derivative ([`fused_bn_grad`]): the same bits, the
+/// gradient read twice instead of six times and written once instead of twice.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuBackend<P: WorkerPool = SingleThread> {
     pool: P,
     /// Run every instruction on its own (no BatchNorm + activation pass): the reference the fused
     /// steps are tested against.
     unfused: bool,
-    /// The instruction (plan, execution order) whose work the last BatchNorm forward did: skipped if it
-    /// is the next one dispatched. Cleared by every other dispatch, at every step and plan switch.
+    /// The instruction (plan, execution order) whose work the last BatchNorm forward, or fused
+    /// BatchNorm backward, did: skipped if it is the next one dispatched. Cleared by every other
+    /// dispatch, at every step and plan switch.
     fused: Option<(usize, Eo)>,
+    /// The step in progress may switch plans between instructions (an adaptive step): no backward
+    /// fusion, whose work spans instructions and is not idempotent like the forward's activation.
+    switchable: bool,
+    /// No fused BatchNorm backward (the forward's BatchNorm + activation pass stays): what the
+    /// backward fusion is measured against.
+    no_backward_fusion: bool,
+    /// Fused BatchNorm backwards run so far ([`CpuBackend::fused_backward`]).
+    backward_fused: u64,
 }
 
 impl CpuBackend {
@@ -58,6 +71,9 @@ impl<P: WorkerPool> CpuBackend<P> {
             pool,
             unfused: false,
             fused: None,
+            switchable: false,
+            no_backward_fusion: false,
+            backward_fused: 0,
         }
     }
 
@@ -68,6 +84,21 @@ impl<P: WorkerPool> CpuBackend<P> {
             unfused: true,
             ..self
         }
+    }
+
+    /// This backend without the fused BatchNorm backward, the forward's BatchNorm + activation pass
+    /// kept (the same results: what `cargo xtask bench budget --mobilenet-fusion` compares with).
+    pub fn without_backward_fusion(self) -> Self {
+        Self {
+            no_backward_fusion: true,
+            ..self
+        }
+    }
+
+    /// How many times an activation's derivative and the BatchNorm backward after it ran as one
+    /// kernel (see [`CpuBackend`]), over this backend's life: what the tests check happens.
+    pub fn fused_backward(&self) -> u64 {
+        self.backward_fused
     }
 
     /// The worker pool.
@@ -140,6 +171,57 @@ fn fused_act(cx: &Cx<'_>, node: &Node) -> Option<Act> {
     }
 }
 
+/// The BatchNorm backward a ReLU or ReLU6 derivative at `cx` may run with (see [`CpuBackend`]): the
+/// activation's derivative is in place over the BatchNorm's output derivative, and the next
+/// instructions are that BatchNorm's gradient (if it has one) and its input derivative in place, in
+/// the same micro-batch and placement. Returns the activation, the BatchNorm node and the execution
+/// order of its gradient (None: frozen parameters) and input derivative.
+///
+/// Hosts with `std` only, like [`fused_act`].
+#[cfg(not(feature = "std"))]
+fn fused_bn_grad<'a>(_: &Cx<'a>, _: &Node) -> Option<(Act, &'a Node, Option<Eo>, Eo)> {
+    None
+}
+
+#[cfg(feature = "std")]
+fn fused_bn_grad<'a>(cx: &Cx<'a>, node: &Node) -> Option<(Act, &'a Node, Option<Eo>, Eo)> {
+    let (plan, eo) = (cx.plan, cx.eo);
+    let act = match node.op {
+        NodeOp::Act(a @ (Act::Relu | Act::Relu6)) => a,
+        _ => return None,
+    };
+    // Only the plan's own instruction (not one a plan switch synthesises to regenerate a value).
+    if !core::ptr::eq(cx.ins, plan.program.get(eo as usize)?) {
+        return None;
+    }
+    let (dy, (d, _)) = (node.d_out?, node.d_in.first().copied().flatten()?);
+    if !same(plan, eo, dy, d) {
+        return None;
+    }
+    let along = |e: Eo| {
+        plan.program
+            .get(e as usize)
+            .filter(|i| i.mb == cx.ins.mb && i.placement == cx.ins.placement)
+    };
+    let first = along(eo.checked_add(1)?)?;
+    let bn = plan.graph.nodes.get(first.node as usize)?;
+    if !matches!(bn.op, NodeOp::BatchNorm { train: true, .. })
+        || node.inputs.first() != Some(&bn.out)
+        || bn.d_out != Some(d)
+    {
+        return None;
+    }
+    let (w_eo, x_eo) = match first.phase {
+        Phase::GradW => (Some(eo + 1), eo.checked_add(2)?),
+        Phase::GradX => (None, eo + 1),
+        _ => return None,
+    };
+    let gx = along(x_eo)?;
+    let (bdx, _) = bn.d_in.first().copied().flatten()?;
+    (gx.node == first.node && gx.phase == Phase::GradX && same(plan, x_eo, d, bdx))
+        .then_some((act, bn, w_eo, x_eo))
+}
+
 impl<P: WorkerPool> LayerOps for CpuBackend<P> {
     fn forward(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError> {
         let node = node_of(cx)?;
@@ -181,17 +263,36 @@ impl<P: WorkerPool> LayerOps for CpuBackend<P> {
         )
     }
     fn grad_w(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError> {
-        self.fused = None;
         let node = node_of(cx)?;
+        if self.fused.take() == Some((plan_key(cx.plan), cx.eo))
+            && matches!(node.op, NodeOp::BatchNorm { .. })
+        {
+            // The fused BatchNorm backward wrote this gradient; its input derivative is next.
+            self.fused = Some((plan_key(cx.plan), cx.eo + 1));
+            return Ok(());
+        }
         let pool: &dyn WorkerPool = &self.pool;
         grad_w(pool, cx.plan, cx.eo, host, node, cx.n, cx.x, cx.ins.mb > 0)
     }
     fn grad_x(&mut self, cx: &Cx<'_>, host: &mut [u8]) -> Result<(), ExecError> {
-        self.fused = None;
         let node = node_of(cx)?;
         #[cfg(feature = "seq")]
         if let NodeOp::Rnn(g) = &node.op {
             return rnn_step(cx, host, node, g);
+        }
+        if self.fused.take() == Some((plan_key(cx.plan), cx.eo))
+            && matches!(node.op, NodeOp::BatchNorm { .. })
+        {
+            return Ok(()); // the fused BatchNorm backward wrote this input derivative
+        }
+        if !(self.unfused || self.no_backward_fusion || self.switchable) {
+            if let Some((act, bn, w_eo, x_eo)) = fused_bn_grad(cx, node) {
+                if bn_grad_fused(cx, host, node, act, bn, w_eo, x_eo)? {
+                    self.fused = Some((plan_key(cx.plan), cx.eo + 1));
+                    self.backward_fused += 1;
+                    return Ok(());
+                }
+            }
         }
         let pool: &dyn WorkerPool = &self.pool;
         let ro = Ro { body: cx.params };
@@ -240,8 +341,9 @@ impl<P: WorkerPool> Backend for CpuBackend<P> {
     fn serves(&self, p: Placement) -> bool {
         p == Placement::Cpu
     }
-    fn begin_step(&mut self, _plan: &Plan, _step: &StepStart<'_>) -> Result<(), ExecError> {
+    fn begin_step(&mut self, _plan: &Plan, step: &StepStart<'_>) -> Result<(), ExecError> {
         self.fused = None;
+        self.switchable = step.switchable;
         Ok(())
     }
     /// Checks placements and spaces (the host arena and a read-only parameter space only).
@@ -1887,6 +1989,107 @@ fn bn_grad_x(
         _ => return Err(ExecError::BadPlan("not a BatchNorm layer")),
     }
     Ok(())
+}
+
+/// Channels a fused BatchNorm backward takes at most: its parameter gradients are held on the stack
+/// (16 KiB) until the kernel has read the activation's output, in whose bytes the plan may place them.
+const FUSED_MAX_C: usize = 2048;
+
+/// The ReLU/ReLU6 derivative at `cx` (over `act_node`), the gradient of BatchNorm `bn` (at `w_eo`,
+/// if any) and its input derivative in place (at `x_eo`) as one kernel ([`ops::bn_grad_inplace_then`]):
+/// each operand carved where the instruction that uses it finds it. The gradients are stored once the
+/// kernel is done: only the activation's output may share their bytes (its life ends at `cx`, theirs
+/// starts after it; everything else the kernel touches lives on). Returns false, having written
+/// nothing, for a BatchNorm of more than [`FUSED_MAX_C`] channels or operands that overlap otherwise
+/// (the instructions then run one by one).
+#[inline(never)]
+fn bn_grad_fused(
+    cx: &Cx<'_>,
+    a: &mut [u8],
+    act_node: &Node,
+    act: Act,
+    bn: &Node,
+    w_eo: Option<Eo>,
+    x_eo: Eo,
+) -> Result<bool, ExecError> {
+    let (plan, eo, n) = (cx.plan, cx.eo, cx.n);
+    let NodeOp::BatchNorm { c, hw, .. } = bn.op else {
+        return Err(ExecError::BadPlan("not a BatchNorm layer"));
+    };
+    if c > FUSED_MAX_C {
+        return Ok(false);
+    }
+    let in_elems = n * bn.in_dims[0].numel();
+    let out_elems = n * bn.out_dims.numel();
+    let xin = bn.inputs[0];
+    let (gr, gro) = param(plan, x_eo, bn.params.first().map(|p| p.value), cx.params)?;
+    // The gradients where the BatchNorm's gradient instruction writes them (none without one).
+    let grads = |k: usize| match w_eo {
+        Some(we) => {
+            let p = bn.params.get(k);
+            reg(plan, we, p.and_then(|p| p.grad), p.map_or(0, |p| p.updated))
+        }
+        None => Ok((0, 0)),
+    };
+    let reqs = [
+        reg(plan, eo, Some(act_node.out), out_elems)?,
+        reg(plan, eo, bn.d_out, out_elems)?,
+        reg(plan, x_eo, Some(xin), in_elems)?,
+        whole(plan, x_eo, bn.saved.first().copied())?,
+        whole(plan, x_eo, bn.saved.get(1).copied())?,
+        gr,
+    ];
+    let (greqs, acc_w) = (
+        [grads(0)?, grads(1)?],
+        w_eo.and_then(|e| plan.program.get(e as usize))
+            .is_some_and(|i| i.mb > 0),
+    );
+    // The gradients may overlap the activation's output only; checked before anything is written.
+    if carve(
+        a,
+        [
+            reqs[1], reqs[2], reqs[3], reqs[4], reqs[5], greqs[0], greqs[1],
+        ],
+    )
+    .is_err()
+    {
+        return Ok(false);
+    }
+    let Ok([yb, db, xb, mb, ib, gb]) = carve(a, reqs) else {
+        return Ok(false);
+    };
+    let x = input(plan, xin, xb, cx.x, in_elems)?;
+    let (mut sg, mut sb) = ([0f32; FUSED_MAX_C], [0f32; FUSED_MAX_C]);
+    let (sg, sb) = (&mut sg[..c], &mut sb[..c]);
+    // One monomorphised kernel per activation.
+    macro_rules! run {
+        ($act:expr) => {
+            ops::bn_grad_inplace_then(
+                n,
+                c,
+                hw,
+                x,
+                f32s(yb)?,
+                f32s(db)?,
+                f32s(mb)?,
+                f32s(ib)?,
+                f32_param(gb, gro)?,
+                sg,
+                sb,
+                |y, d| ops::act_grad_one($act, y, d),
+            )
+        };
+    }
+    match act {
+        Act::Relu => run!(Act::Relu),
+        Act::Relu6 => run!(Act::Relu6),
+        _ => return Err(ExecError::BadPlan("no such fused activation")),
+    }
+    // The activation's output is read no more: the gradients may take its bytes now.
+    let [dgb, dbb] = carve(a, greqs)?;
+    ops::bn_grad_w_store(sg, opt_f32(dgb)?, acc_w);
+    ops::bn_grad_w_store(sb, opt_f32(dbb)?, acc_w);
+    Ok(true)
 }
 
 fn apply(plan: &Plan, eo: Eo, a: &mut [u8], node: &Node, ctx: StepCtx) -> Result<(), ExecError> {

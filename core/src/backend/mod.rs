@@ -260,6 +260,12 @@ pub struct StepStart<'a> {
     pub t: u32,
     /// Training (true) or evaluation/prediction.
     pub train: bool,
+    /// The step may switch plans between two instructions ([`Executor::train_step_adaptive`]): then
+    /// after every instruction the arena must hold what the plan says, and a backend must not carry
+    /// one instruction's work into the next (the CPU backend's fused BatchNorm backward).
+    ///
+    /// [`Executor::train_step_adaptive`]: crate::exec::Executor::train_step_adaptive
+    pub switchable: bool,
 }
 
 /// A compute backend: the op families plus what it needs per plan and per step.

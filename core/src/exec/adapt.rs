@@ -371,7 +371,7 @@ impl<'p, B: Backend> Executor<'p, B> {
                 given: arena.len(),
             }));
         }
-        let run = self.start(x, Some(target), n, Mode::Train, None)?;
+        let run = self.start_with(x, Some(target), n, Mode::Train, None, true)?;
         Ok((base, run))
     }
 

@@ -456,6 +456,20 @@ impl<'p, B: Backend> Executor<'p, B> {
         mode: Mode,
         spill: Option<&'s mut dyn Spill>,
     ) -> Result<StepRun<'x, 't, 's>, ExecError> {
+        self.start_with(x, target, n, mode, spill, false)
+    }
+
+    /// [`Executor::start`] telling the backend whether the step may switch plans between two
+    /// instructions ([`StepStart::switchable`]).
+    pub(crate) fn start_with<'x, 't, 's>(
+        &mut self,
+        x: &'x [f32],
+        target: Option<Target<'t>>,
+        n: usize,
+        mode: Mode,
+        spill: Option<&'s mut dyn Spill>,
+        switchable: bool,
+    ) -> Result<StepRun<'x, 't, 's>, ExecError> {
         let train = mode == Mode::Train;
         let seed = if train {
             hash2(self.plan.graph.seed, self.steps as u64)
@@ -474,6 +488,7 @@ impl<'p, B: Backend> Executor<'p, B> {
                 seed,
                 t,
                 train,
+                switchable,
             },
         )?;
         let ahead = spill

@@ -166,6 +166,13 @@ fn deriv<T: Real>(a: Act, y: T) -> T {
     }
 }
 
+/// `a'(x)·dy` of one element, from the output `y` (a kernel that applies it as it reads its
+/// gradient, [`crate::ops::bn_grad_inplace_then`], gives the same bits as [`act_grad`]).
+#[inline(always)]
+pub fn act_grad_one<T: Real>(a: Act, y: T, dy: T) -> T {
+    grad_one(a, y, dy)
+}
+
 #[inline(always)]
 fn grad_one<T: Real>(a: Act, y: T, dy: T) -> T {
     match a {

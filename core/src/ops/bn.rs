@@ -557,6 +557,152 @@ pub fn bn_grad_x_inplace<T: Real>(
     }
 }
 
+/// `(Σ g, Σ (x−μ)·g)` over each channel of `chs` with `g = pre(y, d)` taken element by element as it
+/// is read (`μ = mean[ch]`), compensated, into `(sdy[k], sdxm[k])` by position in the group: the sums
+/// [`group_grad_sums`] takes over a `dy` holding `pre(y, d)`, the same bits.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn group_grad_sums_then<T: Real>(
+    n: usize,
+    c: usize,
+    hw: usize,
+    x: &[T],
+    y: &[T],
+    d: &[T],
+    chs: core::ops::Range<usize>,
+    mean: &[T],
+    pre: impl Fn(T, T) -> T + Copy,
+    sdy: &mut [T; MAX_GROUP],
+    sdxm: &mut [T; MAX_GROUP],
+) {
+    let mut a1 = [Comp::new(); MAX_GROUP];
+    let mut a2 = [Comp::new(); MAX_GROUP];
+    for s in 0..n {
+        for (k, ch) in chs.clone().enumerate() {
+            let o = (s * c + ch) * hw;
+            let mu = mean[ch];
+            let blocks = x[o..o + hw]
+                .chunks(BLOCK)
+                .zip(y[o..o + hw].chunks(BLOCK))
+                .zip(d[o..o + hw].chunks(BLOCK));
+            for ((xb, yb), db) in blocks {
+                // `block_sum2`'s eight partial sums, the gradient transformed as it is read.
+                let (mut s1, mut s2) = ([T::ZERO; LANES], [T::ZERO; LANES]);
+                let mut cx = xb.chunks_exact(LANES);
+                let mut cy = yb.chunks_exact(LANES);
+                let mut cd = db.chunks_exact(LANES);
+                for ((xv, yv), dv) in (&mut cx).zip(&mut cy).zip(&mut cd) {
+                    for l in 0..LANES {
+                        let g = pre(yv[l], dv[l]);
+                        s1[l] += g;
+                        s2[l] += (xv[l] - mu) * g;
+                    }
+                }
+                let rest = cx
+                    .remainder()
+                    .iter()
+                    .zip(cy.remainder())
+                    .zip(cd.remainder());
+                for (l, ((&xv, &yv), &dv)) in rest.enumerate() {
+                    let g = pre(yv, dv);
+                    s1[l] += g;
+                    s2[l] += (xv - mu) * g;
+                }
+                a1[k].add(super::elementwise::combine(s1));
+                a2[k].add(super::elementwise::combine(s2));
+            }
+        }
+    }
+    for k in 0..chs.len() {
+        sdy[k] = a1[k].get();
+        sdxm[k] = a2[k].get();
+    }
+}
+
+/// The training-mode BatchNorm backward in place with the gradient reaching its output given as
+/// `pre(y, d)` element by element: `d` holds the derivative of the layer after the BatchNorm (an
+/// activation over its output `y`, `pre` its derivative, [`super::act::act_grad_one`]) on entry and the
+/// BatchNorm's input derivative on return. `dgamma`/`dbeta` (at least `c` long) are overwritten with
+/// every channel's parameter gradient from the same per-channel sums, which [`bn_grad_w_store`] then
+/// puts where [`bn_grad_w_rows`] would: apart, because a plan may place the gradients in the bytes of
+/// `y`, whose life ends with the activation's derivative (a caller passes a buffer of its own).
+///
+/// The same bits as [`super::act::act_grad_inplace`], [`bn_grad_w_rows`] and [`bn_grad_x_inplace`] in
+/// turn, with the transformed gradient never written: one pass reads `x`, `y` and `d` for the sums, a
+/// second (over a group the cache still holds) writes `d`, where the three kernels read the gradient
+/// four times and write it twice.
+#[allow(clippy::too_many_arguments)]
+pub fn bn_grad_inplace_then<T: Real>(
+    n: usize,
+    c: usize,
+    hw: usize,
+    x: &[T],
+    y: &[T],
+    d: &mut [T],
+    mean: &[T],
+    invstd: &[T],
+    gamma: &[T],
+    dgamma: &mut [T],
+    dbeta: &mut [T],
+    pre: impl Fn(T, T) -> T + Copy,
+) {
+    let count = n * hw;
+    let cnt = T::from_usize(count);
+    let (mut sdy, mut dotp) = ([T::ZERO; MAX_GROUP], [T::ZERO; MAX_GROUP]);
+    for chs in groups(n, c, hw, 3 * core::mem::size_of::<T>()) {
+        group_grad_sums_then(
+            n,
+            c,
+            hw,
+            x,
+            y,
+            d,
+            chs.clone(),
+            mean,
+            pre,
+            &mut sdy,
+            &mut dotp,
+        );
+        for (k, ch) in chs.clone().enumerate() {
+            let is = invstd[ch];
+            // The parameter gradients first ([`bn_grad_w_rows`]), then the input derivative's factors
+            // ([`bn_grad_x_inplace`]) in place of the sums.
+            dgamma[ch] = dotp[k] * is;
+            dbeta[ch] = sdy[k];
+            (dotp[k], sdy[k]) = (dotp[k] * is * is / cnt, sdy[k] / cnt);
+        }
+        if count == 0 {
+            continue; // no element to write (the parameter gradients are the empty sums)
+        }
+        for s in 0..n {
+            for (j, ch) in chs.clone().enumerate() {
+                let (mu, k, gm, a) = (mean[ch], dotp[j], sdy[j], invstd[ch] * gamma[ch]);
+                let o = (s * c + ch) * hw;
+                let it = d[o..o + hw]
+                    .iter_mut()
+                    .zip(&x[o..o + hw])
+                    .zip(&y[o..o + hw]);
+                for ((g, &x), &y) in it {
+                    *g = (pre(y, *g) - gm - (x - mu) * k) * a;
+                }
+            }
+        }
+    }
+}
+
+/// Stores the parameter gradient `src` (every channel's, from [`bn_grad_inplace_then`]) into `dst`,
+/// the leading channels that train (absent: frozen), added when `accumulate`: what
+/// [`bn_grad_w_rows`] writes there.
+pub fn bn_grad_w_store<T: Real>(src: &[T], dst: Option<&mut [T]>, accumulate: bool) {
+    for (d, &v) in dst.unwrap_or_default().iter_mut().zip(src) {
+        if accumulate {
+            *d += v;
+        } else {
+            *d = v;
+        }
+    }
+}
+
 /// Eval-mode (frozen) input gradient: `dx = dy·γ/√(run_var + eps)` (added when `accumulate`).
 #[allow(clippy::too_many_arguments)]
 pub fn bn_grad_x_eval<T: Real>(
@@ -629,6 +775,88 @@ mod tests {
             e,
         );
         o
+    }
+
+    /// The activation derivative fused into the BatchNorm backward gives the same bits as the activation's
+    /// derivative, the gradient and the input derivative in turn: ReLU and ReLU6 (outputs on and past
+    /// both edges, exactly 0 and 6 among them), planes that are not a multiple of eight or of a block,
+    /// groups of several channels and of one, a sparse update's leading channels, a frozen γ, added
+    /// gradients.
+    #[test]
+    fn act_then_backward_in_one_kernel_is_bit_identical() {
+        use crate::ops::act::{act_fwd_inplace, act_grad_inplace, act_grad_one, Act};
+        let mut rng = Rng::new(41);
+        for &(n, c, hw) in &[
+            (3usize, 5usize, 13usize),
+            (2, 70, 9),
+            (4, 3, 130),
+            (1, 2, 1),
+            (40, 3, 4096),
+        ] {
+            for act in [Act::Relu, Act::Relu6] {
+                for (rows, frozen_gamma, acc) in [
+                    (c, false, false),
+                    (c.div_ceil(2), false, true),
+                    (c, true, false),
+                ] {
+                    let len = n * c * hw;
+                    let x = to_f32(&rand_vec(&mut rng, len, -3.0, 3.0));
+                    let gamma = to_f32(&rand_vec(&mut rng, c, 0.5, 4.0));
+                    let beta = to_f32(&rand_vec(&mut rng, c, -1.0, 7.0));
+                    let o = train(n, c, hw, &x, &gamma, &beta, &vec![0.0; c], &vec![1.0; c]);
+                    let mut y = o.y.clone();
+                    act_fwd_inplace(act, &mut y);
+                    // Outputs exactly on the edges, where the derivative's conventions matter.
+                    for (i, v) in y.iter_mut().enumerate().step_by(7) {
+                        *v = if i % 2 == 0 { 0.0 } else { 6.0 };
+                    }
+                    let dy = to_f32(&rand_vec(&mut rng, len, -1.0, 1.0));
+                    let start = to_f32(&rand_vec(&mut rng, c, -1.0, 1.0));
+                    // The three kernels in turn.
+                    let mut d_ref = dy.clone();
+                    act_grad_inplace(act, &y, &mut d_ref);
+                    let (mut dg_ref, mut db_ref) = (start[..rows].to_vec(), start[..rows].to_vec());
+                    bn_grad_w_rows(
+                        n,
+                        c,
+                        hw,
+                        &x,
+                        &d_ref,
+                        &o.mean,
+                        &o.invstd,
+                        (!frozen_gamma).then_some(&mut dg_ref[..]),
+                        Some(&mut db_ref[..]),
+                        acc,
+                    );
+                    bn_grad_x_inplace(n, c, hw, &x, &mut d_ref, &o.mean, &o.invstd, &gamma);
+                    // One kernel.
+                    let mut d = dy.clone();
+                    let (mut dg, mut db) = (start[..rows].to_vec(), start[..rows].to_vec());
+                    let (mut sg, mut sb) = (vec![0.0; c], vec![0.0; c]);
+                    bn_grad_inplace_then(
+                        n,
+                        c,
+                        hw,
+                        &x,
+                        &y,
+                        &mut d,
+                        &o.mean,
+                        &o.invstd,
+                        &gamma,
+                        &mut sg,
+                        &mut sb,
+                        |y, g| act_grad_one(act, y, g),
+                    );
+                    bn_grad_w_store(&sg, (!frozen_gamma).then_some(&mut dg[..]), acc);
+                    bn_grad_w_store(&sb, Some(&mut db[..]), acc);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    let what = format!("{act:?} n{n} c{c} hw{hw} rows{rows}");
+                    assert_eq!(bits(&d), bits(&d_ref), "{what}: dx");
+                    assert_eq!(bits(&dg), bits(&dg_ref), "{what}: dγ");
+                    assert_eq!(bits(&db), bits(&db_ref), "{what}: dβ");
+                }
+            }
+        }
     }
 
     /// A channel at a time, as the kernels ran before they walked groups of channels sample by sample:

@@ -31,10 +31,13 @@ pub mod seq;
 #[cfg(test)]
 mod testutil;
 
-pub use act::{act_fwd, act_fwd_inplace, act_grad, act_grad_inplace, relu, relu6, Act};
+pub use act::{
+    act_fwd, act_fwd_inplace, act_grad, act_grad_inplace, act_grad_one, relu, relu6, Act,
+};
 pub use bn::{
     bn_fwd_eval, bn_fwd_eval_inplace, bn_fwd_recompute, bn_fwd_recompute_then, bn_fwd_train,
-    bn_fwd_train_then, bn_grad_w, bn_grad_w_rows, bn_grad_x, bn_grad_x_eval, bn_grad_x_inplace,
+    bn_fwd_train_then, bn_grad_inplace_then, bn_grad_w, bn_grad_w_rows, bn_grad_w_store, bn_grad_x,
+    bn_grad_x_eval, bn_grad_x_inplace,
 };
 pub use conv::{
     conv_fwd, conv_fwd_par, conv_grad_w, conv_grad_w_par, conv_grad_w_rows_par, conv_grad_x,
