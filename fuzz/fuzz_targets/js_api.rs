@@ -106,12 +106,11 @@ fn budget(v: f64) -> Option<Option<usize>> {
 
 fn options(c: &Create) -> Option<Options> {
     let mut o = Options::default();
+    // Small batches keep each run fast: the bindings allow up to MAX_BATCH, and default to 32.
     if let Some(b) = c.batch {
-        // Small batches keep each run fast; the bindings allow up to MAX_BATCH.
-        o.batch = integer("options.batch", b, 1, MAX_BATCH as u64)
-            .ok()?
-            .min(16) as usize;
+        o.batch = integer("options.batch", b, 1, MAX_BATCH as u64).ok()? as usize;
     }
+    o.batch = o.batch.min(16);
     if let Some(b) = c.budget {
         o.budget = budget(b)?;
     }

@@ -862,13 +862,18 @@ fn micro_plan_in_mode(
     m: usize,
     attn: bool,
 ) -> Result<Plan, GraphError> {
-    Ok(Plan::shaped(
-        graph_in_mode(spec, b, attn)?,
+    Ok(micro_plan_of(graph_in_mode(spec, b, attn)?, m))
+}
+
+/// The plain plan of `g` (a micro-batch's graph) run as `m` micro-batches.
+fn micro_plan_of(g: Graph, m: usize) -> Plan {
+    Plan::shaped(
+        g,
         PlanShape {
             micro_batches: m as u16,
             in_place: true,
         },
-    ))
+    )
 }
 
 /// Plans `spec` for steps of `batch` samples within `budget` using `kind`. `cost` ranks candidates
@@ -909,7 +914,9 @@ pub fn plan_for_budget_with(
 }
 
 /// The policy search in each attention mode in turn ([`attn_modes`]): the saving mode's plan when one
-/// fits, else the recompute mode's; the error of the last mode tried.
+/// fits, else the recompute mode's. When neither fits, the error's `needed` is [`refusal_floor`]'s
+/// budget under [`Search::Exhaustive`] (what [`plan_for_budget`] reports), and `usize::MAX` otherwise
+/// ([`floor`]'s probes only ask whether a budget plans).
 fn plan_searching(
     spec: &ModelSpec,
     batch: usize,
@@ -919,26 +926,112 @@ fn plan_searching(
     approx: Approximations,
     search: Search,
 ) -> Result<Chosen, PlanError> {
-    let modes = attn_modes(spec);
-    let mut last = Err(PlanError::Budget(BudgetError::TooSmall {
-        needed: usize::MAX,
-        given: budget.bytes,
-    }));
-    for (i, &attn) in modes.iter().enumerate() {
-        // Only the last mode's search runs the skipped recomputations that size its error.
-        let is_last = i + 1 == modes.len();
-        last = plan_searching_mode(
-            spec, batch, budget, kind, cost, approx, search, attn, is_last,
-        );
-        if !matches!(last, Err(PlanError::Budget(_))) {
-            break;
+    for &attn in attn_modes(spec) {
+        if let Some(c) = plan_searching_mode(spec, batch, budget, kind, cost, approx, search, attn)?
+        {
+            return Ok(c);
         }
     }
-    last
+    let needed = if search == Search::Exhaustive {
+        refusal_floor(spec, batch, kind, cost, approx)?
+    } else {
+        usize::MAX // a probe's refusal: only whether it planned counts
+    };
+    Err(PlanError::Budget(BudgetError::TooSmall {
+        needed,
+        given: budget.bytes,
+    }))
 }
 
-/// [`plan_searching`] in one attention mode (`attn`: recompute). Without `last` the recomputations
-/// that cannot fit are not run to size the error (a later mode's search will).
+/// Relative width of the bracket at which [`refusal_floor`] stops: its figure is within 1/128 of the
+/// smallest budget that plans (or of a budget refused below it, the greedy not being monotonic).
+pub const REFUSAL_TOLERANCE: usize = 128;
+
+/// The budget a refusal names: the smallest budget [`plan_for_budget`] plans `spec` at `batch` for.
+/// Policies that never recompute need exactly their smallest plain plan: fp16 storage's (in either
+/// attention mode), the whole batch's, and for micro-batching the smallest of every even split. The
+/// others' figure is found by bisection as [`floor`] finds it (probes that give up where stuck),
+/// between the proven [`working_set_bound`] and the smallest of those plain plans, to within
+/// [`REFUSAL_TOLERANCE`]. It depends on neither the budget refused nor anything the refused search
+/// did, so every refusal of one model, batch and policy names the same figure, and that figure plans.
+/// The sizing runs a few searches that end early: sizing by the exhaustive search at a zero budget
+/// (discard until nothing more can go, everywhere; what frugal did before) took 25 s on the small
+/// character transformer at batch 32.
+fn refusal_floor(
+    spec: &ModelSpec,
+    batch: usize,
+    kind: PolicyKind,
+    cost: &CostModel,
+    approx: Approximations,
+) -> Result<usize, PlanError> {
+    let modes = attn_modes(spec);
+    if approx.f16_storage {
+        let mut needed = usize::MAX;
+        for &attn in modes {
+            needed =
+                needed.min(half::f16_storage(&graph_in_mode(spec, batch, attn)?).needed_bytes());
+        }
+        return Ok(needed);
+    }
+    let whole = Graph::new(spec, batch)?;
+    let separable = sample_separable(&whole) || approx.ghost_batch_norm;
+    if kind == PolicyKind::Plain {
+        return Ok(Plan::new(whole).needed_bytes());
+    }
+    // The micro-batch sizes the policy may split into: every even split but for recomputation alone.
+    let splits = separable && kind != PolicyKind::Recompute;
+    let sizes: Vec<usize> = if splits {
+        (1..=batch)
+            .filter(|&b| balanced_micro_batch(batch, b) == b)
+            .collect()
+    } else {
+        vec![batch]
+    };
+    // The smallest plain plan of those sizes in either attention mode plans by itself: micro-batching's
+    // figure, and the top of the others' bracket.
+    let mut plain = usize::MAX;
+    for &attn in modes {
+        for &b in &sizes {
+            plain = plain.min(micro_plan_in_mode(spec, b, batch.div_ceil(b), attn)?.needed_bytes());
+        }
+    }
+    if kind == PolicyKind::MicroBatch {
+        return Ok(plain);
+    }
+    let b = if splits { 1 } else { batch };
+    let mut bound = usize::MAX;
+    for &attn in modes {
+        bound = bound.min(working_set_bound(&graph_in_mode(spec, b, attn)?));
+    }
+    let (mut lo, mut hi) = (bound.saturating_sub(1).min(plain), plain);
+    // The first probe goes an eighth above the bound, where the floor usually lies (the character
+    // transformer's is 9% above it): one probe more where it does not, five fewer where it does.
+    let mut guess = Some(lo + lo / 8);
+    while hi - lo > (hi / REFUSAL_TOLERANCE).max(1) {
+        let mid = match guess.take() {
+            Some(g) if lo < g && g < hi => g,
+            _ => lo + (hi - lo) / 2,
+        };
+        match plan_searching(
+            spec,
+            batch,
+            Budget::new(mid),
+            kind,
+            cost,
+            approx,
+            Search::GiveUpWhenStuck,
+        ) {
+            Ok(_) => hi = mid,
+            Err(PlanError::Budget(_)) => lo = mid,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(hi)
+}
+
+/// [`plan_searching`] in one attention mode (`attn`: recompute): the chosen plan, or None when no plan
+/// fits. A plan (plain or recomputing) is only made where [`arena_lower_bound`] lets it fit, so a
+/// budget far too small is refused after a pass over each micro-batching's program, without a layout.
 #[allow(clippy::too_many_arguments)]
 fn plan_searching_mode(
     spec: &ModelSpec,
@@ -949,33 +1042,28 @@ fn plan_searching_mode(
     approx: Approximations,
     search: Search,
     attn: bool,
-    last: bool,
-) -> Result<Chosen, PlanError> {
+) -> Result<Option<Chosen>, PlanError> {
     let g = graph_in_mode(spec, batch, attn)?;
     let fits = |p: &Plan| p.needed_bytes() <= budget.bytes;
     if approx.f16_storage {
         let p = half::f16_storage(&g);
-        return if fits(&p) {
-            Ok(Chosen::new(p, PolicyKind::Plain, cost))
-        } else {
-            Err(PlanError::Budget(BudgetError::TooSmall {
-                needed: p.needed_bytes(),
-                given: budget.bytes,
-            }))
-        };
+        return Ok(fits(&p).then(|| Chosen::new(p, PolicyKind::Plain, cost)));
     }
-    let plain = Plan::new(g.clone());
-    if fits(&plain) {
-        return Ok(Chosen::new(plain, PolicyKind::Plain, cost));
+    // Plans that cannot fit ([`arena_lower_bound`] of their micro-batching above the limit) are not
+    // made: they cannot add a candidate.
+    let limit = arena_budget(budget.bytes);
+    let whole_bound = arena_lower_bound(&g, 1);
+    // Micro-batch sizes whose plain plan was made and does not fit (the hybrid does not remake them).
+    let mut plain_refused: Vec<usize> = Vec::new();
+    if whole_bound <= limit {
+        let plain = Plan::new(g.clone());
+        if fits(&plain) {
+            return Ok(Some(Chosen::new(plain, PolicyKind::Plain, cost)));
+        }
+        plain_refused.push(batch);
     }
     let separable = sample_separable(&g) || approx.ghost_batch_norm;
-    let mut smallest = plain.needed_bytes();
-    let mut note = |p: &Plan| smallest = smallest.min(p.needed_bytes());
     let mut candidates: Vec<Chosen> = Vec::new();
-    // Recomputation searches skipped because no plan of theirs fits ([`arena_lower_bound`]): they
-    // cannot add a candidate, and run only if nothing fits, for the smallest budget they reach.
-    let limit = arena_budget(budget.bytes);
-    let mut skipped: Vec<(usize, u16)> = Vec::new();
     let kinds: &[PolicyKind] = match kind {
         PolicyKind::Auto => &[
             PolicyKind::MicroBatch,
@@ -999,19 +1087,23 @@ fn plan_searching_mode(
                     .rev()
                     .filter(|&b| balanced_micro_batch(batch, b) == b)
                 {
-                    let p = micro_plan_in_mode(spec, b, batch.div_ceil(b), attn)?;
-                    note(&p);
+                    let m = batch.div_ceil(b);
+                    let gb = graph_in_mode(spec, b, attn)?;
+                    if arena_lower_bound(&gb, m as u16) > limit {
+                        continue;
+                    }
+                    let p = micro_plan_of(gb, m);
                     if fits(&p) {
                         candidates.push(Chosen::new(p, k, cost));
                         break;
                     }
+                    plain_refused.push(b);
                 }
             }
-            PolicyKind::Recompute if arena_lower_bound(&g, 1) > limit => skipped.push((batch, 1)),
+            PolicyKind::Recompute if whole_bound > limit => {}
             PolicyKind::Recompute => {
-                match recompute_with(&g, 1, budget.bytes, cost, search, usize::MAX) {
-                    Ok(p) => candidates.push(Chosen::new(p, k, cost)),
-                    Err(p) => note(&p),
+                if let Ok(p) = recompute_with(&g, 1, budget.bytes, cost, search, usize::MAX) {
+                    candidates.push(Chosen::new(p, k, cost));
                 }
             }
             // Without micro-batching the hybrid's one candidate is the whole batch's recomputation,
@@ -1070,46 +1162,35 @@ fn plan_searching_mode(
                         }
                     }
                     let gb = graph_in_mode(spec, b, attn)?;
+                    if arena_lower_bound(&gb, m as u16) > limit {
+                        continue;
+                    }
                     if k == PolicyKind::Hybrid {
-                        let p = micro_plan_in_mode(spec, b, m, attn)?;
-                        note(&p);
-                        if fits(&p) {
-                            candidates.push(Chosen::new(p, k, cost));
-                            break;
+                        if !plain_refused.contains(&b) {
+                            let p = micro_plan_of(gb.clone(), m);
+                            if fits(&p) {
+                                candidates.push(Chosen::new(p, k, cost));
+                                break;
+                            }
                         }
                         if separable && b > cost.efficient_micro_batch(&g, batch, 0.9).max(1) {
                             continue;
                         }
                     }
-                    if arena_lower_bound(&gb, m as u16) > limit {
-                        skipped.push((b, m as u16));
-                        continue;
-                    }
-                    match recompute_with(&gb, m as u16, budget.bytes, cost, search, usize::MAX) {
-                        Ok(p) => {
-                            candidates.push(Chosen::new(p, k, cost));
-                            break;
-                        }
-                        Err(p) => note(&p),
+                    if let Ok(p) =
+                        recompute_with(&gb, m as u16, budget.bytes, cost, search, usize::MAX)
+                    {
+                        candidates.push(Chosen::new(p, k, cost));
+                        break;
                     }
                 }
             }
             _ => {}
         }
     }
-    if candidates.is_empty() && last {
-        for (b, m) in skipped {
-            let (Ok(p) | Err(p)) = recompute(&graph_in_mode(spec, b, attn)?, m, budget.bytes, cost);
-            note(&p);
-        }
-    }
-    candidates
+    Ok(candidates
         .into_iter()
-        .min_by(|a, b| a.predicted_ms.total_cmp(&b.predicted_ms))
-        .ok_or(PlanError::Budget(BudgetError::TooSmall {
-            needed: smallest,
-            given: budget.bytes,
-        }))
+        .min_by(|a, b| a.predicted_ms.total_cmp(&b.predicted_ms)))
 }
 
 /// The smallest budget any policy reaches for `spec` at `batch` (micro-batch 1 where separable, maximal
