@@ -660,6 +660,9 @@ pub fn planning(args: &[String]) -> Result<(), String> {
     let mut batches = vec![32usize, 128, 1024];
     let mut it = args.iter();
     while let Some(a) = it.next() {
+        if a == "--refusals" {
+            return refusals(reps);
+        }
         let v = it.next().ok_or(format!("{a} needs a value"))?;
         match a.as_str() {
             "--reps" => reps = v.parse().map_err(|_| "--reps needs a number")?,
@@ -669,7 +672,12 @@ pub fn planning(args: &[String]) -> Result<(), String> {
                     .map(|b| b.parse().map_err(|_| format!("bad batch {b:?}")))
                     .collect::<Result<_, _>>()?
             }
-            _ => return Err("usage: cargo xtask bench planning [--reps R] [--batches B,B]".into()),
+            _ => {
+                return Err(
+                    "usage: cargo xtask bench planning [--reps R] [--batches B,B] [--refusals]"
+                        .into(),
+                )
+            }
         }
     }
     let reps = reps.max(1);
@@ -710,6 +718,52 @@ pub fn planning(args: &[String]) -> Result<(), String> {
             println!(
                 "| {file} | {batch} | {r0} | {} | {t0:.1} | {r1} | {t1:.1} | {r2} | {t2:.1} |",
                 fmt_kib(smallest)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `bench planning --refusals`: how long `plan_for_budget` takes to refuse a budget of zero — what
+/// it costs to size the figure the refusal names (`policy::refusal_floor`) — on the models of the
+/// browser, the microcontroller and the sequence benchmarks at batch 32, by policy. Median of `reps`.
+fn refusals(reps: usize) -> Result<(), String> {
+    let reps = reps.max(1);
+    println!(
+        "`cargo xtask bench planning --refusals` — plan_for_budget at a budget of 0, median of {reps}\n"
+    );
+    println!("| model | batch | policy | figure named (B) | ms |");
+    println!("|---|---:|---|---:|---:|");
+    for file in [
+        "digits-cnn.toml",
+        "residual-bn.toml",
+        "char-gpt-small-lora.toml",
+        "char-lstm.toml",
+        "mcu-mbv2.toml",
+    ] {
+        let spec = model(file)?;
+        let batch = 32;
+        let cost = CostModel::estimate(&Graph::new(&spec, batch).map_err(|e| e.to_string())?);
+        for kind in [PolicyKind::Auto, PolicyKind::Recompute] {
+            let mut ms = Vec::with_capacity(reps);
+            let mut needed = 0;
+            for _ in 0..reps {
+                let t = std::time::Instant::now();
+                let r = policy::plan_for_budget(&spec, batch, Budget::new(0), kind, &cost);
+                ms.push(t.elapsed().as_secs_f64() * 1e3);
+                needed = match r {
+                    Err(policy::PlanError::Budget(
+                        frugal_core::budget::BudgetError::TooSmall { needed, .. },
+                    )) => needed,
+                    Err(e) => return Err(format!("{file}: {e}")),
+                    Ok(_) => return Err(format!("{file}: a budget of 0 planned")),
+                };
+            }
+            ms.sort_by(f64::total_cmp);
+            println!(
+                "| {file} | {batch} | {} | {needed} | {:.1} |",
+                kind.name(),
+                ms[ms.len() / 2]
             );
         }
     }

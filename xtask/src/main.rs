@@ -27,7 +27,7 @@
 //!   (Flower) vs centralised held-out accuracy, each client's arena against its budget per device
 //!   class, and Python's per-call overhead on a digits-MLP step (see `python.rs`, `python/bench/figures.py`).
 //! - `bench budget [--mobilenet | --mobilenet-fusion [--batches B,B] [--reps N]]`: the memory policies — Melon's headline, smallest budgets, Sage's orderings; MobileNetV2's fused BatchNorm backward against none.
-//! - `bench planning [--reps R] [--batches B,B]`: how long planning for a budget takes, by model, batch and budget.
+//! - `bench planning [--reps R] [--batches B,B] [--refusals]`: how long planning for a budget takes, by model, batch and budget; `--refusals`: how long refusing a budget of 0 takes (sizing the figure it names).
 //! - `bench swap [--scale S] [--lookahead L] [--budget-mib M] [--steps N] [--rounds R] [--keep-cache]`:
 //!   proactive swap (NNTrainer §4.3) on VGG-16/CIFAR: no swap, on-demand and proactive swap, each in a
 //!   fresh process.
