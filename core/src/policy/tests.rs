@@ -222,6 +222,59 @@ fn too_small_budget_reports_a_budget_that_works() {
     let _ = Vec::<u8>::new();
 }
 
+/// A BatchNorm network (never micro-batched unless asked): in every policy and with each opt-in
+/// approximation, a refusal names one figure whatever the budget refused, and that figure plans.
+#[test]
+fn a_batch_norm_refusal_names_a_figure_that_plans() {
+    let spec = random_model(
+        &[
+            (0, 2, true),
+            (2, 0, true),
+            (3, 0, true),
+            (0, 2, true),
+            (2, 0, true),
+        ],
+        1,
+        8,
+        2,
+    );
+    let batch = 16;
+    let cost = CostModel::estimate(&Graph::new(&spec, batch).unwrap());
+    let approxes = [
+        Approximations::default(),
+        Approximations {
+            ghost_batch_norm: true,
+            ..Default::default()
+        },
+        Approximations {
+            f16_storage: true,
+            ..Default::default()
+        },
+    ];
+    for approx in approxes {
+        for kind in [
+            PolicyKind::Plain,
+            PolicyKind::MicroBatch,
+            PolicyKind::Recompute,
+            PolicyKind::Hybrid,
+            PolicyKind::RecomputeFirst,
+            PolicyKind::Auto,
+        ] {
+            let plan =
+                |b: usize| plan_for_budget_with(&spec, batch, Budget::new(b), kind, &cost, approx);
+            let needed_at = |b: usize| match plan(b) {
+                Err(PlanError::Budget(BudgetError::TooSmall { needed, .. })) => needed,
+                other => panic!("{kind:?} {approx:?} at {b}: {:?}", other.map(|c| c.policy)),
+            };
+            let n = needed_at(0);
+            assert_eq!(needed_at(n / 3), n, "{kind:?} {approx:?}");
+            let c =
+                plan(n).unwrap_or_else(|e| panic!("{kind:?} {approx:?}: {n} B does not plan: {e}"));
+            assert!(c.plan.needed_bytes() <= n, "{kind:?} {approx:?}");
+        }
+    }
+}
+
 #[test]
 fn residual_bn_recompute_halves_the_arena_bit_exactly() {
     // stem conv-bn-relu, dw conv-bn-relu, pw conv-bn, add, relu, gap, fc on 8x8 ×16 channels
