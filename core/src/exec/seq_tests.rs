@@ -592,14 +592,7 @@ fn a_refusal_names_one_figure_that_plans() {
     let cost = CostModel::estimate(&g);
     let plan =
         |b: usize, k: PolicyKind| policy::plan_for_budget(&spec, batch, Budget::new(b), k, &cost);
-    for kind in [
-        PolicyKind::Plain,
-        PolicyKind::MicroBatch,
-        PolicyKind::Recompute,
-        PolicyKind::Hybrid,
-        PolicyKind::RecomputeFirst,
-        PolicyKind::Auto,
-    ] {
+    for kind in PolicyKind::ALL {
         let needed_at = |b: usize| match plan(b, kind) {
             Err(PlanError::Budget(BudgetError::TooSmall { needed, given })) => {
                 assert_eq!(given, b);

@@ -45,6 +45,16 @@ pub enum PolicyKind {
 }
 
 impl PolicyKind {
+    /// Every policy, in declaration order.
+    pub const ALL: [PolicyKind; 6] = [
+        PolicyKind::Auto,
+        PolicyKind::Plain,
+        PolicyKind::MicroBatch,
+        PolicyKind::Recompute,
+        PolicyKind::Hybrid,
+        PolicyKind::RecomputeFirst,
+    ];
+
     /// Name for tables.
     pub fn name(self) -> &'static str {
         match self {
@@ -955,8 +965,8 @@ pub const REFUSAL_TOLERANCE: usize = 128;
 /// [`REFUSAL_TOLERANCE`]. It depends on neither the budget refused nor anything the refused search
 /// did, so every refusal of one model, batch and policy names the same figure, and that figure plans.
 /// The sizing runs a few searches that end early: sizing by the exhaustive search at a zero budget
-/// (discard until nothing more can go, everywhere; what frugal did before) took 25 s on the small
-/// character transformer at batch 32.
+/// (discard until nothing more can go, everywhere; what frugal did before) took 27 s on the small
+/// character transformer at batch 32 (`cargo xtask bench planning --refusals`).
 fn refusal_floor(
     spec: &ModelSpec,
     batch: usize,
@@ -998,24 +1008,70 @@ fn refusal_floor(
     if kind == PolicyKind::MicroBatch {
         return Ok(plain);
     }
-    let b = if splits { 1 } else { batch };
-    let mut bound = usize::MAX;
-    for &attn in modes {
-        bound = bound.min(working_set_bound(&graph_in_mode(spec, b, attn)?));
-    }
-    let (mut lo, mut hi) = (bound.saturating_sub(1).min(plain), plain);
+    let lo = working_set_floor(spec, if splits { 1 } else { batch })?
+        .saturating_sub(1)
+        .min(plain);
     // The first probe goes an eighth above the bound, where the floor usually lies (the character
     // transformer's is 9% above it): one probe more where it does not, five fewer where it does.
-    let mut guess = Some(lo + lo / 8);
-    while hi - lo > (hi / REFUSAL_TOLERANCE).max(1) {
-        let mid = match guess.take() {
+    let b = bisect_budget(
+        spec,
+        batch,
+        kind,
+        cost,
+        approx,
+        (lo, plain),
+        Some(lo + lo / 8),
+        |lo, hi| hi - lo > (hi / REFUSAL_TOLERANCE).max(1),
+    )?;
+    Ok(b.hi)
+}
+
+/// The smallest [`working_set_bound`] of `spec`'s graph at micro-batch `b` in any attention mode the
+/// search tries: no plan of any micro-batching down to `b` needs less.
+fn working_set_floor(spec: &ModelSpec, b: usize) -> Result<usize, GraphError> {
+    let mut bound = usize::MAX;
+    for &attn in attn_modes(spec) {
+        bound = bound.min(working_set_bound(&graph_in_mode(spec, b, attn)?));
+    }
+    Ok(bound)
+}
+
+/// Where [`bisect_budget`] stopped.
+struct Bracket {
+    /// The largest budget refused (or the starting lower end).
+    lo: usize,
+    /// The smallest budget that planned (or the starting upper end).
+    hi: usize,
+    /// Probes run.
+    probes: usize,
+}
+
+/// Bisects the budget between `lo` (refused) and `hi` (plans) while `open(lo, hi)`, each probe the
+/// policy search with give-up recomputation ([`Search::GiveUpWhenStuck`]): [`floor`] and
+/// [`refusal_floor`]. `first`: the first probe, where it lies inside the bracket (else the middle).
+#[allow(clippy::too_many_arguments)]
+fn bisect_budget(
+    spec: &ModelSpec,
+    batch: usize,
+    kind: PolicyKind,
+    cost: &CostModel,
+    approx: Approximations,
+    (mut lo, mut hi): (usize, usize),
+    mut first: Option<usize>,
+    open: impl Fn(usize, usize) -> bool,
+) -> Result<Bracket, PlanError> {
+    let mut probes = 0;
+    while open(lo, hi) {
+        let mid = match first.take() {
             Some(g) if lo < g && g < hi => g,
             _ => lo + (hi - lo) / 2,
         };
+        probes += 1;
+        let budget = Budget::new(mid);
         match plan_searching(
             spec,
             batch,
-            Budget::new(mid),
+            budget,
             kind,
             cost,
             approx,
@@ -1026,7 +1082,7 @@ fn refusal_floor(
             Err(e) => return Err(e),
         }
     }
-    Ok(hi)
+    Ok(Bracket { lo, hi, probes })
 }
 
 /// [`plan_searching`] in one attention mode (`attn`: recompute): the chosen plan, or None when no plan
@@ -1264,37 +1320,19 @@ pub fn floor(
     tolerance: f64,
 ) -> Result<Floor, PlanError> {
     let g = Graph::new(spec, batch)?;
-    // Micro-batching (where the graph allows it) goes down to one sample; the bound holds for every
-    // attention mode the search tries.
-    let b = if sample_separable(&g) { 1 } else { batch };
-    let mut lower_bound = usize::MAX;
-    for &attn in attn_modes(spec) {
-        lower_bound = lower_bound.min(working_set_bound(&graph_in_mode(spec, b, attn)?));
-    }
-    let approx = Approximations::default();
-    let probe = |b: usize| {
-        plan_searching(
-            spec,
-            batch,
-            Budget::new(b),
-            kind,
-            cost,
-            approx,
-            Search::GiveUpWhenStuck,
-        )
-    };
-    let mut hi = Plan::new(g).needed_bytes();
-    let mut lo = lower_bound.saturating_sub(1); // refused (or provably so)
-    let mut probes = 0;
-    while hi > lo + 1 && (hi - lo) as f64 > tolerance * hi as f64 {
-        let mid = lo + (hi - lo) / 2;
-        probes += 1;
-        match probe(mid) {
-            Ok(_) => hi = mid,
-            Err(PlanError::Budget(_)) => lo = mid,
-            Err(e) => return Err(e),
-        }
-    }
+    // Micro-batching (where the graph allows it) goes down to one sample.
+    let lower_bound = working_set_floor(spec, if sample_separable(&g) { 1 } else { batch })?;
+    let Bracket { lo, hi, probes } = bisect_budget(
+        spec,
+        batch,
+        kind,
+        cost,
+        Approximations::default(),
+        // The bound minus one is refused (or provably so); the plain plan plans.
+        (lower_bound.saturating_sub(1), Plan::new(g).needed_bytes()),
+        None,
+        |lo, hi| hi > lo + 1 && (hi - lo) as f64 > tolerance * hi as f64,
+    )?;
     // The floor's own plan, as the policy search makes it for that budget: a probe that planned gave
     // up nowhere, so it made the exhaustive search's choices up to the fitting plan, and a candidate
     // that gave up cannot fit; the same budget plans again.

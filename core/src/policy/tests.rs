@@ -168,6 +168,22 @@ proptest! {
     }
 }
 
+/// conv-BatchNorm-activation, conv-BatchNorm on 8×8: a network that is not sample-separable.
+fn bn_net() -> ModelSpec {
+    random_model(
+        &[
+            (0, 2, true),
+            (2, 0, true),
+            (3, 0, true),
+            (0, 2, true),
+            (2, 0, true),
+        ],
+        1,
+        8,
+        2,
+    )
+}
+
 /// conv-relu-pool ×2 + linear on 16×16: the small CNN shape.
 fn small_cnn() -> ModelSpec {
     random_model(
@@ -226,18 +242,7 @@ fn too_small_budget_reports_a_budget_that_works() {
 /// approximation, a refusal names one figure whatever the budget refused, and that figure plans.
 #[test]
 fn a_batch_norm_refusal_names_a_figure_that_plans() {
-    let spec = random_model(
-        &[
-            (0, 2, true),
-            (2, 0, true),
-            (3, 0, true),
-            (0, 2, true),
-            (2, 0, true),
-        ],
-        1,
-        8,
-        2,
-    );
+    let spec = bn_net();
     let batch = 16;
     let cost = CostModel::estimate(&Graph::new(&spec, batch).unwrap());
     let approxes = [
@@ -252,14 +257,7 @@ fn a_batch_norm_refusal_names_a_figure_that_plans() {
         },
     ];
     for approx in approxes {
-        for kind in [
-            PolicyKind::Plain,
-            PolicyKind::MicroBatch,
-            PolicyKind::Recompute,
-            PolicyKind::Hybrid,
-            PolicyKind::RecomputeFirst,
-            PolicyKind::Auto,
-        ] {
+        for kind in PolicyKind::ALL {
             let plan =
                 |b: usize| plan_for_budget_with(&spec, batch, Budget::new(b), kind, &cost, approx);
             let needed_at = |b: usize| match plan(b) {
@@ -373,18 +371,7 @@ fn residual_bn_recompute_halves_the_arena_bit_exactly() {
 
 #[test]
 fn ghost_batch_norm_is_used_only_when_asked() {
-    let spec = random_model(
-        &[
-            (0, 2, true),
-            (2, 0, true),
-            (3, 0, true),
-            (0, 2, true),
-            (2, 0, true),
-        ],
-        1,
-        8,
-        2,
-    );
+    let spec = bn_net();
     let g = Graph::new(&spec, 64).unwrap();
     let cost = CostModel::estimate(&g);
     let plain = Plan::new(g);
