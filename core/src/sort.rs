@@ -1,13 +1,14 @@
-//! An in-place heapsort for every sort of the planner and the plan decoder: O(n log n), no allocation,
-//! no recursion and a few words of stack. `core`'s sorts keep scratch on the stack (the stable one up to
+//! An in-place sort for every sort of the planner and the plan decoder: Shell sort up to
+//! [`SHELL_MAX`] elements, heapsort above (O(n log n)); no allocation, no recursion and a few words of
+//! stack. `core`'s sorts keep scratch on the stack (the stable one up to
 //! 4 KiB, the unstable one several hundred bytes per recursion level), more than the ~2 KiB a Cortex-M0
 //! decodes a plan in; and each of their instantiations is several KiB of code (the browser build had
 //! 86 KiB of them before they all went through this one). Unstable: callers sort by unique keys (an
 //! index breaks ties where the order of equals matters) or by whole values, where every sort agrees.
 
-/// Slices up to this length are Shell-sorted: no recursion or scratch either, and about a third of
-/// the heapsort's comparisons on the tens to hundreds of ranges the layout sorts per storage placed
-/// (the planner's hot loop).
+/// Slices up to this length are Shell-sorted: no recursion or scratch either, and faster than the
+/// heapsort on the tens to hundreds of ranges the layout sorts per storage placed (the planner's hot
+/// loop: refusing a budget of 0 on the small character transformer went from 1.76 s to 1.32 s).
 const SHELL_MAX: usize = 1024;
 
 /// Ciura's gap sequence (descending), ending in an insertion sort's gap of 1.
