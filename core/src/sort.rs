@@ -8,7 +8,7 @@
 
 /// Slices up to this length are Shell-sorted: no recursion or scratch either, and faster than the
 /// heapsort on the tens to hundreds of ranges the layout sorts per storage placed (the planner's hot
-/// loop: refusing a budget of 0 on the small character transformer went from 1.76 s to 1.32 s).
+/// loop: `floor` on the small character transformer at batch 32 went from 1.76 s to 1.32 s).
 const SHELL_MAX: usize = 1024;
 
 /// Ciura's gap sequence (descending), ending in an insertion sort's gap of 1.
