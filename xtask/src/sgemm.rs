@@ -1,5 +1,6 @@
-//! `cargo xtask bench sgemm [--threads N] [--reps R]`: SGEMM GFLOPS for 1024³ and the FC-FC-FC b2048
-//! shapes, per micro-kernel family, against one core's FMA peak.
+//! `cargo xtask bench sgemm [--threads N] [--reps R]`: SGEMM GFLOPS for 1024³, the FC-FC-FC b2048
+//! shapes and those of the char transformer and LSTM steps, per micro-kernel family, against one
+//! core's FMA peak.
 //!
 //! Peak: Zen 4 issues two 256-bit FMAs per cycle (AVX-512 is double-pumped), i.e. 2 × 8 lanes × 2 FLOP
 //! = 32 f32 FLOP per cycle per core; the clock is measured with a chain of dependent integer adds (one
@@ -98,6 +99,16 @@ fn cpuinfo_mhz() -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// How the bench lays out A: row-major with a leading dimension of at least k (a row of a wider
+/// tensor, such as one time step of an RNN's outputs), or column-major (the transpose of a row-major
+/// k×lda matrix, such as a weight gradient's `dYᵀ`).
+#[derive(Clone, Copy)]
+enum ALayout {
+    Rows(usize),
+    Cols(usize),
+}
+
+#[allow(clippy::too_many_arguments)]
 fn gflops(
     kern: SgemmKernel,
     pool: &ThreadPool,
@@ -105,9 +116,14 @@ fn gflops(
     n: usize,
     k: usize,
     reps: usize,
+    al: ALayout,
     bt: bool,
 ) -> f64 {
-    let a: Vec<f32> = (0..m * k)
+    let a_len = match al {
+        ALayout::Rows(ld) => (m - 1) * ld.max(k) + k,
+        ALayout::Cols(ld) => (k - 1) * ld.max(m) + m,
+    };
+    let a: Vec<f32> = (0..a_len)
         .map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0)
         .collect();
     let b: Vec<f32> = (0..k * n)
@@ -115,6 +131,10 @@ fn gflops(
         .collect();
     let mut c = vec![0.0f32; m * n];
     let mut s = vec![0.0f32; gemm_scratch_len_threads(m, n, k, pool_threads(pool))];
+    let am = match al {
+        ALayout::Rows(ld) => MatRef::row_major(&a, ld.max(k)),
+        ALayout::Cols(ld) => MatRef::row_major_t(&a, ld.max(m)),
+    };
     let bm = if bt {
         MatRef::row_major_t(&b, k)
     } else {
@@ -123,19 +143,7 @@ fn gflops(
     let mut best = f64::MAX;
     for _ in 0..reps {
         let t = Instant::now();
-        sgemm_with_pool(
-            kern,
-            pool,
-            m,
-            n,
-            k,
-            MatRef::row_major(&a, k),
-            bm,
-            &mut c,
-            n,
-            false,
-            &mut s,
-        );
+        sgemm_with_pool(kern, pool, m, n, k, am, bm, &mut c, n, false, &mut s);
         best = best.min(t.elapsed().as_secs_f64());
     }
     std::hint::black_box(&c);
@@ -196,22 +204,47 @@ pub fn main(args: &[String]) -> Result<(), String> {
         "peak used: {peak:.1} GFLOPS per core; {threads} thread(s): {:.1}",
         peak * threads as f64
     );
-    // (m, n, k, B transposed, label)
-    let shapes: &[(usize, usize, usize, bool, &str)] = &[
-        (1024, 1024, 1024, false, "1024³"),
-        (2048, 1024, 784, true, "fc1 fwd  x·Wᵀ"),
-        (2048, 1024, 1024, true, "fc2 fwd  x·Wᵀ"),
-        (2048, 100, 1024, true, "fc3 fwd  x·Wᵀ"),
-        (2048, 784, 1024, false, "fc2 dX  dY·W"),
-        (1024, 1024, 2048, false, "fc2 dW  (dYᵀ·X, A row-major here)"),
+    use ALayout::{Cols, Rows};
+    // (m, n, k, A's layout, B transposed, label); A's leading dimension 0 = k (rows) or m (columns).
+    let shapes: &[(usize, usize, usize, ALayout, bool, &str)] = &[
+        (1024, 1024, 1024, Rows(0), false, "1024³"),
+        (2048, 1024, 784, Rows(0), true, "fc1 fwd  x·Wᵀ"),
+        (2048, 1024, 1024, Rows(0), true, "fc2 fwd  x·Wᵀ"),
+        (2048, 100, 1024, Rows(0), true, "fc3 fwd  x·Wᵀ"),
+        (2048, 784, 1024, Rows(0), false, "fc2 dX  dY·W"),
+        (
+            1024,
+            1024,
+            2048,
+            Rows(0),
+            false,
+            "fc2 dW  (dYᵀ·X, A row-major here)",
+        ),
+        // The char transformer (examples/char-gpt.toml: 32 × 64 tokens, width 128, MLP 512).
+        (2048, 384, 128, Rows(0), true, "gpt qkv fwd  x·Wᵀ"),
+        (2048, 128, 512, Rows(0), true, "gpt fc2 fwd  x·Wᵀ"),
+        (2048, 128, 512, Rows(0), false, "gpt fc1 dX  dY·W"),
+        (512, 128, 2048, Cols(0), false, "gpt fc1 dW  dYᵀ·X"),
+        // The char LSTM (examples/char-lstm.toml: batch 32, 64 steps, 384 units, gates 1536):
+        // one time step's rows of the outputs (stride 64·384) and of the gates (64·1536).
+        (32, 1536, 384, Rows(64 * 384), true, "lstm step  h·W_hhᵀ"),
+        (
+            32,
+            384,
+            1536,
+            Rows(64 * 1536),
+            false,
+            "lstm step dH  dG·W_hh",
+        ),
+        (1536, 384, 2048, Cols(0), false, "lstm dW_hh  dGᵀ·H"),
     ];
     for kern in [SgemmKernel::Avx512, SgemmKernel::Avx2] {
         if !kern.is_available() {
             continue;
         }
         println!("kernel {}:", kern.name());
-        for &(m, n, k, bt, label) in shapes {
-            let g = gflops(kern, &pool, m, n, k, reps, bt);
+        for &(m, n, k, al, bt, label) in shapes {
+            let g = gflops(kern, &pool, m, n, k, reps, al, bt);
             println!(
                 "  {label:<36} {m:>5}×{n:>5}×{k:>5}: {g:7.1} GFLOPS = {:5.1} % of {threads}-core peak",
                 100.0 * g / (peak * threads as f64)

@@ -12,6 +12,9 @@
 //!         micro-kernel: C[ir.., jc+jr..] (+)= Apanel · Bpanel   (edge tiles: rows ≤ MR, cols ≤ NR)
 //! ```
 //!
+//! A band of few rows whose A is read in place (an RNN step's 32 rows) swaps the two inner loops, so
+//! that each B panel serves every row panel while it is in L1 (see `A_RESIDENT`).
+//!
 //! What differs per element type is behind [`Micro`]: the packed layouts (f32 panels of single depth
 //! steps; int8 panels of `G`-step groups, i16-widened or with column sums), the scratch fit, the
 //! unpacked fallback and the register tile. Every tile is computed from the same packed operands in
@@ -202,6 +205,10 @@ pub(super) trait Micro: Copy + Sync {
     fn unpacked(p: &Problem<'_, Self::E>, c: &mut [Self::C]);
 }
 
+/// A band of C's rows whose A (read in place) has at most this many elements per depth block
+/// (64 KiB of f32: L2-resident) is computed columns-outer; see `drive`.
+const A_RESIDENT: usize = 16 * 1024;
+
 /// Products with fewer multiply-adds than this per task are not split across workers (the fork-join
 /// costs a few microseconds).
 const PAR_MIN_FMAS: usize = if cfg!(test) { 16 } else { 1 << 18 };
@@ -291,49 +298,68 @@ pub(super) fn drive<M: Micro>(
             }
             let bpack = &*bpack;
             let acc = p.accumulate || pi > 0;
+            // One register tile: rows `ir..` of A (`at`, strides `a_rs`, `a_ps`) times columns
+            // `jr..` of the B block, into C's band `cb` (which starts at row `row0`).
+            let tile =
+                |ir: usize, jr: usize, row0: usize, cb: &mut [M::C], at: &[M::E], a_rs, a_ps| {
+                    let rows_t = mr.min(m - ir);
+                    let cols = nr.min(nc - jr);
+                    let (bt, ldb) = if b_in_place {
+                        let b0 = pc * b.rs + jc + jr;
+                        (&b.data[b0..b0 + (kc - 1) * b.rs + cols], b.rs)
+                    } else {
+                        let (r, ldb) = M::b_panel(nc, jr, kc);
+                        (&bpack[r], ldb)
+                    };
+                    let t = Tile {
+                        kc,
+                        a: at,
+                        a_rs,
+                        a_ps,
+                        b: bt,
+                        ldb,
+                        b_padded: !b_in_place,
+                        ldc,
+                        rows: rows_t,
+                        cols,
+                        acc,
+                    };
+                    let c0 = (ir - row0) * ldc + jc + jr;
+                    kern.tile(&t, &mut cb[c0..c0 + (rows_t - 1) * ldc + cols]);
+                };
+            // A in place, rows `ir..` at depth `pc..`.
+            let a_at = |ir: usize| {
+                let rows_t = mr.min(m - ir);
+                let a0 = ir * a.rs + pc * a.cs;
+                &a.data[a0..a0 + (rows_t - 1) * a.rs + (kc - 1) * a.cs + 1]
+            };
             // Rows `rows` of C (its band `cb` starts at row `rows.start`), A packed into `ap` if given.
             let body = |rows: Range<usize>, cb: &mut [M::C], mut ap: Option<&mut [M::E]>| {
+                let packs = ap.is_some() && !a_in_place;
+                if !packs && rows.len().saturating_mul(kc) <= A_RESIDENT {
+                    // Few rows, read in place: columns outer, so that each B panel is used by every
+                    // row panel while it is in L1 and the band's A stays in L2, instead of the whole
+                    // B block streaming past once per row panel. Each tile is computed as in the
+                    // rows-outer order, so the bits are the same.
+                    for jr in (0..nc).step_by(nr) {
+                        for ir in rows.clone().step_by(mr) {
+                            tile(ir, jr, rows.start, cb, a_at(ir), a.rs, a.cs);
+                        }
+                    }
+                    return;
+                }
                 for ir in rows.clone().step_by(mr) {
                     let rows_t = mr.min(m - ir);
                     let (at, a_rs, a_ps) = match ap.as_deref_mut() {
-                        Some(ap) if !a_in_place => {
+                        Some(ap) if packs => {
                             let ap = &mut ap[..M::a_panel(kc)];
                             kern.pack_a(a, ir, pc, rows_t, kc, ap);
                             (&*ap, 1, mr)
                         }
-                        _ => {
-                            let a0 = ir * a.rs + pc * a.cs;
-                            (
-                                &a.data[a0..a0 + (rows_t - 1) * a.rs + (kc - 1) * a.cs + 1],
-                                a.rs,
-                                a.cs,
-                            )
-                        }
+                        _ => (a_at(ir), a.rs, a.cs),
                     };
                     for jr in (0..nc).step_by(nr) {
-                        let cols = nr.min(nc - jr);
-                        let (bt, ldb) = if b_in_place {
-                            let b0 = pc * b.rs + jc + jr;
-                            (&b.data[b0..b0 + (kc - 1) * b.rs + cols], b.rs)
-                        } else {
-                            let (r, ldb) = M::b_panel(nc, jr, kc);
-                            (&bpack[r], ldb)
-                        };
-                        let t = Tile {
-                            kc,
-                            a: at,
-                            a_rs,
-                            a_ps,
-                            b: bt,
-                            ldb,
-                            b_padded: !b_in_place,
-                            ldc,
-                            rows: rows_t,
-                            cols,
-                            acc,
-                        };
-                        let c0 = (ir - rows.start) * ldc + jc + jr;
-                        kern.tile(&t, &mut cb[c0..c0 + (rows_t - 1) * ldc + cols]);
+                        tile(ir, jr, rows.start, cb, at, a_rs, a_ps);
                     }
                 }
             };

@@ -543,6 +543,8 @@ trait Kernel: Copy + Sync {
     const B_IN_PLACE: bool;
     /// Whether [`Kernel::tile`] can read A in place (any `a_rs`, `a_ps`).
     const A_IN_PLACE: bool;
+    /// A row-major A is read in place rather than packed when C has at most this many columns.
+    const A_ROWS_IN_PLACE_MAX_N: usize = A_IN_PLACE_MAX_N;
     /// Packs one A panel: `rows ≤ mr` lanes with stride `ls`, `kc` deep with stride `ps`, starting at
     /// `base` in `src`, into `dst[..mr·kc]`.
     #[allow(clippy::too_many_arguments)]
@@ -616,7 +618,8 @@ const B_IN_PLACE_MAX_RS: usize = 512;
 /// A row-major B of at most this many elements (32 KiB, small k) is always read in place: it stays in L1.
 const B_IN_PLACE_L1: usize = 8192;
 /// A (row- or column-major) is read in place instead of packed when C has at most this many columns: each
-/// A panel then feeds at most two register tiles, too few to pay for copying it.
+/// A panel then feeds at most two register tiles, too few to pay for copying it. The AVX2 kernel reads a
+/// row-major A in place at any width ([`Kernel::A_ROWS_IN_PLACE_MAX_N`]).
 const A_IN_PLACE_MAX_N: usize = 96;
 
 /// An f32 kernel family as the shared driver ([`blocked::drive`]) sees it.
@@ -631,7 +634,9 @@ impl<K: Kernel> Micro for F32<K> {
     const A_IN_PLACE: bool = K::A_IN_PLACE;
     const B_FIRST: bool = true;
     fn a_in_place(p: &Problem<'_, f32>) -> bool {
-        K::A_IN_PLACE && (p.a.rs == 1 || p.a.cs == 1) && p.n <= A_IN_PLACE_MAX_N
+        K::A_IN_PLACE
+            && ((p.a.cs == 1 && p.n <= K::A_ROWS_IN_PLACE_MAX_N)
+                || (p.a.rs == 1 && p.n <= A_IN_PLACE_MAX_N))
     }
     fn b_in_place(p: &Problem<'_, f32>) -> bool {
         K::B_IN_PLACE

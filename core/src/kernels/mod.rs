@@ -10,6 +10,7 @@ mod real;
 pub mod rows;
 #[cfg(test)]
 mod testkit;
+pub mod vector;
 
 pub use gemm::{gemm, gemm_par, gemm_scratch_len, gemm_scratch_len_threads, MatRef};
 pub use real::Real;

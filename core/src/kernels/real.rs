@@ -244,7 +244,9 @@ pub fn erf_f32(x: f32) -> f32 {
 #[inline(always)]
 pub fn exp_nonpos_f32(z: f32) -> f32 {
     let z = z.clamp(-87.0, 0.0);
-    let n = (z * core::f32::consts::LOG2_E + 12_582_912.0) - 12_582_912.0;
+    // t = 1.5·2²³ + round(z·log₂e): its low mantissa bits hold n as an integer.
+    let t = z * core::f32::consts::LOG2_E + 12_582_912.0;
+    let n = t - 12_582_912.0;
     let r = z - n * 0.693_359_4 + n * 2.121_944_4e-4;
     let mut p = 1.987_569_1e-4_f32;
     p = p * r + 1.398_199_9e-3;
@@ -253,8 +255,9 @@ pub fn exp_nonpos_f32(z: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5; // Cephes: 5.0000001201e-1, which rounds to 0.5 in f32
     let e = p * r * r + r + 1.0;
-    // n ∈ [−126, 0], so the biased exponent is in [1, 127].
-    e * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    // n ∈ [−126, 0], so the biased exponent n + 127 is in [1, 127]; it is read from t's bits (t's
+    // are 0x4B40_0000 + n) rather than by `n as i32`, whose saturating conversion does not vectorise.
+    e * f32::from_bits(t.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23)
 }
 
 #[cfg(test)]

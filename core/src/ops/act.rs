@@ -5,7 +5,7 @@
 //! `0 < y < 6` (hardtanh backward: `min < x < max`).
 //!
 //! Slices of different lengths are processed over their common prefix (callers pass equal lengths).
-use crate::kernels::Real;
+use crate::kernels::{vector, Real};
 
 /// An activation function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,29 +117,30 @@ fn sigmoid<T: Real>(x: T) -> T {
 
 /// `y = a(x)`.
 pub fn act_fwd<T: Real>(a: Act, x: &[T], y: &mut [T]) {
-    let it = y.iter_mut().zip(x);
+    // One loop per activation, each in its AVX2 copy where the CPU has it.
     match a {
-        Act::Relu => it.for_each(|(y, &x)| *y = relu(x)),
-        Act::Relu6 => it.for_each(|(y, &x)| *y = relu6(x)),
+        Act::Relu => vector::map(x, y, relu),
+        Act::Relu6 => vector::map(x, y, relu6),
         Act::Sigmoid if single::<T>() => {
-            it.for_each(|(y, &x)| *y = T::from_f32(sigmoid_f32(x.to_f32())))
+            vector::map(x, y, |x| T::from_f32(sigmoid_f32(x.to_f32())))
         }
-        Act::Sigmoid => it.for_each(|(y, &x)| *y = sigmoid(x)),
-        Act::Tanh if single::<T>() => it.for_each(|(y, &x)| *y = T::from_f32(tanh_f32(x.to_f32()))),
-        Act::Tanh => it.for_each(|(y, &x)| *y = x.tanh()),
+        Act::Sigmoid => vector::map(x, y, sigmoid),
+        Act::Tanh if single::<T>() => vector::map(x, y, |x| T::from_f32(tanh_f32(x.to_f32()))),
+        Act::Tanh => vector::map(x, y, |x| x.tanh()),
     }
 }
 
 /// `y = a(y)` in place.
 pub fn act_fwd_inplace<T: Real>(a: Act, y: &mut [T]) {
-    let it = y.iter_mut();
     match a {
-        Act::Relu => it.for_each(|v| *v = relu(*v)),
-        Act::Relu6 => it.for_each(|v| *v = relu6(*v)),
-        Act::Sigmoid if single::<T>() => it.for_each(|v| *v = T::from_f32(sigmoid_f32(v.to_f32()))),
-        Act::Sigmoid => it.for_each(|v| *v = sigmoid(*v)),
-        Act::Tanh if single::<T>() => it.for_each(|v| *v = T::from_f32(tanh_f32(v.to_f32()))),
-        Act::Tanh => it.for_each(|v| *v = v.tanh()),
+        Act::Relu => vector::map_inplace(y, relu),
+        Act::Relu6 => vector::map_inplace(y, relu6),
+        Act::Sigmoid if single::<T>() => {
+            vector::map_inplace(y, |v| T::from_f32(sigmoid_f32(v.to_f32())))
+        }
+        Act::Sigmoid => vector::map_inplace(y, sigmoid),
+        Act::Tanh if single::<T>() => vector::map_inplace(y, |v| T::from_f32(tanh_f32(v.to_f32()))),
+        Act::Tanh => vector::map_inplace(y, |v| v.tanh()),
     }
 }
 

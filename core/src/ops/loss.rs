@@ -1,7 +1,7 @@
 //! Losses fused with the derivative of the last layer: softmax + cross-entropy over class logits, and
 //! mean squared error.
 use super::elementwise::dot;
-use crate::kernels::Real;
+use crate::kernels::{vector, Real};
 
 /// Per-sample log-softmax pieces: `(max, first argmax)`.
 #[inline]
@@ -64,16 +64,16 @@ pub fn softmax_ce_inplace<T: Real>(
         }
         let (m, am) = max_argmax(d);
         let zl = d[label] - m;
+        // e^(v − m) ≤ 1 in a pass that vectorises, then their sum in order.
+        vector::map_inplace(d, |v| (v - m).exp_nonpos());
         let mut s = T::ZERO;
-        for v in d.iter_mut() {
-            let e = (*v - m).exp();
-            *v = e;
+        for &e in d.iter() {
             s += e;
         }
         loss += s.ln() - zl;
         correct += usize::from(am == label);
         let k = inv / s;
-        d.iter_mut().for_each(|v| *v *= k);
+        vector::map_inplace(d, |v| v * k);
         d[label] -= inv;
     }
     (loss * inv, correct)
@@ -102,8 +102,9 @@ pub fn softmax_ce_eval<T: Real>(
         }
         let (m, am) = max_argmax(z);
         let mut s = T::ZERO;
+        // The exponential the training loss uses.
         for &v in z {
-            s += (v - m).exp();
+            s += (v - m).exp_nonpos();
         }
         loss += s.ln() - (z[label] - m);
         correct += usize::from(am == label);

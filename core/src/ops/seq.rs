@@ -13,7 +13,7 @@
 //! in a build without it.
 use crate::kernels::gemm_scratch_len;
 #[cfg(feature = "seq")]
-use crate::kernels::{gemm, MatRef, Real};
+use crate::kernels::{gemm, vector, MatRef, Real};
 #[cfg(feature = "seq")]
 use crate::ops::linear_grad_w_rows_par;
 #[cfg(feature = "seq")]
@@ -252,17 +252,17 @@ const INV_SQRT_2PI: f32 = 0.398_942_3;
 #[cfg(feature = "seq")]
 pub fn smooth_fwd<T: Real>(a: Smooth, x: &[T], y: &mut [T]) {
     let half = T::from_f32(0.5);
-    for (y, &x) in y.iter_mut().zip(x) {
-        *y = match a {
-            Smooth::Gelu => half * x * (T::ONE + (x * T::from_f32(FRAC_1_SQRT_2)).erf()),
-            Smooth::Silu => x / (T::ONE + (-x).exp()),
-        };
+    match a {
+        Smooth::Gelu => vector::map(x, y, |x| {
+            half * x * (T::ONE + (x * T::from_f32(FRAC_1_SQRT_2)).erf())
+        }),
+        Smooth::Silu => vector::map(x, y, |x| x / (T::ONE + (-x).exp())),
     }
 }
 
 /// `a'(x)`.
 #[cfg(feature = "seq")]
-#[inline]
+#[inline(always)]
 fn smooth_slope<T: Real>(a: Smooth, x: T) -> T {
     let half = T::from_f32(0.5);
     match a {
@@ -294,8 +294,10 @@ pub fn smooth_grad<T: Real>(a: Smooth, x: &[T], dy: &[T], dx: &mut [T], accumula
 /// a'(x)·d`, the same bits.
 #[cfg(feature = "seq")]
 pub fn smooth_grad_inplace<T: Real>(a: Smooth, x: &[T], d: &mut [T]) {
-    for (d, &x) in d.iter_mut().zip(x) {
-        *d = smooth_slope(a, x) * *d;
+    // One loop per activation, so that each vectorises without the match inside.
+    match a {
+        Smooth::Gelu => vector::zip_inplace(x, d, |x, d| smooth_slope(Smooth::Gelu, x) * d),
+        Smooth::Silu => vector::zip_inplace(x, d, |x, d| smooth_slope(Smooth::Silu, x) * d),
     }
 }
 
@@ -543,14 +545,14 @@ pub fn attention_fwd<T: Real>(
                             m = v;
                         }
                     }
+                    // e^(v·scale − m) ≤ 1 in a pass that vectorises, then their sum in order.
+                    vector::map_inplace(&mut row[..=i], |v| (v * scale - m).exp_nonpos());
                     let mut s = T::ZERO;
-                    for v in &mut row[..=i] {
-                        let e = (*v * scale - m).exp();
-                        *v = e;
+                    for &e in &row[..=i] {
                         s += e;
                     }
                     let inv = T::ONE / s;
-                    row[..=i].iter_mut().for_each(|v| *v *= inv);
+                    vector::map_inplace(&mut row[..=i], |v| v * inv);
                     // Keys past the tile's last row were not computed; in the saved matrix they are
                     // zeros like the rest above the diagonal.
                     let end = if g.recompute_probs { i1 } else { t };
@@ -621,9 +623,8 @@ pub fn attention_grad_x<T: Real>(
                         let st = &saved[2 * (bh * t + i)..2 * (bh * t + i) + 2];
                         let (m, inv) = (st[0], T::ONE / st[1]);
                         let row = &mut tile[(i - i0) * t..(i - i0) * t + i1];
-                        for v in &mut row[..=i] {
-                            *v = (*v * scale - m).exp() * inv;
-                        }
+                        // As the forward pass computes them, so recomputed probabilities are its bits.
+                        vector::map_inplace(&mut row[..=i], |v| (v * scale - m).exp_nonpos() * inv);
                         row[i + 1..].iter_mut().for_each(|v| *v = T::ZERO);
                     }
                     &tile[..]

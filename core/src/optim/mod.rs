@@ -1,5 +1,6 @@
 //! Optimizers, PyTorch semantics (`foreach=False` single-tensor paths). Their state tensors are planned in
 //! the arena like any other tensor; the executor passes slices.
+use crate::kernels::vector;
 use crate::model::OptimizerSpec;
 
 /// Per-step scalars the update needs (Adam's step count).
@@ -86,28 +87,17 @@ fn adam(
     let bc2 = 1.0 - libm::pow(beta2 as f64, t as f64);
     let step_size = (lr as f64 / bc1) as f32;
     let bc2_sqrt = libm::sqrt(bc2) as f32;
-    let w1 = 1.0 - beta1;
-    let w2 = 1.0 - beta2;
     // PyTorch computes 1 − lr·wd in Python floats (f64).
     let shrink = (1.0 - lr as f64 * decoupled as f64) as f32;
-    for (((w, &g), m), v) in w.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-        if decoupled != 0.0 {
-            *w *= shrink;
-        }
-        let g = if weight_decay != 0.0 {
-            g + weight_decay * *w
-        } else {
-            g
-        };
-        // exp_avg.lerp_(grad, 1-β1): weight < 0.5 uses self + w·(end − self).
-        *m = if w1 < 0.5 {
-            *m + w1 * (g - *m)
-        } else {
-            g - (g - *m) * (1.0 - w1)
-        };
-        *v = *v * beta2 + w2 * g * g;
-        let denom = libm::sqrtf(*v) / bc2_sqrt + eps;
-        // addcdiv_(m, denom, value=-step_size) computes (value·m)/denom.
-        *w += (-step_size * *m) / denom;
-    }
+    let step = vector::AdamStep {
+        shrink: (decoupled != 0.0).then_some(shrink),
+        weight_decay: (weight_decay != 0.0).then_some(weight_decay),
+        w1: 1.0 - beta1,
+        beta2,
+        w2: 1.0 - beta2,
+        bc2_sqrt,
+        eps,
+        step_size,
+    };
+    vector::adam(&step, w, g, m, v);
 }

@@ -195,6 +195,24 @@ fn load8(s: &[f32]) -> __m256 {
     unsafe { _mm256_loadu_ps(s.as_ptr()) }
 }
 
+/// Loads 4 floats from the start of `s` (which must hold at least 4).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load4(s: &[f32]) -> __m128 {
+    let s = &s[..4];
+    // SAFETY: `s` has exactly 4 elements (the slicing above checked it); unaligned load is allowed.
+    unsafe { _mm_loadu_ps(s.as_ptr()) }
+}
+
+/// Stores 4 floats to the start of `d` (which must hold at least 4).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn store4(d: &mut [f32], x: __m128) {
+    let d = &mut d[..4];
+    // SAFETY: `d` has exactly 4 elements (the slicing above checked it); unaligned store is allowed.
+    unsafe { _mm_storeu_ps(d.as_mut_ptr(), x) }
+}
+
 /// Stores 8 floats to the start of `d` (which must hold at least 8).
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -230,9 +248,20 @@ fn pack_panel(
                 store8(&mut d[l..], load8(&s[l..]));
                 l += 8;
             }
-            // Guarded: a zero-length copy or fill would still cost a libc call per depth step.
+            // The ragged end without a libc call per depth step (a column-major A panel is 6 lanes):
+            // one overlapping vector after full ones, two overlapping halves from 4 lanes, element
+            // copies below that.
             if l < lanes {
-                d[l..lanes].copy_from_slice(&s[l..]);
+                if lanes >= 8 {
+                    store8(&mut d[lanes - 8..], load8(&s[lanes - 8..]));
+                } else if lanes >= 4 {
+                    store4(&mut d[..], load4(s));
+                    store4(&mut d[lanes - 4..], load4(&s[lanes - 4..]));
+                } else {
+                    for (d, &x) in d[..lanes].iter_mut().zip(s) {
+                        *d = x;
+                    }
+                }
             }
             if pad && lanes < w {
                 d[lanes..].fill(0.0);
@@ -583,6 +612,13 @@ impl Kernel for Avx2 {
     const SPEC: Spec = SPEC_AVX2;
     const B_IN_PLACE: bool = true;
     const A_IN_PLACE: bool = true;
+    /// A row-major A is always read in place: the broadcast loads of a 6-row panel (6 rows of `kc`
+    /// contiguous elements, L1-resident) are as fast as from a packed copy, so packing is pure
+    /// overhead. On Zen 3 (`cargo xtask bench sgemm`, one sitting) this raised every shape, e.g.
+    /// 1024³ from 73.0 to 79.1 GFLOPS and `2048×100×1024` from 53.9 to 77.6. A column-major A (a
+    /// weight gradient's `dYᵀ`) keeps the default: each depth step is another cache line and,
+    /// for wide `dY`, another page.
+    const A_ROWS_IN_PLACE_MAX_N: usize = usize::MAX;
     fn pack_a(
         self,
         src: &[f32],
