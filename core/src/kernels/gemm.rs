@@ -545,6 +545,8 @@ trait Kernel: Copy + Sync {
     const A_IN_PLACE: bool;
     /// A row-major A is read in place rather than packed when C has at most this many columns.
     const A_ROWS_IN_PLACE_MAX_N: usize = A_IN_PLACE_MAX_N;
+    /// A column-major A is read in place at any width when its depth stride is at most this.
+    const A_COLS_IN_PLACE_MAX_LD: usize = 0;
     /// Packs one A panel: `rows ≤ mr` lanes with stride `ls`, `kc` deep with stride `ps`, starting at
     /// `base` in `src`, into `dst[..mr·kc]`.
     #[allow(clippy::too_many_arguments)]
@@ -636,7 +638,8 @@ impl<K: Kernel> Micro for F32<K> {
     fn a_in_place(p: &Problem<'_, f32>) -> bool {
         K::A_IN_PLACE
             && ((p.a.cs == 1 && p.n <= K::A_ROWS_IN_PLACE_MAX_N)
-                || (p.a.rs == 1 && p.n <= A_IN_PLACE_MAX_N))
+                || (p.a.rs == 1
+                    && (p.n <= A_IN_PLACE_MAX_N || p.a.cs <= K::A_COLS_IN_PLACE_MAX_LD)))
     }
     fn b_in_place(p: &Problem<'_, f32>) -> bool {
         K::B_IN_PLACE

@@ -118,6 +118,10 @@ const LARGE: &[(usize, usize, usize)] = &[
     (130, 97, 513),
     (1, 2100, 3),
     (75, 1, 260),
+    // A column-major A more than 512 rows apart per depth step, wider than 96: packed, with the ragged
+    // last panels of 5 and 3 rows.
+    (605, 100, 40),
+    (603, 100, 9),
 ];
 
 gemm_conformance! {

@@ -615,10 +615,14 @@ impl Kernel for Avx2 {
     /// A row-major A is always read in place: the broadcast loads of a 6-row panel (6 rows of `kc`
     /// contiguous elements, L1-resident) are as fast as from a packed copy, so packing is pure
     /// overhead. On Zen 3 (`cargo xtask bench sgemm`, one sitting) this raised every shape, e.g.
-    /// 1024³ from 73.0 to 79.1 GFLOPS and `2048×100×1024` from 53.9 to 77.6. A column-major A (a
-    /// weight gradient's `dYᵀ`) keeps the default: each depth step is another cache line and,
-    /// for wide `dY`, another page.
+    /// 1024³ from 73.0 to 79.1 GFLOPS and `2048×100×1024` from 53.9 to 77.6.
     const A_ROWS_IN_PLACE_MAX_N: usize = usize::MAX;
+    /// A column-major A (a weight gradient's `dYᵀ`) steps to another cache line every depth step;
+    /// it is read in place while those lines are at most 2 KiB apart (the transformer's `dYᵀ`, 128
+    /// to 512 wide: its step took 0.95× the time, best of 10 alternating runs) and packed when
+    /// farther apart (the LSTM's 1536 gates, where each step is nearly a page: packed was the faster
+    /// in `bench sgemm`'s `lstm dW_hh` row in two sittings; this host's noise is ±20 % there).
+    const A_COLS_IN_PLACE_MAX_LD: usize = 512;
     fn pack_a(
         self,
         src: &[f32],
