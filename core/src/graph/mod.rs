@@ -1530,6 +1530,11 @@ impl<'a> Builder<'a> {
                 .inputs
                 .first()
                 .is_some_and(|&t| self.tensors[t as usize].kind == TensorKind::External);
+            if int8 && !precision::scratch_fits(&node.op, n) {
+                return Err(GraphError::TooLarge {
+                    tensor: format!("{} (its int8 scratch)", node.name),
+                });
+            }
             let (fwd, gw, gx) = match &node.op {
                 _ if int8 => precision::scratch_bytes(
                     self.precision,

@@ -252,6 +252,31 @@ pub fn scratch_bytes(
     }
 }
 
+/// Whether a node's int8 scratch can be sized at batch `n` without overflow: every product the layouts
+/// form (input, output, weight and column buffers over the batch) is at most `isize::MAX / 64`, so
+/// their sums and small multiples stay in range. A decoded model's geometry is untrusted; the graph
+/// refuses one that fails this with a typed error instead of overflowing.
+pub fn scratch_fits(op: &NodeOp, n: usize) -> bool {
+    let prod = |xs: &[usize]| {
+        xs.iter()
+            .try_fold(1usize, |a, &x| a.checked_mul(x))
+            .is_some_and(|v| v <= isize::MAX as usize / 64)
+    };
+    match op {
+        NodeOp::Linear { fin, fout } => {
+            prod(&[n, *fin]) && prod(&[n, *fout]) && prod(&[*fin, *fout])
+        }
+        NodeOp::Conv(g) => {
+            g.groups >= 1
+                && prod(&[n, g.cin, g.h, g.w])
+                && prod(&[n, g.cout, g.oh, g.ow])
+                && prod(&[n, g.cin, g.kh, g.kw, g.oh, g.ow])
+                && prod(&[g.cout, g.cin, g.kh, g.kw])
+        }
+        _ => true,
+    }
+}
+
 /// The largest inner dimension (GEMM `k`, or summed terms) a node accumulates in i32, for the exactness
 /// check ([`MAX_K`]).
 pub fn max_accumulation(op: &NodeOp, n: usize) -> usize {
