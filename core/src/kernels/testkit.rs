@@ -318,21 +318,24 @@ pub(super) fn available<K: GemmUnderTest>(kernel: K, said: &Once) -> Option<K> {
     if kernel.is_available() {
         return Some(kernel);
     }
+    skipped(kernel.name(), &format!("{kernel:?} kernel suite"), said);
+    None
+}
+
+/// Says once (`said`) on stderr, past the test harness's capture, that `what` was skipped because
+/// the kernel `name` cannot run here; panics instead when `FRUGAL_REQUIRE_KERNELS` (comma-separated
+/// names) requires that kernel.
+pub(super) fn skipped(name: &str, what: &str, said: &Once) {
     let required = std::env::var("FRUGAL_REQUIRE_KERNELS")
-        .is_ok_and(|v| v.split(',').any(|n| n.trim() == kernel.name()));
+        .is_ok_and(|v| v.split(',').any(|n| n.trim() == name));
     assert!(
         !required,
-        "{} is required here (FRUGAL_REQUIRE_KERNELS) but not available",
-        kernel.name()
+        "{name} is required here (FRUGAL_REQUIRE_KERNELS) but not available"
     );
     said.call_once(|| {
         use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped: {kernel:?} kernel suite (not available here)"
-        );
+        let _ = writeln!(std::io::stderr(), "skipped: {what} (not available here)");
     });
-    None
 }
 
 /// The shared GEMM suite for each `name => kernel` of one element type, as modules named `name` with
