@@ -7,6 +7,8 @@ set -euo pipefail
 VENV="${VENV:-$HOME/.cache/frugal-torch-venv}"
 PY="$VENV/bin/python"
 if [ -x "$PY" ] && "$PY" -c 'import torch' >/dev/null 2>&1; then
+  # seq_ref.py (`bench seq`) also reads safetensors; venvs made before it was listed lack it.
+  "$PY" -c 'import safetensors' >/dev/null 2>&1 || "$VENV/bin/pip" install safetensors
   echo "PyTorch already importable from $PY"; exit 0
 fi
 python3 -m venv "$VENV"
@@ -14,7 +16,7 @@ python3 -m venv "$VENV"
 # libraries. Install torch alone, then the plain-Python deps, then only the CUDA shared libraries that
 # libtorch*.so links against (import fails without them; nothing runs on a GPU).
 "$VENV/bin/pip" install --no-deps 'torch==2.15.0'
-"$VENV/bin/pip" install filelock typing-extensions sympy networkx jinja2 fsspec numpy 'setuptools>=77.0.3'
+"$VENV/bin/pip" install filelock typing-extensions sympy networkx jinja2 fsspec numpy safetensors 'setuptools>=77.0.3'
 mapfile -t CUDA_REQS < <("$PY" - <<'PYEOF'
 import importlib.metadata as md
 for r in md.requires("torch") or []:
