@@ -465,6 +465,8 @@ impl Kernel for Avx512 {
     const SPEC: Spec = SPEC_AVX512;
     const B_IN_PLACE: bool = true;
     const A_IN_PLACE: bool = true;
+    const A_ROWS_IN_PLACE_MAX_N: usize = usize::MAX;
+    const A_COLS_IN_PLACE_MAX_LD: usize = 512;
     fn pack_a(
         self,
         src: &[f32],
