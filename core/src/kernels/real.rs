@@ -122,9 +122,11 @@ impl Real for f32 {
     fn tanh(self) -> Self {
         libm::tanhf(self)
     }
+    #[inline]
     fn erf(self) -> Self {
         erf_f32(self)
     }
+    #[inline]
     fn exp_nonpos(self) -> Self {
         exp_nonpos_f32(self)
     }

@@ -1,17 +1,13 @@
 //! Element-wise helpers: the `Add` layer (forward and backward), copies that optionally accumulate into
-//! a gradient with several consumers, scaling, and lane-split reductions used by the other ops.
+//! a gradient with several consumers, scaling, and the sum and dot product (in `kernels::vector`'s lane
+//! order) used by the other ops.
 //!
 //! Slices of different lengths are processed over their common prefix (callers pass equal lengths).
 use core::ops::Range;
 
 use crate::kernels::par::{tasks_for, Shards};
-use crate::kernels::Real;
+use crate::kernels::{vector, Real};
 use crate::pool::{chunk, WorkerPool};
-
-/// Number of independent accumulators in the reductions: breaks the add dependency chain (and lets
-/// LLVM vectorise, since float addition is never reassociated on its own) and shortens the rounding
-/// chains by the same factor.
-const LANES: usize = 8;
 
 /// `y = a + b` (the `Add` layer; `y` does not alias either input).
 pub fn add_fwd<T: Real>(a: &[T], b: &[T], y: &mut [T]) {
@@ -74,43 +70,14 @@ pub fn fill<T: Real>(x: &mut [T], v: T) {
     }
 }
 
-/// Sum of the elements (eight interleaved partial sums, then a pairwise combine).
+/// Sum of the elements, in [`vector::sum_map`]'s lane order.
 pub fn sum<T: Real>(x: &[T]) -> T {
-    let mut acc = [T::ZERO; LANES];
-    let mut chunks = x.chunks_exact(LANES);
-    for ch in &mut chunks {
-        for l in 0..LANES {
-            acc[l] += ch[l];
-        }
-    }
-    for (l, &v) in chunks.remainder().iter().enumerate() {
-        acc[l] += v;
-    }
-    combine(acc)
+    vector::sum_map(x, |v| v)
 }
 
-/// Dot product `Σ a_i·b_i` over the common length (eight interleaved partial sums).
+/// Dot product `Σ a_i·b_i` over the common length, in [`vector::sum_map`]'s lane order.
 pub fn dot<T: Real>(a: &[T], b: &[T]) -> T {
-    let len = a.len().min(b.len());
-    let (a, b) = (&a[..len], &b[..len]);
-    let mut acc = [T::ZERO; LANES];
-    let mut ca = a.chunks_exact(LANES);
-    let mut cb = b.chunks_exact(LANES);
-    for (x, y) in (&mut ca).zip(&mut cb) {
-        for l in 0..LANES {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    for (l, (&x, &y)) in ca.remainder().iter().zip(cb.remainder()).enumerate() {
-        acc[l] += x * y;
-    }
-    combine(acc)
-}
-
-/// Pairwise reduction of the lane accumulators.
-#[inline(always)]
-pub(crate) fn combine<T: Real>(a: [T; LANES]) -> T {
-    ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+    vector::sum_zip(a, b, |x, y| x * y)
 }
 
 /// Elements per task below which an element-wise op is not split (tiny in tests, so that they split).

@@ -64,12 +64,9 @@ pub fn softmax_ce_inplace<T: Real>(
         }
         let (m, am) = max_argmax(d);
         let zl = d[label] - m;
-        // e^(v − m) ≤ 1 in a pass that vectorises, then their sum in order.
+        // e^(v − m) ≤ 1 in a pass that vectorises, then their sum in lane order.
         vector::map_inplace(d, |v| (v - m).exp_nonpos());
-        let mut s = T::ZERO;
-        for &e in d.iter() {
-            s += e;
-        }
+        let s = vector::sum_map(d, |e| e);
         loss += s.ln() - zl;
         correct += usize::from(am == label);
         let k = inv / s;
@@ -101,11 +98,8 @@ pub fn softmax_ce_eval<T: Real>(
             continue;
         }
         let (m, am) = max_argmax(z);
-        let mut s = T::ZERO;
-        // The exponential the training loss uses.
-        for &v in z {
-            s += (v - m).exp_nonpos();
-        }
+        // The exponential and the sum's order the training loss uses.
+        let s = vector::sum_map(z, |v| (v - m).exp_nonpos());
         loss += s.ln() - (z[label] - m);
         correct += usize::from(am == label);
     }
@@ -159,7 +153,7 @@ pub fn mse_eval<T: Real>(pred: &[T], target: &[T]) -> T {
         let e = p - t;
         acc[l] += e * e;
     }
-    super::elementwise::combine(acc) / T::from_usize(len)
+    crate::kernels::vector::combine(acc) / T::from_usize(len)
 }
 
 #[cfg(test)]

@@ -123,19 +123,17 @@ pub fn norm_fwd<T: Real>(
     for r in 0..rows {
         let xs = &x[r * dim..(r + 1) * dim];
         let ys = &mut y[r * dim..(r + 1) * dim];
+        // Both sums in `vector::sum_map`'s lane order: a row is eight chains, not one.
         let mu = match mean.as_deref_mut() {
             Some(m) => {
-                let mut s = T::ZERO;
-                xs.iter().for_each(|&v| s += v);
-                m[r] = s * inv_d;
+                m[r] = vector::sum_map(xs, |v| v) * inv_d;
                 m[r]
             }
             None => T::ZERO,
         };
-        let mut ss = T::ZERO;
-        xs.iter().for_each(|&v| {
+        let ss = vector::sum_map(xs, |v| {
             let c = v - mu;
-            ss += c * c
+            c * c
         });
         let rs = T::ONE / (ss * inv_d + eps).sqrt();
         rstd[r] = rs;
@@ -209,12 +207,10 @@ pub fn norm_grad_x<T: Real>(
         let rs = rstd[r];
         let xs = &x[r * dim..(r + 1) * dim];
         let ds = &dy[r * dim..(r + 1) * dim];
-        let (mut s1, mut s2) = (T::ZERO, T::ZERO);
-        for j in 0..dim {
-            let gd = g[j] * ds[j];
-            s1 += gd;
-            s2 += gd * ((xs[j] - mu) * rs);
-        }
+        let (s1, s2) = vector::sum2_zip3(&g[..dim], ds, xs, |g, d, x| {
+            let gd = g * d;
+            (gd, gd * ((x - mu) * rs))
+        });
         let m1 = if mean.is_some() { s1 * inv_d } else { T::ZERO };
         let m2 = s2 * inv_d;
         let dxs = &mut dx[r * dim..(r + 1) * dim];
@@ -545,12 +541,9 @@ pub fn attention_fwd<T: Real>(
                             m = v;
                         }
                     }
-                    // e^(v·scale − m) ≤ 1 in a pass that vectorises, then their sum in order.
+                    // e^(v·scale − m) ≤ 1 in a pass that vectorises, then their sum in lane order.
                     vector::map_inplace(&mut row[..=i], |v| (v * scale - m).exp_nonpos());
-                    let mut s = T::ZERO;
-                    for &e in &row[..=i] {
-                        s += e;
-                    }
+                    let s = vector::sum_map(&row[..=i], |e| e);
                     let inv = T::ONE / s;
                     vector::map_inplace(&mut row[..=i], |v| v * inv);
                     // Keys past the tile's last row were not computed; in the saved matrix they are
@@ -654,10 +647,7 @@ pub fn attention_grad_x<T: Real>(
                 for i in i0..i1 {
                     let pr = &pt[(i - i0) * t..(i - i0) * t + i1];
                     let dr = &mut dp[(i - i0) * t..(i - i0) * t + i1];
-                    let mut s = T::ZERO;
-                    for j in 0..=i {
-                        s += pr[j] * dr[j];
-                    }
+                    let s = vector::sum_zip(&pr[..=i], &dr[..=i], |p, d| p * d);
                     for j in 0..=i {
                         dr[j] = pr[j] * (dr[j] - s) * scale;
                     }
