@@ -228,6 +228,8 @@ pub fn main(args: &[String]) -> Result<(), String> {
         // The char LSTM (examples/char-lstm.toml: batch 32, 64 steps, 384 units, gates 1536):
         // one time step's rows of the outputs (stride 64·384) and of the gates (64·1536).
         (32, 1536, 384, Rows(64 * 384), true, "lstm step  h·W_hhᵀ"),
+        // The same product transposed, as the forward step computes it: `W_hh·hᵀ`, W_hh in place.
+        (1536, 32, 384, Rows(0), true, "lstm step  W_hh·hᵀ"),
         (
             32,
             384,

@@ -62,15 +62,15 @@ impl RnnGeom {
     }
 }
 
-/// Scratch elements of one forward step for `n` samples (the GRU's `h·W_hhᵀ + b_hh` of the step,
-/// GEMM packing).
+/// Scratch elements of one forward step for `n` samples (the step's `W_hh·h_{t−1}ᵀ`, the GRU's
+/// `h·W_hhᵀ + b_hh` too, GEMM packing).
 pub fn rnn_fwd_scratch_len(g: &RnnGeom, n: usize) -> usize {
     let gw = g.gate_width();
     let own = match g.cell {
-        Cell::Lstm => 0,
-        Cell::Gru => n * gw,
+        Cell::Lstm => n * gw,
+        Cell::Gru => 2 * n * gw,
     };
-    own + gemm_scratch_len(n, gw, g.hidden)
+    own + gemm_scratch_len(gw, n, g.hidden)
 }
 
 /// Scratch elements of one backward step for `n` samples (the LSTM's row of `tanh(c)` or the GRU's
@@ -112,6 +112,46 @@ pub fn rnn_grad_w_scratch_len(g: &RnnGeom, n: usize) -> usize {
     own + gemm_scratch_len(gw, g.hidden, steps)
 }
 
+/// The recurrent product of a forward step, transposed: `gt = W_hh·h_{t−1}ᵀ` (`[G·hidden, n]`),
+/// `h_{t−1}` being row `t − 1` of each sample's outputs (`prev`, sample stride `ys`). As `h·W_hhᵀ`,
+/// B would be `W_hh` column-major, repacked whole (`G·hidden × hidden`) at every step: 10 % of the
+/// char LSTM's training step. Transposed, `W_hh` is A, read in place, and only `h_{t−1}` (`n ×
+/// hidden`) is packed. Each element is the same depth-ordered sum either way; the caller adds it
+/// to the pre-activations.
+fn recurrent_product<T: Real>(
+    g: &RnnGeom,
+    n: usize,
+    w: &[T],
+    prev: &[T],
+    ys: usize,
+    gt: &mut [T],
+    room: &mut [T],
+) {
+    let (h, gw) = (g.hidden, g.gate_width());
+    let hp = MatRef {
+        data: prev,
+        rs: 1,
+        cs: ys,
+    };
+    gemm(gw, n, h, MatRef::row_major(w, h), hp, gt, n, false, room);
+}
+
+/// `dst[s, j] += gt[j, s]` for `dst` `[n, gw]` and `gt` `[gw, n]`, 16 columns of `dst` at a time
+/// (so the 16 rows of `gt` they read stay in L1 while every sample's row takes its 16 sums).
+fn add_transposed<T: Real>(n: usize, gw: usize, gt: &[T], dst: &mut [T]) {
+    const J: usize = 16;
+    let (gt, dst) = (&gt[..gw * n], &mut dst[..n * gw]);
+    for j0 in (0..gw).step_by(J) {
+        let j1 = (j0 + J).min(gw);
+        let block = &gt[j0 * n..j1 * n];
+        for (s, row) in dst.chunks_exact_mut(gw).enumerate() {
+            for (d, col) in row[j0..j1].iter_mut().zip(block.chunks_exact(n)) {
+                *d += col[s];
+            }
+        }
+    }
+}
+
 /// Forward step `t` of `n` sequences: `xg` the input projection (`[n, seq, G·hidden]`), `w` = `W_hh`,
 /// `b` = `b_hh`, `y` the output (`[n, seq, hidden]`: rows `t − 1` read, rows `t` written). Writes the
 /// step's gates after their nonlinearities (`gates`, `[n, G·hidden]`) and state (`state`, `[n,
@@ -147,17 +187,9 @@ pub fn rnn_fwd_step<T: Real>(
                 }
             }
             if t > 0 {
-                gemm(
-                    n,
-                    gw,
-                    h,
-                    MatRef::row_major(&y[(t - 1) * h..], ys),
-                    MatRef::row_major_t(w, h),
-                    gates,
-                    gw,
-                    true,
-                    scratch,
-                );
+                let (gt, room) = scratch.split_at_mut(n * gw);
+                recurrent_product(g, n, w, &y[(t - 1) * h..], ys, gt, room);
+                add_transposed(n, gw, gt, gates);
             }
             for s in 0..n {
                 let gr = &mut gates[s * gw..(s + 1) * gw];
@@ -195,17 +227,9 @@ pub fn rnn_fwd_step<T: Real>(
                 row.copy_from_slice(&b[..gw]);
             }
             if t > 0 {
-                gemm(
-                    n,
-                    gw,
-                    h,
-                    MatRef::row_major(&y[(t - 1) * h..], ys),
-                    MatRef::row_major_t(w, h),
-                    hg,
-                    gw,
-                    true,
-                    scratch,
-                );
+                let (gt, room) = scratch.split_at_mut(n * gw);
+                recurrent_product(g, n, w, &y[(t - 1) * h..], ys, gt, room);
+                add_transposed(n, gw, gt, hg);
             }
             for s in 0..n {
                 let gr = &mut gates[s * gw..(s + 1) * gw];
