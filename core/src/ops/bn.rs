@@ -39,12 +39,6 @@ impl<T: Real> Comp<T> {
     }
 }
 
-/// `Σ f(v)` over a block, eight partial sums ([`vector::sum_map`]).
-#[inline(always)]
-fn block_sum<T: Real>(b: &[T], f: impl Fn(T) -> T) -> T {
-    vector::sum_map(b, f)
-}
-
 /// `(Σ a, Σ f(a)·b)` over a pair of blocks, eight partial sums each.
 #[inline(always)]
 fn block_sum2<T: Real>(a: &[T], b: &[T], f: impl Fn(T) -> T) -> (T, T) {
@@ -106,7 +100,7 @@ fn group_sums<T: Real>(
         for (k, ch) in chs.clone().enumerate() {
             let o = (s * c + ch) * hw;
             for b in x[o..o + hw].chunks(BLOCK) {
-                acc[k].add(block_sum(b, |v| f(ch, v)));
+                acc[k].add(vector::sum_map(b, |v| f(ch, v)));
             }
         }
     }
@@ -849,7 +843,8 @@ mod tests {
     /// A channel at a time, as the kernels ran before they walked groups of channels sample by sample:
     /// the statistics, the outputs and the gradients must be the same bits.
     mod channel_at_a_time {
-        use super::super::{block_sum, block_sum2, Comp, BLOCK};
+        use super::super::{block_sum2, Comp, BLOCK};
+        use crate::kernels::vector::sum_map;
         use crate::kernels::Real;
 
         fn planes<T>(
@@ -873,7 +868,7 @@ mod tests {
             let mut acc = Comp::new();
             for p in planes(n, c, hw, x, ch) {
                 for b in p.chunks(BLOCK) {
-                    acc.add(block_sum(b, f));
+                    acc.add(sum_map(b, f));
                 }
             }
             acc.get()

@@ -134,26 +134,15 @@ pub fn mse_inplace<T: Real>(d: &mut [T], target: &[T]) -> T {
 
 /// Mean squared error without gradient (same value as [`mse`]); 0 for empty input.
 pub fn mse_eval<T: Real>(pred: &[T], target: &[T]) -> T {
-    const L: usize = 8;
     let len = pred.len().min(target.len());
     if len == 0 {
         return T::ZERO;
     }
-    let (pred, target) = (&pred[..len], &target[..len]);
-    let mut acc = [T::ZERO; L];
-    let mut cp = pred.chunks_exact(L);
-    let mut ct = target.chunks_exact(L);
-    for (p, t) in (&mut cp).zip(&mut ct) {
-        for l in 0..L {
-            let e = p[l] - t[l];
-            acc[l] += e * e;
-        }
-    }
-    for (l, (&p, &t)) in cp.remainder().iter().zip(ct.remainder()).enumerate() {
+    // The order of `mse`'s `dot(d, d)`, so both give the same value.
+    vector::sum_zip(pred, target, |p, t| {
         let e = p - t;
-        acc[l] += e * e;
-    }
-    crate::kernels::vector::combine(acc) / T::from_usize(len)
+        e * e
+    }) / T::from_usize(len)
 }
 
 #[cfg(test)]
